@@ -1,0 +1,66 @@
+"""The single console entry point: `private-t5 <stage> [flags]`.
+
+Each stage lives in its own module exposing `main(argv: list[str]) -> int`; modules are
+imported lazily so that `private-t5 epsilon` does not pay for importing TensorFlow.
+"""
+import importlib
+import importlib.util
+import os
+import sys
+
+from private_t5.errors import PrivateT5Error
+
+# stage name -> (module, one-line help)
+STAGES = {
+    "info": ("private_t5.models.info", "print a model preset's summary (parameters, shapes) as JSON"),
+    "spm": ("private_t5.tokenizer.spm_cli", "train a (non-private) SentencePiece vocabulary from a corpus"),
+    "dp-spm": ("private_t5.tokenizer.dp_spm_cli", "train a differentially private SentencePiece vocabulary"),
+    "train": ("private_t5.train.main", "pretrain or fine-tune a T5 model from Gin configs (DP or not)"),
+    "epsilon": ("private_t5.dp.epsilon_cli", "compute epsilon for a DP run, or the noise for a target epsilon"),
+    "memorization": ("private_t5.eval.memorization_cli", "measure training-data extraction and canary exposure"),
+    "canaries": ("private_t5.eval.canaries_cli", "insert random canaries into a corpus and record them"),
+    "evaluate": ("private_t5.eval.evaluate_cli", "evaluate a checkpoint on GLUE-style tasks"),
+    "bench": ("private_t5.bench", "benchmark non-DP vs DP training steps side by side"),
+    "redact": ("private_t5.eval.redact_cli", "detect secrets and write a redacted corpus"),
+}
+
+
+def _available():
+  out = {}
+  for name, (module, help_text) in STAGES.items():
+    try:
+      found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+      found = False
+    if found:
+      out[name] = (module, help_text)
+  return out
+
+
+def _usage(stages) -> str:
+  lines = ["usage: private-t5 <stage> [flags]   (private-t5 <stage> --help for its flags)", "", "stages:"]
+  lines += [f"  {name:<14}{help_text}" for name, (_, help_text) in stages.items()]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  stages = _available()
+  if not argv or argv[0] in ("-h", "--help", "help"):
+    print(_usage(stages))
+    return 0
+  name, rest = argv[0], argv[1:]
+  if name not in stages:
+    print(f"error: unknown stage {name!r}\n\n{_usage(stages)}", file=sys.stderr)
+    return 2
+  module = importlib.import_module(stages[name][0])
+  try:
+    return int(module.main(rest) or 0)
+  except PrivateT5Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

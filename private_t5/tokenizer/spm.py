@@ -1,0 +1,114 @@
+"""SentencePiece training shared by `private-t5 spm` (public) and `private-t5 dp-spm` (private).
+
+Vocabularies follow T5's layout: pad=0, eos=1, unk=2, no BOS; seqio adds 100 sentinel
+extra ids on top (`<extra_id_0>` … `<extra_id_99>`) at the top of the id space.
+"""
+import io
+import os
+import tempfile
+from typing import Iterable, Optional, Tuple
+
+import sentencepiece as spm
+
+from private_t5.errors import DataError, ConfigError
+
+NUM_EXTRA_IDS = 100
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+
+
+def _common_args(vocab_size: int, model_type: str, character_coverage: float, seed_sentencepiece_size: Optional[int]):
+  if model_type not in MODEL_TYPES:
+    raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+  if vocab_size < 8:
+    raise ConfigError(f"vocab_size must be >= 8, got {vocab_size}")
+  args = dict(
+      vocab_size=vocab_size,
+      model_type=model_type,
+      character_coverage=character_coverage,
+      pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+      # Long pieces are fine (T5 used the defaults); keep whitespace handling default.
+      hard_vocab_limit=True,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=2,
+  )
+  if seed_sentencepiece_size:
+    args["seed_sentencepiece_size"] = seed_sentencepiece_size
+  return args
+
+
+def _train(model_path: str, **kwargs) -> str:
+  """Trains and writes `model_path` atomically (temp file, then rename)."""
+  out_dir = os.path.dirname(os.path.abspath(model_path))
+  os.makedirs(out_dir, exist_ok=True)
+  proto = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(model_writer=proto, **kwargs)
+  except RuntimeError as e:
+    msg = str(e)
+    if "Vocabulary size too high" in msg or "vocab_size" in msg:
+      raise DataError(f"SentencePiece cannot build the requested vocabulary: {msg.strip()}") from e
+    raise DataError(f"SentencePiece training failed: {msg.strip()}") from e
+  fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".model.tmp")
+  with os.fdopen(fd, "wb") as f:
+    f.write(proto.getvalue())
+  os.replace(tmp, model_path)
+  return model_path
+
+
+def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: int,
+                         model_type: str = "unigram", character_coverage: float = 0.9995,
+                         input_sentence_size: int = 2_000_000,
+                         seed_sentencepiece_size: Optional[int] = None) -> str:
+  """Trains a SentencePiece model from raw text lines (the public `spm` stage)."""
+  args = _common_args(vocab_size, model_type, character_coverage, seed_sentencepiece_size)
+  it = (s for s in sentences if s and s.strip())
+  first = next(it, None)
+  if first is None:
+    raise DataError("cannot train a vocabulary from an empty corpus")
+
+  def chain():
+    yield first
+    yield from it
+
+  return _train(model_path, sentence_iterator=chain(), input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True, **args)
+
+
+def train_from_word_counts(word_counts: Iterable[Tuple[str, int]], model_path: str, vocab_size: int,
+                           model_type: str = "unigram", character_coverage: float = 0.9995,
+                           seed_sentencepiece_size: Optional[int] = None) -> str:
+  """Trains from a word histogram (SentencePiece's TSV `word<TAB>count` input format).
+
+  This is how DP-SentencePiece trains: only the (noised, thresholded) histogram reaches
+  SentencePiece, never the documents.
+  """
+  args = _common_args(vocab_size, model_type, character_coverage, seed_sentencepiece_size)
+  with tempfile.TemporaryDirectory() as tmpdir:
+    tsv = os.path.join(tmpdir, "words.tsv")
+    n = 0
+    with open(tsv, "w", encoding="utf-8") as f:
+      for word, count in word_counts:
+        count = int(count)
+        if count <= 0 or not word or "\t" in word or "\n" in word:
+          continue
+        f.write(f"{word}\t{count}\n")
+        n += 1
+    if n == 0:
+      raise DataError("cannot train a vocabulary from an empty word histogram")
+    return _train(model_path, input=tsv, input_format="tsv", **args)
+
+
+def load_vocabulary(model_path: str, extra_ids: int = NUM_EXTRA_IDS):
+  """Returns a seqio SentencePieceVocabulary (T5 layout + sentinels), validating the file."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(model_path):
+    raise DataError(f"vocabulary file not found: {model_path}")
+  proc = spm.SentencePieceProcessor()
+  try:
+    proc.Load(model_path)
+  except (RuntimeError, OSError) as e:
+    raise DataError(f"{model_path} is not a SentencePiece model: {str(e).strip()}") from e
+  if proc.pad_id() != 0 or proc.eos_id() != 1 or proc.unk_id() != 2:
+    raise DataError(f"{model_path}: expected T5 layout pad=0 eos=1 unk=2, got pad={proc.pad_id()} "
+                    f"eos={proc.eos_id()} unk={proc.unk_id()}")
+  return seqio.SentencePieceVocabulary(model_path, extra_ids=extra_ids)
