@@ -15,20 +15,36 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_SEARCH_PATHS = (os.getcwd(), PROJECT_ROOT, os.path.join(PROJECT_ROOT, "private_t5"))
 
 _REGISTERED = False
+# name -> the Gin-wrapped callable; call `configured(name)()` to get an object with the
+# bindings of the parsed config applied.
+_CONFIGURABLES = {}
+
+
+def external(obj, name: str):
+  """Registers `obj` with Gin under `name` and remembers the wrapped callable."""
+  if name not in _CONFIGURABLES:
+    _CONFIGURABLES[name] = gin.external_configurable(obj, name=name)
+  return _CONFIGURABLES[name]
+
+
+def configured(name: str):
+  """The Gin-wrapped callable registered as `name` (bindings applied when called)."""
+  register_configurables()
+  return _CONFIGURABLES[name]
 
 
 def register_configurables() -> None:
   """Registers core objects as Gin external configurables (idempotent).
 
-  Each entry is `gin.external_configurable(obj, name=..., module=...)`; add new ones here so
-  that every entry point sees the same names.
+  Each entry is `external(obj, name)`; add new ones here so that every entry point sees the
+  same names.
   """
   global _REGISTERED
   if _REGISTERED:
     return
   _REGISTERED = True
   from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
-  gin.external_configurable(model_config.T5Config, name="T5Config")
+  external(model_config.T5Config, "T5Config")
   for hook in _EXTRA_REGISTRATIONS:
     hook()
 
