@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
-bash "$ROOT/scripts/install.sh"
+INSTALL_TEST_DEPS=1 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
 export TF_CPP_MIN_LOG_LEVEL=2
 export KERAS_HOME="${KERAS_HOME:-$(mktemp -d)}"
