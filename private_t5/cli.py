@@ -58,7 +58,9 @@ def main(argv=None) -> int:
   try:
     return int(module.main(rest) or 0)
   except PrivateT5Error as e:
-    print(f"error: {e}", file=sys.stderr)
+    # Gin appends "In call to configurable ..." context lines; keep the message itself.
+    lines = [l for l in str(e).splitlines() if not l.strip().startswith("In call to configurable")]
+    print("error: " + "\n".join(lines).strip(), file=sys.stderr)
     return 2
 
 

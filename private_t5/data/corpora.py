@@ -1,0 +1,311 @@
+"""Corpus readers: every supported source yields `Document(id, text, user)`.
+
+A corpus is named by a *spec* string:
+
+* `path/to/file.txt`            one document a line (id `file.txt:LINE`),
+* `path/to/folder/`             every `*.txt` file below it is one document (id: relative path),
+* `path/to/file.jsonl[.gz]`     one JSON object a line, text in `text_field`, optional id/user,
+* `path/to/file.tsv`            tab-separated with a header row, text in column `text_field`,
+* `tfds:NAME[:SPLIT]`           a TFDS dataset already prepared under `data_dir` (e.g.
+                                `tfds:c4/en:train`), or `tfds:/path/to/builder_dir[:SPLIT]`,
+* `builtin:python_docs`         the Python reference manual and standard-library docstrings
+                                shipped with every Python installation (see builtin_corpus.py).
+
+Every document keeps its id: the privacy unit of a document-level DP run. Blank documents are
+skipped and counted in `CorpusStats`; invalid UTF-8 is an error naming the file and line, or
+is replaced by U+FFFD when `errors="replace"`.
+"""
+import csv
+import dataclasses
+import gzip
+import json
+import os
+import sys
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from private_t5.errors import ConfigError, DataError
+
+ERROR_MODES = ("strict", "replace")
+TFDS_PREFIX = "tfds:"
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  """One document: the privacy unit of a document-level run.
+
+  Attributes:
+    id: stable identifier, unique within the corpus.
+    text: the document's text (never blank).
+    user: the owner of the document, for user-level DP; None when unknown.
+  """
+  id: str
+  text: str
+  user: Optional[str] = None
+
+
+@dataclasses.dataclass
+class CorpusStats:
+  """Counts gathered while reading a corpus (filled in as the iterator advances)."""
+  spec: str = ""
+  documents: int = 0
+  blank_skipped: int = 0
+  replaced_lines: int = 0
+  characters: int = 0
+
+  def as_dict(self) -> Dict[str, object]:
+    return dataclasses.asdict(self)
+
+
+def _check_errors(errors: str) -> None:
+  if errors not in ERROR_MODES:
+    raise ConfigError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
+
+
+def _decode(raw: bytes, errors: str, where: str, stats: CorpusStats) -> str:
+  """Decodes UTF-8; `where` names the file (and line) in the error message."""
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    if errors == "strict":
+      raise DataError(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); "
+                      "pass errors='replace' to substitute U+FFFD") from None
+    stats.replaced_lines += 1
+    return raw.decode("utf-8", errors="replace")
+
+
+def _open_binary(path: str):
+  if path.endswith(".gz"):
+    return gzip.open(path, "rb")
+  return open(path, "rb")
+
+
+def _iter_txt_lines(path, errors, stats) -> Iterator[Document]:
+  name = os.path.basename(path)
+  with _open_binary(path) as f:
+    for lineno, raw in enumerate(f, start=1):
+      text = _decode(raw.rstrip(b"\r\n"), errors, f"{path}: line {lineno}", stats)
+      yield Document(id=f"{name}:{lineno}", text=text)
+
+
+def _iter_txt_folder(path, errors, stats) -> Iterator[Document]:
+  files = []
+  for root, dirs, names in os.walk(path):
+    dirs.sort()
+    files.extend(os.path.join(root, n) for n in sorted(names) if n.endswith(".txt"))
+  if not files:
+    raise DataError(f"folder {path} contains no .txt files")
+  for file in files:
+    with open(file, "rb") as f:
+      raw = f.read()
+    try:
+      text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      line = raw[:e.start].count(b"\n") + 1
+      if errors == "strict":
+        raise DataError(f"{file}: line {line}: invalid UTF-8 ({e.reason}); pass errors='replace' "
+                        "to substitute U+FFFD") from None
+      stats.replaced_lines += 1
+      text = raw.decode("utf-8", errors="replace")
+    yield Document(id=os.path.relpath(file, path), text=text)
+
+
+def _field(record, key, where):
+  value = record[key]
+  if value is None:
+    return None
+  if not isinstance(value, (str, int, float)):
+    raise DataError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+  return str(value)
+
+
+def _iter_jsonl(path, text_field, id_field, user_field, errors, stats) -> Iterator[Document]:
+  name = os.path.basename(path)
+  try:
+    f = _open_binary(path)
+    with f:
+      for lineno, raw in enumerate(f, start=1):
+        where = f"{path}: line {lineno}"
+        line = _decode(raw, errors, where, stats).strip()
+        if not line:
+          continue
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+          raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        if text_field not in record:
+          raise DataError(f"{where}: no text field {text_field!r} (fields: {sorted(record)})")
+        text = _field(record, text_field, where) or ""
+        doc_id = _field(record, id_field, where) if id_field and id_field in record else None
+        user = None
+        if user_field:
+          if user_field not in record:
+            raise DataError(f"{where}: no user field {user_field!r} (fields: {sorted(record)})")
+          user = _field(record, user_field, where)
+        yield Document(id=doc_id if doc_id is not None else f"{name}:{lineno}", text=text, user=user)
+  except (OSError, EOFError, gzip.BadGzipFile) as e:
+    raise DataError(f"cannot read {path}: {e}") from e
+
+
+def _iter_tsv(path, text_field, id_field, user_field, errors, stats) -> Iterator[Document]:
+  name = os.path.basename(path)
+  csv.field_size_limit(sys.maxsize)
+  with _open_binary(path) as f:
+    header = None
+    for lineno, raw in enumerate(f, start=1):
+      where = f"{path}: line {lineno}"
+      line = _decode(raw.rstrip(b"\r\n"), errors, where, stats)
+      row = next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE), [])
+      if header is None:
+        header = row
+        if text_field not in header:
+          raise DataError(f"{path}: header has no text column {text_field!r} (columns: {header})")
+        if user_field and user_field not in header:
+          raise DataError(f"{path}: header has no user column {user_field!r} (columns: {header})")
+        text_col = header.index(text_field)
+        id_col = header.index(id_field) if id_field and id_field in header else None
+        user_col = header.index(user_field) if user_field else None
+        continue
+      if not line.strip():
+        continue
+
+      def cell(col):
+        return row[col] if col is not None and col < len(row) else None
+
+      text = cell(text_col) or ""
+      doc_id = cell(id_col)
+      yield Document(id=doc_id if doc_id else f"{name}:{lineno}", text=text, user=cell(user_col))
+    if header is None:
+      raise DataError(f"{path}: empty TSV file (a header row is required)")
+
+
+def _tfds_builder(name_or_dir: str, data_dir: Optional[str]):
+  """A TFDS builder from a registered/prepared name or from a builder directory."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(name_or_dir):
+    try:
+      return tfds.builder_from_directory(name_or_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f"{name_or_dir} is not a TFDS builder directory: {e}") from e
+  try:
+    builder = tfds.builder(name_or_dir, data_dir=data_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    raise DataError(f"unknown TFDS dataset {name_or_dir!r}: {str(e).splitlines()[0]}") from e
+  if not os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):
+    raise DataError(f"TFDS dataset {name_or_dir!r} is not prepared under data_dir={data_dir!r} "
+                    f"(looked in {builder.data_dir}); download/prepare it there first")
+  return builder
+
+
+def _split_tfds_spec(body: str) -> Tuple[str, str]:
+  # `c4/en:train`, `c4/en:3.0.1:train` is not supported; `/dir/builder:train` is.
+  if ":" in body:
+    name, split = body.rsplit(":", 1)
+    if split and "/" not in split:
+      return name, split
+  return body, "train"
+
+
+def _iter_tfds(body, data_dir, text_field, id_field, user_field, errors, stats) -> Iterator[Document]:
+  name, split = _split_tfds_spec(body)
+  builder = _tfds_builder(name, data_dir)
+  if split not in builder.info.splits:
+    raise DataError(f"TFDS dataset {name!r} has no split {split!r} (splits: {sorted(builder.info.splits)})")
+  features = builder.info.features
+  keys = list(features.keys()) if hasattr(features, "keys") else []
+  if text_field not in keys:
+    raise DataError(f"TFDS dataset {name!r} has no text feature {text_field!r} (features: {keys})")
+  if user_field and user_field not in keys:
+    raise DataError(f"TFDS dataset {name!r} has no user feature {user_field!r} (features: {keys})")
+  ds = builder.as_dataset(split=split, shuffle_files=False)
+
+  def as_text(value, where):
+    if isinstance(value, bytes):
+      return _decode(value, errors, where, stats)
+    return str(value)
+
+  for i, ex in enumerate(ds.as_numpy_iterator()):
+    where = f"tfds:{name}:{split} record {i}"
+    text = as_text(ex[text_field], where)
+    doc_id = as_text(ex[id_field], where) if id_field and id_field in ex else f"{name}:{split}:{i}"
+    user = as_text(ex[user_field], where) if user_field else None
+    yield Document(id=doc_id, text=text, user=user)
+
+
+def _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, stats) -> Iterator[Document]:
+  """Dispatches on the spec; checks the path eagerly, so a missing file fails at once."""
+  if spec.startswith(BUILTIN_PREFIX):
+    from private_t5.data import builtin_corpus  # pylint: disable=g-import-not-at-top
+    return builtin_corpus.iter_builtin(spec[len(BUILTIN_PREFIX):])
+  if spec.startswith(TFDS_PREFIX):
+    return _iter_tfds(spec[len(TFDS_PREFIX):], data_dir, text_field, id_field, user_field, errors, stats)
+  path = os.path.expanduser(spec)
+  if not os.path.exists(path):
+    raise DataError(f"corpus not found: {spec}")
+  if os.path.isdir(path):
+    return _iter_txt_folder(path, errors, stats)
+  lower = path.lower()
+  if lower.endswith((".jsonl", ".jsonl.gz", ".json.gz", ".json")):
+    return _iter_jsonl(path, text_field, id_field, user_field, errors, stats)
+  if lower.endswith((".tsv", ".tsv.gz")):
+    return _iter_tsv(path, text_field, id_field, user_field, errors, stats)
+  if lower.endswith((".txt", ".txt.gz")):
+    return _iter_txt_lines(path, errors, stats)
+  raise DataError(f"unsupported corpus format: {spec} (expected .txt, a folder of .txt, .jsonl[.gz], "
+                  ".tsv, tfds:NAME[:SPLIT] or builtin:python_docs)")
+
+
+def iter_documents(spec: str, *, text_field: str = "text", id_field: str = "id",
+                   user_field: Optional[str] = None, errors: str = "strict",
+                   data_dir: Optional[str] = None, stats: Optional[CorpusStats] = None,
+                   max_documents: Optional[int] = None) -> Iterator[Document]:
+  """Yields the non-blank documents of a corpus in a deterministic order.
+
+  Args:
+    spec: the corpus (see the module docstring).
+    text_field: JSONL field / TSV column / TFDS feature holding the text.
+    id_field: field holding the document id; when absent the id is `FILE:LINE` (or the
+      TFDS record number).
+    user_field: field holding the user (owner) id, for user-level DP; required to exist when set.
+    errors: "strict" (invalid UTF-8 is a DataError naming file and line) or "replace".
+    data_dir: TFDS data directory for `tfds:` specs.
+    stats: if given, filled in with counts as the iterator advances.
+    max_documents: stop after this many (non-blank) documents.
+
+  Raises:
+    DataError: missing path, unsupported format, malformed records, invalid UTF-8 (strict),
+      or a corpus without a single non-blank document (raised when iteration ends).
+    ConfigError: an unknown `errors` mode or a non-positive `max_documents`.
+  """
+  _check_errors(errors)
+  if max_documents is not None and max_documents <= 0:
+    raise ConfigError(f"max_documents must be positive, got {max_documents}")
+  if not isinstance(spec, str) or not spec:
+    raise ConfigError(f"corpus spec must be a non-empty string, got {spec!r}")
+  stats = stats if stats is not None else CorpusStats()
+  stats.spec = spec
+  raw = _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, stats)
+  return _filter_blank(raw, spec, stats, max_documents)
+
+
+def _filter_blank(raw, spec, stats, max_documents) -> Iterator[Document]:
+  for doc in raw:
+    if not doc.text.strip():
+      stats.blank_skipped += 1
+      continue
+    stats.documents += 1
+    stats.characters += len(doc.text)
+    yield doc
+    if max_documents is not None and stats.documents >= max_documents:
+      return
+  if stats.documents == 0:
+    raise DataError(f"corpus {spec} is empty ({stats.blank_skipped} blank documents skipped)")
+
+
+def read_corpus(spec: str, **kwargs) -> Tuple[List[Document], CorpusStats]:
+  """Reads a whole corpus into memory: returns (documents, stats). Same args as iter_documents."""
+  stats = CorpusStats()
+  docs = list(iter_documents(spec, stats=stats, **kwargs))
+  return docs, stats

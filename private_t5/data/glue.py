@@ -1,0 +1,236 @@
+"""GLUE-layout readers: local GLUE directories, GLUE-like TSV folders and TFDS `glue/*`.
+
+Examples come back as dicts with T5's GLUE field names (those of TFDS `glue/<task>`, which
+`t5.data.glue_utils` and the T5 GLUE tasks use): e.g. SST-2 -> {"sentence", "label", "idx"},
+MRPC -> {"sentence1", "sentence2", "label", "idx"}, MNLI -> {"premise", "hypothesis", "label",
+"idx"}. Unlabelled test rows get label -1 (as in TFDS).
+
+Supported layouts:
+
+* the official GLUE download (`SST-2/train.tsv`, `CoLA/dev.tsv` without header,
+  `MRPC/msr_paraphrase_train.txt`, `MNLI/dev_matched.tsv`, …): split "validation" reads `dev`;
+* a GLUE-like folder `<task>/{train,validation,test}.tsv` with a header row (as in
+  ../shared/data/glue_like); columns named like a GLUE task (MRPC's `Quality`, `#1 String`,
+  `#2 String`; SST-2's `sentence`, `label`) are mapped, other columns are kept by name;
+* `tfds:glue/<task>` (TFDS must have it prepared under `data_dir`).
+"""
+import csv
+import dataclasses
+import os
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from private_t5.errors import ConfigError, DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueLayout:
+  """How one GLUE task is stored in the official TSVs.
+
+  Attributes:
+    dir_name: folder name in the GLUE download.
+    fields: T5 field name -> TSV column name (or column index for header-less files).
+    label_column: the label's column (name or index); None for none.
+    label_type: "int", "float" or "names" (mapped through `label_names`).
+    label_names: label strings in TFDS order (for "names").
+    has_header: False only for CoLA train/dev.
+  """
+  dir_name: str
+  fields: Mapping[str, object]
+  label_column: object
+  label_type: str = "int"
+  label_names: Tuple[str, ...] = ()
+  has_header: bool = True
+
+
+NLI_2 = ("entailment", "not_entailment")
+GLUE_TASKS: Dict[str, GlueLayout] = {
+    "cola": GlueLayout("CoLA", {"sentence": 3}, 1, has_header=False),
+    "sst2": GlueLayout("SST-2", {"sentence": "sentence"}, "label"),
+    "mrpc": GlueLayout("MRPC", {"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality"),
+    "qqp": GlueLayout("QQP", {"question1": "question1", "question2": "question2"}, "is_duplicate"),
+    "stsb": GlueLayout("STS-B", {"sentence1": "sentence1", "sentence2": "sentence2"}, "score", "float"),
+    "mnli": GlueLayout("MNLI", {"premise": "sentence1", "hypothesis": "sentence2"}, "gold_label", "names",
+                       ("entailment", "neutral", "contradiction")),
+    "qnli": GlueLayout("QNLI", {"question": "question", "sentence": "sentence"}, "label", "names", NLI_2),
+    "rte": GlueLayout("RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label", "names", NLI_2),
+    "wnli": GlueLayout("WNLI", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label"),
+}
+_ALIASES = {layout.dir_name.lower(): name for name, layout in GLUE_TASKS.items()}
+_ALIASES.update({"sst-2": "sst2", "sts-b": "stsb"})
+SPLITS = ("train", "validation", "test", "validation_matched", "validation_mismatched", "test_matched",
+          "test_mismatched")
+
+
+def canonical_task_name(name: str) -> Optional[str]:
+  """'SST-2' / 'sst2' / 'glue/sst2' -> 'sst2'; None for a task that is not GLUE's."""
+  key = name.strip().lower().split("/")[-1]
+  if key in GLUE_TASKS:
+    return key
+  return _ALIASES.get(key)
+
+
+def _split_files(task: Optional[str], split: str) -> Sequence[str]:
+  """Candidate file names for a split, GLUE-like names first, then the official ones."""
+  official = {"validation": "dev", "validation_matched": "dev_matched",
+              "validation_mismatched": "dev_mismatched"}.get(split, split)
+  names = [f"{split}.tsv", f"{official}.tsv"]
+  if task == "mrpc":
+    names.append({"train": "msr_paraphrase_train.txt", "test": "msr_paraphrase_test.txt"}.get(split, ""))
+  if task == "mnli" and split in ("validation", "test"):
+    names.append(f"{official}_matched.tsv")
+  return [n for n in dict.fromkeys(names) if n]
+
+
+def _read_rows(path: str, has_header: bool):
+  """(header or None, [(line number, cells)]) of a GLUE TSV (no quoting, BOM tolerated)."""
+  csv.field_size_limit(sys.maxsize)
+  try:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+      rows = [(i, row) for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1)]
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: invalid UTF-8 ({e.reason})") from None
+  rows = [(i, r) for i, r in rows if any(c.strip() for c in r)]
+  if not rows:
+    raise DataError(f"{path}: empty file")
+  if has_header:
+    return [c.strip() for c in rows[0][1]], rows[1:]
+  return None, rows
+
+
+def _convert_label(value: str, layout: Optional[GlueLayout], where: str):
+  value = value.strip()
+  if layout is None:  # a GLUE-like task of its own: keep class names, numbers as numbers
+    try:
+      return int(value)
+    except ValueError:
+      try:
+        return float(value)
+      except ValueError:
+        return value
+  try:
+    if layout.label_type == "float":
+      return float(value)
+    if layout.label_type == "names":
+      return layout.label_names.index(value)
+    return int(value)
+  except ValueError:
+    raise DataError(f"{where}: invalid label {value!r} for GLUE task {layout.dir_name}") from None
+
+
+# Column names of GLUE-like TSVs mapped onto T5 field names (MRPC's layout).
+_GENERIC_RENAMES = {"Quality": "label", "#1 String": "sentence1", "#2 String": "sentence2"}
+
+
+def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[int]) -> List[Dict[str, object]]:
+  layout = GLUE_TASKS.get(task) if task else None
+  header_row = True
+  if layout is not None and not layout.has_header:
+    # CoLA train/dev have no header; its test.tsv has one ("index", "sentence").
+    with open(path, encoding="utf-8-sig") as f:
+      first = f.readline().split("\t")
+    header_row = first[0].strip() == "index"
+  header, rows = _read_rows(path, header_row)
+  examples = []
+  for idx, (lineno, row) in enumerate(rows):
+    if max_examples is not None and idx >= max_examples:
+      break
+    where = f"{path}: line {lineno}"
+
+    def cell(column, required=True):
+      if isinstance(column, int):
+        pos = column
+      elif header is not None and column in header:
+        pos = header.index(column)
+      elif not required:
+        return None
+      else:
+        raise DataError(f"{path}: no column {column!r} (columns: {header})")
+      if pos >= len(row):
+        raise DataError(f"{where}: expected at least {pos + 1} tab-separated columns, got {len(row)}")
+      return row[pos]
+
+    if layout is not None:
+      fields, label_column = layout.fields, layout.label_column
+      if header is not None and not layout.has_header:  # CoLA's test.tsv: named columns
+        fields, label_column = {f: f for f in fields}, "label"
+      ex = {field: cell(column) for field, column in fields.items()}
+      # Only official test files lack labels; elsewhere a missing label column is an error.
+      unlabelled = os.path.basename(path).startswith("test")
+      label = cell(label_column, required=not unlabelled)
+      ex["label"] = -1 if label is None else _convert_label(label, layout, where)
+    else:
+      if header is None:
+        raise DataError(f"{path}: a header row is required")
+      if len(row) != len(header):
+        raise DataError(f"{where}: {len(row)} columns, header has {len(header)}")
+      ex = {_GENERIC_RENAMES.get(name, name): value for name, value in zip(header, row)}
+      if "label" in ex:
+        ex["label"] = _convert_label(ex["label"], None, where)
+    ex["idx"] = idx
+    examples.append(ex)
+  return examples
+
+
+def _from_tfds(name: str, split: str, data_dir: Optional[str], max_examples: Optional[int]):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    raise DataError(f"unknown TFDS dataset {name!r}: {str(e).splitlines()[0]}") from e
+  if not os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):
+    raise DataError(f"TFDS dataset {name!r} is not prepared under data_dir={data_dir!r} (looked in "
+                    f"{builder.data_dir}); prepare it there first")
+  if split not in builder.info.splits:
+    raise DataError(f"TFDS dataset {name!r} has no split {split!r} (splits: {sorted(builder.info.splits)})")
+  ds = builder.as_dataset(split=split, shuffle_files=False)
+  if max_examples is not None:
+    ds = ds.take(max_examples)
+  out = []
+  for ex in ds.as_numpy_iterator():
+    out.append({k: (v.decode("utf-8") if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v)
+                for k, v in ex.items()})
+  return out
+
+
+def load_glue(task: str, split: str = "train", *, data_dir: Optional[str] = None,
+              max_examples: Optional[int] = None) -> List[Dict[str, object]]:
+  """Reads one split of a GLUE(-like) task.
+
+  Args:
+    task: a folder (`/data/glue/SST-2`, `../shared/data/glue_like/rotten_tomatoes`), a task
+      name found under `data_dir` (`sst2`, `SST-2`, `bible_paraphrase`), or `tfds:glue/sst2`.
+    split: "train", "validation", "test" (MNLI: also "validation_matched", …).
+    data_dir: the folder holding task folders (or the TFDS data dir for `tfds:`).
+    max_examples: read at most this many rows.
+
+  Returns:
+    A list of dicts with T5's GLUE field names and `idx`.
+
+  Raises:
+    DataError: missing folder/file/column, malformed row or label.
+    ConfigError: an unknown split.
+  """
+  if split not in SPLITS:
+    raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+  if task.startswith("tfds:"):
+    return _from_tfds(task[len("tfds:"):], split, data_dir, max_examples)
+  folder = os.path.expanduser(task)
+  if not os.path.isdir(folder):
+    candidates = [os.path.join(data_dir, task)] if data_dir else []
+    canonical = canonical_task_name(task)
+    if data_dir and canonical:
+      candidates.append(os.path.join(data_dir, GLUE_TASKS[canonical].dir_name))
+    folder = next((c for c in candidates if os.path.isdir(c)), None)
+    if folder is None:
+      raise DataError(f"GLUE task folder not found: {task!r}" + (f" (looked in {data_dir})" if data_dir else ""))
+  name = canonical_task_name(os.path.basename(os.path.normpath(folder)))
+  for file_name in _split_files(name, split):
+    path = os.path.join(folder, file_name)
+    if os.path.isfile(path):
+      examples = _examples_from_file(path, name, max_examples)
+      if not examples:
+        raise DataError(f"{path}: no examples")
+      return examples
+  raise DataError(f"{folder}: no file for split {split!r} (tried {', '.join(_split_files(name, split))}; "
+                  f"found {sorted(os.listdir(folder))})")

@@ -1,0 +1,253 @@
+"""Random-access training examples with an explicit privacy unit (DESIGN rules 1 and 2).
+
+`ExampleSource.get_batch(indices, seed, batch_size)` builds the fixed-shape batch of the
+trainer contract (docs/architecture.md) for an arbitrary set of example indices, drawing the
+objective's randomness (window position, span-corruption noise, prefix split) fresh from
+`(seed, example index)`: the same (indices, seed) gives the same batch, a new seed new noise.
+
+Privacy units (N = `num_examples`, the population that DP sampling draws from):
+
+* `document`: example i is document i. Each draw yields exactly one row for it: one window of
+  the objective's raw length at a random position when the document is longer, the whole
+  document (padded) when shorter. Rows never mix documents.
+* `example`: documents are cut into consecutive raw-length chunks (never across documents, no
+  packing); example i is chunk i. This is what the paper did; a document then feeds several
+  examples, so the guarantee is per chunk, not per document.
+* `user`: example i is user i. A draw picks one of the user's documents at random, then one
+  window, so one user feeds at most one row per batch (user-level DP).
+"""
+import hashlib
+from typing import Dict, Mapping, Optional, Sequence
+
+import numpy as np
+
+from private_t5.data import objectives as objectives_lib
+from private_t5.data import store as store_lib
+from private_t5.errors import ConfigError, DataError
+
+PRIVACY_UNITS = ("document", "example", "user")
+SPLITS = ("train", "validation", "all")
+BATCH_KEYS = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
+              "decoder_loss_weights", "example_weight", "is_padding", "example_index")
+
+
+def in_validation(doc_id: str, validation_fraction: float) -> bool:
+  """Public, data-independent split rule: the SHA-256 of the document id decides."""
+  if validation_fraction <= 0.0:
+    return False
+  h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big")
+  return h / 2.0**64 < validation_fraction
+
+
+class ExampleSource:
+  """Examples of one objective over one store, addressed by index in [0, num_examples)."""
+
+  def __init__(self, store: store_lib.DocumentStore, objective, privacy_unit: str = "document",
+               document_indices: Optional[np.ndarray] = None, split: str = "all",
+               validation_fraction: float = 0.0):
+    if privacy_unit not in PRIVACY_UNITS:
+      raise ConfigError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
+    self.store = store
+    self.objective = objective
+    self._privacy_unit = privacy_unit
+    self.split = split
+    self.validation_fraction = validation_fraction
+    docs = np.arange(store.num_documents) if document_indices is None else np.asarray(document_indices, np.int64)
+    if len(docs) == 0:
+      raise DataError(f"split {split!r} of {store.manifest['corpus']} has no documents "
+                      f"(validation_fraction={validation_fraction})")
+    self._docs = docs
+    lengths = store.lengths()[docs]
+    raw = objective.raw_length
+    if privacy_unit == "document":
+      self._num_examples = len(docs)
+    elif privacy_unit == "example":
+      # Chunk c of a document: tokens [c*raw, (c+1)*raw); every document has >= 1 chunk.
+      chunks = np.maximum(1, -(-lengths // raw))
+      self._chunk_doc = np.repeat(np.arange(len(docs)), chunks)
+      first = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+      self._chunk_start = (np.arange(len(self._chunk_doc)) - np.repeat(first, chunks)) * raw
+      self._num_examples = len(self._chunk_doc)
+    else:
+      if store.users is None:
+        raise ConfigError("privacy_unit='user' needs a user_field naming each document's owner")
+      users = [store.users[d] for d in docs]
+      names, inverse = np.unique(np.asarray(users, dtype=object).astype(str), return_inverse=True)
+      order = np.argsort(inverse, kind="stable")
+      counts = np.bincount(inverse, minlength=len(names))
+      self._user_names = names
+      self._user_docs = np.split(order, np.cumsum(counts)[:-1])  # positions into self._docs
+      self._num_examples = len(names)
+
+  @property
+  def num_examples(self) -> int:
+    """N, the sampling population (documents, chunks or users)."""
+    return self._num_examples
+
+  @property
+  def privacy_unit(self) -> str:
+    return self._privacy_unit
+
+  @property
+  def feature_lengths(self) -> Dict[str, int]:
+    return {"inputs": self.objective.inputs_length, "targets": self.objective.targets_length}
+
+  def user_ids(self) -> np.ndarray:
+    """int64[N]: the group of each example for user-level DP.
+
+    The user index of the example's owner when the corpus names users, else the document
+    index (so chunks of one document share a group in `example` mode).
+    """
+    if self._privacy_unit == "user":
+      return np.arange(self._num_examples, dtype=np.int64)
+    doc_pos = self._chunk_doc if self._privacy_unit == "example" else np.arange(len(self._docs))
+    if self.store.users is None:
+      return doc_pos.astype(np.int64)
+    users = np.asarray([self.store.users[d] for d in self._docs], dtype=object).astype(str)
+    _, inverse = np.unique(users, return_inverse=True)
+    return inverse[doc_pos].astype(np.int64)
+
+  def document_ids(self, indices: Sequence[int], seed: int) -> list:
+    """The id of the document each example index draws from under `seed`."""
+    return [self.store.ids[self._docs[self._draw_window(int(i), self._rng(seed, int(i)))[0]]] for i in indices]
+
+  def _rng(self, seed: int, index: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, index])
+
+  def _check_index(self, index: int) -> None:
+    if not 0 <= index < self._num_examples:
+      raise IndexError(f"example index {index} out of range [0, {self._num_examples})")
+
+  def _draw_window(self, index: int, rng: np.random.Generator):
+    """(document position, start, length) of the raw window for one draw of `index`."""
+    raw = self.objective.raw_length
+    if self._privacy_unit == "example":
+      pos = int(self._chunk_doc[index])
+      start = int(self._chunk_start[index])
+      doc_len = int(self.store.offsets[self._docs[pos] + 1] - self.store.offsets[self._docs[pos]])
+      return pos, start, min(raw, doc_len - start)
+    if self._privacy_unit == "user":
+      choices = self._user_docs[index]
+      pos = int(choices[rng.integers(len(choices))]) if len(choices) > 1 else int(choices[0])
+    else:
+      pos = index
+    doc = self._docs[pos]
+    doc_len = int(self.store.offsets[doc + 1] - self.store.offsets[doc])
+    if doc_len <= raw:
+      return pos, 0, doc_len
+    return pos, int(rng.integers(doc_len - raw + 1)), raw
+
+  def example(self, index: int, seed: int):
+    """(inputs, targets) int32 arrays (with EOS, unpadded) of one draw of example `index`."""
+    self._check_index(index)
+    rng = self._rng(seed, index)
+    pos, start, length = self._draw_window(index, rng)
+    tokens = self.store.document_tokens(self._docs[pos])[start:start + length]
+    return self.objective(np.asarray(tokens, dtype=np.int32), rng)
+
+  def get_batch(self, indices: Sequence[int], seed: int, batch_size: int) -> Dict[str, np.ndarray]:
+    """The batch dict of the trainer contract for `indices`, padded to `batch_size` rows.
+
+    Raises:
+      ValueError: more indices than `batch_size`.
+      IndexError: an index outside [0, num_examples).
+    """
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(indices) > batch_size:
+      raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
+    li, lt = self.objective.inputs_length, self.objective.targets_length
+    enc = np.zeros((batch_size, li), np.int32)
+    tgt = np.zeros((batch_size, lt), np.int32)
+    for row, index in enumerate(indices):
+      inputs, targets = self.example(int(index), seed)
+      # Only a document shorter than the window's context can overflow (prefix LM keeps the
+      # split within bounds; span corruption fits by construction): truncate defensively.
+      enc[row, :min(len(inputs), li)] = inputs[:li]
+      tgt[row, :min(len(targets), lt)] = targets[:lt]
+    dec_in = np.zeros_like(tgt)
+    dec_in[:, 1:] = tgt[:, :-1]
+    n = len(indices)
+    example_index = np.full((batch_size,), -1, np.int64)
+    example_index[:n] = indices
+    is_padding = np.arange(batch_size) >= n
+    return {
+        "encoder_input_tokens": enc,
+        "decoder_input_tokens": dec_in,
+        "decoder_target_tokens": tgt,
+        "decoder_loss_weights": (tgt != 0).astype(np.float32),
+        "example_weight": (~is_padding).astype(np.float32),
+        "is_padding": is_padding,
+        "example_index": example_index,
+    }
+
+  def describe(self) -> Dict[str, object]:
+    """What this source is, for logs and privacy reports (public facts only)."""
+    m = self.store.manifest
+    return {
+        "corpus": m["corpus"],
+        "store": self.store.path,
+        "vocab_path": m.get("vocab_path"),
+        "vocab_sha256": m.get("vocab_sha256"),
+        "objective": self.objective.name,
+        "feature_lengths": self.feature_lengths,
+        "raw_window_length": self.objective.raw_length,
+        "privacy_unit": self._privacy_unit,
+        "num_examples": self._num_examples,
+        "num_documents": int(len(self._docs)),
+        "num_users": int(len(self._user_names)) if self._privacy_unit == "user" else m.get("num_users"),
+        "num_tokens": int(self.store.lengths()[self._docs].sum()),
+        "split": self.split,
+        "validation_fraction": self.validation_fraction,
+        "blank_documents_skipped": m.get("blank_skipped"),
+    }
+
+
+def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption",
+                feature_lengths: Optional[Mapping[str, int]] = None, privacy_unit: str = "document",
+                split: str = "train", validation_fraction: float = 0.0, cache_dir: Optional[str] = None,
+                max_documents: Optional[int] = None, text_field: str = "text", id_field: str = "id",
+                user_field: Optional[str] = None, errors: str = "strict", data_dir: Optional[str] = None,
+                noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
+                progress: bool = True) -> ExampleSource:
+  """Builds (or reuses) the token store of `corpus` and returns its `ExampleSource`.
+
+  Args:
+    corpus: corpus spec (see `corpora.iter_documents`).
+    vocab_path: SentencePiece model (T5 layout); seqio adds 100 sentinels.
+    objective: "span_corruption" or "prefix_lm".
+    feature_lengths: {"inputs": Li, "targets": Lt}; default 512/114.
+    privacy_unit: "document", "example" or "user" (see the module docstring).
+    split: "train", "validation" or "all"; a document is in validation when the hash of its
+      id falls below `validation_fraction`.
+    validation_fraction: in [0, 1).
+    cache_dir: where stores are cached (default `store.default_cache_dir()`).
+    max_documents: read at most this many documents of the corpus.
+    text_field, id_field, user_field, errors, data_dir: corpus reader options.
+    noise_density, mean_noise_span_length: span-corruption settings (0.15 and 3 as in T5).
+    progress: print tokenization progress to stderr while building the store.
+  """
+  feature_lengths = dict(feature_lengths or {"inputs": 512, "targets": 114})
+  if split not in SPLITS:
+    raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+  if not 0.0 <= validation_fraction < 1.0:
+    raise ConfigError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+  if privacy_unit not in PRIVACY_UNITS:
+    raise ConfigError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
+  if privacy_unit == "user" and not user_field:
+    raise ConfigError("privacy_unit='user' needs user_field (the field naming each document's owner)")
+  if split == "validation" and validation_fraction <= 0.0:
+    raise ConfigError("split='validation' needs validation_fraction > 0")
+  # Validate lengths before the (possibly long) store build; vocab size is filled in below.
+  objectives_lib.make_objective(objective, feature_lengths, 0, noise_density=noise_density,
+                                mean_noise_span_length=mean_noise_span_length)
+  store = store_lib.build_store(corpus, vocab_path, cache_dir=cache_dir, text_field=text_field, id_field=id_field,
+                                user_field=user_field, errors=errors, max_documents=max_documents,
+                                data_dir=data_dir, progress=progress)
+  obj = objectives_lib.make_objective(objective, feature_lengths, int(store.manifest["vocab_size"]),
+                                      noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
+  docs = None
+  if split != "all":
+    want_validation = split == "validation"
+    docs = np.asarray([i for i, doc_id in enumerate(store.ids)
+                       if in_validation(doc_id, validation_fraction) == want_validation], dtype=np.int64)
+  return ExampleSource(store, obj, privacy_unit, docs, split, validation_fraction)

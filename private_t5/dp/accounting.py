@@ -1,0 +1,238 @@
+"""Privacy accounting for DP training with `dp_accounting` (RDP by default, or PLD).
+
+One step of DP training is a sampled Gaussian mechanism: every example joins the batch
+independently with probability q (Poisson sampling), the clipped per-example gradients are
+summed and N(0, σ²C²) is added. Its `DpEvent` is `PoissonSampledDpEvent(q, GaussianDpEvent(σ))`
+and a run is that event composed `steps` times (Abadi et al. 2016; Mironov 2017).
+
+Truncation: the trainer caps a Poisson batch at `max_batch_size` rows. The truncated mechanism
+differs from the untruncated one only when the Poisson draw exceeds the cap, so each step adds
+that probability to δ ("How to DP-fy ML", Ponomareva et al. 2023, §4.3; jax-privacy's batch
+truncation notes): δ_total = δ + steps · P[Binomial(N + 1, q) > max_batch_size].
+
+Fixed (shuffled) batches are a different mechanism (sampling without replacement); they are
+accounted as such under the replace-one neighbouring relation (RDP only), never as Poisson.
+"""
+import math
+import warnings
+from typing import Optional
+
+import dp_accounting
+from dp_accounting import pld
+from dp_accounting import rdp
+from dp_accounting import mechanism_calibration
+
+from private_t5.errors import PrivacyError
+
+ACCOUNTANTS = ("rdp", "pld")
+SAMPLING_SCHEMES = ("poisson", "fixed")
+# Noise multipliers searched when calibrating σ for a target ε.
+MIN_NOISE_MULTIPLIER = 1e-3
+MAX_NOISE_MULTIPLIER = 1e4
+# PLD discretisation: fine enough for two decimals of ε at the paper's scale.
+PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-3
+
+
+class MeaninglessGuaranteeWarning(UserWarning):
+  """δ is so large that the (ε, δ) guarantee allows leaking a whole example."""
+
+
+def _check_number(name: str, value, low=None, high=None, low_open=True, high_open=True):
+  try:
+    v = float(value)
+  except (TypeError, ValueError):
+    raise PrivacyError(f"{name} must be a number, got {value!r}") from None
+  if math.isnan(v) or math.isinf(v):
+    raise PrivacyError(f"{name} must be finite, got {value!r}")
+  if low is not None and (v < low or (low_open and v == low)):
+    raise PrivacyError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+  if high is not None and (v > high or (high_open and v == high)):
+    raise PrivacyError(f"{name} must be {'<' if high_open else '<='} {high}, got {value!r}")
+  return v
+
+
+def sampling_rate_from_batch(batch_size: float, num_examples: int) -> float:
+  """q = expected batch size / N, refusing a batch larger than the dataset."""
+  n = _check_number("num_examples", num_examples, low=0)
+  b = _check_number("batch_size", batch_size, low=0)
+  if b > n:
+    raise PrivacyError(f"batch_size {batch_size} is larger than the dataset ({num_examples} examples)")
+  return b / n
+
+
+def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
+                            sampling_rate: Optional[float] = None,
+                            steps: Optional[int] = None,
+                            delta: Optional[float] = None,
+                            clip_norm: Optional[float] = None,
+                            num_examples: Optional[int] = None,
+                            batch_size: Optional[float] = None,
+                            accountant: Optional[str] = None,
+                            sampling: Optional[str] = None) -> None:
+  """Checks DP parameters before any compute; raises `PrivacyError` naming the bad value.
+
+  Arguments left as None are not checked. δ ≥ 1/N (N = num_examples) warns loudly with a
+  `MeaninglessGuaranteeWarning`: such a δ permits releasing one whole example.
+  """
+  if noise_multiplier is not None:
+    _check_number("noise_multiplier (σ)", noise_multiplier, low=0)
+  if clip_norm is not None:
+    _check_number("clip_norm (C)", clip_norm, low=0)
+  if sampling_rate is not None:
+    _check_number("sampling_rate (q)", sampling_rate, low=0, high=1, high_open=False)
+  if steps is not None:
+    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+      raise PrivacyError(f"steps must be an integer >= 1, got {steps!r}")
+  if delta is not None:
+    _check_number("delta (δ)", delta, low=0, high=1)
+  if num_examples is not None:
+    if int(num_examples) != num_examples or num_examples < 1:
+      raise PrivacyError(f"num_examples must be an integer >= 1, got {num_examples!r}")
+  if batch_size is not None:
+    _check_number("batch_size", batch_size, low=0)
+    if num_examples is not None and batch_size > num_examples:
+      raise PrivacyError(f"batch_size {batch_size} is larger than the dataset ({num_examples} examples)")
+  if accountant is not None and accountant not in ACCOUNTANTS:
+    raise PrivacyError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+  if sampling is not None and sampling not in SAMPLING_SCHEMES:
+    raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
+  if delta is not None and num_examples is not None and delta >= 1.0 / num_examples:
+    warnings.warn(
+        f"delta={delta:g} >= 1/num_examples={1.0 / num_examples:g}: the (ε, δ) guarantee is "
+        "meaningless (a mechanism that publishes one random example satisfies it); use δ << 1/N",
+        MeaninglessGuaranteeWarning, stacklevel=2)
+
+
+def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
+                  sampling: str = "poisson", num_examples: Optional[int] = None) -> dp_accounting.DpEvent:
+  """The `DpEvent` of `steps` DP-SGD steps (the same object the sampler's config describes).
+
+  Args:
+    noise_multiplier: σ, the noise std divided by the clip norm C.
+    sampling_rate: q (Poisson rate, or batch/N for fixed batches).
+    steps: number of steps composed.
+    sampling: "poisson" (default) or "fixed" (shuffled fixed-size batches, sampled without
+      replacement; needs `num_examples`).
+    num_examples: N; required for fixed batches.
+  """
+  if sampling == "poisson":
+    step = dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
+  elif sampling == "fixed":
+    if num_examples is None:
+      raise PrivacyError("fixed-batch accounting needs num_examples")
+    batch = int(round(sampling_rate * num_examples))
+    # Replace-one neighbours: the clipped sum moves by up to 2C, and dp_accounting's
+    # without-replacement bound (Wang et al. 2019, Thm 27) takes std / l2-sensitivity = σ/2.
+    step = dp_accounting.SampledWithoutReplacementDpEvent(
+        int(num_examples), batch, dp_accounting.GaussianDpEvent(noise_multiplier / 2.0))
+  else:
+    raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
+  return dp_accounting.SelfComposedDpEvent(step, int(steps))
+
+
+def make_accountant(accountant: str = "rdp", sampling: str = "poisson") -> dp_accounting.PrivacyAccountant:
+  """A fresh `dp_accounting` accountant (RDP with its default orders, or PLD)."""
+  if accountant not in ACCOUNTANTS:
+    raise PrivacyError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+  if sampling == "fixed":
+    if accountant != "rdp":
+      raise PrivacyError("fixed-batch (without replacement) accounting is only available with accountant='rdp'")
+    return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  if accountant == "rdp":
+    return rdp.RdpAccountant()
+  return pld.PLDAccountant(value_discretization_interval=PLD_VALUE_DISCRETIZATION_INTERVAL)
+
+
+def compute_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float,
+                    accountant: str = "rdp", *, sampling: str = "poisson",
+                    num_examples: Optional[int] = None) -> float:
+  """ε of `steps` sampled-Gaussian steps at `delta` (the paper's Table 5 with RDP)."""
+  validate_privacy_params(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps,
+                          delta=delta, accountant=accountant, sampling=sampling)
+  acc = make_accountant(accountant, sampling)
+  acc.compose(make_dp_event(noise_multiplier, sampling_rate, steps, sampling=sampling,
+                            num_examples=num_examples))
+  return float(acc.get_epsilon(delta))
+
+
+def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, delta: float,
+                    accountant: str = "rdp", *, sampling: str = "poisson",
+                    num_examples: Optional[int] = None, tol: float = 1e-4) -> float:
+  """The smallest σ (to `tol`) whose ε at `delta` is at most `target_epsilon`.
+
+  Raises:
+    PrivacyError: invalid parameters, or a target unreachable with σ in
+      [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER].
+  """
+  _check_number("target_epsilon", target_epsilon, low=0)
+  validate_privacy_params(sampling_rate=sampling_rate, steps=steps, delta=delta, accountant=accountant,
+                          sampling=sampling)
+
+  def eps(sigma, acct=accountant):
+    return compute_epsilon(sigma, sampling_rate, steps, delta, acct, sampling=sampling,
+                           num_examples=num_examples)
+
+  # Bracket with RDP first (cheap at any σ). PLD is tighter, so its σ is at most RDP's; PLD is
+  # slow and memory-hungry at tiny σ, so its lower end is found by halving from RDP's answer.
+  if eps(MAX_NOISE_MULTIPLIER, "rdp") > target_epsilon and (
+      accountant == "rdp" or eps(MAX_NOISE_MULTIPLIER) > target_epsilon):
+    raise PrivacyError(
+        f"target_epsilon={target_epsilon:g} is unreachable: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} "
+        f"gives ε={eps(MAX_NOISE_MULTIPLIER, 'rdp'):.4g} at δ={delta:g}, q={sampling_rate:g}, steps={steps}; "
+        "raise the target ε or δ, or lower the sampling rate or the number of steps")
+  if eps(MIN_NOISE_MULTIPLIER, "rdp") <= target_epsilon:
+    return MIN_NOISE_MULTIPLIER
+  low, high = MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER
+  if accountant != "rdp":
+    high = calibrate_noise(target_epsilon, sampling_rate, steps, delta, "rdp", sampling=sampling,
+                           num_examples=num_examples, tol=tol)
+    low = high / 2
+    while eps(low) <= target_epsilon:
+      high, low = low, low / 2
+      if low < MIN_NOISE_MULTIPLIER:
+        return high
+  sigma = mechanism_calibration.calibrate_dp_mechanism(
+      lambda: make_accountant(accountant, sampling),
+      lambda s: make_dp_event(s, sampling_rate, steps, sampling=sampling, num_examples=num_examples),
+      target_epsilon, delta,
+      bracket_interval=mechanism_calibration.ExplicitBracketInterval(low, high),
+      tol=tol)
+  return float(sigma)
+
+
+def truncation_probability(num_examples: int, sampling_rate: float, max_batch_size: Optional[int]) -> float:
+  """P[a Poisson batch exceeds `max_batch_size`], the per-step δ cost of truncating it.
+
+  Uses the larger of two add/remove-neighbouring datasets (N + 1 examples), so the bound holds
+  for both: P[Binomial(N + 1, q) > max_batch_size].
+  """
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  if max_batch_size is None:
+    return 0.0
+  validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
+  if int(max_batch_size) != max_batch_size or max_batch_size < 1:
+    raise PrivacyError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+  return float(stats.binom.sf(int(max_batch_size), int(num_examples) + 1, sampling_rate))
+
+
+def total_delta(delta: float, steps: int, truncation_prob: float) -> float:
+  """δ of a truncated-Poisson run: δ + steps · p_trunc (union bound over the steps)."""
+  return float(delta) + int(steps) * float(truncation_prob)
+
+
+def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_probability: float) -> int:
+  """The smallest cap whose per-step truncation probability is ≤ `max_truncation_probability`.
+
+  E.g. `max_batch_size_for(N, q, delta / (10 * steps))` keeps the truncation δ at 10% of δ.
+  """
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
+  p = _check_number("max_truncation_probability", max_truncation_probability, low=0, high=1)
+  n = int(num_examples) + 1
+  cap = int(stats.binom.isf(p, n, sampling_rate))
+  # isf is approximate at extreme tails: step until the exact survival function is below p.
+  while cap < n and stats.binom.sf(cap, n, sampling_rate) > p:
+    cap += 1
+  while cap > 1 and stats.binom.sf(cap - 1, n, sampling_rate) <= p:
+    cap -= 1
+  return max(1, min(cap, int(num_examples)))

@@ -1,0 +1,85 @@
+"""`private-t5 epsilon`: ε of a DP training run, or the noise multiplier for a target ε.
+
+  private-t5 epsilon --noise_multiplier=0.4 --batch_size=8192 --num_examples=5240387307 \\
+      --steps=100000 --delta=1.9082e-10 --accountant=rdp
+  private-t5 epsilon --target_epsilon=6.06 --sampling_rate=1.5632e-6 --steps=100000 --delta=1e-10
+
+Prints one JSON object: {"epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",
+"accountant", ...}; with --max_batch_size also the truncation probability and the total δ.
+"""
+import argparse
+import json
+import sys
+import warnings
+from typing import List, Optional
+
+from private_t5.dp import accounting
+from private_t5.errors import PrivacyError
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="private-t5 epsilon", description=__doc__.split("\n\n")[0])
+  noise = p.add_mutually_exclusive_group(required=True)
+  noise.add_argument("--noise_multiplier", type=float, help="σ: noise std / clip norm")
+  noise.add_argument("--target_epsilon", type=float, help="calibrate σ for this ε instead")
+  p.add_argument("--batch_size", type=float, help="expected batch size (with --num_examples)")
+  p.add_argument("--num_examples", type=int, help="N, the number of privacy units sampled from")
+  p.add_argument("--sampling_rate", type=float, help="q, instead of --batch_size/--num_examples")
+  p.add_argument("--steps", type=int, required=True, help="number of training steps")
+  p.add_argument("--delta", type=float, required=True, help="δ (use δ << 1/N)")
+  p.add_argument("--accountant", default="rdp", choices=accounting.ACCOUNTANTS)
+  p.add_argument("--sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
+                 help="poisson (default) or fixed shuffled batches (accounted without replacement)")
+  p.add_argument("--max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
+  return p
+
+
+def run(args: argparse.Namespace) -> dict:
+  """Computes the JSON answer for parsed flags (raises PrivacyError on bad input)."""
+  if args.sampling_rate is not None:
+    if args.batch_size is not None:
+      raise PrivacyError("give --sampling_rate or --batch_size/--num_examples, not both")
+    q = args.sampling_rate
+  else:
+    if args.batch_size is None or args.num_examples is None:
+      raise PrivacyError("need --sampling_rate, or both --batch_size and --num_examples")
+    accounting.validate_privacy_params(batch_size=args.batch_size, num_examples=args.num_examples)
+    q = accounting.sampling_rate_from_batch(args.batch_size, args.num_examples)
+  accounting.validate_privacy_params(
+      noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
+      num_examples=args.num_examples, accountant=args.accountant, sampling=args.sampling)
+  if args.sampling == "fixed" and args.num_examples is None:
+    raise PrivacyError("--sampling=fixed needs --num_examples")
+  kw = dict(sampling=args.sampling, num_examples=args.num_examples)
+  out = {}
+  if args.target_epsilon is not None:
+    sigma = accounting.calibrate_noise(args.target_epsilon, q, args.steps, args.delta, args.accountant, **kw)
+    out["target_epsilon"] = args.target_epsilon
+  else:
+    sigma = args.noise_multiplier
+  eps = accounting.compute_epsilon(sigma, q, args.steps, args.delta, args.accountant, **kw)
+  out.update(epsilon=eps, delta=args.delta, noise_multiplier=sigma, sampling_rate=q, steps=args.steps,
+             accountant=args.accountant, sampling=args.sampling)
+  if args.max_batch_size is not None:
+    if args.num_examples is None:
+      raise PrivacyError("--max_batch_size needs --num_examples")
+    p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
+    delta_total = accounting.total_delta(args.delta, args.steps, p_trunc)
+    out.update(max_batch_size=args.max_batch_size, truncation_probability=p_trunc, total_delta=delta_total)
+    accounting.validate_privacy_params(delta=min(delta_total, 0.999999), num_examples=args.num_examples)
+  return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", accounting.MeaninglessGuaranteeWarning)
+    out = run(args)
+  for w in caught:
+    print(f"WARNING: {w.message}", file=sys.stderr)
+  print(json.dumps(out))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

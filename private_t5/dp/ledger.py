@@ -1,0 +1,243 @@
+"""The privacy ledger (`privacy_report.json`): what one DP training run has spent so far.
+
+A ledger covers ONE mechanism: fixed σ, q, C, δ, sampling scheme and privacy unit. Resuming
+adds steps; changing any of these on resume is refused. Other DP releases computed from the
+same data (e.g. the DP-SentencePiece vocabulary) are composed in as `components` by simple
+composition, summing ε and δ (seed paper, Appendix C).
+"""
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from typing import Any, Dict, List, Optional
+
+from private_t5.dp import accounting
+from private_t5.errors import DataError, PrivacyError
+
+PRIVACY_UNITS = ("document", "example", "user")
+LEDGER_VERSION = 1
+REPORT_FILENAME = "privacy_report.json"
+# Fields that define the mechanism; a resumed run must keep them unchanged.
+_MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
+                     "sampling", "max_batch_size", "non_private")
+
+
+@dataclasses.dataclass
+class PrivacyLedger:
+  """Privacy spent by a DP training run, serialisable to JSON.
+
+  Attributes:
+    noise_multiplier: σ (noise std = σ·C on the sum of clipped gradients).
+    sampling_rate: q, the Poisson sampling rate (expected batch size / N).
+    clip_norm: C, the per-example L2 clip norm.
+    delta: δ of the Gaussian steps (truncation adds to it, see `training_delta`).
+    accountant: "rdp" or "pld".
+    privacy_unit: "document", "example" or "user".
+    num_examples: N, the sampling population (units).
+    expected_batch_size: q·N, the public divisor of the noisy sum.
+    max_batch_size: truncation cap of a Poisson batch (None: not truncated).
+    truncation_probability: per-step P[Poisson batch > max_batch_size].
+    steps: steps taken so far.
+    components: other mechanisms composed in: dicts {"name", "epsilon", "delta", "source"}.
+    non_private: True for a non-private baseline (ε = ∞).
+    sampling: "poisson" or "fixed" (fixed batches, accounted without replacement).
+  """
+  noise_multiplier: float
+  sampling_rate: float
+  clip_norm: float
+  delta: float
+  accountant: str = "rdp"
+  privacy_unit: str = "document"
+  num_examples: Optional[int] = None
+  expected_batch_size: Optional[float] = None
+  max_batch_size: Optional[int] = None
+  truncation_probability: float = 0.0
+  steps: int = 0
+  components: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+  non_private: bool = False
+  sampling: str = "poisson"
+
+  def __post_init__(self):
+    if self.privacy_unit not in PRIVACY_UNITS:
+      raise PrivacyError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
+    if int(self.steps) != self.steps or self.steps < 0:
+      raise PrivacyError(f"ledger steps must be an integer >= 0, got {self.steps!r}")
+    self.steps = int(self.steps)
+    if self.non_private:
+      return
+    accounting.validate_privacy_params(
+        noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
+        clip_norm=self.clip_norm, delta=self.delta, accountant=self.accountant,
+        num_examples=self.num_examples, sampling=self.sampling)
+    if self.num_examples is not None:
+      if self.expected_batch_size is None:
+        self.expected_batch_size = self.sampling_rate * self.num_examples
+      if self.max_batch_size is not None and not self.truncation_probability:
+        self.truncation_probability = accounting.truncation_probability(
+            self.num_examples, self.sampling_rate, self.max_batch_size)
+
+  @classmethod
+  def create(cls, *, noise_multiplier: float, clip_norm: float, delta: float, num_examples: int,
+             sampling_rate: Optional[float] = None, batch_size: Optional[float] = None,
+             max_batch_size: Optional[int] = None, accountant: str = "rdp",
+             privacy_unit: str = "document", sampling: str = "poisson") -> "PrivacyLedger":
+    """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N)."""
+    if (sampling_rate is None) == (batch_size is None):
+      raise PrivacyError("give exactly one of sampling_rate and batch_size")
+    if sampling_rate is None:
+      accounting.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
+      sampling_rate = accounting.sampling_rate_from_batch(batch_size, num_examples)
+    return cls(noise_multiplier=float(noise_multiplier), sampling_rate=float(sampling_rate),
+               clip_norm=float(clip_norm), delta=float(delta), accountant=accountant,
+               privacy_unit=privacy_unit, num_examples=int(num_examples), max_batch_size=max_batch_size,
+               sampling=sampling)
+
+  @classmethod
+  def non_private_baseline(cls, *, num_examples: Optional[int] = None, privacy_unit: str = "document",
+                           batch_size: Optional[float] = None) -> "PrivacyLedger":
+    """A ledger for a non-private run: records steps, reports ε = ∞ (null in JSON)."""
+    q = (batch_size / num_examples) if (batch_size and num_examples) else 0.0
+    return cls(noise_multiplier=0.0, sampling_rate=q, clip_norm=0.0, delta=0.0, privacy_unit=privacy_unit,
+               num_examples=num_examples, expected_batch_size=batch_size, non_private=True)
+
+  # -- bookkeeping ------------------------------------------------------------------------------
+
+  def record_steps(self, n: int = 1) -> None:
+    """Adds `n` steps taken."""
+    if int(n) != n or n < 0:
+      raise PrivacyError(f"record_steps needs an integer >= 0, got {n!r}")
+    self.steps += int(n)
+
+  def add_component(self, name: str, epsilon: float, delta: float, source: str = "") -> None:
+    """Composes another (ε, δ)-DP release on the same data (idempotent for the same source)."""
+    epsilon = float(epsilon)
+    delta = float(delta)
+    if not (epsilon >= 0 and math.isfinite(epsilon)) or not 0 <= delta < 1:
+      raise PrivacyError(f"component {name!r} has invalid (ε, δ) = ({epsilon}, {delta})")
+    for c in self.components:
+      if c["name"] == name and c.get("source", "") == source:
+        if math.isclose(c["epsilon"], epsilon) and math.isclose(c["delta"], delta):
+          return  # already composed (e.g. re-added on resume)
+        raise PrivacyError(f"component {name!r} from {source!r} is already in the ledger with "
+                           f"(ε, δ) = ({c['epsilon']}, {c['delta']}), not ({epsilon}, {delta})")
+    self.components.append({"name": name, "epsilon": epsilon, "delta": delta, "source": source})
+
+  def add_component_from_report(self, path: str) -> Dict[str, Any]:
+    """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`)."""
+    report = _read_json(path)
+    for key in ("epsilon", "delta"):
+      if not isinstance(report.get(key), (int, float)):
+        raise DataError(f"{path}: privacy report has no numeric {key!r}")
+    name = str(report.get("mechanism", "dp_sentencepiece"))
+    self.add_component(name, report["epsilon"], report["delta"], source=os.path.abspath(path))
+    return self.components[-1]
+
+  def resume_from(self, saved: "PrivacyLedger") -> "PrivacyLedger":
+    """This configuration continued from a saved ledger: its steps and components carried over.
+
+    Raises:
+      PrivacyError: the saved ledger describes another mechanism (σ, q, C, δ, unit, sampling,
+        truncation cap or private/non-private differ).
+    """
+    for field in _MECHANISM_FIELDS:
+      a, b = getattr(saved, field), getattr(self, field)
+      same = (a == b) if not isinstance(a, float) or not isinstance(b, float) else math.isclose(a, b, rel_tol=1e-9)
+      if not same:
+        raise PrivacyError(f"cannot resume: the checkpoint's ledger has {field}={a!r} but this run "
+                           f"has {field}={b!r}; a ledger covers one mechanism (start a new run instead)")
+    resumed = dataclasses.replace(self, steps=saved.steps, components=[dict(c) for c in saved.components])
+    for c in self.components:
+      resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""))
+    return resumed
+
+  # -- privacy spent ----------------------------------------------------------------------------
+
+  def training_epsilon(self) -> float:
+    """ε of the steps taken, at `delta` (∞ for a non-private run, 0 before the first step)."""
+    if self.non_private:
+      return math.inf
+    if self.steps == 0:
+      return 0.0
+    return accounting.compute_epsilon(self.noise_multiplier, self.sampling_rate, self.steps, self.delta,
+                                      self.accountant, sampling=self.sampling, num_examples=self.num_examples)
+
+  def training_delta(self) -> float:
+    """δ of training: δ + steps · p_trunc."""
+    if self.non_private:
+      return 1.0
+    return accounting.total_delta(self.delta, self.steps, self.truncation_probability)
+
+  def total_epsilon(self) -> float:
+    """Training ε plus every component's ε (simple composition)."""
+    return self.training_epsilon() + sum(c["epsilon"] for c in self.components)
+
+  def total_delta(self) -> float:
+    """Training δ (with truncation) plus every component's δ (simple composition)."""
+    return min(1.0, self.training_delta() + sum(c["delta"] for c in self.components))
+
+  def report(self) -> Dict[str, Any]:
+    """A JSON-ready summary of the guarantee.
+
+    `epsilon`/`delta` are the totals over training and components (ε null for a non-private
+    run); `accounting_delta` is the δ the training ε is computed at; `ledger` holds the exact
+    fields for `from_dict`.
+    """
+    def finite(x):
+      return None if math.isinf(x) else x
+    out = self.to_dict()
+    out.update(
+        epsilon=finite(self.total_epsilon()), delta=self.total_delta(), accounting_delta=self.delta,
+        training_epsilon=finite(self.training_epsilon()), training_delta=self.training_delta(),
+        total_epsilon=finite(self.total_epsilon()), total_delta=self.total_delta(),
+        truncation_delta=(0.0 if self.non_private else self.steps * self.truncation_probability),
+        dp=not self.non_private,
+        ledger=self.to_dict(),
+    )
+    return out
+
+  # -- serialisation ----------------------------------------------------------------------------
+
+  def to_dict(self) -> Dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["ledger_version"] = LEDGER_VERSION
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]) -> "PrivacyLedger":
+    """Inverse of `to_dict`; also accepts a `report()` (reads its `ledger` entry)."""
+    if isinstance(d.get("ledger"), dict):
+      d = d["ledger"]
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing = [n for n in ("noise_multiplier", "sampling_rate", "clip_norm", "delta") if n not in d]
+    if missing:
+      raise DataError(f"privacy ledger is missing {missing}")
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+  def save(self, path: str) -> str:
+    """Writes `report()` atomically (temp file then rename); `load` reads it back."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
+    with os.fdopen(fd, "w") as f:
+      json.dump(self.report(), f, indent=2, sort_keys=True)
+      f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+  @classmethod
+  def load(cls, path: str) -> "PrivacyLedger":
+    return cls.from_dict(_read_json(path))
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+  if not os.path.isfile(path):
+    raise DataError(f"privacy report not found: {path}")
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f"{path} is not valid JSON: {e}") from e
+  if not isinstance(data, dict):
+    raise DataError(f"{path}: expected a JSON object")
+  return data

@@ -1,0 +1,139 @@
+"""T5 hyper-parameters (`T5Config`) and the named presets of T5 v1.0 and v1.1."""
+import dataclasses
+from typing import Dict, Optional
+
+from private_t5.errors import ConfigError
+
+FEED_FORWARD_TYPES = ("relu", "gated-gelu")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# T5's SentencePiece vocabulary (32000 pieces + 100 sentinels, padded to a multiple of 128).
+T5_VOCAB_SIZE = 32128
+# Tiny presets expect a small vocabulary (8192 pieces + 100 sentinels, padded to a multiple
+# of 128): with 32128 rows the embedding alone would exceed the 1-3M parameters a test
+# model should have.
+TINY_VOCAB_SIZE = 8320
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class T5Config:
+  """Shape of a T5 encoder-decoder.
+
+  Attributes:
+    vocab_size: rows of the token embedding (and columns of the logits).
+    d_model: width of the residual stream (logical axis `embed`).
+    num_heads: attention heads per attention layer.
+    d_kv: width of one head; `None` derives `d_model // num_heads` (which must divide).
+      T5 v1.1 small uses 6 heads of 64 on a 512-wide model, so `num_heads * d_kv` need
+      not equal `d_model` when `d_kv` is given.
+    d_ff: hidden width of the feed-forward block (logical axis `mlp`).
+    num_encoder_layers: encoder blocks.
+    num_decoder_layers: decoder blocks.
+    dropout_rate: dropout on embeddings, attention weights, feed-forward hidden units and
+      every residual branch (T5 uses one rate everywhere).
+    feed_forward: "relu" (T5 v1.0) or "gated-gelu" (T5 v1.1).
+    tie_embeddings: True (v1.0) reuses the token embedding as the output layer with logits
+      scaled by `d_model**-0.5`; False (v1.1) adds `decoder/logits_dense`.
+    relative_attention_num_buckets: buckets of the relative position bias.
+    relative_attention_max_distance: distance beyond which all offsets share one bucket.
+    dtype: activation dtype ("float32" or "bfloat16"); parameters are always float32 and
+      logits are returned in float32.
+  """
+  vocab_size: int
+  d_model: int
+  num_heads: int
+  d_kv: Optional[int] = None
+  d_ff: int
+  num_encoder_layers: int
+  num_decoder_layers: int
+  dropout_rate: float = 0.1
+  feed_forward: str = "relu"
+  tie_embeddings: bool = True
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.d_kv is None and _is_positive_int(self.num_heads) and _is_positive_int(self.d_model):
+      if self.d_model % self.num_heads:
+        raise ConfigError(f"num_heads={self.num_heads} does not divide d_model={self.d_model}; "
+                          "choose a divisor or set d_kv explicitly")
+      object.__setattr__(self, "d_kv", self.d_model // self.num_heads)
+    self.validate()
+
+  def validate(self) -> "T5Config":
+    """Raises `ConfigError` naming the first invalid field; returns self when valid."""
+    for name in ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff", "num_encoder_layers",
+                 "num_decoder_layers", "relative_attention_num_buckets",
+                 "relative_attention_max_distance"):
+      value = getattr(self, name)
+      if not _is_positive_int(value):
+        raise ConfigError(f"T5Config.{name} must be a positive integer, got {value!r}")
+    if not isinstance(self.dropout_rate, (int, float)) or not 0.0 <= self.dropout_rate < 1.0:
+      raise ConfigError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
+    if self.feed_forward not in FEED_FORWARD_TYPES:
+      raise ConfigError(f"T5Config.feed_forward must be one of {FEED_FORWARD_TYPES}, "
+                        f"got {self.feed_forward!r}")
+    if not isinstance(self.tie_embeddings, bool):
+      raise ConfigError(f"T5Config.tie_embeddings must be True or False, got {self.tie_embeddings!r}")
+    if self.dtype not in DTYPES:
+      raise ConfigError(f"T5Config.dtype must be one of {DTYPES}, got {self.dtype!r}")
+    buckets = self.relative_attention_num_buckets
+    # The bidirectional encoder splits the buckets by sign, then keeps half of each side
+    # for exact offsets (T5's `_relative_position_bucket`); both halves must be non-empty.
+    if buckets < 4 or buckets % 2:
+      raise ConfigError("T5Config.relative_attention_num_buckets must be an even number >= 4, "
+                        f"got {buckets}")
+    if self.relative_attention_max_distance <= buckets // 2:
+      raise ConfigError(f"T5Config.relative_attention_max_distance={self.relative_attention_max_distance} "
+                        f"must exceed relative_attention_num_buckets // 2 = {buckets // 2}")
+    return self
+
+  def replace(self, **changes) -> "T5Config":
+    """A copy with some fields changed (validated)."""
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def num_layers(self) -> int:
+    return self.num_encoder_layers + self.num_decoder_layers
+
+
+def _is_positive_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _v1_0(d_model, num_heads, d_ff, layers, vocab_size=T5_VOCAB_SIZE, d_kv=None):
+  return dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, d_kv=d_kv, d_ff=d_ff,
+              num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.1,
+              feed_forward="relu", tie_embeddings=True)
+
+
+def _v1_1(d_model, num_heads, d_ff, layers, vocab_size=T5_VOCAB_SIZE, d_kv=64):
+  # T5 v1.1 was pretrained without dropout (it is turned back on for fine-tuning).
+  return dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, d_kv=d_kv, d_ff=d_ff,
+              num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.0,
+              feed_forward="gated-gelu", tie_embeddings=False)
+
+
+# The public T5 checkpoints' shapes (T5 paper Table 14; T5 v1.1 gin files).
+PRESETS: Dict[str, dict] = {
+    "t5_1_0_tiny": _v1_0(d_model=128, num_heads=4, d_ff=512, layers=2, vocab_size=TINY_VOCAB_SIZE),
+    "t5_1_0_small": _v1_0(d_model=512, num_heads=8, d_ff=2048, layers=6),
+    "t5_1_0_base": _v1_0(d_model=768, num_heads=12, d_ff=3072, layers=12),
+    "t5_1_0_large": _v1_0(d_model=1024, num_heads=16, d_ff=4096, layers=24),
+    "t5_1_1_tiny": _v1_1(d_model=128, num_heads=4, d_ff=256, layers=2, vocab_size=TINY_VOCAB_SIZE,
+                         d_kv=32),
+    "t5_1_1_small": _v1_1(d_model=512, num_heads=6, d_ff=1024, layers=8),
+    "t5_1_1_base": _v1_1(d_model=768, num_heads=12, d_ff=2048, layers=12),
+    "t5_1_1_large": _v1_1(d_model=1024, num_heads=16, d_ff=2816, layers=24),
+}
+
+
+def load_preset(name: str, **overrides) -> T5Config:
+  """The named preset (e.g. "t5_1_0_small"), optionally with some fields changed."""
+  if name not in PRESETS:
+    raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+  unknown = set(overrides) - {f.name for f in dataclasses.fields(T5Config)}
+  if unknown:
+    raise ConfigError(f"unknown T5Config field(s) {sorted(unknown)} for preset {name!r}")
+  return T5Config(**{**PRESETS[name], **overrides})

@@ -1,0 +1,213 @@
+"""Building blocks of the T5 network (Flax linen).
+
+Every dense layer is a plain `x @ kernel` on a 2-D kernel, so that per-example gradient
+norms can later be computed layer by layer from activations and output gradients. Every
+parameter carries logical axis names (`nn.with_logical_partitioning`) for mesh sharding.
+"""
+import functools
+from typing import Callable, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Initializer = Callable[..., jax.Array]
+# A large negative logit for masked attention positions (not -inf, so that a row whose keys
+# are all masked, such as a padding row, gives uniform weights instead of NaN).
+NEG_INF = -1e10
+
+default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
+           axes: Tuple[str, ...]) -> jax.Array:
+  return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
+
+
+class Dense(nn.Module):
+  """`y = x @ kernel` without bias; kernel `[in, out]` named by `kernel_axes`."""
+  features: int
+  kernel_axes: Tuple[str, str]
+  dtype: jnp.dtype = jnp.float32
+  kernel_init: Initializer = default_kernel_init
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = _param(self, "kernel", self.kernel_init, (x.shape[-1], self.features), self.kernel_axes)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class Embed(nn.Module):
+  """Token embedding `[vocab, embed]`; `attend` is the tied output projection."""
+  num_embeddings: int
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  # T5 initialises embeddings with unit variance (logits are rescaled when tied).
+  embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+  def setup(self):
+    self.embedding = _param(self, "embedding", self.embedding_init,
+                            (self.num_embeddings, self.features), ("vocab", "embed"))
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+  def attend(self, query: jax.Array) -> jax.Array:
+    return jnp.dot(query.astype(self.dtype), self.embedding.T.astype(self.dtype))
+
+
+class RMSNorm(nn.Module):
+  """T5 layer norm: scale only, no bias and no mean subtraction (eps 1e-6)."""
+  epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
+    x = x.astype(jnp.float32)
+    variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return (x * jax.lax.rsqrt(variance + self.epsilon) * scale).astype(self.dtype)
+
+
+def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> np.ndarray:
+  """T5's bucketing of `memory_position - query_position` (Raffel et al. 2020, Sec. 2.1).
+
+  Half of the buckets hold exact small offsets; the rest grow logarithmically up to
+  `max_distance`, beyond which all offsets share the last bucket. Bidirectional (encoder)
+  buckets split first by the sign of the offset; causal (decoder) buckets only see the past.
+  """
+  ret = np.zeros_like(relative_position)
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  val_if_large = max_exact + (
+      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+      / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+  val_if_large = np.minimum(val_if_large, num_buckets - 1)
+  return ret + np.where(is_small, n, val_if_large)
+
+
+class RelativePositionBias(nn.Module):
+  """One learned bias per (head, bucket), shared by all layers of a stack."""
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, q_len: int, k_len: int, bidirectional: bool) -> jax.Array:
+    """Returns the additive bias `[1, heads, q_len, k_len]`."""
+    context = np.arange(q_len, dtype=np.int32)[:, None]
+    memory = np.arange(k_len, dtype=np.int32)[None, :]
+    buckets = relative_position_bucket(memory - context, bidirectional, self.num_buckets,
+                                       self.max_distance)
+    table = _param(self, "rel_embedding",
+                   nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                   (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+    bias = jnp.take(table, jnp.asarray(buckets), axis=1)  # [heads, q, k]
+    return bias[None].astype(self.dtype)
+
+
+class MultiHeadAttention(nn.Module):
+  """T5 attention: no 1/sqrt(d) logit scaling (it is folded into the query init).
+
+  With `decode=True` the projected keys and values live in the `cache` collection
+  (`cached_key`, `cached_value` `[B, kv_len, heads, d_kv]`, `cache_index`). A first call on
+  the full-length inputs creates the cache. Later self-attention calls take one position at
+  a time and append it; cross-attention (`cross_attention=True`) projects the encoder output
+  once, in that first call, and reuses it at every step.
+  """
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: Optional[jax.Array] = None,
+               bias: Optional[jax.Array] = None, *, enable_dropout: bool = False,
+               decode: bool = False) -> jax.Array:
+    """`mask` is boolean `[B|1, 1, q, k]` (True = attend), `bias` `[1, heads, q, k]`."""
+    joined = self.num_heads * self.head_dim
+    query_init = lambda *a: default_kernel_init(*a) / np.sqrt(self.head_dim).astype(np.float32)
+    dense = functools.partial(Dense, features=joined, kernel_axes=("embed", "joined_kv"),
+                              dtype=self.dtype)
+    split = lambda x: x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+    query = split(dense(kernel_init=query_init, name="query")(inputs_q))
+    project_kv = lambda: (split(dense(name="key")(inputs_kv)), split(dense(name="value")(inputs_kv)))
+
+    if not decode:
+      key, value = project_kv()
+    elif self.cross_attention:
+      initialized = self.has_variable("cache", "cached_key")
+      if initialized:
+        key = self.get_variable("cache", "cached_key")
+        value = self.get_variable("cache", "cached_value")
+      else:
+        key, value = project_kv()
+        self.put_variable("cache", "cached_key", key)
+        self.put_variable("cache", "cached_value", value)
+    else:
+      key, value = project_kv()
+      initialized = self.has_variable("cache", "cached_key")
+      cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+      cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      if initialized:
+        if query.shape[1] != 1:
+          raise ValueError(f"cached decoding takes one position at a time, got {query.shape[1]}")
+        index = cache_index.value
+        key = jax.lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype),
+                                           (0, index, 0, 0))
+        value = jax.lax.dynamic_update_slice(cached_value.value,
+                                             value.astype(cached_value.value.dtype), (0, index, 0, 0))
+        cached_key.value, cached_value.value = key, value
+        cache_index.value = index + 1
+        max_len = key.shape[1]
+        # The new query sees the cached positions 0..index (causal).
+        mask = (jnp.arange(max_len) <= index)[None, None, None, :]
+        if bias is not None:
+          bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=2)
+
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+    if bias is not None:
+      logits = logits + bias.astype(jnp.float32)
+    if mask is not None:
+      logits = jnp.where(mask, logits, NEG_INF)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    if enable_dropout and self.dropout_rate > 0:
+      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    out = out.reshape(out.shape[:-2] + (joined,))
+    return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
+                 name="out")(out)
+
+
+class MlpBlock(nn.Module):
+  """Feed-forward block: ReLU (`wi`, v1.0) or gated GELU (`wi_0` * `wi_1`, v1.1), then `wo`."""
+  d_ff: int
+  feed_forward: str = "relu"
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, enable_dropout: bool = False) -> jax.Array:
+    dense = functools.partial(Dense, features=self.d_ff, kernel_axes=("embed", "mlp"), dtype=self.dtype)
+    if self.feed_forward == "relu":
+      hidden = nn.relu(dense(name="wi")(x))
+    elif self.feed_forward == "gated-gelu":
+      # T5 v1.1 (Shazeer 2020, GEGLU): gelu(x W0) * (x W1), tanh approximation as in T5.
+      hidden = nn.gelu(dense(name="wi_0")(x), approximate=True) * dense(name="wi_1")(x)
+    else:
+      raise ValueError(f"unknown feed_forward {self.feed_forward!r}")
+    if enable_dropout and self.dropout_rate > 0:
+      hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=False)
+    return Dense(features=x.shape[-1], kernel_axes=("mlp", "embed"), dtype=self.dtype, name="wo")(hidden)

@@ -1,0 +1,516 @@
+"""DP-SentencePiece: a differentially private word histogram, then SentencePiece (seed 001 §3.1).
+
+Algorithm 1 of the seed paper, with each document's contribution bounded first:
+
+1. Every document (the privacy unit) becomes a word histogram (whitespace-separated words,
+   unnormalised), bounded so that one document changes the summed histogram by at most
+   k in L2 norm and m in L∞ norm, and touches at most `n` distinct words:
+   * "paper": counts with multiplicity over at most N words (N = 256 by default; longer
+     documents keep N evenly spaced word positions): k = m = n = N.
+   * "capped": each word counted at most once, at most W distinct words (the W most frequent
+     in the document): k = √W, m = 1, n = W.
+2. The histograms are summed (streaming, in parallel over chunks of documents).
+3. N(0, σ²) is added to every observed count; a word is kept when its noisy count ≥ T.
+4. SentencePiece is trained on the kept words only (`spm.train_from_word_counts`).
+
+Privacy (add/remove one document; Wilson et al. 2020, Hoory et al. 2021 Theorem 1): words
+already in the corpus form a Gaussian mechanism with L2 sensitivity k, (ε, δ_g)-DP; a word
+present only in the added document is released only if m + Z ≥ T, so by a union bound over its
+≤ n distinct words the release differs with probability at most δ_t = n·Q((T − m)/σ), where Q is
+the standard normal tail. The whole release is (ε, δ_g + δ_t)-DP. We split δ equally, as the
+paper's 2.5/δ = 1.25/(δ/2) does: δ_g = δ_t = δ/2, hence
+
+  T = m + σ·Φ⁻¹(1 − δ/(2n)) = m + σ·√2·erf⁻¹(1 − δ/n).
+
+The paper prints T = m + σ·erf⁻¹(1 − δ/(2N)), which drops the √2 (`threshold_tail` checks
+numerically how much δ that threshold really spends). The paper's
+ε = (k/σ)·√(2 ln(2.5/δ)) is the classical Gaussian bound (Dwork & Roth Thm A.1) at δ/2, valid
+only for ε < 1 (beyond it the formula UNDERSTATES ε: σ = 58.9, k = 256 gives 27.0 by the
+formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε from `dp_accounting`
+(the exact hockey-stick divergence of noise multiplier σ/k at δ/2), valid for every ε.
+"""
+import collections
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from private_t5.errors import ConfigError, DataError, PrivacyError
+
+SENSITIVITY_MODES = ("paper", "capped")
+MODEL_TYPES = ("unigram", "bpe", "char")
+DEFAULT_MAX_WORDS = 256
+MECHANISM_NAME = "dp_sentencepiece"
+REPORT_FILENAME = "privacy_report.json"
+# Report fields computed from the raw corpus (diagnostics, not covered by the guarantee).
+NOT_DP_FIELDS = ("words_total", "words_dropped_fraction", "documents", "histogram")
+
+
+# ---------------------------------------------------------------------------------------------
+# Contribution bound and per-document histograms
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ContributionBound:
+  """How much one document may contribute to the summed histogram.
+
+  Attributes:
+    mode: "paper" (counts with multiplicity, ≤ max_words words) or "capped" (each word once,
+      ≤ max_words distinct words).
+    max_words: N (paper) or W (capped).
+  """
+  mode: str = "paper"
+  max_words: int = DEFAULT_MAX_WORDS
+
+  def __post_init__(self):
+    if self.mode not in SENSITIVITY_MODES:
+      raise ConfigError(f"sensitivity must be one of {SENSITIVITY_MODES}, got {self.mode!r}")
+    if isinstance(self.max_words, bool) or int(self.max_words) != self.max_words or self.max_words < 1:
+      raise ConfigError(f"max_words_per_document must be an integer >= 1, got {self.max_words!r}")
+
+  @property
+  def l2(self) -> float:
+    """k: the largest L2 norm of one document's bounded histogram."""
+    return float(self.max_words) if self.mode == "paper" else math.sqrt(self.max_words)
+
+  @property
+  def linf(self) -> float:
+    """m: the largest count one document gives one word."""
+    return float(self.max_words) if self.mode == "paper" else 1.0
+
+  @property
+  def max_distinct(self) -> int:
+    """n: the most distinct words one document can add (the threshold's union bound)."""
+    return int(self.max_words)
+
+  def as_dict(self) -> Dict[str, Any]:
+    out = {"mode": self.mode, "k_l2": self.l2, "m_linf": self.linf, "max_distinct_words": self.max_distinct}
+    out["N_words_per_document" if self.mode == "paper" else "W_distinct_words_per_document"] = self.max_words
+    return out
+
+
+def document_histogram(text: str, bound: ContributionBound) -> Dict[str, int]:
+  """The bounded word histogram of one document (words: whitespace-separated, unnormalised)."""
+  return bounded_counts(text.split(), bound)
+
+
+def bounded_counts(words: List[str], bound: ContributionBound) -> Dict[str, int]:
+  """The bounded histogram of one document's words (see `ContributionBound`)."""
+  if bound.mode == "paper":
+    n = bound.max_words
+    if len(words) > n:
+      # Evenly spaced positions cover the whole document; any fixed choice of ≤ N positions
+      # keeps ‖h‖₂ ≤ ‖h‖₁ ≤ N.
+      length = len(words)
+      words = [words[(i * length) // n] for i in range(n)]
+    return collections.Counter(words)
+  counts = collections.Counter(words)
+  if len(counts) > bound.max_words:
+    # most_common is stable, so ties keep first-occurrence order (deterministic).
+    return dict.fromkeys((w for w, _ in counts.most_common(bound.max_words)), 1)
+  return dict.fromkeys(counts, 1)
+
+
+@dataclasses.dataclass
+class HistogramStats:
+  """Counts gathered while building the histogram."""
+  documents: int = 0
+  bytes: int = 0
+  words_raw: int = 0  # word occurrences before bounding
+  words_counted: int = 0  # word occurrences after bounding
+  seconds: float = 0.0
+
+  def as_dict(self) -> Dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["megabytes_per_second"] = (self.bytes / 1e6 / self.seconds) if self.seconds > 0 else None
+    return d
+
+
+def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int]:
+  """Worker: (summed bounded histogram, documents, bytes, raw words, counted words) of a chunk."""
+  texts, mode, max_words = args
+  bound = ContributionBound(mode, max_words)
+  total = collections.Counter()
+  n_bytes = n_raw = n_counted = 0
+  for text in texts:
+    n_bytes += len(text.encode("utf-8"))
+    words = text.split()
+    n_raw += len(words)
+    h = bounded_counts(words, bound)
+    n_counted += sum(h.values())
+    total.update(h)
+  return dict(total), len(texts), n_bytes, n_raw, n_counted
+
+
+def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[List[str]]:
+  chunk = []
+  for t in texts:
+    chunk.append(t)
+    if len(chunk) >= chunk_size:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_workers: Optional[int] = None,
+                    chunk_size: int = 256, progress: Optional[Callable[[HistogramStats], None]] = None,
+                    progress_every: float = 10.0) -> Tuple[collections.Counter, HistogramStats]:
+  """Sums the bounded histograms of `texts` (one text = one document), streaming.
+
+  Work is spread over `num_workers` processes, a chunk of documents at a time, with at most
+  two chunks per worker in flight, so memory grows with the vocabulary, not with the corpus.
+  """
+  num_workers = num_workers or os.cpu_count() or 1
+  if num_workers < 1 or chunk_size < 1:
+    raise ConfigError(f"num_workers and chunk_size must be >= 1, got {num_workers}, {chunk_size}")
+  total = collections.Counter()
+  stats = HistogramStats()
+  start = last_report = time.time()
+
+  def merge(result):
+    nonlocal last_report
+    hist, docs, n_bytes, n_raw, n_counted = result
+    total.update(hist)
+    stats.documents += docs
+    stats.bytes += n_bytes
+    stats.words_raw += n_raw
+    stats.words_counted += n_counted
+    if progress and time.time() - last_report >= progress_every:
+      stats.seconds = time.time() - start
+      progress(stats)
+      last_report = time.time()
+
+  jobs = ((chunk, bound.mode, bound.max_words) for chunk in _chunks(texts, chunk_size))
+  if num_workers == 1:
+    for job in jobs:
+      merge(_chunk_histogram(job))
+  else:
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    in_flight = collections.deque()
+    with ctx.Pool(num_workers) as pool:
+      for job in jobs:
+        in_flight.append(pool.apply_async(_chunk_histogram, (job,)))
+        if len(in_flight) >= 2 * num_workers:
+          merge(in_flight.popleft().get())
+      while in_flight:
+        merge(in_flight.popleft().get())
+  stats.seconds = time.time() - start
+  return total, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Privacy: ε, threshold, calibration
+# ---------------------------------------------------------------------------------------------
+
+def paper_epsilon(sigma: float, delta: float, k: float) -> float:
+  """Hoory et al. Theorem 1 as printed in the seed paper: ε = (k/σ)·√(2 ln(2.5/δ))."""
+  return k / sigma * math.sqrt(2.0 * math.log(2.5 / delta))
+
+
+def paper_threshold(sigma: float, delta: float, m: float, n: int) -> float:
+  """The threshold as printed in the seed paper: C = m + σ·erf⁻¹(1 − δ/(2N))."""
+  from scipy import special  # pylint: disable=g-import-not-at-top
+  return m + sigma * float(special.erfinv(1.0 - delta / (2.0 * n)))
+
+
+def threshold_for(sigma: float, delta_threshold: float, m: float, n: int) -> float:
+  """T with n·P[m + N(0, σ²) ≥ T] = δ_t: T = m + σ·Φ⁻¹(1 − δ_t/n)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return m + sigma * float(stats.norm.isf(delta_threshold / n))
+
+
+def threshold_tail(sigma: float, threshold: float, m: float, n: int) -> float:
+  """δ spent by thresholding: the union bound n·Q((T − m)/σ) that a new word is released."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return min(1.0, n * float(stats.norm.sf((threshold - m) / sigma)))
+
+
+def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+  """Tight ε of one Gaussian mechanism (std / L2 sensitivity = noise_multiplier) at δ.
+
+  Inverts dp_accounting's exact hockey-stick divergence of the Gaussian mechanism (Balle &
+  Wang 2018, Thm 8), δ(ε) = Φ(1/(2s) − εs) − e^ε·Φ(−1/(2s) − εs) with s = noise_multiplier.
+  """
+  from dp_accounting.pld import privacy_loss_mechanism  # pylint: disable=g-import-not-at-top
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
+  loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation=noise_multiplier, sensitivity=1.0)
+  f = lambda eps: float(loss.get_delta_for_epsilon(eps)) - delta
+  if f(0.0) <= 0:
+    return 0.0
+  high = 1.0
+  while f(high) > 0:
+    high *= 2
+  return float(optimize.brentq(f, 0.0, high, xtol=1e-12, rtol=1e-10))
+
+
+def calibrate_gaussian(target_epsilon: float, delta: float) -> float:
+  """The smallest Gaussian noise multiplier whose tight ε at δ is ≤ target (dp_accounting)."""
+  from dp_accounting.pld import accountant, common  # pylint: disable=g-import-not-at-top
+  if not target_epsilon > 0 or not math.isfinite(target_epsilon):
+    raise PrivacyError(f"target epsilon must be a positive number, got {target_epsilon!r}")
+  return float(accountant.get_smallest_gaussian_noise(
+      common.DifferentialPrivacyParameters(target_epsilon, delta), num_queries=1, sensitivity=1.0))
+
+
+def _validate(delta: float, sigma: Optional[float] = None, target_epsilon: Optional[float] = None):
+  if delta is None or not 0 < float(delta) < 1:
+    raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+  if sigma is not None and (not sigma > 0 or not math.isfinite(sigma)):
+    raise PrivacyError(f"noise_std (σ) must be a positive number, got {sigma!r}")
+  if target_epsilon is not None and (not target_epsilon > 0 or not math.isfinite(target_epsilon)):
+    raise PrivacyError(f"target_epsilon must be a positive number, got {target_epsilon!r}")
+  if (sigma is None) == (target_epsilon is None):
+    raise PrivacyError("give exactly one of noise_std (σ) and target_epsilon")
+
+
+def privacy_parameters(delta: float, bound: ContributionBound, *, sigma: Optional[float] = None,
+                       target_epsilon: Optional[float] = None) -> Dict[str, Any]:
+  """Both directions: (σ, δ) → ε and T, or (target ε, δ) → σ and T. δ is the total δ.
+
+  Returns a dict with the tight `epsilon` (PLD of the Gaussian mechanism, at δ/2), the paper's
+  `epsilon_paper_formula`, the correct `threshold` (δ/2 to thresholding), the paper's printed
+  `threshold_paper_formula` and the δ that threshold actually spends, and `noise_std`.
+  """
+  _validate(delta, sigma, target_epsilon)
+  k, m, n = bound.l2, bound.linf, bound.max_distinct
+  delta_gaussian = delta_threshold = delta / 2.0
+  if sigma is None:
+    sigma = k * calibrate_gaussian(target_epsilon, delta_gaussian)
+  eps = gaussian_epsilon(sigma / k, delta_gaussian)
+  eps_paper = paper_epsilon(sigma, delta, k)
+  t = threshold_for(sigma, delta_threshold, m, n)
+  t_paper = paper_threshold(sigma, delta, m, n)
+  return {
+      "epsilon": eps,
+      "epsilon_paper_formula": eps_paper,
+      "epsilon_paper_formula_valid": eps_paper < 1.0,  # the classical bound needs ε < 1
+      "target_epsilon": target_epsilon,
+      "delta": float(delta),
+      "delta_gaussian": delta_gaussian,
+      "delta_threshold": delta_threshold,
+      "noise_std": float(sigma),
+      "noise_multiplier": float(sigma / k),
+      "threshold": t,
+      "threshold_paper_formula": t_paper,
+      "threshold_paper_formula_delta": threshold_tail(sigma, t_paper, m, n),
+      "threshold_delta_check": threshold_tail(sigma, t, m, n),
+  }
+
+
+# ---------------------------------------------------------------------------------------------
+# The private histogram and the vocabulary
+# ---------------------------------------------------------------------------------------------
+
+def noise_generator(insecure_seed: Optional[int] = None) -> np.random.Generator:
+  """Noise from OS entropy; a fixed seed only when explicitly asked for (tests)."""
+  if insecure_seed is None:
+    return np.random.default_rng(np.random.SeedSequence())
+  return np.random.default_rng(int(insecure_seed))
+
+
+def private_histogram(histogram: Dict[str, int], noise_std: float, threshold: float,
+                      rng: np.random.Generator) -> Dict[str, float]:
+  """Algorithm 1: adds N(0, σ²) to every observed count, keeps the noisy counts ≥ threshold."""
+  words = list(histogram)
+  counts = np.fromiter((histogram[w] for w in words), dtype=np.float64, count=len(words))
+  noisy = counts + rng.normal(0.0, noise_std, size=counts.shape)
+  keep = np.nonzero(noisy >= threshold)[0]
+  return {words[i]: float(noisy[i]) for i in keep}
+
+
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+
+
+def _train_capped(word_counts: List[Tuple[str, int]], model_path: str, vocab_size: int, model_type: str,
+                  allow_vocab_cap: bool, character_coverage: float) -> int:
+  """Trains SentencePiece; when the kept words cannot support `vocab_size`, caps it (or errors)."""
+  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  try:
+    spm_lib.train_from_word_counts(word_counts, model_path, vocab_size, model_type=model_type,
+                                   character_coverage=character_coverage)
+    return vocab_size
+  except DataError as e:
+    match = _TOO_HIGH.search(str(e))
+    if not match:
+      raise
+    cap = int(match.group(2))
+    if not allow_vocab_cap or cap < 8:
+      raise DataError(f"the {len(word_counts)} words that survived the threshold support at most {cap} "
+                      f"pieces, fewer than vocab_size={vocab_size}; lower vocab_size, raise epsilon, use "
+                      "sensitivity='capped', or allow an automatic cap (allow_vocab_cap=True)") from e
+    spm_lib.train_from_word_counts(word_counts, model_path, cap, model_type=model_type,
+                                   character_coverage=character_coverage)
+    return cap
+
+
+def _write_json_atomic(obj: Dict[str, Any], path: str) -> str:
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
+  with os.fdopen(fd, "w") as f:
+    json.dump(obj, f, indent=2)
+    f.write("\n")
+  os.replace(tmp, path)
+  return path
+
+
+def _iter_corpus_texts(corpus: Union[str, Sequence[str]], max_documents: Optional[int], text_field: str,
+                       errors: str, data_dir: Optional[str]) -> Iterator[str]:
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+  specs = [corpus] if isinstance(corpus, str) else list(corpus)
+  if not specs:
+    raise ConfigError("no corpus given")
+  for spec in specs:
+    for doc in corpora.iter_documents(spec, text_field=text_field, errors=errors, data_dir=data_dir,
+                                      max_documents=max_documents):
+      yield doc.text
+
+
+def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab_size: int = 32000,
+                        model_type: str = "unigram", delta: float = 1e-8,
+                        target_epsilon: Optional[float] = None, noise_std: Optional[float] = None,
+                        sensitivity: str = "paper", max_words_per_document: int = DEFAULT_MAX_WORDS,
+                        insecure_seed: Optional[int] = None, num_workers: Optional[int] = None,
+                        chunk_size: int = 256, allow_vocab_cap: bool = True,
+                        character_coverage: float = 0.9995, max_documents: Optional[int] = None,
+                        text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
+                        report_path: Optional[str] = None, verbose: bool = True) -> Dict[str, Any]:
+  """Trains a DP SentencePiece model at `output` and writes its privacy report beside it.
+
+  Args:
+    corpus: a corpus spec (see `private_t5.data.corpora`) or a list of them.
+    output: path of the `.model` file.
+    vocab_size: requested SentencePiece pieces (T5's 100 sentinels come on top, from seqio).
+    model_type: "unigram" (default), "bpe" or "char".
+    delta: total δ (half to the Gaussian counts, half to the threshold).
+    target_epsilon: calibrate σ for this ε (tight accounting); or give `noise_std`.
+    noise_std: σ of the Gaussian noise on each count.
+    sensitivity: "paper" (k = m = N) or "capped" (k = √W, m = 1).
+    max_words_per_document: N (paper) or W (capped).
+    insecure_seed: fixed noise seed, for deterministic tests only; default OS entropy.
+    num_workers: histogram processes (default: all cores).
+    allow_vocab_cap: when the kept words cannot support `vocab_size`, train the largest size
+      SentencePiece accepts (reported) instead of failing.
+    report_path: default `privacy_report.json` in the model's folder.
+
+  Returns:
+    The privacy report (also written as JSON).
+  """
+  start = time.time()
+  if not isinstance(output, str) or not output:
+    raise ConfigError("missing output: set the .model path (--output or --gin.OUTPUT)")
+  if not (isinstance(corpus, str) and corpus) and not (
+      isinstance(corpus, (list, tuple)) and corpus and all(isinstance(c, str) for c in corpus)):
+    raise ConfigError("missing corpus: set a corpus spec (--corpus or --gin.CORPUS)")
+  if model_type not in MODEL_TYPES:
+    raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+  if not str(output).endswith(".model"):
+    raise ConfigError(f"output must end with .model, got {output!r}")
+  bound = ContributionBound(sensitivity, max_words_per_document)
+  # Privacy parameters are fixed before the data is read (no data-dependent choices).
+  params = privacy_parameters(delta, bound, sigma=noise_std, target_epsilon=target_epsilon)
+  log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+  log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
+      f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
+
+  texts = _iter_corpus_texts(corpus, max_documents, text_field, errors, data_dir)
+  progress = lambda s: log(f"dp-spm: {s.documents} documents, {s.bytes / 1e6:.1f} MB, "
+                           f"{s.bytes / 1e6 / max(s.seconds, 1e-9):.1f} MB/s")
+  histogram, hstats = build_histogram(texts, bound, num_workers=num_workers, chunk_size=chunk_size,
+                                      progress=progress)
+  if hstats.documents == 0 or not histogram:
+    raise DataError(f"corpus {corpus!r} has no words")
+  if delta >= 1.0 / hstats.documents:
+    from private_t5.dp.accounting import MeaninglessGuaranteeWarning  # pylint: disable=g-import-not-at-top
+    warnings.warn(f"delta={delta:g} >= 1/number of documents={1.0 / hstats.documents:g}: the (ε, δ) "
+                  "guarantee is meaningless; use δ << 1/number of documents", MeaninglessGuaranteeWarning,
+                  stacklevel=2)
+    log(f"WARNING: delta={delta:g} >= 1/{hstats.documents} documents: meaningless guarantee")
+  log(f"dp-spm: histogram of {len(histogram)} words from {hstats.documents} documents "
+      f"({hstats.bytes / 1e6:.1f} MB in {hstats.seconds:.1f} s)")
+
+  rng = noise_generator(insecure_seed)
+  kept = private_histogram(histogram, params["noise_std"], params["threshold"], rng)
+  words_total = len(histogram)
+  del histogram
+  if not kept:
+    raise DataError(
+        f"every word was dropped: no noisy count reached the threshold {params['threshold']:.4g} "
+        f"(σ={params['noise_std']:.4g}); raise the privacy budget (target_epsilon), use "
+        f"sensitivity='capped' or a smaller max_words_per_document, or use a larger corpus")
+  word_counts = sorted(((w, max(1, int(round(c)))) for w, c in kept.items()), key=lambda x: -x[1])
+  log(f"dp-spm: kept {len(kept)} of {words_total} words; training {model_type} SentencePiece")
+  trained_size = _train_capped(word_counts, output, vocab_size, model_type, allow_vocab_cap, character_coverage)
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  actual_size = spm.SentencePieceProcessor(model_file=output).get_piece_size()
+
+  report = {
+      "mechanism": MECHANISM_NAME,
+      "privacy_unit": "document",
+      **params,
+      "sensitivity": bound.as_dict(),
+      "words_total": words_total,
+      "words_kept": len(kept),
+      "words_dropped_fraction": 1.0 - len(kept) / words_total,
+      "documents": hstats.documents,
+      "histogram": hstats.as_dict(),
+      "vocab_size": actual_size,
+      "vocab_size_requested": vocab_size,
+      "vocab_size_capped": trained_size != vocab_size,
+      "model_type": model_type,
+      "model": os.path.abspath(output),
+      "corpus": corpus if isinstance(corpus, str) else list(corpus),
+      "noise_seed": "insecure_fixed_seed" if insecure_seed is not None else "os_entropy",
+      "seconds": round(time.time() - start, 2),
+      # Exact statistics of the private corpus: NOT differentially private. Keep the report with
+      # the data owner, or drop these fields before publishing it (the model itself is DP).
+      "not_dp_fields": list(NOT_DP_FIELDS),
+  }
+  if insecure_seed is not None:
+    report["insecure_seed"] = int(insecure_seed)
+  report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
+  _write_json_atomic(report, report_path)
+  report["report_path"] = os.path.abspath(report_path)
+  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s")
+  return report
+
+
+def builtin_dp_is_ignored() -> bool:
+  """True when this SentencePiece build ignores its own `enable_differential_privacy` flags.
+
+  SentencePiece ≥ 0.2 accepts the flags but logs them as deprecated and ignores them; a model
+  trained with them then equals the non-private one (see docs/privacy.md).
+  """
+  import io  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    tsv = os.path.join(tmp, "h.tsv")
+    with open(tsv, "w") as f:
+      for i in range(200):
+        f.write(f"w{i:03d}x\t{(i % 7) + 1}\n")
+    models = []
+    for dp in (False, True):
+      buf = io.BytesIO()
+      kw = dict(enable_differential_privacy=True, differential_privacy_noise_level=1000.0,
+                differential_privacy_clipping_threshold=10**6) if dp else {}
+      try:
+        spm.SentencePieceTrainer.train(input=tsv, input_format="tsv", model_writer=buf, vocab_size=20,
+                                       model_type="unigram", minloglevel=3, num_threads=1, **kw)
+      except RuntimeError:
+        if not dp:
+          raise
+        return False  # the DP mode dropped the words: it is honoured
+      proto = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+      models.append([proto.id_to_piece(i) for i in range(proto.get_piece_size())])
+    # With σ = 1000 and threshold 10⁶ a working DP mode drops every word (training fails).
+    return models[0] == models[1]

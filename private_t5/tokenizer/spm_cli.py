@@ -1,0 +1,93 @@
+"""`private-t5 spm`: trains a public (non-private) SentencePiece vocabulary from a corpus.
+
+  private-t5 spm --corpus=builtin:python_docs --vocab_size=8000 --model_type=unigram \\
+      --output=/tmp/vocab.model
+
+Documents are fed line by line (SentencePiece skips "sentences" longer than its
+`max_sentence_length`, so whole long documents would be lost). Prints a JSON summary.
+The output is written atomically; `private_t5.tokenizer.spm.load_vocabulary` reads it with
+T5's 100 sentinels.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Iterator, List, Optional
+
+from private_t5.data import corpora
+from private_t5.errors import ConfigError
+from private_t5.tokenizer import spm as spm_lib
+
+
+def document_lines(docs: Iterator[corpora.Document], counts: dict) -> Iterator[str]:
+  """The non-blank lines of every document (counted in `counts["lines"]`)."""
+  for doc in docs:
+    for line in doc.text.splitlines():
+      if line.strip():
+        counts["lines"] += 1
+        yield line
+
+
+def train_vocabulary(corpus: str, output: str, vocab_size: int, model_type: str = "unigram", *,
+                     max_documents: Optional[int] = None, text_field: str = "text", errors: str = "strict",
+                     data_dir: Optional[str] = None, character_coverage: float = 0.9995,
+                     input_sentence_size: int = 2_000_000) -> dict:
+  """Trains `output` from `corpus`; returns the JSON-able summary."""
+  start = time.time()
+  stats = corpora.CorpusStats()
+  counts = {"lines": 0}
+  docs = corpora.iter_documents(corpus, text_field=text_field, errors=errors, data_dir=data_dir,
+                                stats=stats, max_documents=max_documents)
+  spm_lib.train_from_sentences(document_lines(docs, counts), output, vocab_size, model_type=model_type,
+                               character_coverage=character_coverage, input_sentence_size=input_sentence_size)
+  vocab = spm_lib.load_vocabulary(output)
+  return {
+      "output": os.path.abspath(output),
+      "corpus": corpus,
+      "model_type": model_type,
+      "requested_pieces": vocab_size,
+      "pieces": int(vocab.vocab_size) - spm_lib.NUM_EXTRA_IDS,  # char models stop at the alphabet
+      "vocab_size_with_sentinels": int(vocab.vocab_size),
+      "extra_ids": spm_lib.NUM_EXTRA_IDS,
+      "documents": stats.documents,
+      "blank_documents_skipped": stats.blank_skipped,
+      "lines": counts["lines"],
+      "characters": stats.characters,
+      "seconds": round(time.time() - start, 2),
+      "private": False,
+  }
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="private-t5 spm", description=__doc__.split("\n\n")[0])
+  p.add_argument("--corpus", required=True, help="corpus spec: file.txt, folder, file.jsonl[.gz], file.tsv, "
+                 "tfds:NAME[:SPLIT], builtin:python_docs")
+  p.add_argument("--vocab_size", type=int, required=True, help="number of SentencePiece pieces (sentinels extra)")
+  p.add_argument("--model_type", default="unigram", choices=("unigram", "bpe", "char", "word"))
+  p.add_argument("--output", required=True, help="path of the .model file to write")
+  p.add_argument("--max_documents", type=int, default=None)
+  p.add_argument("--text_field", default="text")
+  p.add_argument("--errors", default="strict", choices=corpora.ERROR_MODES)
+  p.add_argument("--data_dir", default=None, help="TFDS data dir for tfds: corpora")
+  p.add_argument("--character_coverage", type=float, default=0.9995)
+  p.add_argument("--input_sentence_size", type=int, default=2_000_000,
+                 help="lines SentencePiece samples for training")
+  return p
+
+
+def main(argv: List[str]) -> int:
+  args = _parser().parse_args(argv)
+  if not args.output.endswith(".model"):
+    raise ConfigError(f"--output must end with .model, got {args.output!r}")
+  summary = train_vocabulary(args.corpus, args.output, args.vocab_size, args.model_type,
+                             max_documents=args.max_documents, text_field=args.text_field, errors=args.errors,
+                             data_dir=args.data_dir, character_coverage=args.character_coverage,
+                             input_sentence_size=args.input_sentence_size)
+  json.dump(summary, sys.stdout, indent=2)
+  print()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

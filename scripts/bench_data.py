@@ -1,0 +1,133 @@
+"""Benchmarks the data layer: corpus reading, tokenization / store build, batch fetch latency.
+
+  .venv/bin/python scripts/bench_data.py [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz]
+      [--vocab=PATH.model] [--batch_size=128] [--repeats=20] [--output=bench.json]
+
+Without --vocab, an 8k unigram vocabulary is trained first on the corpus (timed apart).
+Prints one JSON object (also written to --output).
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from private_t5.data import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.data import source as source_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.data import store as store_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _log(msg):
+  print(msg, file=sys.stderr, flush=True)
+
+
+def _fetch_latency(src, batch_size, repeats, seed=0):
+  rng = np.random.default_rng(seed)
+  times = []
+  for step in range(repeats):
+    indices = np.sort(rng.choice(src.num_examples, size=min(batch_size, src.num_examples), replace=False))
+    start = time.perf_counter()
+    src.get_batch(indices, seed=step, batch_size=batch_size)
+    times.append(time.perf_counter() - start)
+  times = np.asarray(times) * 1000
+  return {"median_ms": round(float(np.median(times)), 2), "p90_ms": round(float(np.percentile(times, 90)), 2),
+          "batches": repeats, "batch_size": batch_size}
+
+
+def _t5_span_corruption_ms(src, batch_size, repeats):
+  """The same objective through t5.data.preprocessors in a tf.function (for the comparison)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
+
+  class _Vocab:
+    vocab_size = src.objective.vocab_size
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([2, 2], tf.int32)])
+  def corrupt(tokens, seeds):
+    mask = preprocessors.random_spans_noise_mask(tf.size(tokens), 0.15, seeds, 3.0)
+    return (preprocessors.noise_span_to_unique_sentinel(tokens, mask, _Vocab(), None),
+            preprocessors.nonnoise_span_to_unique_sentinel(tokens, mask, _Vocab(), None))
+
+  rng = np.random.default_rng(0)
+  raw = src.objective.raw_length
+  windows = [np.asarray(src.store.document_tokens(i)[:raw]) for i in rng.choice(src.num_examples, batch_size)]
+  corrupt(tf.constant(windows[0]), tf.constant([[0, 1], [2, 3]]))  # compile once
+  times = []
+  for step in range(repeats):
+    start = time.perf_counter()
+    for i, w in enumerate(windows):
+      corrupt(tf.constant(w), tf.constant([[step, i], [i, step]]))
+    times.append(time.perf_counter() - start)
+  return round(float(np.median(times)) * 1000, 2)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--corpus", default=os.path.join(ROOT, "..", "shared", "data", "pretrain", "linux_docs.jsonl.gz"))
+  p.add_argument("--vocab", default=None)
+  p.add_argument("--vocab_size", type=int, default=8000)
+  p.add_argument("--batch_size", type=int, default=128)
+  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--output", default=None)
+  args = p.parse_args(argv)
+  result = {"corpus": os.path.abspath(args.corpus), "cpu_count": os.cpu_count()}
+  with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
+    _log("reading the corpus ...")
+    start = time.perf_counter()
+    docs, stats = corpora.read_corpus(args.corpus)
+    seconds = time.perf_counter() - start
+    result["read"] = {"documents": stats.documents, "characters": stats.characters, "seconds": round(seconds, 2),
+                      "documents_per_s": round(stats.documents / seconds, 1),
+                      "mb_per_s": round(stats.characters / seconds / 1e6, 2)}
+    del docs
+    vocab = args.vocab
+    if vocab is None:
+      from private_t5.tokenizer import spm_cli  # pylint: disable=g-import-not-at-top
+      _log(f"training a {args.vocab_size}-piece vocabulary ...")
+      vocab = os.path.join(tmp, "bench.model")
+      summary = spm_cli.train_vocabulary(args.corpus, vocab, args.vocab_size, input_sentence_size=300_000)
+      result["vocab_training_seconds"] = summary["seconds"]
+    cache = os.path.join(tmp, "cache")
+    _log("building the token store ...")
+    start = time.perf_counter()
+    store = store_lib.build_store(args.corpus, vocab, cache_dir=cache, progress=True)
+    build = time.perf_counter() - start
+    m = store.manifest
+    result["store_build"] = {
+        "seconds": round(build, 2), "documents": m["num_documents"], "tokens": m["num_tokens"],
+        "documents_per_s": round(m["num_documents"] / build, 1), "tokens_per_s": round(m["num_tokens"] / build),
+        "bytes_on_disk": sum(os.path.getsize(os.path.join(store.path, f)) for f in os.listdir(store.path))}
+    start = time.perf_counter()
+    store_lib.build_store(args.corpus, vocab, cache_dir=cache)
+    result["store_reopen_seconds"] = round(time.perf_counter() - start, 3)
+    result["fetch"] = {}
+    for objective in ("span_corruption", "prefix_lm"):
+      for unit in ("document", "example"):
+        src = source_lib.make_source(args.corpus, vocab, objective=objective, privacy_unit=unit, cache_dir=cache,
+                                     split="all")
+        _log(f"fetching {objective} / {unit} (N={src.num_examples}) ...")
+        result["fetch"][f"{objective}/{unit}"] = dict(_fetch_latency(src, args.batch_size, args.repeats),
+                                                     num_examples=src.num_examples)
+    src = source_lib.make_source(args.corpus, vocab, cache_dir=cache, split="all")
+    _log("t5 preprocessors in a tf.function, for comparison ...")
+    result["t5_tf_function_span_corruption_ms_per_batch"] = _t5_span_corruption_ms(src, args.batch_size,
+                                                                                  max(3, args.repeats // 4))
+  text = json.dumps(result, indent=2)
+  print(text)
+  if args.output:
+    tmp_out = args.output + ".tmp"
+    with open(tmp_out, "w") as f:
+      f.write(text + "\n")
+    os.replace(tmp_out, args.output)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,179 @@
+"""Privacy accounting: the paper's Table 5, PLD vs RDP, calibration, truncation, bad input, CLI."""
+import json
+import math
+import warnings
+
+import dp_accounting
+from dp_accounting import pld, rdp
+import pytest
+from scipy import stats
+
+from private_t5 import cli
+from private_t5.dp import accounting
+from private_t5.errors import PrivacyError
+
+N_PAPER = 5_240_387_307
+Q_PAPER = 8192 / N_PAPER
+DELTA_PAPER = 1.9082e-10  # just below 1/N
+# Seed paper, Appendix C, Table 5: batch 8192, 100K steps, RDP.
+TABLE5 = [(0.40, 6.0573157), (0.35, 8.6898032), (0.30, 13.4586238), (0.20, 47.2630501), (0.10, 319.1941523)]
+
+
+@pytest.mark.parametrize("sigma,paper_eps", TABLE5)
+def test_table5_rdp(sigma, paper_eps):
+  eps = accounting.compute_epsilon(sigma, Q_PAPER, 100_000, DELTA_PAPER, "rdp")
+  assert abs(eps - paper_eps) < 0.01, (sigma, eps, paper_eps)
+
+
+def test_matches_direct_dp_accounting_calls():
+  for sigma, q, steps, delta in [(1.1, 0.01, 500, 1e-5), (0.7, 0.003, 2000, 1e-6)]:
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    assert accounting.compute_epsilon(sigma, q, steps, delta, "rdp") == pytest.approx(acc.get_epsilon(delta), rel=1e-12)
+    acc = pld.PLDAccountant(value_discretization_interval=accounting.PLD_VALUE_DISCRETIZATION_INTERVAL)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    assert accounting.compute_epsilon(sigma, q, steps, delta, "pld") == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+
+
+def test_pld_tighter_than_rdp():
+  for sigma, q, steps in [(1.0, 0.01, 300), (0.8, 0.02, 100), (0.4, Q_PAPER, 1000)]:
+    e_rdp = accounting.compute_epsilon(sigma, q, steps, 1e-6, "rdp")
+    e_pld = accounting.compute_epsilon(sigma, q, steps, 1e-6, "pld")
+    assert 0 < e_pld < e_rdp, (sigma, q, steps, e_pld, e_rdp)
+
+
+def test_epsilon_grows_with_steps_and_shrinks_with_noise():
+  e = [accounting.compute_epsilon(1.0, 0.01, s, 1e-5) for s in (10, 100, 1000)]
+  assert e[0] < e[1] < e[2]
+  e = [accounting.compute_epsilon(s, 0.01, 100, 1e-5) for s in (0.8, 1.0, 2.0)]
+  assert e[0] > e[1] > e[2]
+
+
+@pytest.mark.parametrize("acct,steps", [("rdp", 100_000), ("pld", 200)])
+def test_calibration_round_trip(acct, steps):
+  q = Q_PAPER if acct == "rdp" else 0.01
+  delta = DELTA_PAPER if acct == "rdp" else 1e-6
+  target = 6.06 if acct == "rdp" else 2.0
+  sigma = accounting.calibrate_noise(target, q, steps, delta, acct)
+  eps = accounting.compute_epsilon(sigma, q, steps, delta, acct)
+  assert eps <= target + 1e-9
+  assert accounting.compute_epsilon(sigma * 0.995, q, steps, delta, acct) > target  # near-smallest σ
+  if acct == "rdp":
+    assert sigma == pytest.approx(0.4, abs=1e-3)  # Table 5 backwards
+
+
+def test_unreachable_target_is_an_error():
+  with pytest.raises(PrivacyError, match="unreachable"):
+    accounting.calibrate_noise(1e-9, 1.0, 10**6, 1e-10)
+
+
+def test_truncation_probability_is_binomial_tail():
+  n, q, cap = 10_000, 0.01, 120
+  assert accounting.truncation_probability(n, q, cap) == pytest.approx(stats.binom.sf(cap, n + 1, q))
+  assert accounting.truncation_probability(n, q, None) == 0.0
+  assert accounting.truncation_probability(n, q, n + 1) == 0.0
+  # Monte Carlo: fraction of Poisson batches above the cap.
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  draws = np.random.default_rng(0).binomial(n + 1, q, size=200_000)
+  p_mc = float(np.mean(draws > cap))
+  p = accounting.truncation_probability(n, q, cap)
+  assert abs(p_mc - p) < 5 * math.sqrt(p * (1 - p) / draws.size) + 1e-6
+  assert accounting.total_delta(1e-6, 100, p) == pytest.approx(1e-6 + 100 * p)
+
+
+def test_max_batch_size_for_bounds_truncation():
+  cap = accounting.max_batch_size_for(10_000, 0.01, 1e-9)
+  assert accounting.truncation_probability(10_000, 0.01, cap) <= 1e-9
+  assert accounting.truncation_probability(10_000, 0.01, cap - 1) > 1e-9
+
+
+def test_fixed_batches_are_not_accounted_as_poisson():
+  e_fixed = accounting.compute_epsilon(1.0, 0.01, 100, 1e-5, sampling="fixed", num_examples=10_000)
+  e_poisson = accounting.compute_epsilon(1.0, 0.01, 100, 1e-5)
+  assert e_fixed != pytest.approx(e_poisson)
+  acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(10_000, 100, dp_accounting.GaussianDpEvent(0.5)), 100)
+  assert e_fixed == pytest.approx(acc.get_epsilon(1e-5))
+  with pytest.raises(PrivacyError, match="rdp"):
+    accounting.compute_epsilon(1.0, 0.01, 100, 1e-5, "pld", sampling="fixed", num_examples=10_000)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(noise_multiplier=0.0), "noise_multiplier"),
+    (dict(noise_multiplier=-1.0), "noise_multiplier"),
+    (dict(clip_norm=0.0), "clip_norm"),
+    (dict(sampling_rate=1.5), "sampling_rate"),
+    (dict(sampling_rate=0.0), "sampling_rate"),
+    (dict(steps=0), "steps"),
+    (dict(delta=0.0), "delta"),
+    (dict(delta=1.0), "delta"),
+    (dict(batch_size=200, num_examples=100), "larger than the dataset"),
+    (dict(accountant="moments"), "accountant"),
+    (dict(noise_multiplier=float("nan")), "finite"),
+])
+def test_bad_inputs(kwargs, match):
+  with pytest.raises(PrivacyError, match=match):
+    accounting.validate_privacy_params(**kwargs)
+
+
+def test_delta_at_least_one_over_n_warns():
+  with pytest.warns(accounting.MeaninglessGuaranteeWarning, match="meaningless"):
+    accounting.validate_privacy_params(delta=1e-3, num_examples=1000)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    accounting.validate_privacy_params(delta=1e-4, num_examples=1000)
+
+
+def test_compute_epsilon_validates_before_compute():
+  with pytest.raises(PrivacyError):
+    accounting.compute_epsilon(0.0, 0.01, 10, 1e-5)
+  with pytest.raises(PrivacyError):
+    accounting.compute_epsilon(1.0, 0.01, 10, 1.5)
+
+
+def _cli_json(capsys, argv):
+  assert cli.main(["epsilon"] + argv) == 0
+  return json.loads(capsys.readouterr().out)
+
+
+def test_cli_paper_row(capsys):
+  out = _cli_json(capsys, ["--noise_multiplier=0.4", "--batch_size=8192", "--num_examples=5240387307",
+                           "--steps=100000", "--delta=1.9082e-10", "--accountant=rdp"])
+  assert {"epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "accountant"} <= set(out)
+  assert round(out["epsilon"], 2) == 6.06
+  assert out["sampling_rate"] == pytest.approx(Q_PAPER)
+  assert out["steps"] == 100_000 and out["accountant"] == "rdp" and out["delta"] == 1.9082e-10
+
+
+def test_cli_target_epsilon_and_sampling_rate(capsys):
+  out = _cli_json(capsys, ["--target_epsilon=6.06", f"--sampling_rate={Q_PAPER!r}", "--steps=100000",
+                           "--delta=1.9082e-10"])
+  assert out["noise_multiplier"] == pytest.approx(0.4, abs=1e-3)
+  assert out["epsilon"] <= 6.06
+
+
+def test_cli_truncation_reported(capsys):
+  out = _cli_json(capsys, ["--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=50",
+                           "--delta=1e-6", "--max_batch_size=140"])
+  assert out["truncation_probability"] == pytest.approx(stats.binom.sf(140, 10_001, 0.01))
+  assert out["total_delta"] == pytest.approx(1e-6 + 50 * out["truncation_probability"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["--noise_multiplier=0", "--sampling_rate=0.1", "--steps=10", "--delta=1e-5"],
+    ["--noise_multiplier=1", "--sampling_rate=1.1", "--steps=10", "--delta=1e-5"],
+    ["--noise_multiplier=1", "--batch_size=500", "--num_examples=100", "--steps=10", "--delta=1e-5"],
+    ["--noise_multiplier=1", "--steps=10", "--delta=1e-5"],
+    ["--target_epsilon=1e-9", "--sampling_rate=1.0", "--steps=1000000", "--delta=1e-10"],
+])
+def test_cli_bad_input_exits_2(capsys, argv):
+  assert cli.main(["epsilon"] + argv) == 2
+  assert "error:" in capsys.readouterr().err
+
+
+def test_cli_warns_when_truncation_makes_delta_meaningless(capsys):
+  assert cli.main(["epsilon", "--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=1000",
+                   "--delta=1e-6", "--max_batch_size=105"]) == 0
+  captured = capsys.readouterr()
+  assert json.loads(captured.out)["total_delta"] > 1e-4  # ≥ 1/N
+  assert "WARNING" in captured.err and "meaningless" in captured.err

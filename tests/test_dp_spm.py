@@ -1,0 +1,324 @@
+"""DP-SentencePiece: privacy maths, contribution bounds, Monte Carlo threshold, real-text vocabulary."""
+import gzip
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import optimize, special, stats
+
+from private_t5 import cli
+from private_t5.dp.ledger import PrivacyLedger
+from private_t5.errors import ConfigError, DataError, PrivacyError
+from private_t5.tokenizer import dp_spm
+
+PAPER = dp_spm.ContributionBound("paper", 256)
+CAPPED = dp_spm.ContributionBound("capped", 256)
+
+
+def _analytic_gaussian_delta(eps, s):
+  """Balle & Wang (2018) Thm 8, sensitivity 1, noise std s, written out independently."""
+  return stats.norm.cdf(1 / (2 * s) - eps * s) - math.exp(eps) * stats.norm.cdf(-1 / (2 * s) - eps * s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Privacy maths against independent computations
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bound", [PAPER, CAPPED, dp_spm.ContributionBound("paper", 64)])
+@pytest.mark.parametrize("sigma_over_k", [0.3, 2.0, 30.0])
+def test_epsilon_and_threshold_match_independent_computation(bound, sigma_over_k):
+  delta = 1e-8
+  sigma = sigma_over_k * bound.l2
+  p = dp_spm.privacy_parameters(delta, bound, sigma=sigma)
+  # Tight ε: root of the analytic Gaussian δ(ε) = δ/2.
+  eps = optimize.brentq(lambda e: _analytic_gaussian_delta(e, sigma_over_k) - delta / 2, 1e-9, 500)
+  assert p["epsilon"] == pytest.approx(eps, rel=1e-5)
+  # The paper's formula, Hoory et al. Theorem 1.
+  assert p["epsilon_paper_formula"] == pytest.approx(bound.l2 / sigma * math.sqrt(2 * math.log(2.5 / delta)))
+  assert p["epsilon_paper_formula_valid"] == (p["epsilon_paper_formula"] < 1)
+  # Threshold: one-sided tail δ/(2n) per word, written with erf⁻¹ (the √2 the paper drops).
+  n, m = bound.max_distinct, bound.linf
+  assert p["threshold"] == pytest.approx(m + sigma * math.sqrt(2) * special.erfinv(1 - delta / n), rel=1e-7)  # erf⁻¹ near 1 loses digits
+  assert p["threshold_paper_formula"] == pytest.approx(m + sigma * special.erfinv(1 - delta / (2 * n)))
+  assert p["threshold_delta_check"] == pytest.approx(delta / 2, rel=1e-6)
+  # The printed threshold spends far more than δ/2 on thresholding.
+  assert p["threshold_paper_formula_delta"] > 1000 * delta
+
+
+def test_classical_bound_only_valid_below_one():
+  # For ε < 1 the classical formula over-estimates ε; above 1 it can UNDER-estimate it.
+  small = dp_spm.privacy_parameters(1e-8, PAPER, sigma=256 * 30.0)
+  assert small["epsilon_paper_formula_valid"] and small["epsilon"] < small["epsilon_paper_formula"]
+  large = dp_spm.privacy_parameters(1e-8, PAPER, sigma=256 * 0.2302)
+  assert not large["epsilon_paper_formula_valid"] and large["epsilon"] > large["epsilon_paper_formula"]
+
+
+@pytest.mark.parametrize("target", [0.17, 3.37, 33.7])
+@pytest.mark.parametrize("bound", [PAPER, CAPPED])
+def test_calibration_both_ways(target, bound):
+  forward = dp_spm.privacy_parameters(1e-8, bound, target_epsilon=target)
+  assert forward["epsilon"] <= target * (1 + 1e-6)
+  assert forward["epsilon"] == pytest.approx(target, rel=1e-3)
+  back = dp_spm.privacy_parameters(1e-8, bound, sigma=forward["noise_std"])
+  assert back["epsilon"] == pytest.approx(forward["epsilon"], rel=1e-9)
+  assert back["threshold"] == pytest.approx(forward["threshold"])
+
+
+def test_capped_is_sixteen_times_less_noise_than_paper():
+  p = dp_spm.privacy_parameters(1e-8, PAPER, target_epsilon=3.37)
+  c = dp_spm.privacy_parameters(1e-8, CAPPED, target_epsilon=3.37)
+  assert p["noise_std"] / c["noise_std"] == pytest.approx(16.0, rel=1e-3)  # k = 256 vs √256
+  assert c["threshold"] < p["threshold"] / 10
+
+
+@pytest.mark.parametrize("kwargs", [dict(delta=0.0, sigma=1.0), dict(delta=1.0, sigma=1.0), dict(delta=1e-8, sigma=0.0),
+                                    dict(delta=1e-8), dict(delta=1e-8, sigma=1.0, target_epsilon=1.0),
+                                    dict(delta=1e-8, target_epsilon=-1.0)])
+def test_bad_privacy_inputs(kwargs):
+  delta = kwargs.pop("delta")
+  with pytest.raises(PrivacyError):
+    dp_spm.privacy_parameters(delta, PAPER, **kwargs)
+
+
+def test_bad_bound():
+  with pytest.raises(ConfigError):
+    dp_spm.ContributionBound("none", 256)
+  with pytest.raises(ConfigError):
+    dp_spm.ContributionBound("paper", 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Contribution bounds (sensitivity)
+# ---------------------------------------------------------------------------------------------
+
+def _adversarial_documents(rng):
+  vocab = [f"w{i}" for i in range(5000)]
+  docs = ["spam " * 10_000, " ".join(vocab), "a b c", "x\ty\nz  x"]
+  for _ in range(40):
+    length = int(rng.integers(1, 3000))
+    docs.append(" ".join(rng.choice(vocab[: int(rng.integers(2, 5000))], size=length)))
+  return docs
+
+
+@pytest.mark.parametrize("bound", [PAPER, CAPPED, dp_spm.ContributionBound("capped", 7)])
+def test_document_histogram_respects_bound(bound):
+  for doc in _adversarial_documents(np.random.default_rng(1)):
+    h = dp_spm.document_histogram(doc, bound)
+    v = np.array(list(h.values()), dtype=float)
+    assert np.linalg.norm(v) <= bound.l2 + 1e-9
+    assert v.max() <= bound.linf
+    assert len(h) <= bound.max_distinct
+    assert set(h) <= set(doc.split())
+
+
+def test_paper_and_capped_counts():
+  doc = "the cat saw the dog and the bird"
+  assert dp_spm.document_histogram(doc, PAPER) == {"the": 3, "cat": 1, "saw": 1, "dog": 1, "and": 1, "bird": 1}
+  assert dp_spm.document_histogram(doc, CAPPED) == {w: 1 for w in ["the", "cat", "saw", "dog", "and", "bird"]}
+  # Long documents keep N evenly spaced positions; capped keeps the W most frequent words.
+  long_doc = " ".join(f"w{i}" for i in range(1000))
+  assert sum(dp_spm.document_histogram(long_doc, PAPER).values()) == 256
+  h = dp_spm.document_histogram("b a a c c c d", dp_spm.ContributionBound("capped", 2))
+  assert h == {"c": 1, "a": 1}
+  # Words are unnormalised: punctuation and case are kept.
+  assert "Chrysler's" in dp_spm.document_histogram("Chrysler's chrysler", PAPER)
+
+
+@pytest.mark.parametrize("bound", [PAPER, CAPPED])
+def test_removing_one_document_moves_sum_by_at_most_k(bound):
+  docs = _adversarial_documents(np.random.default_rng(2))
+  full, _ = dp_spm.build_histogram(docs, bound, num_workers=1, chunk_size=7)
+  for i in range(0, len(docs), 5):
+    rest, _ = dp_spm.build_histogram(docs[:i] + docs[i + 1:], bound, num_workers=1, chunk_size=7)
+    diff = np.array([full[w] - rest.get(w, 0) for w in full], dtype=float)
+    assert np.linalg.norm(diff) <= bound.l2 + 1e-9
+    assert np.abs(diff).max() <= bound.linf
+    assert sum(1 for w in full if w not in rest) <= bound.max_distinct
+
+
+def test_parallel_histogram_equals_serial():
+  docs = _adversarial_documents(np.random.default_rng(3))
+  serial, s1 = dp_spm.build_histogram(docs, PAPER, num_workers=1)
+  parallel, s2 = dp_spm.build_histogram(iter(docs), PAPER, num_workers=2, chunk_size=3)
+  assert serial == parallel
+  assert (s1.documents, s1.bytes, s1.words_raw, s1.words_counted) == (
+      s2.documents, s2.bytes, s2.words_raw, s2.words_counted)
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte Carlo: a word from a single document survives with probability ≤ the bound
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bound", [dp_spm.ContributionBound("paper", 4), dp_spm.ContributionBound("capped", 4)])
+def test_single_document_word_survival_monte_carlo(bound):
+  delta, sigma, trials = 0.2, 3.0 * bound.l2, 400_000
+  p = dp_spm.privacy_parameters(delta, bound, sigma=sigma)
+  # Worst case: a word that only one document has, at the largest count it may give (m).
+  hist = {f"u{i}": int(bound.linf) for i in range(trials)}
+  kept = dp_spm.private_histogram(hist, p["noise_std"], p["threshold"], np.random.default_rng(7))
+  rate = len(kept) / trials
+  per_word_bound = p["delta_threshold"] / bound.max_distinct
+  se = math.sqrt(per_word_bound * (1 - per_word_bound) / trials)
+  assert rate <= per_word_bound + 4 * se
+  assert rate >= per_word_bound - 4 * se  # the bound is attained at count m: it is tight
+  # The paper's printed threshold lets such words through far more often than δ/(2N).
+  kept_paper = dp_spm.private_histogram(hist, p["noise_std"], p["threshold_paper_formula"], np.random.default_rng(8))
+  assert len(kept_paper) / trials > 2 * per_word_bound
+
+
+# ---------------------------------------------------------------------------------------------
+# Noise
+# ---------------------------------------------------------------------------------------------
+
+def test_noise_is_fresh_without_seed_and_fixed_with_it():
+  a = dp_spm.noise_generator().normal(size=8)
+  b = dp_spm.noise_generator().normal(size=8)
+  assert not np.allclose(a, b)
+  c = dp_spm.noise_generator(123).normal(size=8)
+  d = dp_spm.noise_generator(123).normal(size=8)
+  np.testing.assert_array_equal(c, d)
+  hist = {f"w{i}": 50 for i in range(2000)}
+  k1 = dp_spm.private_histogram(hist, 5.0, 50.0, dp_spm.noise_generator())
+  k2 = dp_spm.private_histogram(hist, 5.0, 50.0, dp_spm.noise_generator())
+  assert k1 != k2
+  # Noisy counts have the configured std.
+  noisy = np.array(list(dp_spm.private_histogram(hist, 5.0, -1e9, dp_spm.noise_generator(0)).values()))
+  assert abs(noisy.std() - 5.0) < 0.5 and abs(noisy.mean() - 50.0) < 0.5
+
+
+def test_sentencepiece_builtin_dp_mode_is_ignored():
+  # Cross-check: the pinned SentencePiece accepts but ignores its own DP flags (docs/privacy.md).
+  assert dp_spm.builtin_dp_is_ignored()
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on real text
+# ---------------------------------------------------------------------------------------------
+
+def _write_jsonl(path, texts):
+  with open(path, "w") as f:
+    for i, t in enumerate(texts):
+      f.write(json.dumps({"id": str(i), "text": t}) + "\n")
+  return str(path)
+
+
+def _fortunes(shared_data):
+  return os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+
+
+@pytest.mark.slow
+def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / "vocab" / "dp.model")
+  report = dp_spm.train_dp_vocabulary(_fortunes(shared_data), out, vocab_size=600, delta=1e-8, target_epsilon=33.7,
+                                      sensitivity="capped", insecure_seed=0, num_workers=2, verbose=False)
+  assert os.path.isfile(out)
+  on_disk = json.load(open(tmp_path / "vocab" / "privacy_report.json"))
+  for key in ("epsilon", "epsilon_paper_formula", "delta", "noise_std", "threshold", "sensitivity", "words_total",
+              "words_kept", "words_dropped_fraction", "vocab_size", "model_type"):
+    assert key in on_disk, key
+  assert on_disk["epsilon"] == pytest.approx(33.7, rel=1e-3)
+  assert 0 < report["words_kept"] < report["words_total"]
+  assert report["words_dropped_fraction"] == pytest.approx(1 - report["words_kept"] / report["words_total"])
+  assert report["vocab_size"] == 600 and not report["vocab_size_capped"]
+  assert not [f for f in os.listdir(tmp_path / "vocab") if f.endswith(".tmp")]
+  proc = spm.SentencePieceProcessor(model_file=out)
+  assert (proc.pad_id(), proc.eos_id(), proc.unk_id(), proc.bos_id()) == (0, 1, 2, -1)
+  texts = []
+  with gzip.open(os.path.join(shared_data, "pretrain", "linux_docs.jsonl.gz"), "rt") as f:
+    for line, _ in zip(f, range(3)):
+      texts.append(json.loads(line)["text"][:3000])
+  for text in texts:
+    ids = proc.encode(text)
+    assert len(ids) > 10
+    # Pieces round-trip the text up to whitespace normalisation (characters outside the private
+    # vocabulary map to <unk> ids but keep their surface).
+    pieces = proc.encode(text, out_type=str)
+    assert " ".join("".join(pieces).replace("\u2581", " ").split()) == " ".join(text.split())
+    known = [i for i in ids if i != proc.unk_id()]
+    assert len(known) > 0.85 * len(ids)
+    text_known = proc.decode(known)
+    assert " ".join(proc.decode(proc.encode(text_known)).split()) == " ".join(text_known.split())
+  vocab = spm_lib.load_vocabulary(out)  # the data pipeline's loader accepts it (T5 layout + sentinels)
+  assert vocab.vocab_size == 600 + 100
+  # The training ledger composes the report.
+  ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
+  ledger.record_steps(10)
+  ledger.add_component_from_report(report["report_path"])
+  assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+  assert ledger.total_delta() == pytest.approx(ledger.training_delta() + 1e-8)
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "char"])
+def test_other_model_types_and_seeded_runs_are_deterministic(tmp_path, model_type):
+  texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
+  corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
+  kw = dict(vocab_size=40, model_type=model_type, delta=1e-4, target_epsilon=5.0, sensitivity="capped",
+            max_words_per_document=16, insecure_seed=3, num_workers=1, verbose=False)
+  r1 = dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "a" / "m.model"), **kw)
+  r2 = dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "b" / "m.model"), **kw)
+  assert r1["words_kept"] == r2["words_kept"] and r1["noise_seed"] == "insecure_fixed_seed"
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  pieces = []
+  for d in ("a", "b"):
+    proc = spm.SentencePieceProcessor(model_file=str(tmp_path / d / "m.model"))
+    pieces.append([(proc.id_to_piece(i), proc.get_score(i)) for i in range(proc.get_piece_size())])
+  assert pieces[0] == pieces[1]
+  assert r1["model_type"] == model_type
+
+
+def test_vocab_cap_reported_or_refused(tmp_path):
+  texts = [f"one two three four {i % 3}" for i in range(300)]
+  corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
+  kw = dict(delta=1e-4, target_epsilon=8.0, sensitivity="capped", max_words_per_document=8, insecure_seed=0,
+            num_workers=1, verbose=False)
+  r = dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=5000, **kw)
+  assert r["vocab_size_capped"] and r["vocab_size"] < 5000 and r["vocab_size_requested"] == 5000
+  with pytest.raises(DataError, match="vocab_size"):
+    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "n.model"), vocab_size=5000, allow_vocab_cap=False, **kw)
+
+
+def test_every_word_dropped_names_the_knob(tmp_path):
+  corpus = _write_jsonl(tmp_path / "c.jsonl", ["a few words here"] * 20)
+  with pytest.raises(DataError, match="every word was dropped.*target_epsilon"):
+    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=20, delta=1e-4, target_epsilon=0.17,
+                               num_workers=1, verbose=False)
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+  corpus = _write_jsonl(tmp_path / "c.jsonl", ["   ", "\n"])
+  with pytest.raises(DataError, match="empty"):
+    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), delta=1e-8, target_epsilon=1.0, num_workers=1,
+                               verbose=False)
+
+
+def test_large_delta_warns(tmp_path):
+  texts = [f"one two three four {i % 3}" for i in range(300)]
+  corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
+  with pytest.warns(UserWarning, match="meaningless"):
+    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=30, delta=0.01, target_epsilon=8.0,
+                               sensitivity="capped", max_words_per_document=8, num_workers=1, verbose=False)
+
+
+def test_cli_with_gin_and_flags(tmp_path, capsys):
+  texts = [f"one two three four five six {i % 4}" for i in range(300)]
+  corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
+  out = str(tmp_path / "v" / "dp.model")
+  rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--gin.CORPUS={corpus}", f"--gin.OUTPUT={out}",
+                 "--vocab_size=30", "--sensitivity=capped", "--max_words=8", "--delta=1e-4", "--noise_std=2.0",
+                 "--insecure_seed=1", "--num_workers=1"])
+  assert rc == 0
+  report = json.loads(capsys.readouterr().out)
+  assert report["noise_std"] == 2.0 and report["target_epsilon"] is None
+  assert report["sensitivity"]["mode"] == "capped" and report["sensitivity"]["k_l2"] == pytest.approx(math.sqrt(8))
+  assert os.path.isfile(out) and os.path.isfile(tmp_path / "v" / "privacy_report.json")
+  # Bad input exits 2 with one line.
+  rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--gin.CORPUS={tmp_path}/missing.jsonl",
+                 f"--gin.OUTPUT={out}", "--num_workers=1"])
+  err = capsys.readouterr().err
+  assert rc == 2 and [l for l in err.splitlines() if l.startswith("error:")] == [f"error: corpus not found: {tmp_path}/missing.jsonl"]
+  rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}", "--num_workers=1"])
+  assert rc == 2 and "missing output" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""The privacy ledger: JSON round trip, resume composition, components, inconsistent resume."""
+import json
+import math
+
+import pytest
+
+from private_t5.dp import accounting
+from private_t5.dp.ledger import PrivacyLedger
+from private_t5.errors import DataError, PrivacyError
+
+
+def _ledger(**overrides):
+  kw = dict(noise_multiplier=1.1, clip_norm=1.0, delta=1e-6, num_examples=50_000, batch_size=500,
+            max_batch_size=600)
+  kw.update(overrides)
+  return PrivacyLedger.create(**kw)
+
+
+def test_json_round_trip(tmp_path):
+  ledger = _ledger()
+  ledger.record_steps(120)
+  ledger.add_component("dp_sentencepiece", 0.5, 1e-7, "vocab/privacy_report.json")
+  path = ledger.save(str(tmp_path / "privacy_report.json"))
+  assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+  loaded = PrivacyLedger.load(path)
+  assert loaded == ledger
+  assert PrivacyLedger.from_dict(ledger.to_dict()) == ledger
+  report = json.loads(open(path).read())
+  for key in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "clip_norm", "accountant",
+              "privacy_unit", "components", "training_epsilon", "total_epsilon", "total_delta",
+              "truncation_probability"):
+    assert key in report, key
+  assert report["sampling_rate"] == pytest.approx(0.01)
+  assert report["expected_batch_size"] == pytest.approx(500)
+
+
+def test_training_epsilon_matches_accounting():
+  ledger = _ledger()
+  assert ledger.training_epsilon() == 0.0
+  ledger.record_steps(300)
+  assert ledger.training_epsilon() == pytest.approx(accounting.compute_epsilon(1.1, 0.01, 300, 1e-6))
+  p = accounting.truncation_probability(50_000, 0.01, 600)
+  assert ledger.truncation_probability == pytest.approx(p)
+  assert ledger.training_delta() == pytest.approx(1e-6 + 300 * p)
+
+
+def test_resume_in_two_halves_equals_one_run(tmp_path):
+  whole = _ledger()
+  whole.record_steps(400)
+  first = _ledger()
+  first.record_steps(200)
+  first.save(str(tmp_path / "ckpt.json"))
+  second = _ledger().resume_from(PrivacyLedger.load(str(tmp_path / "ckpt.json")))
+  second.record_steps(200)
+  assert second == whole
+  assert second.report() == whole.report()
+
+
+def test_components_compose_by_summation(tmp_path):
+  report_path = tmp_path / "privacy_report.json"
+  report_path.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 0.17, "delta": 1e-8,
+                                     "threshold": 123.0}))
+  ledger = _ledger()
+  ledger.record_steps(100)
+  comp = ledger.add_component_from_report(str(report_path))
+  assert comp["name"] == "dp_sentencepiece" and comp["source"] == str(report_path)
+  ledger.add_component_from_report(str(report_path))  # idempotent
+  assert len(ledger.components) == 1
+  assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + 0.17)
+  assert ledger.total_delta() == pytest.approx(ledger.training_delta() + 1e-8)
+  rep = ledger.report()
+  assert rep["epsilon"] == pytest.approx(rep["training_epsilon"] + 0.17)
+  with pytest.raises(PrivacyError, match="already"):
+    ledger.add_component("dp_sentencepiece", 0.3, 1e-8, str(report_path))
+  # Components survive resume and are not double counted.
+  resumed = _ledger().resume_from(ledger)
+  resumed.add_component_from_report(str(report_path))
+  assert resumed.total_epsilon() == pytest.approx(ledger.total_epsilon())
+
+
+@pytest.mark.parametrize("change", [dict(noise_multiplier=1.2), dict(batch_size=600, max_batch_size=700),
+                                    dict(clip_norm=0.5), dict(delta=1e-7), dict(max_batch_size=650)])
+def test_inconsistent_resume_is_refused(change):
+  saved = _ledger()
+  saved.record_steps(10)
+  with pytest.raises(PrivacyError, match="cannot resume"):
+    _ledger(**change).resume_from(saved)
+
+
+def test_privacy_unit_change_refused():
+  saved = _ledger(privacy_unit="user")
+  with pytest.raises(PrivacyError, match="privacy_unit"):
+    _ledger().resume_from(saved)
+
+
+def test_non_private_baseline(tmp_path):
+  ledger = PrivacyLedger.non_private_baseline(num_examples=1000, batch_size=10)
+  ledger.record_steps(5)
+  assert math.isinf(ledger.training_epsilon())
+  rep = ledger.report()
+  assert rep["epsilon"] is None and rep["dp"] is False
+  loaded = PrivacyLedger.load(ledger.save(str(tmp_path / "r.json")))
+  assert loaded.non_private and loaded.steps == 5
+  with pytest.raises(PrivacyError):
+    _ledger().resume_from(loaded)
+
+
+def test_bad_inputs(tmp_path):
+  with pytest.raises(PrivacyError):
+    _ledger(noise_multiplier=0.0)
+  with pytest.raises(PrivacyError):
+    _ledger(clip_norm=-1.0)
+  with pytest.raises(PrivacyError, match="larger than the dataset"):
+    _ledger(batch_size=60_000)
+  with pytest.raises(PrivacyError, match="privacy_unit"):
+    _ledger(privacy_unit="sentence")
+  with pytest.raises(DataError):
+    PrivacyLedger.load(str(tmp_path / "missing.json"))
+  (tmp_path / "bad.json").write_text("{not json")
+  with pytest.raises(DataError):
+    PrivacyLedger.load(str(tmp_path / "bad.json"))
+  with pytest.raises(DataError, match="epsilon"):
+    (tmp_path / "noeps.json").write_text("{}")
+    _ledger().add_component_from_report(str(tmp_path / "noeps.json"))

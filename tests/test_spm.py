@@ -1,0 +1,49 @@
+"""`private-t5 spm`: a public SentencePiece vocabulary trained from a corpus."""
+import json
+import os
+
+import pytest
+
+from private_t5 import cli
+from private_t5.tokenizer import spm as spm_lib
+from private_t5.tokenizer import spm_cli
+
+
+@pytest.mark.parametrize("model_type,vocab_size", [pytest.param("unigram", 600, marks=pytest.mark.slow), ("char", 200)])
+def test_spm_command_trains_t5_vocabulary(shared_data, tmp_path, capsys, model_type, vocab_size):
+  output = tmp_path / "vocab" / "spm.model"
+  rc = cli.main(["spm", f"--corpus={shared_data}/pretrain/fortunes.jsonl.gz", f"--vocab_size={vocab_size}",
+                 f"--model_type={model_type}", f"--output={output}", "--max_documents=600"])
+  assert rc == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary["documents"] == 600 and summary["lines"] > 600 and summary["private"] is False
+  assert summary["vocab_size_with_sentinels"] == summary["pieces"] + 100
+  assert summary["pieces"] == vocab_size if model_type == "unigram" else 50 < summary["pieces"] <= vocab_size
+  assert sorted(os.listdir(output.parent)) == ["spm.model"]  # no temp file left
+  vocab = spm_lib.load_vocabulary(str(output))
+  text = "Time flies like an arrow."
+  assert vocab.decode(vocab.encode(text)) == text
+  assert vocab.tokenizer.GetPieceSize() == summary["pieces"] + 100
+
+
+def test_spm_bad_input(tmp_path, capsys):
+  blank = tmp_path / "blank.txt"
+  blank.write_text("\n\n")
+  output = tmp_path / "out.model"
+  assert cli.main(["spm", f"--corpus={blank}", "--vocab_size=100", f"--output={output}"]) == 2
+  assert "is empty" in capsys.readouterr().err
+  assert cli.main(["spm", f"--corpus={tmp_path}/missing.jsonl", "--vocab_size=100", f"--output={output}"]) == 2
+  assert "corpus not found" in capsys.readouterr().err
+  assert cli.main(["spm", f"--corpus={blank}", "--vocab_size=100", f"--output={tmp_path}/v.bin"]) == 2
+  tiny = tmp_path / "tiny.txt"
+  tiny.write_text("a few words only\nand a second line\n")
+  assert cli.main(["spm", f"--corpus={tiny}", "--vocab_size=5000", f"--output={output}"]) == 2
+  assert "SentencePiece" in capsys.readouterr().err
+  assert not output.exists() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_document_lines_splits_long_documents():
+  from private_t5.data.corpora import Document  # pylint: disable=g-import-not-at-top
+  counts = {"lines": 0}
+  lines = list(spm_cli.document_lines(iter([Document("a", "one\n\n two \nthree"), Document("b", "four")]), counts))
+  assert lines == ["one", " two ", "three", "four"] and counts["lines"] == 4
