@@ -21,7 +21,7 @@ STAGES = {
     "canaries": ("private_t5.eval.canaries_cli", "insert random canaries into a corpus and record them"),
     "evaluate": ("private_t5.eval.evaluate_cli", "evaluate a checkpoint on GLUE-style tasks"),
     "bench": ("private_t5.bench", "benchmark non-DP vs DP training steps side by side"),
-    "redact": ("private_t5.eval.redact_cli", "detect secrets and write a redacted corpus"),
+    "redact": ("private_t5.selective.redact_cli", "detect secrets and write a redacted corpus"),
 }
 
 

@@ -45,6 +45,10 @@ def register_configurables() -> None:
   _REGISTERED = True
   from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
   external(model_config.T5Config, "T5Config")
+  from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
+  from private_t5.train import initial_checkpoint  # pylint: disable=g-import-not-at-top
+  external(glue_tasks.make_glue_source, "make_glue_source")
+  external(initial_checkpoint.finetune_vocab_path, "finetune_vocab_path")
   for hook in _EXTRA_REGISTRATIONS:
     hook()
 

@@ -1,1 +1,23 @@
+"""The privacy layer: per-example clipped gradients, noise, sampling, accounting, ledger.
 
+Names are imported lazily so that `private-t5 epsilon` (accounting only) does not pay for
+importing JAX.
+"""
+import importlib
+
+_EXPORTS = {
+    "DPAggregator": "private_t5.dp.aggregator",
+    "MeanAggregator": "private_t5.dp.aggregator",
+    "validate_dp_parameters": "private_t5.dp.aggregator",
+    "PoissonSampler": "private_t5.dp.sampling",
+    "ShuffledBatchSampler": "private_t5.dp.sampling",
+    "batch_size_for_truncation": "private_t5.dp.sampling",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

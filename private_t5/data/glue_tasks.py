@@ -1,0 +1,574 @@
+"""GLUE (and GLUE-layout) tasks in T5's text-to-text form, as random-access example sources.
+
+Each task turns a labelled row into `inputs` / `targets` text with t5's own GLUE
+preprocessors (`t5.data.preprocessors.glue` / `.stsb`, configured as `t5.data.glue_utils`
+does), e.g. `{"sentence": "a gem", "label": 1}` -> `"sst2 sentence: a gem"` -> `"positive"`,
+and STS-B scores rounded to the nearest 0.2 ("3.4"). Rows come from
+
+* TFDS `glue/<task>` when it is prepared under `tfds_data_dir` (never downloaded), or
+* a local copy of the official GLUE directories (`<glue_dir>/SST-2/train.tsv`, `dev.tsv`, ...),
+* or any directory of `{train,validation,test}.tsv` files with a header row, registered with
+  `register_local_tsv_task` (how a user adds their own classification task; the three
+  `glue_like` tasks of this project's test data are registered the same way).
+
+`GlueSource` exposes one split of a task or mixture with the `ExampleSource` contract of
+docs/architecture.md (`num_examples`, `privacy_unit == "example"`: one labelled example is
+the privacy unit, `feature_lengths`, `get_batch`, `describe`, `user_ids`), so fine-tuning
+runs through the same trainer as pretraining, DP or not. A mixture concatenates its tasks'
+examples: uniform (or Poisson) sampling over the concatenation is T5's examples-proportional
+mixing (Raffel et al. 2020, Sec. 3.5.2) without a cap, and keeps the DP population explicit.
+"""
+import csv
+import dataclasses
+import functools
+import hashlib
+import os
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from private_t5.errors import ConfigError, DataError
+
+SPLITS = ("train", "validation", "test")
+EOS_ID = 1
+UNK_ID = 2
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This project's GLUE-layout test data (not shipped with the package).
+DEFAULT_GLUE_LIKE_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "data", "glue_like")
+Column = Union[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+  """One text-to-text classification (or STS-B regression) task.
+
+  Attributes:
+    name: registry name (`MIXTURE_OR_TASK_NAME`).
+    benchmark_name: the prefix of the inputs ("sst2 sentence: ...").
+    feature_names: text features in input order (TFDS feature names for GLUE).
+    label_names: class names (the targets); None for STS-B regression.
+    metric: key of `eval.glue_metrics.TASK_METRICS` ("accuracy", "mrpc", "cola", "stsb", ...).
+    tfds_name: TFDS dataset name (`glue/sst2`) or None.
+    tfds_splits: our split -> TFDS split.
+    local_subdir: directory of the task under a GLUE root (`SST-2`), or an absolute path.
+    split_files: our split -> candidate TSV file names, first existing wins.
+    header: whether the TSV files have a header row.
+    text_columns: feature -> TSV column (header name or 0-based index).
+    label_column: TSV column of the label.
+    default_root: where the local files are when no directory is given (None: TFDS or
+      `glue_dir` needed).
+    train_weight: False for evaluation-only views (mnli_matched / mnli_mismatched).
+  """
+  name: str
+  benchmark_name: str
+  feature_names: Tuple[str, ...]
+  label_names: Optional[Tuple[str, ...]]
+  metric: str
+  tfds_name: Optional[str]
+  tfds_splits: Mapping[str, str]
+  local_subdir: str
+  split_files: Mapping[str, Tuple[str, ...]]
+  header: bool
+  text_columns: Mapping[str, Column]
+  label_column: Column
+  default_root: Optional[str] = None
+  train_weight: bool = True
+
+  @property
+  def is_regression(self) -> bool:
+    return self.label_names is None
+
+
+_GLUE_FILES = {"train": ("train.tsv",), "validation": ("dev.tsv", "validation.tsv"),
+               "test": ("test.tsv",)}
+_TFDS_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
+
+_TASKS: Dict[str, GlueTask] = {}
+_MIXTURES: Dict[str, Tuple[str, ...]] = {}
+
+
+def _glue(name, features, labels, metric, subdir, text_columns, label_column, header=True,
+          benchmark_name=None, tfds_name=None, split_files=None, tfds_splits=None, train_weight=True):
+  _TASKS[name] = GlueTask(
+      name=name, benchmark_name=benchmark_name or name, feature_names=tuple(features),
+      label_names=None if labels is None else tuple(labels), metric=metric,
+      tfds_name=tfds_name or f"glue/{name}", tfds_splits=tfds_splits or _TFDS_SPLITS,
+      local_subdir=subdir, split_files=split_files or _GLUE_FILES, header=header,
+      text_columns=text_columns, label_column=label_column, train_weight=train_weight)
+
+
+# The official GLUE TSV layouts (as unpacked by the GLUE download script) and TFDS names.
+_glue("cola", ["sentence"], ["unacceptable", "acceptable"], "cola", "CoLA", {"sentence": 3}, 1,
+      header=False)
+_glue("sst2", ["sentence"], ["negative", "positive"], "sst2", "SST-2", {"sentence": "sentence"}, "label")
+_glue("mrpc", ["sentence1", "sentence2"], ["not_equivalent", "equivalent"], "mrpc", "MRPC",
+      {"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality")
+_glue("qqp", ["question1", "question2"], ["not_duplicate", "duplicate"], "qqp", "QQP",
+      {"question1": "question1", "question2": "question2"}, "is_duplicate")
+_glue("stsb", ["sentence1", "sentence2"], None, "stsb", "STS-B",
+      {"sentence1": "sentence1", "sentence2": "sentence2"}, "score")
+_MNLI = dict(features=["premise", "hypothesis"], labels=["entailment", "neutral", "contradiction"],
+             subdir="MNLI", text_columns={"premise": "sentence1", "hypothesis": "sentence2"},
+             label_column="gold_label", benchmark_name="mnli", tfds_name="glue/mnli")
+_glue("mnli", metric="mnli", split_files={**_GLUE_FILES, "validation": ("dev_matched.tsv",)},
+      tfds_splits={**_TFDS_SPLITS, "validation": "validation_matched"}, **_MNLI)
+_glue("mnli_matched", metric="mnli_matched", train_weight=False,
+      split_files={**_GLUE_FILES, "validation": ("dev_matched.tsv",), "test": ("test_matched.tsv",)},
+      tfds_splits={**_TFDS_SPLITS, "validation": "validation_matched", "test": "test_matched"}, **_MNLI)
+_glue("mnli_mismatched", metric="mnli_mismatched", train_weight=False,
+      split_files={**_GLUE_FILES, "validation": ("dev_mismatched.tsv",), "test": ("test_mismatched.tsv",)},
+      tfds_splits={**_TFDS_SPLITS, "validation": "validation_mismatched", "test": "test_mismatched"},
+      **_MNLI)
+_glue("qnli", ["question", "sentence"], ["entailment", "not_entailment"], "qnli", "QNLI",
+      {"question": "question", "sentence": "sentence"}, "label")
+_glue("rte", ["sentence1", "sentence2"], ["entailment", "not_entailment"], "rte", "RTE",
+      {"sentence1": "sentence1", "sentence2": "sentence2"}, "label")
+_glue("wnli", ["sentence1", "sentence2"], ["not_entailment", "entailment"], "wnli", "WNLI",
+      {"sentence1": "sentence1", "sentence2": "sentence2"}, "label")
+
+GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+# Evaluated views of the GLUE mixture (MNLI is reported on both validation sets, as T5 does).
+GLUE_EVAL_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli_matched", "mnli_mismatched",
+                        "qnli", "rte", "wnli")
+
+
+def register_local_tsv_task(name: str, dir: str, text_fields: Union[Sequence[str], Mapping[str, str]],  # pylint: disable=redefined-builtin
+                            label_field: str, label_names: Optional[Sequence[str]],
+                            metric: str = "accuracy", benchmark_name: Optional[str] = None,
+                            split_files: Optional[Mapping[str, Sequence[str]]] = None) -> GlueTask:
+  """Registers a classification task read from `dir/{train,validation,test}.tsv`.
+
+  The files are tab-separated with a header row. A label cell holds a class name from
+  `label_names` or its 0-based index. Inputs read `"<name> <feature>: <text> ..."`, targets
+  the class name, exactly as T5 formats GLUE.
+
+  Args:
+    name: task name (also the input prefix unless `benchmark_name` is given).
+    dir: directory with the split files.
+    text_fields: the text columns in input order, or a mapping feature name -> column
+      (e.g. `{"sentence1": "#1 String", "sentence2": "#2 String"}` for the MRPC layout).
+    label_field: the label column.
+    label_names: class names (index order); None makes a regression task like STS-B.
+    metric: "accuracy" or a GLUE metric key ("mrpc", "cola", ... see `eval.glue_metrics`).
+    benchmark_name: input prefix (default `name`).
+    split_files: split -> candidate file names (default `<split>.tsv`, `dev.tsv` for
+      validation).
+
+  Returns:
+    The registered task.
+  """
+  if not name or not isinstance(name, str):
+    raise ConfigError(f"task name must be a non-empty string, got {name!r}")
+  if isinstance(text_fields, str):
+    text_fields = [text_fields]
+  columns = dict(text_fields) if isinstance(text_fields, Mapping) else {f: f for f in text_fields}
+  if not columns:
+    raise ConfigError(f"task {name!r}: text_fields is empty")
+  if label_names is not None:
+    label_names = tuple(str(x) for x in label_names)
+    if len(label_names) < 2 or len(set(label_names)) != len(label_names):
+      raise ConfigError(f"task {name!r}: label_names must be >= 2 distinct names, got {label_names}")
+  files = split_files or {"train": ("train.tsv",), "validation": ("validation.tsv", "dev.tsv"),
+                          "test": ("test.tsv",)}
+  task = GlueTask(
+      name=name, benchmark_name=benchmark_name or name, feature_names=tuple(columns),
+      label_names=label_names, metric=metric, tfds_name=None, tfds_splits={},
+      local_subdir=os.path.abspath(os.path.expanduser(dir)),
+      split_files={k: tuple(v) for k, v in files.items()}, header=True, text_columns=columns,
+      label_column=label_field, default_root=os.path.abspath(os.path.expanduser(dir)))
+  _TASKS[name] = task
+  if "_load_rows" in globals():  # Re-registering a name must not serve stale rows.
+    _load_rows.cache_clear()
+  return task
+
+
+def register_mixture(name: str, task_names: Sequence[str]) -> None:
+  """Registers a mixture (examples-proportional sampling over the tasks' training sets)."""
+  for t in task_names:
+    get_task(t)
+  _MIXTURES[name] = tuple(task_names)
+
+
+def _register_glue_like(root: str = DEFAULT_GLUE_LIKE_DIR) -> None:
+  """The project's GLUE-layout data: SST-2-like, MRPC-like and a 5-class news task."""
+  register_local_tsv_task("rotten_tomatoes", os.path.join(root, "rotten_tomatoes"), ["sentence"], "label",
+                          ["negative", "positive"], metric="sst2")
+  register_local_tsv_task("bible_paraphrase", os.path.join(root, "bible_paraphrase"),
+                          {"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality",
+                          ["not_equivalent", "equivalent"], metric="mrpc")
+  register_local_tsv_task("bbc_news", os.path.join(root, "bbc_news"), ["sentence"], "label",
+                          ["business", "entertainment", "politics", "sports", "tech"], metric="accuracy")
+
+
+_register_glue_like()
+_MIXTURES["glue"] = GLUE_TASK_NAMES
+_MIXTURES["glue_like"] = ("rotten_tomatoes", "bible_paraphrase", "bbc_news")
+
+
+def task_names() -> List[str]:
+  return sorted(_TASKS)
+
+
+def mixture_names() -> List[str]:
+  return sorted(_MIXTURES)
+
+
+def get_task(name: str) -> GlueTask:
+  """The registered task `name`; ConfigError listing the valid names otherwise."""
+  if name not in _TASKS:
+    raise ConfigError(f"unknown task {name!r}; valid tasks: {', '.join(task_names())}; "
+                      f"mixtures: {', '.join(mixture_names())}")
+  return _TASKS[name]
+
+
+def resolve(name: str) -> Tuple[GlueTask, ...]:
+  """The tasks of a task or mixture name."""
+  if name in _MIXTURES:
+    return tuple(get_task(t) for t in _MIXTURES[name])
+  return (get_task(name),)
+
+
+def eval_tasks(name: str) -> Tuple[GlueTask, ...]:
+  """The tasks evaluated for a task or mixture (GLUE: MNLI matched and mismatched)."""
+  if name == "glue":
+    return tuple(get_task(t) for t in GLUE_EVAL_TASK_NAMES)
+  if name == "mnli":
+    return (get_task("mnli_matched"), get_task("mnli_mismatched"))
+  return resolve(name)
+
+
+# -- reading rows -------------------------------------------------------------------------------
+
+
+def _split_path(task: GlueTask, split: str, glue_dir: Optional[str]) -> str:
+  if split not in SPLITS:
+    raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+  if split not in task.split_files:
+    raise ConfigError(f"task {task.name!r} has no {split!r} split")
+  if os.path.isabs(task.local_subdir) and task.default_root:
+    directory = task.local_subdir
+  else:
+    directory = os.path.join(glue_dir, task.local_subdir)
+  candidates = [os.path.join(directory, f) for f in task.split_files[split]]
+  for path in candidates:
+    if os.path.isfile(path):
+      return path
+  raise DataError(f"task {task.name!r}: no {split} file; looked for {', '.join(candidates)}")
+
+
+def _column_index(header: Optional[List[str]], column: Column, path: str) -> int:
+  if isinstance(column, int):
+    return column
+  if header is None or column not in header:
+    raise DataError(f"{path}: no column {column!r} in the header {header}")
+  return header.index(column)
+
+
+def _parse_label(task: GlueTask, value: str, where: str) -> Union[int, float]:
+  value = value.strip()
+  if task.is_regression:
+    try:
+      return float(value)
+    except ValueError:
+      raise DataError(f"{where}: label {value!r} of task {task.name!r} is not a number") from None
+  if value in task.label_names:
+    return task.label_names.index(value)
+  try:
+    index = int(value)
+  except ValueError:
+    index = -1
+  if 0 <= index < len(task.label_names):
+    return index
+  raise DataError(f"{where}: label {value!r} is not in the label set of task {task.name!r} "
+                  f"({', '.join(task.label_names)} or 0..{len(task.label_names) - 1})")
+
+
+def read_tsv_rows(task: GlueTask, path: str) -> Tuple[Dict[str, List[str]], np.ndarray]:
+  """(texts per feature, labels) of a GLUE-layout TSV file."""
+  csv.field_size_limit(sys.maxsize)
+  texts = {f: [] for f in task.feature_names}
+  labels = []
+  with open(path, encoding="utf-8", newline="") as f:
+    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = next(reader, None) if task.header else None
+    if task.header and header is None:
+      raise DataError(f"{path} is empty (expected a header row)")
+    text_idx = {feat: _column_index(header, task.text_columns[feat], path) for feat in task.feature_names}
+    label_idx = _column_index(header, task.label_column, path)
+    need = max(list(text_idx.values()) + [label_idx]) + 1
+    for line_no, row in enumerate(reader, start=2 if task.header else 1):
+      if not row:
+        continue
+      if len(row) < need:
+        raise DataError(f"{path}:{line_no}: {len(row)} columns, expected at least {need}")
+      for feat, i in text_idx.items():
+        texts[feat].append(row[i])
+      labels.append(_parse_label(task, row[label_idx], f"{path}:{line_no}"))
+  if not labels:
+    raise DataError(f"{path} has no examples")
+  dtype = np.float32 if task.is_regression else np.int64
+  return texts, np.asarray(labels, dtype=dtype)
+
+
+def _tfds_rows(task: GlueTask, split: str, tfds_data_dir: Optional[str]):
+  """Rows from a prepared TFDS dataset, or None when it is not prepared (never downloads)."""
+  if not task.tfds_name or split not in task.tfds_splits:
+    return None
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    builder = tfds.builder(task.tfds_name, data_dir=tfds_data_dir)
+    if not builder.is_prepared():
+      return None
+    ds = builder.as_dataset(split=task.tfds_splits[split])
+  except Exception:  # pylint: disable=broad-except
+    return None  # TFDS missing, unknown name or not prepared: fall back to local files.
+  texts = {f: [] for f in task.feature_names}
+  labels = []
+  for ex in ds.as_numpy_iterator():
+    for feat in task.feature_names:
+      texts[feat].append(ex[feat].decode("utf-8"))
+    labels.append(ex["label"])
+  dtype = np.float32 if task.is_regression else np.int64
+  labels = np.asarray(labels, dtype=dtype)
+  if not task.is_regression and np.any(labels >= len(task.label_names)):
+    raise DataError(f"TFDS {task.tfds_name}:{split} has labels outside {task.label_names}")
+  return texts, labels
+
+
+@functools.lru_cache(maxsize=32)
+def _load_rows(name: str, split: str, glue_dir: Optional[str], tfds_data_dir: Optional[str]):
+  task = get_task(name)
+  if task.default_root is None and glue_dir is None:
+    rows = _tfds_rows(task, split, tfds_data_dir)
+    if rows is None:
+      raise DataError(f"task {name!r}: TFDS {task.tfds_name} is not prepared"
+                      f"{' in ' + tfds_data_dir if tfds_data_dir else ''} and no glue_dir was given; "
+                      f"pass glue_dir=<a local copy of the GLUE data with {task.local_subdir}/>")
+    return rows, f"tfds:{task.tfds_name}:{task.tfds_splits[split]}"
+  path = _split_path(task, split, glue_dir)
+  return read_tsv_rows(task, path), path
+
+
+def load_examples(name: str, split: str, glue_dir: Optional[str] = None,
+                  tfds_data_dir: Optional[str] = None) -> Dict[str, object]:
+  """Text-to-text examples of one task split, preprocessed by t5's GLUE preprocessors.
+
+  Returns:
+    dict with `inputs`, `targets` (lists of str), `labels` (int64 class ids, or float32
+    scores for STS-B), `source` (file or TFDS split) and `task`.
+  """
+  task = get_task(name)
+  (texts, labels), source = _load_rows(name, split, glue_dir, tfds_data_dir)
+  inputs, targets = _text_to_text(task, texts, labels)
+  return {"task": task, "inputs": inputs, "targets": targets, "labels": labels, "source": source}
+
+
+def _text_to_text(task: GlueTask, texts: Mapping[str, List[str]], labels: np.ndarray):
+  """Runs t5's GLUE preprocessor over the rows (as `t5.data.glue_utils` configures it)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
+  features = {f: np.asarray(texts[f], dtype=object) for f in task.feature_names}
+  features["label"] = labels
+  features["idx"] = np.arange(len(labels), dtype=np.int32)
+  ds = tf.data.Dataset.from_tensor_slices(features)
+  if task.is_regression:
+    if task.feature_names != ("sentence1", "sentence2"):
+      raise ConfigError(f"task {task.name!r}: regression tasks use the STS-B layout "
+                        "(sentence1, sentence2)")
+    ds = preprocessors.stsb(ds)
+  else:
+    # GLUE tasks use t5's default order (feature names sorted, e.g. MNLI "hypothesis: ...
+    # premise: ..."); a registered local task keeps the order its user gave.
+    feature_names = None if task.tfds_name else list(task.feature_names)
+    ds = preprocessors.glue(ds, benchmark_name=task.benchmark_name, label_names=list(task.label_names),
+                            feature_names=feature_names)
+  ds = ds.batch(4096)
+  inputs, targets = [], []
+  for batch in ds.as_numpy_iterator():
+    inputs.extend(x.decode("utf-8") for x in batch["inputs"])
+    targets.extend(x.decode("utf-8") for x in batch["targets"])
+  return inputs, targets
+
+
+# -- tokenized, random-access sources -----------------------------------------------------------
+
+
+def tokenize(texts: Sequence[str], vocab_path: str, length: int, vocab_size: Optional[int] = None):
+  """int32 `[n, length]` token ids with EOS, trimmed to `length` (EOS kept, as T5's
+  `append_eos_after_trim`) and zero-padded, plus the untrimmed lengths (with EOS)."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  vocab = spm_lib.load_vocabulary(vocab_path)
+  proc = spm.SentencePieceProcessor()
+  proc.LoadFromSerializedProto(vocab.sp_model)
+  if vocab_size is not None and vocab.vocab_size > vocab_size:
+    raise ConfigError(f"vocabulary {vocab_path} has {vocab.vocab_size} ids (with sentinels) but the "
+                      f"model's vocab_size is {vocab_size}")
+  ids = proc.EncodeAsIds(list(texts))
+  out = np.zeros((len(ids), length), np.int32)
+  full = np.zeros((len(ids),), np.int64)
+  for row, seq in enumerate(ids):
+    seq = seq[:length - 1] + [EOS_ID]
+    out[row, :len(seq)] = seq
+    full[row] = len(ids[row]) + 1
+  return out, full
+
+
+class GlueSource:
+  """One split of a task or mixture as an `ExampleSource` (privacy unit: one example).
+
+  Args:
+    task_or_mixture: registered task or mixture name.
+    split: "train", "validation" or "test".
+    vocab_path: SentencePiece model of the model being fine-tuned.
+    feature_lengths: {"inputs": Li, "targets": Lt}.
+    glue_dir: local copy of the official GLUE directories (else TFDS `glue/*`).
+    tfds_data_dir: TFDS data directory (default TFDS's own).
+    vocab_size: the model's vocabulary size, to refuse a vocabulary that does not fit.
+    progress: print loading progress to stderr.
+  """
+
+  def __init__(self, task_or_mixture: str, split: str, vocab_path: str,
+               feature_lengths: Optional[Mapping[str, int]] = None, glue_dir: Optional[str] = None,
+               tfds_data_dir: Optional[str] = None, vocab_size: Optional[int] = None,
+               progress: bool = False):
+    lengths = dict(feature_lengths or {"inputs": 512, "targets": 8})
+    for key in ("inputs", "targets"):
+      if not isinstance(lengths.get(key), int) or lengths[key] < 2:
+        raise ConfigError(f"feature_lengths[{key!r}] must be an integer >= 2, got {lengths.get(key)!r}")
+    if not vocab_path:
+      raise ConfigError("vocab_path is required (the vocabulary of the model being fine-tuned)")
+    self.name = task_or_mixture
+    self.split = split
+    self.vocab_path = vocab_path
+    self._lengths = {"inputs": lengths["inputs"], "targets": lengths["targets"]}
+    tasks = resolve(task_or_mixture)
+    if split == "train":
+      tasks = tuple(t for t in tasks if t.train_weight)
+    self.tasks = tasks
+    enc, tgt, task_ids, inputs, targets, labels, sources = [], [], [], [], [], [], []
+    self.truncated = {}
+    for i, task in enumerate(tasks):
+      ex = load_examples(task.name, split, glue_dir, tfds_data_dir)
+      e, e_len = tokenize(ex["inputs"], vocab_path, lengths["inputs"], vocab_size)
+      t, t_len = tokenize(ex["targets"], vocab_path, lengths["targets"], vocab_size)
+      if np.any(t_len > lengths["targets"]):
+        raise ConfigError(f"task {task.name!r}: targets need up to {int(t_len.max())} tokens but "
+                          f"feature_lengths['targets'] is {lengths['targets']}")
+      if np.any(t == UNK_ID):
+        bad = sorted({ex["targets"][r] for r in np.nonzero(np.any(t == UNK_ID, axis=1))[0]})
+        raise ConfigError(f"task {task.name!r}: target(s) {bad[:3]} contain pieces unknown to the "
+                          f"vocabulary {vocab_path}, so the model could never generate them")
+      self.truncated[task.name] = float(np.mean(e_len > lengths["inputs"]))
+      enc.append(e)
+      tgt.append(t)
+      task_ids.append(np.full(len(e), i, np.int32))
+      inputs.extend(ex["inputs"])
+      targets.extend(ex["targets"])
+      labels.append(ex["labels"])
+      sources.append(ex["source"])
+      if progress:
+        print(f"[glue] {task.name}/{split}: {len(e)} examples from {ex['source']}", file=sys.stderr)
+    self._enc = np.concatenate(enc)
+    self._tgt = np.concatenate(tgt)
+    self.task_ids = np.concatenate(task_ids)
+    self.inputs_text = inputs
+    self.targets_text = targets
+    self.labels = labels  # per task
+    self.sources = sources
+    self.task_sizes = [len(e) for e in enc]
+
+  @property
+  def num_examples(self) -> int:
+    return int(len(self._enc))
+
+  @property
+  def privacy_unit(self) -> str:
+    return "example"
+
+  @property
+  def feature_lengths(self) -> Dict[str, int]:
+    return dict(self._lengths)
+
+  def user_ids(self) -> np.ndarray:
+    return np.arange(self.num_examples, dtype=np.int64)
+
+  def task_slice(self, task_name: str) -> slice:
+    """Positions of one task's examples in this source."""
+    i = [t.name for t in self.tasks].index(task_name)
+    start = sum(self.task_sizes[:i])
+    return slice(start, start + self.task_sizes[i])
+
+  def get_batch(self, indices: Sequence[int], seed: int, batch_size: int) -> Dict[str, np.ndarray]:
+    """The trainer's batch dict for `indices`, padded to `batch_size` rows (seed unused:
+    classification examples have no objective noise)."""
+    del seed
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(indices) > batch_size:
+      raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
+    if len(indices) and (indices.min() < 0 or indices.max() >= self.num_examples):
+      raise IndexError(f"example index out of range [0, {self.num_examples})")
+    n = len(indices)
+    enc = np.zeros((batch_size, self._lengths["inputs"]), np.int32)
+    tgt = np.zeros((batch_size, self._lengths["targets"]), np.int32)
+    enc[:n] = self._enc[indices]
+    tgt[:n] = self._tgt[indices]
+    dec_in = np.zeros_like(tgt)
+    dec_in[:, 1:] = tgt[:, :-1]
+    is_padding = np.arange(batch_size) >= n
+    example_index = np.full((batch_size,), -1, np.int64)
+    example_index[:n] = indices
+    return {
+        "encoder_input_tokens": enc,
+        "decoder_input_tokens": dec_in,
+        "decoder_target_tokens": tgt,
+        "decoder_loss_weights": (tgt != 0).astype(np.float32),
+        "example_weight": (~is_padding).astype(np.float32),
+        "is_padding": is_padding,
+        "example_index": example_index,
+    }
+
+  def describe(self) -> Dict[str, object]:
+    return {
+        "corpus": f"glue:{self.name}",
+        "tasks": [t.name for t in self.tasks],
+        "task_sizes": dict(zip([t.name for t in self.tasks], self.task_sizes)),
+        "data_sources": self.sources,
+        "split": self.split,
+        "vocab_path": self.vocab_path,
+        "vocab_sha256": _file_sha256(self.vocab_path),
+        "objective": "text_to_text",
+        "feature_lengths": self.feature_lengths,
+        "privacy_unit": "example",
+        "num_examples": self.num_examples,
+        "fraction_inputs_truncated": self.truncated,
+        "mixing": "examples_proportional" if len(self.tasks) > 1 else "single_task",
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def make_glue_source(task_or_mixture: str, split: str = "train", vocab_path: Optional[str] = None,
+                     feature_lengths: Optional[Mapping[str, int]] = None, glue_dir: Optional[str] = None,
+                     tfds_data_dir: Optional[str] = None, initial_checkpoint: Optional[str] = None,
+                     vocab_size: Optional[int] = None, progress: bool = True) -> GlueSource:
+  """The Gin-facing factory of `GlueSource`.
+
+  `vocab_path` defaults to the vocabulary recorded with `initial_checkpoint` (our checkpoint's
+  metadata, or `spiece.model` beside Hugging Face weights).
+  """
+  if not vocab_path and initial_checkpoint:
+    from private_t5.train import initial_checkpoint as init_lib  # pylint: disable=g-import-not-at-top
+    vocab_path = init_lib.vocabulary_of(initial_checkpoint)
+    if not vocab_path:
+      raise ConfigError(f"initial checkpoint {initial_checkpoint!r} records no vocabulary; set VOCAB_PATH")
+  return GlueSource(task_or_mixture, split, vocab_path, feature_lengths, glue_dir=glue_dir,
+                    tfds_data_dir=tfds_data_dir, vocab_size=vocab_size, progress=progress)

@@ -1,0 +1,410 @@
+"""Ghost clipping for T5: DP-SGD clipped sums without per-example gradients (seed 003, Sec. 4).
+
+One forward pass of the per-example losses records, for every parameterised layer, its
+inputs `a_i` (activations or token ids); one backward pass of `sum_i loss_i` gives the
+gradient `g_i` of each layer's output. These two suffice for every example's gradient norm
+(`ghost_norms`), hence the clip factors `c_i = min(1, C / ||grad loss_i||) w_i`. The clipped
+sum `sum_i c_i grad loss_i` then comes either from
+
+* "bookkeeping" (Bu et al. 2023, "Differentially private optimization on large model at
+  small cost"): reuse the recorded `(a_i, g_i)` and form `sum_i c_i a_i^T g_i` per layer
+  directly, no second backward pass; or
+* "second_pass" (seed 003, ghost clipping proper): a second backward pass of the reweighted
+  loss `sum_i c_i loss_i` through the same forward (same activations, same dropout masks).
+
+How layers are recorded: the model is not modified. While the loss function is traced, a
+Flax method interceptor (`flax.linen.intercept_methods`) wraps the calls of the four
+parameterised layer types of `private_t5.models.layers` (`Dense`, `Embed` lookups and
+`attend`, `RMSNorm`, `RelativePositionBias`): it records the inputs and adds a zero
+"tap" `delta` to the output; the gradient with respect to `delta` is the output gradient.
+Outside the ghost aggregator nothing is intercepted and the model runs unchanged. Every
+parameter must be covered by a recorded layer, otherwise the norms would be wrong: an
+uncovered parameter raises an error at trace time.
+
+Each example is evaluated as a batch of one under `jax.vmap` with dropout key
+`fold_in(dropout_rng, row)`, exactly like `DPAggregator`, so both methods compute the same
+function of the batch (same privacy semantics, same noise, same division by q N).
+"""
+import collections
+import inspect
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from private_t5.dp import ghost_norms as gn
+from private_t5.dp.aggregator import (METRIC_BATCH_SIZE, METRIC_FRACTION_CLIPPED,
+                                      METRIC_GRAD_NORM, METRIC_LOSS, DPAggregator, _example_keys,
+                                      _microbatch_layout, _num_rows, _single_example_loss,
+                                      _split_microbatches)
+from private_t5.errors import ConfigError
+from private_t5.models import layers
+
+PyTree = Any
+Batch = Dict[str, jax.Array]
+
+BOOKKEEPING = "bookkeeping"
+SECOND_PASS = "second_pass"
+CLIPPED_SUM_METHODS = (BOOKKEEPING, SECOND_PASS)
+
+# Kinds of recorded layer use.
+DENSE, LOOKUP, ATTEND, SCALE, RELPOS = "dense", "lookup", "attend", "scale", "relpos"
+
+
+class LayerUse(NamedTuple):
+  """Static description of one recorded call of a parameterised layer."""
+  kind: str
+  param: Tuple[str, ...]  # path of the parameter in the params tree
+  buckets: Optional[np.ndarray] = None  # RELPOS: int [q, k]
+  num_buckets: int = 0  # RELPOS: columns of the table
+
+
+class _Recorder:
+  """Flax method interceptor recording layer inputs and tapping layer outputs.
+
+  With `deltas=None` it only records the output shapes (to build the zero taps); otherwise
+  it adds `deltas[key]` (zeros) to each output so that `d loss / d delta` is the output
+  gradient. Keys are `"<module path>:<kind><call index>"`.
+  """
+
+  def __init__(self, deltas: Optional[Dict[str, jax.Array]] = None):
+    self.deltas = deltas
+    self.inputs: Dict[str, jax.Array] = {}
+    self.output_shapes: Dict[str, jax.ShapeDtypeStruct] = {}
+    self.input_shapes: Dict[str, Tuple[int, ...]] = {}
+    self.uses: Dict[str, LayerUse] = {}
+    self._calls = collections.Counter()
+
+  def _key(self, module: nn.Module, kind: str) -> str:
+    path = "/".join(module.path)
+    index = self._calls[(path, kind)]
+    self._calls[(path, kind)] += 1
+    return f"{path}:{kind}{index}"
+
+  def _tap(self, key: str, y: jax.Array) -> jax.Array:
+    if key in self.inputs:
+      self.input_shapes[key] = tuple(self.inputs[key].shape)
+    if self.deltas is None:
+      self.output_shapes[key] = jax.ShapeDtypeStruct(y.shape, y.dtype)
+      return y
+    return y + self.deltas[key].astype(y.dtype)
+
+  def __call__(self, next_fun, args, kwargs, context):
+    module, method = context.module, context.method_name
+    if isinstance(module, layers.Dense) and method == "__call__":
+      x = _bind(context, args, kwargs)["x"]
+      key = self._key(module, DENSE)
+      self.inputs[key] = x.astype(module.dtype)
+      self.uses[key] = LayerUse(DENSE, tuple(module.path) + ("kernel",))
+      return self._tap(key, next_fun(*args, **kwargs))
+    if isinstance(module, layers.Embed) and method in ("__call__", "attend"):
+      bound = _bind(context, args, kwargs)
+      if method == "__call__":
+        key = self._key(module, LOOKUP)
+        self.inputs[key] = bound["ids"].astype(jnp.int32)
+        self.uses[key] = LayerUse(LOOKUP, tuple(module.path) + ("embedding",))
+      else:
+        key = self._key(module, ATTEND)
+        self.inputs[key] = bound["query"].astype(module.dtype)
+        self.uses[key] = LayerUse(ATTEND, tuple(module.path) + ("embedding",))
+      return self._tap(key, next_fun(*args, **kwargs))
+    if isinstance(module, layers.RMSNorm) and method == "__call__":
+      x = _bind(context, args, kwargs)["x"].astype(jnp.float32)
+      key = self._key(module, SCALE)
+      # x_hat exactly as RMSNorm computes it before the scale (identical ops, shared by XLA).
+      variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+      self.inputs[key] = x * jax.lax.rsqrt(variance + module.epsilon)
+      self.uses[key] = LayerUse(SCALE, tuple(module.path) + ("scale",))
+      return self._tap(key, next_fun(*args, **kwargs))
+    if isinstance(module, layers.RelativePositionBias) and method == "__call__":
+      bound = _bind(context, args, kwargs)
+      q_len, k_len = int(bound["q_len"]), int(bound["k_len"])
+      relative = (np.arange(k_len, dtype=np.int32)[None, :]
+                  - np.arange(q_len, dtype=np.int32)[:, None])
+      buckets = layers.relative_position_bucket(relative, bool(bound["bidirectional"]),
+                                                module.num_buckets, module.max_distance)
+      key = self._key(module, RELPOS)
+      self.uses[key] = LayerUse(RELPOS, tuple(module.path) + ("rel_embedding",), buckets,
+                                module.num_buckets)
+      return self._tap(key, next_fun(*args, **kwargs))
+    return next_fun(*args, **kwargs)
+
+
+def _bind(context, args, kwargs) -> Dict[str, Any]:
+  """The intercepted call's arguments by parameter name."""
+  bound = inspect.signature(context.orig_method).bind(*args, **kwargs)
+  bound.apply_defaults()
+  return bound.arguments
+
+
+class Recording(NamedTuple):
+  """What one abstract trace of an example's loss records (all static)."""
+  uses: Dict[str, LayerUse]
+  output_shapes: Dict[str, jax.ShapeDtypeStruct]
+  input_shapes: Dict[str, Tuple[int, ...]]
+
+
+def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax.Array]
+                      ) -> Recording:
+  """Traces one example's loss abstractly; returns its layer uses and their shapes."""
+  recorder = _Recorder()
+
+  def run(p, ex, k):
+    with nn.intercept_methods(recorder):
+      return _single_example_loss(loss_fn, p, ex, k)
+
+  jax.eval_shape(run, params, example, key)  # params may be ShapeDtypeStructs
+  return Recording(recorder.uses, recorder.output_shapes, recorder.input_shapes)
+
+
+def per_example_forward(loss_fn, params: PyTree, batch: Batch, keys: Optional[jax.Array],
+                        deltas: Dict[str, jax.Array], spmd_axis_name: Optional[str] = None
+                        ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """Per-example losses [B] and recorded layer inputs (leading [B]) with output taps `deltas`."""
+  def one(delta, example, key):
+    recorder = _Recorder(delta)
+    with nn.intercept_methods(recorder):
+      loss = _single_example_loss(loss_fn, params, example, key)
+    return loss, recorder.inputs
+
+  return jax.vmap(one, in_axes=(0, 0, None if keys is None else 0),
+                  spmd_axis_name=spmd_axis_name)(deltas, batch, keys)
+
+
+def _group_by_param(uses: Dict[str, LayerUse]) -> Dict[Tuple[str, ...], List[str]]:
+  groups = collections.OrderedDict()
+  for key in sorted(uses):
+    groups.setdefault(uses[key].param, []).append(key)
+  return groups
+
+
+def check_coverage(params: PyTree, uses: Dict[str, LayerUse]) -> None:
+  """Raises ValueError unless every parameter leaf is produced by a recorded layer use."""
+  flat = traverse_util.flatten_dict(params)
+  covered = {u.param for u in uses.values()}
+  missing = sorted("/".join(p) for p in flat if p not in covered)
+  if missing:
+    raise ValueError("ghost clipping cannot compute per-example norms of parameters that no "
+                     f"supported layer uses: {missing}; use method='vmap'")
+  unknown = sorted("/".join(p) for p in covered if p not in flat)
+  if unknown:
+    raise ValueError(f"recorded layers refer to unknown parameters: {unknown}")
+
+
+def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array],
+                         out_grads: Dict[str, jax.Array], norm_method: str = gn.AUTO,
+                         instantiated: Optional[Dict[str, jax.Array]] = None
+                         ) -> Dict[Tuple[str, ...], jax.Array]:
+  """Per-example squared gradient norms [B] of each parameter (all of its uses combined).
+
+  Args:
+    uses, inputs, out_grads: the recorded layer uses, their inputs and output gradients.
+    norm_method: "auto", "gram" or "instantiate" for dense layers.
+    instantiated: when a dict is given, the per-example kernel gradients `[B, d_in, d_out]`
+      of the dense layers whose norms were instantiated are stored in it (by use key), so
+      that book-keeping can reuse them instead of recomputing `sum_i c_i a_i^T g_i`.
+  """
+  norms = {}
+  for param, keys in _group_by_param(uses).items():
+    kinds = {uses[k].kind for k in keys}
+    if kinds <= {LOOKUP, ATTEND}:
+      lookups = [(inputs[k], out_grads[k]) for k in keys if uses[k].kind == LOOKUP]
+      attends = [(inputs[k], out_grads[k]) for k in keys if uses[k].kind == ATTEND]
+      norms[param] = gn.tied_embedding_sq_norms(lookups, attends, norm_method)
+    elif kinds == {DENSE}:
+      if len(keys) > 1:
+        raise ValueError(f"dense kernel {'/'.join(param)} is used {len(keys)} times; ghost "
+                         "norms support one use per kernel")
+      a, g = gn.as_sequence(inputs[keys[0]]), gn.as_sequence(out_grads[keys[0]])
+      method = gn.resolve_method(norm_method, a.shape[1], a.shape[2], g.shape[2])
+      if method == gn.INSTANTIATE and instantiated is not None:
+        instantiated[keys[0]] = gn.linear_per_example_grads(a, g)
+        norms[param] = jnp.sum(jnp.square(instantiated[keys[0]]), axis=(1, 2))
+      else:
+        norms[param] = gn.linear_sq_norms(a, g, method)
+    elif kinds == {SCALE}:
+      grads = sum(gn.scale_per_example_grads(inputs[k], out_grads[k]) for k in keys)
+      norms[param] = jnp.sum(jnp.square(grads), axis=-1)
+    elif kinds == {RELPOS}:
+      grads = sum(gn.relpos_per_example_grads(_squeeze_inner_batch(out_grads[k]),
+                                              uses[k].buckets, uses[k].num_buckets) for k in keys)
+      norms[param] = jnp.sum(jnp.square(grads), axis=(1, 2))
+    else:
+      raise ValueError(f"parameter {'/'.join(param)} has incompatible uses {sorted(kinds)}")
+  return norms
+
+
+def _squeeze_inner_batch(g: jax.Array) -> jax.Array:
+  """[B, 1, heads, q, k] (a batch of one per example) -> [B, heads, q, k]."""
+  return g.reshape((g.shape[0],) + g.shape[-3:])
+
+
+def weighted_grad_sum(params: PyTree, uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array],
+                      out_grads: Dict[str, jax.Array], weights: jax.Array,
+                      instantiated: Optional[Dict[str, jax.Array]] = None) -> PyTree:
+  """Book-keeping: `sum_i weights_i grad loss_i` per parameter from the recorded (a, g) [float32].
+
+  Dense layers found in `instantiated` (per-example kernel gradients kept from the norm
+  computation) are summed from those, `sum_i w_i G_i`, instead of from `(a, g)`.
+  """
+  instantiated = instantiated or {}
+  flat_params = traverse_util.flatten_dict(params)
+  flat = {}
+  for param, keys in _group_by_param(uses).items():
+    shape = flat_params[param].shape
+    total = jnp.zeros(shape, jnp.float32)
+    for k in keys:
+      use, a, g = uses[k], inputs.get(k), out_grads[k]
+      if use.kind == DENSE:
+        total = total + gn.linear_weighted_sum(a, g, weights, instantiated.get(k))
+      elif use.kind == LOOKUP:
+        total = total + gn.lookup_weighted_sum(a, g, weights, shape[0])
+      elif use.kind == ATTEND:
+        # z = h E^T: dE = sum_t G_t h_t^T, i.e. the transpose of a dense kernel gradient.
+        total = total + gn.linear_weighted_sum(g, a, weights)
+      elif use.kind == SCALE:
+        total = total + jnp.einsum("b,bd->d", weights.astype(jnp.float32),
+                                   gn.scale_per_example_grads(a, g))
+      elif use.kind == RELPOS:
+        total = total + jnp.einsum("b,bhn->hn", weights.astype(jnp.float32),
+                                   gn.relpos_per_example_grads(_squeeze_inner_batch(g),
+                                                               use.buckets, use.num_buckets))
+    flat[param] = total
+  return traverse_util.unflatten_dict(flat)
+
+
+def cost_breakdown(uses: Dict[str, LayerUse], output_shapes: Dict[str, jax.ShapeDtypeStruct],
+                   input_shapes: Dict[str, Tuple[int, ...]]) -> List[Dict[str, Any]]:
+  """Per dense-like layer use: sequence length, widths, and the cost of each norm method."""
+  rows = []
+  for key in sorted(uses):
+    use = uses[key]
+    if use.kind not in (DENSE, ATTEND):
+      continue
+    out = output_shapes[key].shape
+    seq = int(np.prod(out[:-1]))
+    d_in, d_out = int(input_shapes[key][-1]), int(out[-1])
+    gram, inst = gn.linear_costs(seq, d_in, d_out)
+    rows.append(dict(layer=key, seq_len=seq, d_in=d_in, d_out=d_out, gram_cost=gram,
+                     instantiate_cost=inst, method=gn.choose_linear_method(seq, d_in, d_out)))
+  return rows
+
+
+class GhostDPAggregator(DPAggregator):
+  """`DPAggregator` whose clipped sum uses ghost norms instead of per-example gradients.
+
+  Same constructor arguments and call as `DPAggregator` (clip to C, sum, noise sigma C,
+  divide by the public q N), plus:
+
+  Attributes:
+    norm_method: "auto" (per layer, the cheaper of the Gram identity and the instantiated
+      per-example gradient), "gram" or "instantiate".
+    clipped_sum_method: "bookkeeping" (one backward pass) or "second_pass" (ghost clipping
+      with a second backward pass of the reweighted loss). Book-keeping drops an example
+      with a non-finite gradient exactly (as `DPAggregator` does); in the second pass its
+      zero weight can still meet NaN activations (0 x NaN), so prefer book-keeping.
+    reuse_instantiated: with book-keeping, keep the per-example kernel gradients of the
+      layers whose norms are instantiated and sum them with the clip factors (no second
+      weight-gradient computation for those layers; memory B x their parameters).
+  """
+
+  def __init__(self, loss_fn, clip_norm: float, noise_multiplier: float,
+               expected_batch_size: float, microbatch_size: Optional[int] = None,
+               spmd_axis_name: Optional[str] = None, *, norm_method: str = gn.AUTO,
+               clipped_sum_method: str = BOOKKEEPING, reuse_instantiated: bool = True):
+    super().__init__(loss_fn, clip_norm, noise_multiplier, expected_batch_size,
+                     microbatch_size=microbatch_size, spmd_axis_name=spmd_axis_name)
+    if norm_method not in gn.LINEAR_METHODS:
+      raise ConfigError(f"norm_method must be one of {gn.LINEAR_METHODS}, got {norm_method!r}")
+    if clipped_sum_method not in CLIPPED_SUM_METHODS:
+      raise ConfigError(f"clipped_sum_method must be one of {CLIPPED_SUM_METHODS}, "
+                        f"got {clipped_sum_method!r}")
+    self.norm_method = norm_method
+    self.clipped_sum_method = clipped_sum_method
+    self.reuse_instantiated = bool(reuse_instantiated)
+
+  def ghost_clipped_sum(self, params: PyTree, batch: Batch, keys: Optional[jax.Array]
+                        ) -> Tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+    """(sum_i w_i clip_C(grad l_i) [float32], losses [B], norms [B], factors [B]) of one batch."""
+    first = jax.tree.map(lambda x: x[0], batch)
+    uses, shapes, _ = record_layer_uses(self.loss_fn, params, first,
+                                        None if keys is None else keys[0])
+    check_coverage(params, uses)
+    rows = _num_rows(batch)
+    deltas = {k: jnp.zeros((rows,) + s.shape, s.dtype) for k, s in shapes.items()}
+
+    def forward(p, d):
+      return per_example_forward(self.loss_fn, p, batch, keys, d, self.spmd_axis_name)
+
+    losses, vjp_fn, inputs = jax.vjp(forward, params, deltas, has_aux=True)
+    # Backward of sum_i loss_i: the output gradient of every layer, for every example.
+    _, out_grads = vjp_fn(jnp.ones_like(losses))
+    reuse = self.clipped_sum_method == BOOKKEEPING and self.reuse_instantiated
+    instantiated = {} if reuse else None
+    sq = per_example_sq_norms(uses, inputs, out_grads, self.norm_method, instantiated)
+    norms = jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)).astype(jnp.float32)
+    # min(1, C / ||g_i||); a zero gradient has norm 0 and factor 1.
+    factors = jnp.minimum(1.0, self.clip_norm / jnp.maximum(norms, 1e-30))
+    weights = batch["example_weight"].astype(jnp.float32)
+    # Rows kept in the sum, as in DPAggregator: real rows with a finite gradient norm.
+    kept = (weights > 0) & jnp.isfinite(norms)
+    scale = jnp.where(kept, factors * weights, 0.0)
+    if self.clipped_sum_method == SECOND_PASS:
+      grads, _ = vjp_fn(scale.astype(losses.dtype))
+      grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    else:
+      # Zero the recorded rows of dropped examples: 0 * NaN would be NaN in the sums.
+      drop = lambda x: jnp.where(kept.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros_like(x))
+      inputs, out_grads = jax.tree.map(drop, inputs), jax.tree.map(drop, out_grads)
+      instantiated = None if instantiated is None else jax.tree.map(drop, instantiated)
+      grads = weighted_grad_sum(params, uses, inputs, out_grads, scale, instantiated)
+    return grads, losses, norms, factors
+
+  def clipped_sum(self, params: PyTree, batch: Batch, dropout_rng: Optional[jax.Array] = None
+                  ) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """Noiseless sum_i w_i clip_C(grad l_i) in float32 and its (non-DP) statistics."""
+    num_micro, _ = _microbatch_layout(_num_rows(batch), self.microbatch_size)
+    rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
+    micro_batches = _split_microbatches(batch, num_micro)
+    micro_rows = _split_microbatches(rows, num_micro)
+
+    def body(carry, xs):
+      grad_sum, loss_sum, norm_sum, clipped_count = carry
+      micro, micro_row_ids = xs
+      keys = _example_keys(dropout_rng, micro_row_ids)
+      grads, losses, norms, factors = self.ghost_clipped_sum(params, micro, keys)
+      weights = micro["example_weight"].astype(jnp.float32)
+      is_real = weights > 0
+      carry = (jax.tree.map(jnp.add, grad_sum, grads),
+               loss_sum + jnp.sum(losses.astype(jnp.float32) * weights),
+               norm_sum + jnp.sum(jnp.where(is_real & jnp.isfinite(norms), norms, 0.0)),
+               clipped_count + jnp.sum(jnp.where(is_real, factors < 1.0, False)))
+      return carry, None
+
+    init = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), jnp.float32(0),
+            jnp.float32(0), jnp.int32(0))
+    if num_micro == 1:
+      (grad_sum, loss_sum, norm_sum, clipped_count), _ = body(
+          init, jax.tree.map(lambda x: x[0], (micro_batches, micro_rows)))
+    else:
+      (grad_sum, loss_sum, norm_sum, clipped_count), _ = jax.lax.scan(
+          body, init, (micro_batches, micro_rows))
+    realised = jnp.sum(batch["example_weight"].astype(jnp.float32))
+    denominator = jnp.maximum(realised, 1.0)
+    metrics = {
+        METRIC_LOSS: loss_sum / denominator,
+        METRIC_BATCH_SIZE: realised,
+        METRIC_GRAD_NORM: norm_sum / denominator,
+        METRIC_FRACTION_CLIPPED: clipped_count.astype(jnp.float32) / denominator,
+    }
+    return grad_sum, metrics
+
+  def per_example_norms(self, params: PyTree, batch: Batch,
+                        dropout_rng: Optional[jax.Array] = None) -> jax.Array:
+    """Ghost per-example gradient norms [B] of a whole batch (no microbatching)."""
+    rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
+    _, _, norms, _ = self.ghost_clipped_sum(params, batch, _example_keys(dropout_rng, rows))
+    return norms

@@ -1,0 +1,228 @@
+"""Per-example gradient norms of T5's parameter types without per-example gradients.
+
+Every function takes what one layer sees during a batched forward/backward pass, with a
+leading example axis `B`: its inputs (activations `a`, token ids) and the gradient `g` of the
+summed per-example losses with respect to its output. Because example i's loss depends on
+example i's activations only, `g[i]` is exactly `d loss_i / d output_i`, and the per-example
+parameter gradient is a function of `(a[i], g[i])` alone.
+
+Dense layers over a sequence (seed 003, Sec. 4.2, eq. 2): with `a_i [T, d_in]` and
+`g_i [T, d_out]` the per-example kernel gradient is `a_i^T g_i`, and
+
+    ||a_i^T g_i||_F^2 = <a_i a_i^T, g_i g_i^T>     (the Gram identity),
+
+which costs O(T^2 (d_in + d_out)) and never holds a `[d_in, d_out]` matrix per example; the
+direct ("instantiated") route costs O(T d_in d_out). `choose_linear_method` takes the cheaper
+one per layer: Gram when the sequence is short compared with the layer width.
+
+Embeddings are linear layers over one-hot inputs: the per-example gradient of a lookup is
+`sum_t onehot(x_t) g_t^T`; positions holding the same token add up in one row, so the norm
+is computed by summing `g` over equal tokens (never a `[T, V]` one-hot). A tied embedding
+(T5 v1.0) is used three times: encoder lookup, decoder lookup and the output projection
+`h E^T`; all three contribute to ONE parameter and the norm of the sum includes every cross
+term (`tied_embedding_sq_norms`).
+
+RMSNorm scales and the relative position bias table are tiny: their per-example gradients
+are instantiated.
+
+Everything is accumulated in float32, whatever the activation dtype.
+"""
+from typing import Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+GRAM = "gram"
+INSTANTIATE = "instantiate"
+AUTO = "auto"
+LINEAR_METHODS = (GRAM, INSTANTIATE, AUTO)
+
+
+def as_sequence(x: jax.Array) -> jax.Array:
+  """[B, ..., d] -> [B, T, d] float32, folding all middle axes into one sequence axis."""
+  x = jnp.asarray(x)
+  if x.ndim < 2:
+    raise ValueError(f"expected at least [B, d], got shape {x.shape}")
+  batch, width = x.shape[0], x.shape[-1]
+  return x.reshape(batch, -1, width).astype(jnp.float32)
+
+
+def linear_costs(seq_len: int, d_in: int, d_out: int) -> Tuple[int, int]:
+  """Multiply-adds per example of (Gram identity, instantiated gradient) for one dense layer.
+
+  Gram: `a a^T` (T^2 d_in) plus `g g^T` (T^2 d_out) plus their inner product (T^2).
+  Instantiated: `a^T g` (T d_in d_out) plus its squared norm (d_in d_out).
+  """
+  gram = seq_len * seq_len * (d_in + d_out + 1)
+  instantiate = seq_len * d_in * d_out + d_in * d_out
+  return gram, instantiate
+
+
+def choose_linear_method(seq_len: int, d_in: int, d_out: int) -> str:
+  """The cheaper of GRAM and INSTANTIATE for a `[T, d_in] -> [T, d_out]` layer."""
+  gram, instantiate = linear_costs(seq_len, d_in, d_out)
+  return GRAM if gram <= instantiate else INSTANTIATE
+
+
+def resolve_method(method: str, seq_len: int, d_in: int, d_out: int) -> str:
+  """GRAM or INSTANTIATE: `method` itself, or the cheaper one when it is AUTO."""
+  if method not in LINEAR_METHODS:
+    raise ValueError(f"method must be one of {LINEAR_METHODS}, got {method!r}")
+  return choose_linear_method(seq_len, d_in, d_out) if method == AUTO else method
+
+
+def gram_inner(a1: jax.Array, g1: jax.Array, a2: jax.Array, g2: jax.Array) -> jax.Array:
+  """Per-example `<a1_i^T g1_i, a2_i^T g2_i>_F = sum_{s,t} (a1_s . a2_t)(g1_s . g2_t)`: [B]."""
+  aa = jnp.einsum("bsi,bti->bst", a1, a2)
+  gg = jnp.einsum("bso,bto->bst", g1, g2)
+  return jnp.sum(aa * gg, axis=(1, 2))
+
+
+def linear_per_example_grads(a: jax.Array, g: jax.Array) -> jax.Array:
+  """Instantiated per-example kernel gradients `a_i^T g_i`: [B, d_in, d_out] float32."""
+  return jnp.einsum("bti,bto->bio", as_sequence(a), as_sequence(g))
+
+
+def linear_sq_norms(a: jax.Array, g: jax.Array, method: str = AUTO) -> jax.Array:
+  """Per-example squared Frobenius norms of the kernel gradient of `y = a @ W`: [B].
+
+  Args:
+    a: the layer's inputs `[B, ..., d_in]`.
+    g: gradient of the summed per-example losses w.r.t. the layer's outputs `[B, ..., d_out]`.
+    method: GRAM, INSTANTIATE or AUTO (the cheaper one for these shapes).
+  """
+  a, g = as_sequence(a), as_sequence(g)
+  if a.shape[:2] != g.shape[:2]:
+    raise ValueError(f"inputs {a.shape} and output gradients {g.shape} disagree on [B, T]")
+  method = resolve_method(method, a.shape[1], a.shape[2], g.shape[2])
+  if method == GRAM:
+    return gram_inner(a, g, a, g)
+  return jnp.sum(jnp.square(linear_per_example_grads(a, g)), axis=(1, 2))
+
+
+def first_occurrence(tokens: jax.Array) -> jax.Array:
+  """For each position t of each row, the first position s with tokens[s] == tokens[t]: [B, T]."""
+  equal = tokens[:, :, None] == tokens[:, None, :]  # [B, T(t), T(s)]
+  return jnp.argmax(equal, axis=-1).astype(jnp.int32)
+
+
+def lookup_row_grads(tokens: jax.Array, g: jax.Array) -> jax.Array:
+  """Per-example embedding-gradient rows of a lookup, one slot per distinct token: [B, T, d].
+
+  Slot `s` holds `sum_{t: x_t = x_s} g_t` when s is the first occurrence of its token and 0
+  otherwise, so the slots are exactly the non-zero rows of the `[V, d]` gradient (never
+  materialized). Cost O(T^2) integer comparisons plus O(T d).
+  """
+  tokens = tokens.reshape(tokens.shape[0], -1)
+  g = as_sequence(g)
+  slots = first_occurrence(tokens)
+  return jax.vmap(lambda gi, si: jax.ops.segment_sum(gi, si, num_segments=gi.shape[0]))(g, slots)
+
+
+def lookup_sq_norms(tokens: jax.Array, g: jax.Array) -> jax.Array:
+  """Per-example squared norms of the embedding gradient of the lookup `E[tokens]`: [B].
+
+  Args:
+    tokens: int `[B, T]` ids that were looked up.
+    g: gradient w.r.t. the looked-up vectors `[B, T, d]`.
+  """
+  return jnp.sum(jnp.square(lookup_row_grads(tokens, g)), axis=(1, 2))
+
+
+def tied_embedding_sq_norms(lookups: Sequence[Tuple[jax.Array, jax.Array]],
+                            attends: Sequence[Tuple[jax.Array, jax.Array]] = (),
+                            method: str = AUTO) -> jax.Array:
+  """Per-example squared norm of the TOTAL gradient of an embedding used several times: [B].
+
+  The parameter `E [V, d]` is used by lookups `y = E[x]` (gradient `sum_t e_{x_t} g_t^T`) and
+  by output projections `z = h E^T` (gradient `sum_t G_t h_t^T` with `G_t = dL/dz_t [V]`).
+  With A the sum of the lookup terms and C the sum of the projection terms,
+
+    ||A + C||^2 = ||A||^2 + 2 <A, C> + ||C||^2,
+    <A, C>  = sum_{s in lookups} sum_{t in projections} G_t[x_s] (g_s . h_t),
+    ||C||^2 = sum_{s,t} (h_s . h_t)(G_s . G_t)          (Gram identity, or instantiated).
+
+  Several lookups (encoder and decoder inputs) are concatenated along the sequence, which
+  includes their cross terms in ||A||^2; likewise several projections.
+
+  Args:
+    lookups: `(tokens [B, T], g [B, T, d])` per lookup use.
+    attends: `(h [B, T, d], G [B, T, V])` per projection use: the projection's inputs and the
+      gradient w.r.t. its outputs `h E^T` (before any later rescaling of the logits).
+    method: for ||C||^2: GRAM, INSTANTIATE or AUTO.
+  """
+  if not lookups and not attends:
+    raise ValueError("an embedding needs at least one use")
+  total = 0.0
+  if lookups:
+    tokens = jnp.concatenate([t.reshape(t.shape[0], -1).astype(jnp.int32) for t, _ in lookups], 1)
+    g = jnp.concatenate([as_sequence(gl) for _, gl in lookups], axis=1)
+    total = lookup_sq_norms(tokens, g)
+  if attends:
+    h = jnp.concatenate([as_sequence(ha) for ha, _ in attends], axis=1)
+    big_g = jnp.concatenate([as_sequence(ga) for _, ga in attends], axis=1)
+    total = total + linear_sq_norms(h, big_g, method)  # ||C||^2: C^T = h^T G
+    if lookups:
+      # G_t[x_s] for every (projection position t, lookup position s): a gather, no one-hot.
+      picked = jnp.take_along_axis(big_g, jnp.broadcast_to(
+          tokens[:, None, :], (tokens.shape[0], big_g.shape[1], tokens.shape[1])), axis=2)
+      dots = jnp.einsum("bsd,btd->bts", g, h)  # g_s . h_t
+      total = total + 2.0 * jnp.sum(picked * dots, axis=(1, 2))
+  return total
+
+
+def scale_per_example_grads(normalized: jax.Array, g: jax.Array) -> jax.Array:
+  """Per-example gradients of a scale vector in `y = x_hat * scale`: [B, d]."""
+  return jnp.sum(as_sequence(normalized) * as_sequence(g), axis=1)
+
+
+def scale_sq_norms(normalized: jax.Array, g: jax.Array) -> jax.Array:
+  """Per-example squared gradient norms of an RMSNorm scale (instantiated, it is tiny): [B]."""
+  return jnp.sum(jnp.square(scale_per_example_grads(normalized, g)), axis=-1)
+
+
+def bucket_one_hot(buckets: np.ndarray, num_buckets: int) -> np.ndarray:
+  """Static `[q * k, num_buckets]` float32 one-hot of the relative position buckets."""
+  flat = np.asarray(buckets).reshape(-1)
+  one_hot = np.zeros((flat.size, num_buckets), np.float32)
+  one_hot[np.arange(flat.size), flat] = 1.0
+  return one_hot
+
+
+def relpos_per_example_grads(g: jax.Array, buckets: np.ndarray, num_buckets: int) -> jax.Array:
+  """Per-example gradients of a relative position table `[heads, buckets]`: [B, heads, buckets].
+
+  Args:
+    g: gradient w.r.t. the per-example bias `[B, heads, q, k]` (summed over all layers that
+      add the bias: they share one table).
+    buckets: int `[q, k]` bucket of each (query, key) pair.
+    num_buckets: columns of the table.
+  """
+  batch, heads = g.shape[0], g.shape[1]
+  flat = g.reshape(batch, heads, -1).astype(jnp.float32)
+  return jnp.einsum("bhp,pn->bhn", flat, jnp.asarray(bucket_one_hot(buckets, num_buckets)))
+
+
+def relpos_sq_norms(g: jax.Array, buckets: np.ndarray, num_buckets: int) -> jax.Array:
+  """Per-example squared gradient norms of a relative position bias table: [B]."""
+  return jnp.sum(jnp.square(relpos_per_example_grads(g, buckets, num_buckets)), axis=(1, 2))
+
+
+def lookup_weighted_sum(tokens: jax.Array, g: jax.Array, weights: jax.Array,
+                        num_embeddings: int) -> jax.Array:
+  """`sum_i w_i sum_t e_{x_it} g_it^T`: the weighted embedding gradient of a lookup [V, d]."""
+  tokens = tokens.reshape(-1).astype(jnp.int32)
+  g = as_sequence(g) * weights.astype(jnp.float32)[:, None, None]
+  g = g.reshape(-1, g.shape[-1])
+  return jax.ops.segment_sum(g, tokens, num_segments=num_embeddings)
+
+
+def linear_weighted_sum(a: jax.Array, g: jax.Array, weights: jax.Array,
+                        per_example: Optional[jax.Array] = None) -> jax.Array:
+  """`sum_i w_i a_i^T g_i` [d_in, d_out] (book-keeping), from instantiated grads when given."""
+  weights = weights.astype(jnp.float32)
+  if per_example is not None:
+    return jnp.einsum("b,bio->io", weights, per_example)
+  a, g = as_sequence(a), as_sequence(g)
+  return jnp.einsum("bti,bto->io", a * weights[:, None, None], g)

@@ -1,0 +1,203 @@
+"""Batch samplers over the N indexed examples of an `ExampleSource`.
+
+Samplers are stateless in the step: `indices_for_step(step)` is a pure function of
+(seed, step), so the data position of a run is just its step counter and a resumed run draws
+exactly the batches an uninterrupted one would have drawn. The returned indices are unpadded;
+`ExampleSource.get_batch(indices, seed, batch_size=sampler.padded_batch_size)` pads them to the
+fixed shape (padding rows have `example_weight` 0), so XLA compiles the train step once.
+
+* `PoissonSampler` (for DP): each example joins each step independently with probability q;
+  the privacy accounting (PoissonSampled / TruncatedSubsampledGaussian events) assumes exactly
+  this (DP rule 2).
+* `ShuffledBatchSampler` (non-private): an epoch-wise random permutation cut into fixed-size
+  batches. It is NOT Poisson sampling: a DP run must refuse it, or account it as sampling
+  without replacement / shuffling, never as Poisson.
+
+The sampling seed of a DP run must be secret (amplification by sampling assumes the
+adversary does not know which examples were drawn): draw it from OS entropy, as for the noise
+key, and keep it only in the (private) checkpoint.
+"""
+from typing import Optional
+
+import numpy as np
+import scipy.stats
+
+from private_t5.errors import ConfigError, PrivacyError
+
+# Domain separation: the same integer seed never yields the same stream in two samplers.
+_POISSON_STREAM = 0x5053  # "PS"
+_SHUFFLE_STREAM = 0x5342  # "SB"
+
+
+def _check_step(step: int) -> int:
+  step = int(step)
+  if step < 0:
+    raise ConfigError(f"step must be >= 0, got {step}")
+  return step
+
+
+class ShuffledBatchSampler:
+  """Non-private fixed-size batches: a fresh random permutation of the N examples each epoch.
+
+  Batch `step` is slice `[j * B, (j + 1) * B)` of epoch `step // steps_per_epoch`'s
+  permutation (j = step mod steps_per_epoch); the last N mod B examples of each permutation
+  are skipped so that every batch has exactly B real rows.
+  """
+
+  is_poisson = False
+
+  def __init__(self, num_examples: int, batch_size: int, seed: int):
+    num_examples, batch_size = int(num_examples), int(batch_size)
+    if num_examples <= 0:
+      raise ConfigError(f"num_examples must be > 0, got {num_examples}")
+    if batch_size <= 0:
+      raise ConfigError(f"batch_size must be > 0, got {batch_size}")
+    if batch_size > num_examples:
+      raise ConfigError(f"batch_size={batch_size} is larger than the dataset "
+                        f"({num_examples} examples)")
+    self.num_examples = num_examples
+    self.batch_size = batch_size
+    self.seed = int(seed)
+    self.steps_per_epoch = num_examples // batch_size
+    self._cached_epoch = None
+    self._cached_permutation = None
+
+  @property
+  def padded_batch_size(self) -> int:
+    """Rows of every batch (the fixed shape the train step compiles for)."""
+    return self.batch_size
+
+  @property
+  def expected_batch_size(self) -> float:
+    return float(self.batch_size)
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if epoch != self._cached_epoch:
+      rng = np.random.default_rng([_SHUFFLE_STREAM, self.seed, epoch])
+      self._cached_permutation = rng.permutation(self.num_examples)
+      self._cached_epoch = epoch
+    return self._cached_permutation
+
+  def indices_for_step(self, step: int) -> np.ndarray:
+    """Example indices (int64[batch_size]) of batch `step`."""
+    epoch, j = divmod(_check_step(step), self.steps_per_epoch)
+    perm = self._permutation(epoch)
+    return perm[j * self.batch_size:(j + 1) * self.batch_size].astype(np.int64)
+
+
+def validate_sampling_rate(sampling_rate: float) -> float:
+  q = float(sampling_rate)
+  if not 0.0 < q <= 1.0:
+    raise PrivacyError(f"sampling_rate q must be in (0, 1], got {sampling_rate}")
+  return q
+
+
+class PoissonSampler:
+  """Poisson sampling with rate q, truncated at `max_batch_size` rows.
+
+  Each step, every one of the N examples is included independently with probability q.
+  Drawing N Bernoulli(q) coins is O(N) per step (N is 5e9 in the paper), so the sample is
+  drawn in the equivalent way: the count n ~ Binomial(N, q), then a uniformly random subset of
+  size n without replacement. The two have the same distribution: given its size, a Poisson
+  sample is a uniform subset of that size (all subsets of size n have probability
+  q^n (1-q)^(N-n)).
+
+  If n exceeds `max_batch_size`, a uniformly random subset of `max_batch_size` of the n is
+  kept (truncated Poisson sampling, `dp_accounting.dp_event.TruncatedSubsampledGaussianDpEvent`
+  describes exactly this); `truncation_probability` is P[n > max_batch_size] per step.
+  """
+
+  is_poisson = True
+
+  def __init__(self, num_examples: int, sampling_rate: float, max_batch_size: int, seed: int):
+    num_examples, max_batch_size = int(num_examples), int(max_batch_size)
+    if num_examples <= 0:
+      raise PrivacyError(f"num_examples (N) must be > 0, got {num_examples}")
+    self.sampling_rate = validate_sampling_rate(sampling_rate)
+    if max_batch_size <= 0:
+      raise PrivacyError(f"max_batch_size must be > 0, got {max_batch_size}")
+    self.num_examples = num_examples
+    self.max_batch_size = min(max_batch_size, num_examples)
+    self.seed = int(seed)
+
+  @classmethod
+  def from_expected_batch_size(cls, num_examples: int, expected_batch_size: float,
+                               max_batch_size: Optional[int] = None, seed: int = 0,
+                               max_truncation_probability: float = 1e-6) -> "PoissonSampler":
+    """q = expected_batch_size / N; max_batch_size defaults to the smallest size whose
+    per-step truncation probability is <= `max_truncation_probability`."""
+    num_examples = int(num_examples)
+    if not 0 < expected_batch_size <= num_examples:
+      raise PrivacyError(f"expected_batch_size={expected_batch_size} must be in (0, N={num_examples}]")
+    q = expected_batch_size / num_examples
+    if max_batch_size is None:
+      max_batch_size = batch_size_for_truncation(num_examples, q, max_truncation_probability)
+    return cls(num_examples, q, max_batch_size, seed)
+
+  @property
+  def padded_batch_size(self) -> int:
+    """Rows of every batch (the fixed shape the train step compiles for)."""
+    return self.max_batch_size
+
+  @property
+  def expected_batch_size(self) -> float:
+    """q N: the public constant the DP aggregator divides the noisy sum by."""
+    return self.sampling_rate * self.num_examples
+
+  @property
+  def truncation_probability(self) -> float:
+    """P[Binomial(N, q) > max_batch_size]: chance that one step's sample is truncated."""
+    return float(scipy.stats.binom.sf(self.max_batch_size, self.num_examples, self.sampling_rate))
+
+  def truncation_probability_over(self, steps: int) -> float:
+    """Chance that at least one of `steps` steps is truncated: 1 - (1 - p)^steps."""
+    return float(-np.expm1(steps * np.log1p(-self.truncation_probability)))
+
+  def sample_size(self, step: int) -> int:
+    """The untruncated Poisson count n ~ Binomial(N, q) of step `step`."""
+    return int(self._rng(step).binomial(self.num_examples, self.sampling_rate))
+
+  def _rng(self, step: int) -> np.random.Generator:
+    return np.random.default_rng([_POISSON_STREAM, self.seed, _check_step(step)])
+
+  def indices_for_step(self, step: int) -> np.ndarray:
+    """Sorted example indices (int64[n], n <= max_batch_size) of step `step`."""
+    rng = self._rng(step)
+    count = int(rng.binomial(self.num_examples, self.sampling_rate))
+    # Truncation keeps a uniform subset of the sample: drawing min(n, max) uniform indices
+    # directly has the same distribution.
+    count = min(count, self.max_batch_size)
+    if self.sampling_rate == 1.0 and count == self.num_examples:
+      return np.arange(self.num_examples, dtype=np.int64)
+    chosen = rng.choice(self.num_examples, size=count, replace=False)
+    return np.sort(chosen).astype(np.int64)
+
+  def dp_event(self, noise_multiplier: float, steps: int, account_truncation: bool = True):
+    """The `dp_accounting` event of `steps` steps of this sampler + Gaussian noise sigma.
+
+    With `account_truncation` and a non-zero truncation probability:
+    TruncatedSubsampledGaussian (PLD accountant only). Otherwise PoissonSampled(Gaussian),
+    the untruncated mechanism; the truncated one differs from it only on the event "some step
+    was truncated" (probability eta = `truncation_probability_over(steps)`), so an
+    (eps, delta) guarantee for it holds for the truncated sampler with delta + (1 + e^eps) eta.
+    """
+    from dp_accounting import dp_event  # pylint: disable=g-import-not-at-top
+    if not account_truncation or self.truncation_probability == 0.0:
+      step_event = dp_event.PoissonSampledDpEvent(
+          self.sampling_rate, dp_event.GaussianDpEvent(noise_multiplier))
+    else:
+      step_event = dp_event.TruncatedSubsampledGaussianDpEvent(
+          dataset_size=self.num_examples, sampling_probability=self.sampling_rate,
+          truncated_batch_size=self.max_batch_size, noise_multiplier=noise_multiplier)
+    return dp_event.SelfComposedDpEvent(step_event, int(steps))
+
+
+def batch_size_for_truncation(num_examples: int, sampling_rate: float,
+                              max_truncation_probability: float = 1e-6) -> int:
+  """Smallest m with P[Binomial(N, q) > m] <= `max_truncation_probability`."""
+  q = validate_sampling_rate(sampling_rate)
+  m = int(scipy.stats.binom.isf(max_truncation_probability, int(num_examples), q))
+  # isf is the inverse of sf up to rounding; step up until the bound holds.
+  while m < num_examples and scipy.stats.binom.sf(m, num_examples, q) > max_truncation_probability:
+    m += 1
+  return max(1, min(m, int(num_examples)))

@@ -1,0 +1,172 @@
+"""Canaries for the secret-sharer test (Carlini et al. 2019; seeds 002 and 004).
+
+A canary is a sentence of a fixed format with a random secret, e.g. "My ID is 341752". Copies of
+each canary are inserted into a training corpus 1, 10, 100, … times; after training, its
+exposure (exposure.py) tells how much better than chance the model ranks the true secret.
+Every canary is its own document (one privacy unit per copy), placed at a random position of
+the corpus. Reference canaries of the same format are generated but never inserted: their
+exposure is the chance level.
+"""
+import dataclasses
+import json
+import os
+import secrets
+import string
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from private_t5.errors import ConfigError, DataError
+
+PLACEHOLDER = "{secret}"
+RECORD_SUFFIX = ".canaries.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryFormat:
+  """A canary template: `template` with `{secret}` replaced by `length` symbols of `alphabet`."""
+  template: str = "My ID is {secret}"
+  alphabet: str = string.digits
+  length: int = 6
+
+  def validate(self) -> "CanaryFormat":
+    if self.template.count(PLACEHOLDER) != 1:
+      raise ConfigError(f"canary template must contain {PLACEHOLDER} exactly once, got {self.template!r}")
+    if not self.template.split(PLACEHOLDER)[0].strip():
+      raise ConfigError(f"canary template needs a prefix before {PLACEHOLDER}, got {self.template!r}")
+    if self.length < 1 or len(set(self.alphabet)) != len(self.alphabet) or len(self.alphabet) < 2:
+      raise ConfigError(f"canary secret needs length >= 1 and an alphabet of >= 2 distinct symbols, got "
+                        f"length={self.length} alphabet={self.alphabet!r}")
+    return self
+
+  @property
+  def space_size(self) -> int:
+    """|R|: the number of possible secrets."""
+    return len(self.alphabet) ** self.length
+
+  @property
+  def prefix(self) -> str:
+    return self.template.split(PLACEHOLDER)[0]
+
+  def render(self, secret: str) -> str:
+    return self.template.replace(PLACEHOLDER, secret)
+
+  def secret_at(self, index: int) -> str:
+    """The secret with rank `index` in the lexicographic enumeration of the space."""
+    base = len(self.alphabet)
+    chars = []
+    for _ in range(self.length):
+      index, r = divmod(index, base)
+      chars.append(self.alphabet[r])
+    return "".join(reversed(chars))
+
+  def secrets_at(self, indices: Sequence[int]) -> List[str]:
+    return [self.secret_at(int(i)) for i in indices]
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Canary:
+  """One canary: its secret, full text and how many copies were inserted (0: reference)."""
+  id: str
+  secret: str
+  text: str
+  repetitions: int
+
+
+def make_canaries(fmt: CanaryFormat, repetitions: Sequence[int] = (1, 10, 100), per_repetition: int = 1,
+                  num_reference: int = 1, seed: Optional[int] = None) -> Tuple[List[Canary], int]:
+  """Distinct random canaries: `per_repetition` for each repetition count, plus references.
+
+  Returns:
+    (canaries, seed): the seed is drawn from OS entropy when not given, and recorded.
+  """
+  fmt.validate()
+  if any(int(r) < 1 for r in repetitions):
+    raise ConfigError(f"repetitions must be positive integers, got {list(repetitions)}")
+  if per_repetition < 1 or num_reference < 0:
+    raise ConfigError(f"per_repetition must be >= 1 and num_reference >= 0, got {per_repetition}, {num_reference}")
+  count = len(repetitions) * per_repetition + num_reference
+  if count > fmt.space_size:
+    raise ConfigError(f"{count} distinct canaries do not fit in a secret space of {fmt.space_size}")
+  seed = secrets.randbits(63) if seed is None else int(seed)
+  rng = np.random.default_rng(seed)
+  picked = rng.choice(fmt.space_size, size=count, replace=False)
+  out = []
+  counts = [int(r) for r in repetitions for _ in range(per_repetition)] + [0] * num_reference
+  for k, (index, reps) in enumerate(zip(picked, counts)):
+    secret = fmt.secret_at(int(index))
+    out.append(Canary(id=f"canary-{k}", secret=secret, text=fmt.render(secret), repetitions=reps))
+  return out, seed
+
+
+def insert_canaries(documents: Iterable, canaries: Sequence[Canary], seed: int) -> Iterator[dict]:
+  """Yields `{"id", "text"}` records: the corpus with every canary copy at a random position."""
+  docs = [{"id": d.id, "text": d.text} for d in documents]
+  copies = [{"id": f"{c.id}/copy-{r}", "text": c.text} for c in canaries for r in range(c.repetitions)]
+  rng = np.random.default_rng([seed, 1])
+  # Each copy goes before a uniformly random corpus position (ties kept in a random order).
+  positions = rng.integers(0, len(docs) + 1, size=len(copies))
+  order = np.argsort(positions, kind="stable")
+  c = 0
+  for i in range(len(docs) + 1):
+    while c < len(order) and positions[order[c]] == i:
+      yield copies[order[c]]
+      c += 1
+    if i < len(docs):
+      yield docs[i]
+
+
+def record_path(corpus_path: str) -> str:
+  """The JSON file that records the canaries of a canary corpus."""
+  base = corpus_path[:-3] if corpus_path.endswith(".gz") else corpus_path
+  base = base[:-6] if base.endswith(".jsonl") else base
+  return base + RECORD_SUFFIX
+
+
+def write_canary_corpus(documents: Iterable, output_path: str, fmt: CanaryFormat, canaries: Sequence[Canary],
+                        seed: int, source: str = "") -> Tuple[str, str, int]:
+  """Writes the corpus with canaries (jsonl, gzip if the name ends in .gz) and its record.
+
+  Returns:
+    (corpus path, record path, number of documents written).
+  """
+  import gzip  # pylint: disable=g-import-not-at-top
+  out_dir = os.path.dirname(os.path.abspath(output_path))
+  os.makedirs(out_dir, exist_ok=True)
+  tmp = output_path + ".tmp"
+  opener = gzip.open if output_path.endswith(".gz") else open
+  n = 0
+  with opener(tmp, "wt", encoding="utf-8") as f:
+    for record in insert_canaries(documents, canaries, seed):
+      f.write(json.dumps(record, ensure_ascii=False) + "\n")
+      n += 1
+  os.replace(tmp, output_path)
+  rec = {"format": fmt.as_dict(), "space_size": fmt.space_size, "seed": seed, "source": source,
+         "corpus": os.path.abspath(output_path), "documents": n,
+         "canaries": [dataclasses.asdict(c) for c in canaries]}
+  path = record_path(output_path)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(rec, f, indent=2)
+  os.replace(tmp, path)
+  return output_path, path, n
+
+
+def load_canaries(path: str) -> Tuple[CanaryFormat, List[Canary]]:
+  """Reads a canary record written by `write_canary_corpus`."""
+  try:
+    with open(path) as f:
+      rec = json.load(f)
+    fmt = CanaryFormat(**rec["format"]).validate()
+    canaries = [Canary(**c) for c in rec["canaries"]]
+  except FileNotFoundError:
+    raise DataError(f"canary record not found: {path}") from None
+  except (ValueError, KeyError, TypeError) as e:
+    raise DataError(f"{path} is not a canary record: {e}") from e
+  for c in canaries:
+    if c.text != fmt.render(c.secret):
+      raise DataError(f"{path}: canary {c.id} text {c.text!r} does not match the format {fmt.template!r}")
+  return fmt, canaries

@@ -1,0 +1,210 @@
+"""`private-t5 evaluate`: GLUE-style evaluation of a checkpoint by greedy decoding.
+
+  private-t5 evaluate --gin_file=configs/runs/eval.gin \
+      --gin.MODEL_DIR=/tmp/ft_rt --gin.MIXTURE_OR_TASK_NAME=rotten_tomatoes
+
+Each validation example is greedy-decoded, the text postprocessed as t5 does (label name ->
+class id, STS-B string -> float), and scored with the task's GLUE metric
+(`eval.glue_metrics`). Beside it, the majority-class baseline (the most frequent training
+label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
+`MODEL_DIR/eval/results.md` (a table like seed 001's Table 2: one column per task + Avg).
+"""
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from private_t5 import gin_utils
+from private_t5.data import glue_tasks
+from private_t5.errors import DataError
+from private_t5.eval import glue_metrics
+
+EVAL_SUBDIR = "eval"
+
+
+def _decoder(vocab_path: str):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  proc = spm.SentencePieceProcessor()
+  proc.LoadFromSerializedProto(spm_lib.load_vocabulary(vocab_path).sp_model)
+  size = proc.GetPieceSize()
+
+  def decode(row: np.ndarray) -> str:
+    ids = []
+    for t in row.tolist():
+      if t in (0, glue_tasks.EOS_ID):
+        break
+      if t < size:  # sentinel ids have no text
+        ids.append(t)
+    return proc.DecodeIds(ids)
+
+  return decode
+
+
+def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int = 64,
+            max_examples: Optional[int] = None, progress: bool = True) -> list:
+  """Greedy-decoded text for the first `max_examples` examples of `source` (all by default)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from private_t5.models import decoding  # pylint: disable=g-import-not-at-top
+  params = jax.tree.map(jax.numpy.asarray, params)
+  decode = _decoder(source.vocab_path)
+  n = source.num_examples if max_examples is None else min(max_examples, source.num_examples)
+  length = source.feature_lengths["targets"]
+  texts, start = [], time.time()
+  for begin in range(0, n, batch_size):
+    indices = np.arange(begin, min(begin + batch_size, n))
+    batch = source.get_batch(indices, 0, batch_size)
+    out = np.asarray(decoding.greedy_decode(params, model_config, batch["encoder_input_tokens"],
+                                            max_decode_length=length))
+    texts.extend(decode(row) for row in out[:len(indices)])
+    if progress and (begin // batch_size) % 10 == 0:
+      print(f"[evaluate] decoded {len(texts)}/{n} ({time.time() - start:.0f}s)", file=sys.stderr)
+  return texts
+
+
+def _majority(task: glue_tasks.GlueTask, eval_labels, glue_dir, tfds_data_dir):
+  try:
+    train = glue_tasks.load_examples(task.name, "train", glue_dir, tfds_data_dir)["labels"]
+    origin = "train"
+  except DataError:
+    train, origin = eval_labels, "evaluated split (no train split found)"
+  return glue_metrics.majority_prediction(train, task.is_regression), origin
+
+
+def score_task(task: glue_tasks.GlueTask, predictions_text, labels, glue_dir=None,
+               tfds_data_dir=None) -> Dict[str, Any]:
+  """Metrics of one task's decoded predictions, with the majority-class baseline."""
+  labels = list(np.asarray(labels)[:len(predictions_text)].tolist())
+  predictions = [glue_metrics.postprocess(p, task.label_names) for p in predictions_text]
+  metrics = glue_metrics.compute_metrics(task.metric, labels, predictions)
+  majority, origin = _majority(task, labels, glue_dir, tfds_data_dir)
+  baseline = glue_metrics.compute_metrics(task.metric, labels, [majority] * len(labels))
+  invalid = (np.mean([p == -1 for p in predictions]) if not task.is_regression
+             else np.mean([p == -1.0 for p in predictions]))
+  return {
+      "metric": task.metric,
+      "metrics": metrics,
+      "score": glue_metrics.headline(metrics),
+      "num_examples": len(labels),
+      "invalid_predictions": float(invalid),
+      "majority_baseline": {
+          "prediction": task.label_names[majority] if task.label_names else majority,
+          "from": origin, "metrics": baseline, "score": glue_metrics.headline(baseline)},
+  }
+
+
+def evaluate_params(params, model_config, task_or_mixture: str, vocab_path: str,
+                    feature_lengths: Mapping[str, int], split: str = "validation",
+                    glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
+                    batch_size: int = 64, max_examples: Optional[int] = None,
+                    progress: bool = True) -> Dict[str, Any]:
+  """Evaluates parameters on every evaluation task of `task_or_mixture` (no files written)."""
+  results = {"split": split, "task_or_mixture": task_or_mixture, "tasks": {}}
+  for task in glue_tasks.eval_tasks(task_or_mixture):
+    source = glue_tasks.GlueSource(task.name, split, vocab_path, feature_lengths, glue_dir=glue_dir,
+                                   tfds_data_dir=tfds_data_dir, vocab_size=model_config.vocab_size,
+                                   progress=progress)
+    texts = predict(params, model_config, source, batch_size, max_examples, progress)
+    entry = score_task(task, texts, source.labels[0], glue_dir, tfds_data_dir)
+    entry["examples"] = [{"inputs": source.inputs_text[i], "target": source.targets_text[i],
+                          "prediction": texts[i]} for i in range(min(5, len(texts)))]
+    results["tasks"][task.name] = entry
+    if progress:
+      print(f"[evaluate] {task.name}: {entry['metrics']} (majority {entry['majority_baseline']['score']:.1f})",
+            file=sys.stderr)
+  tasks = results["tasks"]
+  results["average"] = glue_metrics.average({t: e["score"] for t, e in tasks.items()})
+  results["majority_average"] = glue_metrics.average(
+      {t: e["majority_baseline"]["score"] for t, e in tasks.items()})
+  return results
+
+
+def results_table(results: Mapping[str, Any], model_name: str) -> str:
+  tasks = results["tasks"]
+  rows = {model_name: {t: e["score"] for t, e in tasks.items()},
+          "majority class": {t: e["majority_baseline"]["score"] for t, e in tasks.items()}}
+  return glue_metrics.markdown_table(rows, list(tasks))
+
+
+def _write_text_atomic(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str, int],
+             split: str = "validation", step: Optional[int] = None, vocab_path: Optional[str] = None,
+             glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
+             batch_size: int = 64, max_examples: Optional[int] = None,
+             output_dir: Optional[str] = None) -> Dict[str, Any]:
+  """Evaluates the checkpoint of `model_dir` and writes `<output_dir>/results.{json,md}`.
+
+  Args:
+    model_dir: a fine-tuning run's MODEL_DIR (or any directory `load_initial_params` reads:
+      a converted or Hugging Face T5 directory, for zero-shot checks).
+    task_or_mixture: registered task or mixture name.
+    feature_lengths: {"inputs": Li, "targets": Lt} (Lt is the decode length).
+    split: split to evaluate ("validation"; "test" for local tasks with labels).
+    step: checkpoint step (default latest).
+    vocab_path: default: the checkpoint's vocabulary.
+    glue_dir, tfds_data_dir: where GLUE data lives (see `data.glue_tasks`).
+    batch_size: decoding batch size.
+    max_examples: evaluate only the first N examples of each task (quick checks).
+    output_dir: default MODEL_DIR/eval.
+  """
+  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  for macro, value in (("MODEL_DIR", model_dir), ("MIXTURE_OR_TASK_NAME", task_or_mixture)):
+    if not isinstance(value, str) or not value:
+      raise ConfigError(f"{macro} is required: pass --gin.{macro}=...")
+  if hf_convert.is_hf_t5_dir(model_dir):
+    params, model_config = hf_convert.import_hf_t5(model_dir)
+    info = {"step": None, "vocab_path": hf_convert.hf_vocabulary_path(model_dir)}
+  else:
+    params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
+  vocab_path = vocab_path or info.get("vocab_path")
+  if not vocab_path:
+    raise ConfigError(f"{model_dir!r} records no vocabulary; set evaluate.vocab_path")
+  results = evaluate_params(params, model_config, task_or_mixture, vocab_path, feature_lengths, split,
+                            glue_dir, tfds_data_dir, batch_size, max_examples)
+  results.update(model_dir=os.path.abspath(model_dir), step=info.get("step"), vocab_path=vocab_path,
+                 model_config=dataclasses.asdict(model_config), feature_lengths=dict(feature_lengths),
+                 max_examples=max_examples)
+  name = f"{os.path.basename(os.path.abspath(model_dir))} (step {info.get('step')})"
+  results["table_markdown"] = results_table(results, name)
+  output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
+  os.makedirs(output_dir, exist_ok=True)
+  checkpoints.write_json_atomic(os.path.join(output_dir, "results.json"), results)
+  _write_text_atomic(os.path.join(output_dir, "results.md"),
+                     f"# GLUE evaluation ({split}) of {name}\n\n" + results["table_markdown"])
+  print(results["table_markdown"])
+  return results
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="private-t5 evaluate",
+      description="Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
+      epilog="Configure with --gin_file=configs/runs/eval.gin and --gin.MODEL_DIR=... "
+             "--gin.MIXTURE_OR_TASK_NAME=... overrides.")
+  return parser
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  rest, files, bindings = gin_utils.split_gin_args(argv)
+  _parser().parse_args(rest)
+  gin_utils.external(evaluate, "evaluate")
+  gin_utils.parse(files, bindings)
+  gin_utils.call_configured(gin_utils.configured("evaluate"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,301 @@
+"""Training-data extraction (seed 001 §4 "Testing for memorization", Table 3).
+
+Prefix variant (Carlini et al. 2020; Lee et al. 2021): the encoder reads the first P tokens of a
+document (followed by EOS, as every training input ends in EOS), the decoder generates T
+tokens greedily (optionally with beam search), and the generation is compared with the true
+next T tokens (EM / TA / MED, see extraction_metrics.py). Documents shorter than P + T tokens
+are skipped and counted.
+
+Span-corruption variant (the alternative definition proposed in seed 001 §5.2): the first
+`raw` tokens of a document (the window one span-corruption training example consumes for
+encoder length P) are corrupted with T5's random spans and sentinels, and the model must
+regenerate the masked spans (sentinels included) verbatim.
+
+Decoding is batched, jit-compiled and uses the KV cache (models/decoding.py); batches are padded
+to a fixed size so XLA compiles once per decoding method.
+"""
+import dataclasses
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from private_t5.errors import CheckpointError, ConfigError
+from private_t5.eval import extraction_metrics
+
+EOS_ID = 1
+GREEDY = "greedy"
+BEAM = "beam"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtractionConfig:
+  """Settings of the extraction test.
+
+  Attributes:
+    prompt_length: P, prompt tokens taken from the start of each document (512 in the paper).
+    generation_length: T, generated and compared tokens (114 in the paper).
+    batch_size: prompts decoded together (the last batch is padded to this size).
+    beam_size: beam width of the optional beam-search pass; 0 disables it.
+    beam_alpha: brevity-penalty exponent of beam search.
+    append_eos_to_prompt: end the encoder input with EOS, as training inputs do.
+    use_cache: decode with the KV cache (False: the slow reference path).
+    noise_density, mean_noise_span_length: span-corruption variant's masking (T5 defaults).
+    seed: seed of the span-corruption variant's masks.
+  """
+  prompt_length: int = 512
+  generation_length: int = 114
+  batch_size: int = 32
+  beam_size: int = 0
+  beam_alpha: float = 0.6
+  append_eos_to_prompt: bool = True
+  use_cache: bool = True
+  noise_density: float = 0.15
+  mean_noise_span_length: float = 3.0
+  seed: int = 0
+
+  def validate(self) -> "ExtractionConfig":
+    for name in ("prompt_length", "generation_length", "batch_size"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if self.beam_size < 0:
+      raise ConfigError(f"beam_size must be >= 0, got {self.beam_size}")
+    return self
+
+
+@dataclasses.dataclass
+class ExtractionExamples:
+  """Fixed-shape prompts and targets of one split."""
+  ids: List[str]
+  inputs: np.ndarray   # int32 [n, Li]
+  targets: List[np.ndarray]  # each int32 [<= max target length], no EOS
+  skipped: int
+  max_target_length: int
+
+
+class Progress:
+  """A one-line progress bar on stderr (no dependency), updated at most twice a second."""
+
+  def __init__(self, label: str, total: int, unit: str = "prompts", stream=None):
+    self.label, self.total, self.unit = label, total, unit
+    self.stream = stream or sys.stderr
+    self.done = 0
+    self.start = time.time()
+    self._last = 0.0
+
+  def update_to(self, done: int, total: int) -> None:
+    """Sets the absolute position (for callbacks that report `(done, total)`)."""
+    self.total = total
+    self.update(done - self.done)
+
+  def update(self, n: int, extra: str = "") -> None:
+    self.done += n
+    now = time.time()
+    if now - self._last < 0.5 and self.done < self.total:
+      return
+    self._last = now
+    frac = self.done / self.total if self.total else 1.0
+    bar = "#" * int(frac * 24)
+    self.stream.write(f"\r{self.label}: [{bar:<24}] {self.done}/{self.total} {self.unit} "
+                      f"({now - self.start:.0f}s){' ' + extra if extra else ''}")
+    if self.done >= self.total:
+      self.stream.write("\n")
+    self.stream.flush()
+
+
+def tokenize_documents(vocab, texts: Sequence[str]) -> List[np.ndarray]:
+  """Token ids of each text (no EOS) with the SentencePiece vocabulary, batched in C++."""
+  if not texts:
+    return []
+  ids = vocab.tokenizer.encode(list(texts))
+  return [np.asarray(x, dtype=np.int32) for x in ids]
+
+
+def prefix_examples(doc_ids: Sequence[str], token_lists: Sequence[np.ndarray],
+                    cfg: ExtractionConfig) -> ExtractionExamples:
+  """Prompts (first P tokens [+ EOS]) and targets (next T tokens); short documents skipped."""
+  p, t = cfg.prompt_length, cfg.generation_length
+  keep = [i for i, toks in enumerate(token_lists) if len(toks) >= p + t]
+  width = p + (1 if cfg.append_eos_to_prompt else 0)
+  inputs = np.zeros((len(keep), width), dtype=np.int32)
+  targets = []
+  for row, i in enumerate(keep):
+    inputs[row, :p] = token_lists[i][:p]
+    if cfg.append_eos_to_prompt:
+      inputs[row, p] = EOS_ID
+    targets.append(np.asarray(token_lists[i][p:p + t], dtype=np.int32))
+  return ExtractionExamples(ids=[doc_ids[i] for i in keep], inputs=inputs, targets=targets,
+                            skipped=len(token_lists) - len(keep), max_target_length=t)
+
+
+def span_corruption_examples(doc_ids: Sequence[str], token_lists: Sequence[np.ndarray],
+                             cfg: ExtractionConfig, vocab_size: int) -> ExtractionExamples:
+  """The span-corruption variant: corrupt the first raw window of each document.
+
+  Args:
+    doc_ids, token_lists: the documents of one split.
+    cfg: lengths, masking and seed (encoder length P with EOS, as in training).
+    vocab_size: size of the vocabulary including the sentinels (sentinel k = vocab_size-1-k).
+  """
+  from private_t5.data import objectives  # pylint: disable=g-import-not-at-top
+  raw, targets_length = objectives.span_corruption_lengths(cfg.prompt_length, cfg.noise_density,
+                                                           cfg.mean_noise_span_length)
+  keep = [i for i, toks in enumerate(token_lists) if len(toks) >= raw]
+  inputs = np.zeros((len(keep), cfg.prompt_length), dtype=np.int32)
+  targets = []
+  for row, i in enumerate(keep):
+    window = np.asarray(token_lists[i][:raw], dtype=np.int32)
+    rng = np.random.default_rng([cfg.seed, i])
+    mask = objectives.random_spans_noise_mask(raw, cfg.noise_density, rng, cfg.mean_noise_span_length)
+    enc = objectives.noise_span_to_unique_sentinel(window, mask, vocab_size)
+    enc = np.concatenate([enc, [EOS_ID]])[:cfg.prompt_length]
+    inputs[row, :len(enc)] = enc
+    targets.append(objectives.nonnoise_span_to_unique_sentinel(window, mask, vocab_size).astype(np.int32))
+  return ExtractionExamples(ids=[doc_ids[i] for i in keep], inputs=inputs, targets=targets,
+                            skipped=len(token_lists) - len(keep), max_target_length=targets_length)
+
+
+def subsample(examples: ExtractionExamples, k: Optional[int], seed: int) -> ExtractionExamples:
+  """Up to `k` of the examples, a seeded random subset in corpus order (`skipped` kept)."""
+  n = len(examples.ids)
+  if k is None or n <= k:
+    return examples
+  rows = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+  return ExtractionExamples(ids=[examples.ids[i] for i in rows], inputs=examples.inputs[rows],
+                            targets=[examples.targets[i] for i in rows], skipped=examples.skipped,
+                            max_target_length=examples.max_target_length)
+
+
+@dataclasses.dataclass
+class DecodeStats:
+  """Timing of one decoding pass."""
+  prompts: int = 0
+  generated_tokens: int = 0
+  seconds: float = 0.0
+  first_batch_seconds: float = 0.0  # includes jit compilation
+  first_batch_tokens: int = 0
+
+  @property
+  def tokens_per_second(self) -> float:
+    """Steady-state throughput: generated positions per second after the first batch."""
+    steady_tokens = self.generated_tokens - self.first_batch_tokens
+    steady_seconds = self.seconds - self.first_batch_seconds
+    if steady_tokens > 0 and steady_seconds > 0:
+      return steady_tokens / steady_seconds
+    return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+  def as_dict(self) -> dict:
+    return {"prompts": self.prompts, "generated_tokens": self.generated_tokens,
+            "seconds": round(self.seconds, 3), "first_batch_seconds": round(self.first_batch_seconds, 3),
+            "tokens_per_second": round(self.tokens_per_second, 1)}
+
+
+def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, cfg: ExtractionConfig,
+             method: str = GREEDY, progress: Optional[Progress] = None) -> Tuple[np.ndarray, DecodeStats]:
+  """Decodes every row of `inputs` in fixed-size batches.
+
+  Returns:
+    (tokens int32 [n, max_decode_length] with zeros after the first EOS, DecodeStats). For beam
+    search the best beam of each row.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from private_t5.models import decoding  # pylint: disable=g-import-not-at-top
+  n, width = inputs.shape
+  b = cfg.batch_size
+  out = np.zeros((n, max_decode_length), dtype=np.int32)
+  stats = DecodeStats(prompts=n)
+  params = jax.device_put(params)
+  start = time.time()
+  for lo in range(0, n, b):
+    rows = min(b, n - lo)
+    batch = np.zeros((b, width), dtype=np.int32)
+    batch[:rows] = inputs[lo:lo + rows]
+    t0 = time.time()
+    if method == GREEDY:
+      seqs = decoding.greedy_decode(params, model_config, batch, max_decode_length=max_decode_length,
+                                    use_cache=cfg.use_cache)
+    elif method == BEAM:
+      seqs, _ = decoding.beam_search(params, model_config, batch, max_decode_length=max_decode_length,
+                                     beam_size=cfg.beam_size, alpha=cfg.beam_alpha, use_cache=cfg.use_cache)
+      seqs = seqs[:, 0]
+    else:
+      raise ConfigError(f"decoding method must be {GREEDY!r} or {BEAM!r}, got {method!r}")
+    out[lo:lo + rows] = np.asarray(jax.device_get(seqs))[:rows]
+    if lo == 0:
+      stats.first_batch_seconds = time.time() - t0
+      stats.first_batch_tokens = rows * max_decode_length
+    stats.generated_tokens += rows * max_decode_length
+    if progress:
+      elapsed = time.time() - start
+      progress.update(rows, f"{stats.generated_tokens / max(elapsed, 1e-9):.0f} tok/s")
+  stats.seconds = time.time() - start
+  return out, stats
+
+
+def evaluate_split(params, model_config, examples: ExtractionExamples, cfg: ExtractionConfig,
+                   method: str = GREEDY, label: str = "", verbose: bool = True):
+  """(SplitMetrics, DecodeStats, predictions) of one split's examples."""
+  n = len(examples.ids)
+  if n == 0:
+    return extraction_metrics.aggregate([], [], skipped=examples.skipped), DecodeStats(), []
+  progress = Progress(f"{label} {method}".strip(), n) if verbose else None
+  preds, stats = generate(params, model_config, examples.inputs, examples.max_target_length, cfg,
+                          method=method, progress=progress)
+  metrics = extraction_metrics.aggregate(list(preds), examples.targets, skipped=examples.skipped)
+  return metrics, stats, preds
+
+
+def check_model_matches(params, model_config, vocab_size: int) -> None:
+  """CheckpointError when the parameters, the config and the vocabulary disagree."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  if vocab_size > model_config.vocab_size:
+    raise CheckpointError(f"the vocabulary has {vocab_size} ids (with sentinels) but the checkpoint's model "
+                          f"has only {model_config.vocab_size} embedding rows: wrong vocabulary for this "
+                          "checkpoint")
+  expected = models.param_shapes(model_config)
+  exp_flat = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+  got_flat = {jax.tree_util.keystr(k): np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  for name in sorted(set(exp_flat) | set(got_flat)):
+    if exp_flat.get(name) != got_flat.get(name):
+      raise CheckpointError(f"checkpoint parameters do not match its model config: {name} has shape "
+                            f"{got_flat.get(name)} in the checkpoint, {exp_flat.get(name)} in the config")
+
+
+def make_scorer(params, model_config) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+  """A jitted `score(encoder_inputs [B, Li], targets [B, Lt], weights [B, Lt]) -> log p [B]`.
+
+  log p is the weighted sum of token log-probabilities of the targets under teacher forcing
+  (the negative log-perplexity of Carlini et al. 2019, in nats).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from private_t5.models import Transformer  # pylint: disable=g-import-not-at-top
+  model = Transformer(model_config)
+  params = jax.device_put(params)
+
+  @jax.jit
+  def score(params, encoder_inputs, targets, weights):
+    decoder_inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+    logits = model.apply({"params": params}, encoder_inputs, decoder_inputs)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(token_lp * weights, axis=-1)
+
+  def run(encoder_inputs, targets, weights):
+    return np.asarray(score(params, jnp.asarray(encoder_inputs, jnp.int32), jnp.asarray(targets, jnp.int32),
+                            jnp.asarray(weights, jnp.float32)))
+
+  return run
+
+
+def summarize_decode_stats(stats: Dict[str, DecodeStats]) -> dict:
+  """Overall throughput over the decoding passes of a run."""
+  tokens = sum(s.generated_tokens for s in stats.values())
+  seconds = sum(s.seconds for s in stats.values())
+  steady = [s.tokens_per_second for s in stats.values() if s.generated_tokens]
+  return {"generated_tokens": tokens, "seconds": round(seconds, 3),
+          "tokens_per_second_overall": round(tokens / seconds, 1) if seconds else 0.0,
+          "tokens_per_second_steady": round(float(np.median(steady)), 1) if steady else 0.0}

@@ -1,0 +1,254 @@
+"""`private-t5 memorization`: does this checkpoint leak its training data?
+
+  private-t5 memorization --gin_file=configs/runs/memorization.gin \
+      --gin.MODEL_DIR=/path/run --gin.TRAIN_CORPUS=/path/train.jsonl.gz \
+      --gin.VALID_CORPUS=/path/valid.jsonl.gz --gin.OUTPUT_DIR=/path/memorization
+
+Builds (or reuses) the four splits of Lee et al. (train dup / train unique / valid in train /
+valid unique), prompts the checkpoint with the first P tokens of up to N documents of each
+split, generates T tokens greedily (and with beam search when BEAM_SIZE > 0), scores EM / TA /
+MED, optionally the span-corruption variant and the exposure of recorded canaries, and
+writes report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memorization`
+and `SplitConfig`.
+"""
+import dataclasses
+import hashlib
+import os
+import re
+import sys
+import time
+from typing import Callable, Optional
+
+from private_t5 import gin_utils
+from private_t5.errors import CheckpointError, ConfigError, DataError
+from private_t5.eval import splits as splits_lib
+
+USAGE = """usage: private-t5 memorization --gin_file=configs/runs/memorization.gin [--gin.NAME=VALUE ...]
+
+Required macros: MODEL_DIR (a training run's directory), TRAIN_CORPUS and VALID_CORPUS (corpus
+specs: .jsonl[.gz], .txt, folder, .tsv, tfds:NAME[:SPLIT]), OUTPUT_DIR. Common overrides:
+PROMPT_LENGTH (512), GENERATION_LENGTH (114), MAX_EXAMPLES_PER_SPLIT, BATCH_SIZE, BEAM_SIZE
+(0 = greedy only), VOCAB_PATH (default: the checkpoint's), CANARIES (a .canaries.json record
+written by `private-t5 canaries`). See docs/memorization.md.
+"""
+
+AUTO = "auto"
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _objective_of(info: dict, model_dir: str) -> Optional[str]:
+  """The pretraining objective: from the checkpoint info, else the run's operative config.gin."""
+  for source in (info, info.get("data") or {}):
+    if isinstance(source, dict) and source.get("objective"):
+      return str(source["objective"])
+  config_gin = os.path.join(model_dir, "config.gin")
+  if os.path.isfile(config_gin):
+    with open(config_gin, encoding="utf-8") as f:
+      match = re.search(r"^(?:OBJECTIVE|\S*make_source\.objective)\s*=\s*['\"](\w+)['\"]", f.read(), re.M)
+    if match:
+      return match.group(1)
+  return None
+
+
+def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, output_dir: str,
+                     vocab_path: Optional[str] = None, step: Optional[int] = None,
+                     prompt_length: int = 512, generation_length: int = 114, batch_size: int = 32,
+                     beam_size: int = 0, beam_alpha: float = 0.6, max_examples_per_split: Optional[int] = 1000,
+                     span_corruption_variant=AUTO, split_config: splits_lib.SplitConfig = splits_lib.SplitConfig(),
+                     canaries: Optional[str] = None, canary_scoring: str = AUTO, canary_max_exact: int = 100_000,
+                     canary_samples: int = 10_000, canary_batch_size: int = 512, text_field: str = "text",
+                     seed: int = 0, use_cache: bool = True, log: Callable[[str], None] = print) -> dict:
+  """Runs the memorization stage and writes the report; returns the report dict.
+
+  Args:
+    model_dir: a training run's MODEL_DIR (checkpoints/ inside).
+    train_corpus: spec of the corpus the checkpoint was trained on.
+    valid_corpus: spec of a held-out corpus of the same kind.
+    output_dir: where splits_<key>.json, report.json/.md and the plots go.
+    vocab_path: the SentencePiece model; default the one recorded in the checkpoint.
+    step: checkpoint step (None: latest).
+    prompt_length, generation_length: P and T.
+    batch_size: prompts decoded together.
+    beam_size, beam_alpha: beam search pass (beam_size 0: greedy only).
+    max_examples_per_split: documents evaluated per split (a seeded random subset of those long
+      enough; the others are counted as skipped).
+    span_corruption_variant: True / False / "auto" (on when the checkpoint says it was trained
+      with span corruption).
+    split_config: near-duplicate settings (`SplitConfig`).
+    canaries: a canary record (`*.canaries.json`) to compute exposures for.
+    canary_scoring: "prefix", "sentinel" or "auto" (sentinel for span-corruption checkpoints).
+    canary_max_exact, canary_samples, canary_batch_size: exact enumeration up to this space
+      size, else a skew-normal fit on this many sampled candidates; scoring batch.
+    text_field: JSONL/TSV field of the text.
+    seed: seed of the per-split subsets and of the span-corruption masks.
+    use_cache: decode with the KV cache.
+    log: progress output.
+  """
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import memorization, report as report_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+
+  t_start = time.time()
+  for macro, value in (("MODEL_DIR", model_dir), ("TRAIN_CORPUS", train_corpus), ("VALID_CORPUS", valid_corpus),
+                       ("OUTPUT_DIR", output_dir)):
+    if not isinstance(value, str) or not value:
+      raise ConfigError(f"{macro} is required: pass --gin.{macro}=... (see --help)")
+  cfg = memorization.ExtractionConfig(prompt_length=prompt_length, generation_length=generation_length,
+                                      batch_size=batch_size, beam_size=beam_size, beam_alpha=beam_alpha,
+                                      use_cache=use_cache, seed=seed).validate()
+  if max_examples_per_split is not None and max_examples_per_split < 1:
+    raise ConfigError(f"max_examples_per_split must be positive or None, got {max_examples_per_split}")
+  if not isinstance(split_config, splits_lib.SplitConfig):
+    raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
+  split_config.validate()
+  warnings = []
+
+  # 1. The checkpoint, its vocabulary and its privacy ledger.
+  params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
+  recorded_vocab = info.get("vocab_path")
+  if vocab_path is None:
+    if not recorded_vocab:
+      raise CheckpointError(f"checkpoint in {model_dir} records no vocabulary; set --gin.VOCAB_PATH")
+    if not os.path.isfile(recorded_vocab):
+      raise DataError(f"the checkpoint's vocabulary {recorded_vocab} is missing; set --gin.VOCAB_PATH")
+    vocab_path = recorded_vocab
+  elif recorded_vocab and os.path.isfile(recorded_vocab) and os.path.isfile(vocab_path) and \
+      _sha256(vocab_path) != _sha256(recorded_vocab):
+    raise CheckpointError(f"vocabulary {vocab_path} differs from the one the checkpoint was trained with "
+                          f"({recorded_vocab}); token ids would not match")
+  vocab = spm.load_vocabulary(vocab_path)
+  memorization.check_model_matches(params, model_config, vocab.vocab_size)
+  objective = _objective_of(info, model_dir)
+  privacy_report = info.get("privacy_report")
+  eps_text = report_lib.epsilon_text(privacy_report)
+  log(f"[memorization] checkpoint {info.get('model_dir', model_dir)} step {info.get('step')}: {eps_text}; "
+      f"objective {objective or 'unknown'}")
+
+  # 2. Corpora and splits.
+  os.makedirs(output_dir, exist_ok=True)
+  train_docs, _ = corpora.read_corpus(train_corpus, text_field=text_field)
+  valid_docs, _ = corpora.read_corpus(valid_corpus, text_field=text_field)
+  log(f"[memorization] {len(train_docs)} training and {len(valid_docs)} validation documents")
+  sp = vocab.tokenizer
+  splits, split_path, reused = splits_lib.load_or_build_splits(
+      output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
+      tokenizer_id=_sha256(vocab_path), specs={"train": train_corpus, "valid": valid_corpus}, verbose=True)
+  sizes = splits.sizes()
+  log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
+      + ", ".join(f"{k} {v}" for k, v in sizes.items()))
+  for w in splits_lib.check_nonempty(splits):
+    warnings.append(w + ": its metrics are empty, the rest of the report is still produced")
+    log(f"[memorization] warning: {warnings[-1]}")
+
+  # 3. Extraction per split.
+  by_id = {("train", d.id): d for d in train_docs}
+  by_id.update({("valid", d.id): d for d in valid_docs})
+  if span_corruption_variant == AUTO:
+    span_corruption_variant = objective == "span_corruption"
+  methods = [memorization.GREEDY] + ([memorization.BEAM] if beam_size > 0 else [])
+  variants = [(m, "prefix") for m in methods] + ([(memorization.GREEDY, "span_corruption")]
+                                                 if span_corruption_variant else [])
+  extraction, decode_stats, evaluated = {}, {}, {}
+  for k, name in enumerate(splits_lib.SPLIT_NAMES):
+    corpus = "train" if name.startswith("train") else "valid"
+    docs = [by_id[(corpus, i)] for i in splits.ids.get(name, []) if (corpus, i) in by_id]
+    tokens = memorization.tokenize_documents(vocab, [d.text for d in docs])
+    for method, variant in variants:
+      # Every document of the split is checked for length (skipped ones are counted), then up
+      # to MAX_EXAMPLES_PER_SPLIT of the long-enough ones are evaluated.
+      if variant == "prefix":
+        examples = memorization.prefix_examples([d.id for d in docs], tokens, cfg)
+      else:
+        examples = memorization.span_corruption_examples([d.id for d in docs], tokens, cfg, vocab.vocab_size)
+      examples = memorization.subsample(examples, max_examples_per_split, seed + k)
+      if docs and not examples.ids:
+        warnings.append(f"split {name!r}: all {len(docs)} documents are shorter than the "
+                        f"{'prompt + generation length' if variant == 'prefix' else 'span-corruption window'}")
+        log(f"[memorization] warning: {warnings[-1]}")
+      evaluated[name] = len(examples.ids)
+      label = f"{name} {variant}"
+      metrics, stats, _ = memorization.evaluate_split(params, model_config, examples, cfg, method=method, label=label)
+      key = method if variant == "prefix" else f"{variant}_{method}"
+      extraction.setdefault(key, {})[name] = metrics.as_dict()
+      decode_stats[f"{key}/{name}"] = stats
+      log(f"[memorization] {name:<15} {key:<22} n={metrics.n:<5} skipped={metrics.skipped:<5} "
+          f"EM={100 * metrics.exact_match:.2f}% TA={100 * metrics.token_accuracy:.2f}% "
+          f"MED={metrics.median_edit_distance:g}  ({eps_text})")
+
+  # 4. Canary exposure.
+  canary_results, canary_fmt = [], None
+  if canaries:
+    from private_t5.eval import canaries as canaries_lib, exposure  # pylint: disable=g-import-not-at-top
+    canary_fmt, canary_list = canaries_lib.load_canaries(canaries)
+    if canary_scoring == AUTO:
+      canary_scoring = exposure.SENTINEL_SCORING if objective == "span_corruption" else exposure.PREFIX_SCORING
+    encoder = exposure.CandidateEncoder(vocab, canary_fmt, canary_scoring)
+    evaluator = exposure.ExposureEvaluator(
+        memorization.make_scorer(params, model_config), encoder, batch_size=canary_batch_size,
+        max_exact=canary_max_exact, num_samples=canary_samples, seed=seed,
+        progress=memorization.Progress("canary candidates", 0, "candidates").update_to)
+    canary_results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
+    for r in canary_results:
+      log(f"[memorization] canary {r['id']} x{r['repetitions']}: rank {r['rank']:.4g}, exposure "
+          f"{r['exposure']:.2f} / {r['max_exposure']:.2f} bits ({r['method']})")
+
+  throughput = memorization.summarize_decode_stats(decode_stats)
+  log(f"[memorization] decoding: {throughput['tokens_per_second_steady']:.0f} tokens/s "
+      f"({throughput['generated_tokens']} tokens in {throughput['seconds']:.1f} s)")
+  report = {
+      "checkpoint": {"model_dir": info.get("model_dir", model_dir), "step": info.get("step"),
+                     "vocab_path": os.path.abspath(vocab_path), "objective": objective,
+                     "model_config": dataclasses.asdict(model_config)},
+      "privacy_report": privacy_report,
+      "epsilon": (privacy_report or {}).get("epsilon"),
+      "epsilon_text": eps_text,
+      "settings": {"prompt_length": prompt_length, "generation_length": generation_length,
+                   "batch_size": batch_size, "beam_size": beam_size, "beam_alpha": beam_alpha,
+                   "max_examples_per_split": max_examples_per_split, "seed": seed,
+                   "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
+                   "train_corpus": train_corpus, "valid_corpus": valid_corpus},
+      "splits": {"file": split_path, "reused": reused, "sizes": sizes, "evaluated": evaluated,
+                 "config": split_config.key_fields(), "stats": splits.stats},
+      "extraction": extraction,
+      "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
+      "throughput": throughput,
+      "canaries": canary_results,
+      "canary_format": canary_fmt.as_dict() if canary_fmt else None,
+      "canary_space_size": canary_fmt.space_size if canary_fmt else None,
+      "canary_scoring": canary_scoring if canaries else None,
+      "warnings": warnings,
+      "wall_seconds": round(time.time() - t_start, 2),
+  }
+  paths = report_lib.write_report(report, output_dir)
+  log(f"[memorization] wrote {', '.join(paths)} in {report['wall_seconds']:.1f} s")
+  return report
+
+
+def _register():
+  gin_utils.external(run_memorization, "run_memorization")
+  gin_utils.external(splits_lib.SplitConfig, "SplitConfig")
+
+
+gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
+
+
+def main(argv) -> int:
+  rest, files, bindings = gin_utils.split_gin_args(argv)
+  if any(a in ("-h", "--help") for a in rest) or not files:
+    print(USAGE, file=sys.stdout if rest else sys.stderr)
+    return 0 if rest else 2
+  if rest:
+    raise ConfigError(f"unknown arguments {rest}; use --gin.NAME=VALUE (see --help)")
+  _register()  # idempotent; also covers a process where Gin was set up before this import
+  gin_utils.parse(files, bindings)
+  fn = gin_utils.configured("run_memorization")
+  gin_utils.call_configured(fn)
+  return 0

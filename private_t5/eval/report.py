@@ -1,0 +1,178 @@
+"""The memorization report: report.json, report.md and PNG plots (matplotlib, Agg backend).
+
+report.json holds, per split, n / skipped / EM / TA / MED for every decoding method; per
+canary its repetitions, rank and exposure; the checkpoint's ε from its privacy ledger; the
+split sizes and the decoding throughput.
+"""
+import json
+import math
+import os
+from typing import List, Optional
+
+from private_t5.eval.splits import SPLIT_NAMES
+
+SPLIT_TITLES = {"train_dup": "Train dup", "train_unique": "Train unique",
+                "valid_in_train": "Valid in train", "valid_unique": "Valid unique"}
+
+
+def _atomic_write(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _clean(x):
+  """JSON-safe: NaN / inf -> None, recursively."""
+  if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+    return None
+  if isinstance(x, dict):
+    return {k: _clean(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_clean(v) for v in x]
+  return x
+
+
+def epsilon_text(privacy_report: Optional[dict]) -> str:
+  """'ε = 6.06 (δ = 1e-06)', 'ε = ∞ (non-private)' or 'ε unknown (no privacy ledger)'."""
+  if not privacy_report:
+    return "ε unknown (no privacy ledger in the checkpoint)"
+  if not privacy_report.get("dp", True) or privacy_report.get("non_private"):
+    return "ε = ∞ (non-private baseline)"
+  eps = privacy_report.get("epsilon")
+  if eps is None:
+    return "ε = ∞"
+  delta = privacy_report.get("delta")
+  return f"ε = {eps:.4g}" + (f" (δ = {delta:.3g})" if delta is not None else "")
+
+
+def _pct(x) -> str:
+  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}"
+
+
+def _num(x) -> str:
+  return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:g}"
+
+
+def markdown(report: dict) -> str:
+  """A Markdown rendering: Table 3 columns per split and method, then the canaries."""
+  lines = ["# Memorization report", "",
+           f"- checkpoint: `{report.get('checkpoint', {}).get('model_dir', '?')}` step "
+           f"{report.get('checkpoint', {}).get('step', '?')}",
+           f"- privacy: {report.get('epsilon_text', '')}",
+           f"- prompt P = {report['settings']['prompt_length']} tokens, generation T = "
+           f"{report['settings']['generation_length']} tokens", ""]
+  for method, per_split in report.get("extraction", {}).items():
+    lines += [f"## Extraction ({method})", "",
+              "| split | n | skipped | EM % | TA % | MED |", "|---|---:|---:|---:|---:|---:|"]
+    for name in SPLIT_NAMES:
+      m = per_split.get(name)
+      if m is None:
+        continue
+      lines.append(f"| {SPLIT_TITLES[name]} | {m['n']} | {m['skipped']} | {_pct(m['exact_match'])} | "
+                   f"{_pct(m['token_accuracy'])} | {_num(m['median_edit_distance'])} |")
+    lines.append("")
+  if report.get("canaries"):
+    lines += ["## Canary exposure", "", f"- format: `{report['canary_format']['template']}`, |R| = "
+              f"{report['canary_space_size']} (max exposure {math.log2(report['canary_space_size']):.2f} bits)", "",
+              "| canary | repetitions | rank | exposure (bits) | method |", "|---|---:|---:|---:|---|"]
+    for c in report["canaries"]:
+      lines.append(f"| {c['id']} | {c['repetitions']} | {c['rank']:.4g} | {c['exposure']:.2f} | {c['method']} |")
+    lines.append("")
+  sizes = report.get("splits", {}).get("sizes")
+  if sizes:
+    lines += ["## Splits", "", "| split | documents |", "|---|---:|"]
+    lines += [f"| {SPLIT_TITLES[k]} | {sizes.get(k, 0)} |" for k in SPLIT_NAMES]
+    lines.append("")
+  if report.get("throughput"):
+    t = report["throughput"]
+    lines += ["## Decoding throughput", "",
+              f"{t.get('tokens_per_second_steady', 0):.0f} generated tokens/s (steady state), "
+              f"{t.get('generated_tokens', 0)} tokens in {t.get('seconds', 0):.1f} s", ""]
+  if report.get("warnings"):
+    lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
+  return "\n".join(lines)
+
+
+def plot_extraction(report: dict, path: str) -> Optional[str]:
+  """Grouped bars of EM and TA (%) per split, one group per decoding method."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  extraction = report.get("extraction") or {}
+  if not extraction:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  methods = list(extraction)
+  width = 0.8 / max(1, len(methods))
+  for ax, key, title in ((axes[0], "exact_match", "Exact match (%)"), (axes[1], "token_accuracy", "Token accuracy (%)")):
+    top = 0.0
+    for k, method in enumerate(methods):
+      values = []
+      for name in SPLIT_NAMES:
+        v = (extraction[method].get(name) or {}).get(key)
+        values.append(0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else 100 * v)
+      xs = [i + k * width for i in range(len(SPLIT_NAMES))]
+      bars = ax.bar(xs, values, width=width, label=method)
+      ax.bar_label(bars, fmt="%.2f", fontsize=7)
+      top = max([top] + values)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(SPLIT_NAMES))])
+    ax.set_xticklabels([SPLIT_TITLES[n] for n in SPLIT_NAMES], rotation=15)
+    ax.set_title(title)
+    # Memorization rates are often a few percent (seed 001 Table 3): scale to the data.
+    ax.set_ylim(0, min(100.0, max(1.0, 1.25 * top)))
+  axes[0].legend()
+  fig.suptitle(f"Extraction: {report.get('epsilon_text', '')}")
+  fig.tight_layout()
+  _save(fig, path)
+  plt.close(fig)
+  return path
+
+
+def plot_exposure(report: dict, path: str) -> Optional[str]:
+  """Exposure (bits) against the number of inserted copies (0 = reference canaries)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  canaries = report.get("canaries") or []
+  if not canaries:
+    return None
+  fig, ax = plt.subplots(figsize=(5, 3.8))
+  reps = [c["repetitions"] for c in canaries]
+  # Symlog keeps the never-inserted references (0 copies) on the same axis as 1, 10, 100 ….
+  ax.scatter(reps, [c["exposure"] for c in canaries], zorder=3)
+  ax.set_xscale("symlog", linthresh=1)
+  ax.axhline(math.log2(report["canary_space_size"]), color="gray", linestyle="--", label="log2 |R|")
+  ax.set_ylim(0, 1.08 * math.log2(report["canary_space_size"]))
+  ax.set_xlabel("copies inserted in training")
+  ax.set_ylabel("exposure (bits)")
+  ax.set_title(f"Canary exposure: {report.get('epsilon_text', '')}", fontsize=9)
+  ax.legend()
+  fig.tight_layout()
+  _save(fig, path)
+  plt.close(fig)
+  return path
+
+
+def _save(fig, path: str) -> None:
+  tmp = path + ".tmp.png"
+  fig.savefig(tmp, dpi=110)
+  os.replace(tmp, path)
+
+
+def write_report(report: dict, out_dir: str) -> List[str]:
+  """Writes report.json, report.md and the plots into `out_dir`; returns the paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  report = _clean(report)
+  paths = []
+  json_path = os.path.join(out_dir, "report.json")
+  _atomic_write(json_path, json.dumps(report, indent=2, ensure_ascii=False))
+  paths.append(json_path)
+  md_path = os.path.join(out_dir, "report.md")
+  _atomic_write(md_path, markdown(report))
+  paths.append(md_path)
+  for fn, name in ((plot_extraction, "extraction.png"), (plot_exposure, "exposure.png")):
+    p = fn(report, os.path.join(out_dir, name))
+    if p:
+      paths.append(p)
+  return paths

@@ -1,0 +1,100 @@
+"""Initial parameters of a fine-tuning run: our checkpoint directory or imported HF T5 weights.
+
+`load_initial_params(path, model_config)` accepts
+
+* a private_t5 run directory (`MODEL_DIR` with `checkpoints/<step>/`), read with
+  `checkpoints.restore_for_inference` (parameters only: optimizer state, seeds and the
+  pretraining ledger stay behind; the pretraining privacy report is returned by
+  `describe_initial_checkpoint`), or a checkpoint written by `scripts/convert_hf_t5.py`;
+* a Hugging Face T5 directory (`config.json` + `model.safetensors`), converted on the fly.
+
+The parameters must have exactly the shapes of `model_config` (dropout may differ: it is
+not a parameter); anything else is a `CheckpointError` naming the first difference.
+"""
+import os
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from private_t5.errors import CheckpointError
+from private_t5.models import hf_convert
+from private_t5.models.config import T5Config
+
+Params = Dict[str, Any]
+# Fields that change parameter shapes or their meaning (compared for a clear error message).
+_STRUCTURAL_FIELDS = ("vocab_size", "d_model", "num_heads", "d_kv", "d_ff", "num_encoder_layers",
+                      "num_decoder_layers", "feed_forward", "tie_embeddings",
+                      "relative_attention_num_buckets")
+
+
+def _check_config(found: T5Config, wanted: T5Config, path: str) -> None:
+  for name in _STRUCTURAL_FIELDS:
+    a, b = getattr(found, name), getattr(wanted, name)
+    if a != b:
+      raise CheckpointError(f"initial checkpoint {path!r} has {name}={a!r} but the model config has "
+                            f"{name}={b!r}; use the matching model gin file or override it")
+
+
+def _read(path: str):
+  """(params, config, info) from either kind of directory."""
+  if not path:
+    raise CheckpointError("initial checkpoint path is empty")
+  if not os.path.isdir(path):
+    raise CheckpointError(f"initial checkpoint {path!r} does not exist")
+  if hf_convert.is_hf_t5_dir(path):
+    params, config = hf_convert.import_hf_t5(path)
+    info = {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
+            "vocab_path": hf_convert.hf_vocabulary_path(path), "privacy_report": None}
+    return params, config, info
+  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  params, config, info = checkpoints.restore_for_inference(path)
+  info = dict(info, kind="private_t5", path=os.path.abspath(path))
+  return params, config, info
+
+
+def load_initial_params(path: str, model_config: T5Config) -> Params:
+  """Parameters (numpy float32 tree) to start fine-tuning `model_config` from `path`.
+
+  Raises:
+    CheckpointError: `path` is missing, unreadable, or its parameters do not match
+      `model_config` (the message names the differing field or parameter).
+  """
+  params, found_config, _ = _read(path)
+  _check_config(found_config, model_config, path)
+  hf_convert.check_param_shapes(params, model_config, source=f"initial checkpoint {path!r}")
+  return _as_float32(params)
+
+
+def describe_initial_checkpoint(path: str) -> Dict[str, Any]:
+  """Public facts about an initial checkpoint, for the fine-tuning run's records.
+
+  Keys: `kind` ("private_t5" | "huggingface"), `path`, `step`, `vocab_path` and
+  `privacy_report` (the pretraining ledger's report, or None for public weights).
+  """
+  _, config, info = _read(path)
+  return dict(info, model_config=config.__dict__.copy())
+
+
+def _as_float32(tree):
+  if isinstance(tree, dict):
+    return {k: _as_float32(v) for k, v in tree.items()}
+  return np.asarray(tree, dtype=np.float32)
+
+
+def vocabulary_of(path: str) -> Optional[str]:
+  """The vocabulary recorded with an initial checkpoint (None when it has none)."""
+  return describe_initial_checkpoint(path).get("vocab_path")
+
+
+def finetune_vocab_path(vocab_path: Optional[str] = None,
+                        initial_checkpoint: Optional[str] = None) -> str:
+  """`vocab_path` if given, else the vocabulary recorded with `initial_checkpoint`."""
+  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  if vocab_path:
+    return vocab_path
+  if not initial_checkpoint:
+    raise ConfigError("set VOCAB_PATH (or INITIAL_CHECKPOINT, whose vocabulary is then used)")
+  found = vocabulary_of(initial_checkpoint)
+  if not found:
+    raise ConfigError(f"initial checkpoint {initial_checkpoint!r} records no vocabulary; set VOCAB_PATH")
+  return found

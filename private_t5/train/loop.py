@@ -1,0 +1,184 @@
+"""The training loop: resume, sample, step, log, evaluate, checkpoint, account.
+
+Order of one step t (t = the state's step = the data position):
+  indices = sampler.indices_for_step(t); batch = source.get_batch(indices, data_seed(t), B);
+  state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
+Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
+a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
+rewritten at the same time. After a crash the run restarts from the latest complete
+checkpoint s and recomputes steps s+1, ... with the same batches and keys, producing the same
+updates (nothing new is released).
+"""
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import numpy as np
+
+from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
+from private_t5.train import checkpoints as checkpoints_lib
+from private_t5.train import metrics as metrics_lib
+from private_t5.train.privacy import PrivacySetup
+from private_t5.train.state import RunSeeds
+from private_t5.train.trainer import Trainer, summarize_eval
+
+# Fixed seed of the validation batches: the same held-out examples (and the same objective
+# noise) at every evaluation, so that the numbers are comparable across steps.
+VALIDATION_SEED = 0
+
+
+@dataclasses.dataclass
+class LoopConfig:
+  """Schedule of the loop (all in steps)."""
+  model_dir: str
+  train_steps: int
+  checkpoint_every: int = 1000
+  eval_every: int = 0
+  eval_examples: int = 256
+  log_every: int = 50
+
+
+def _validation_batches(source, batch_size: int, eval_examples: int) -> List[Dict[str, np.ndarray]]:
+  n = min(int(eval_examples), source.num_examples)
+  indices = np.arange(n, dtype=np.int64)
+  return [source.get_batch(indices[i:i + batch_size], VALIDATION_SEED, batch_size)
+          for i in range(0, n, batch_size)]
+
+
+def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
+  """Teacher-forced loss and token accuracy (the paper's "Pretrain" column) over `batches`."""
+  totals: Dict[str, float] = {}
+  for batch in batches:
+    for k, v in trainer.eval_batch(params, batch).items():
+      totals[k] = totals.get(k, 0.0) + v
+  return summarize_eval(totals)
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+  return None if x is None or not math.isfinite(x) else float(x)
+
+
+def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, seeds: RunSeeds,
+        manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
+        initial_params_fn: Optional[Callable[[], Any]] = None,
+        log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary.
+
+  `initial_params_fn` (fine-tuning) supplies the step-0 parameters of a fresh run; a resumed
+  run ignores it and continues from its own checkpoint.
+  """
+  model_dir = config.model_dir
+  ledger: PrivacyLedger = privacy.ledger
+  start_step = manager.latest_step()
+  if start_step is not None:
+    state, saved = manager.restore(trainer.abstract_state(), start_step)
+    if RunSeeds.from_dict(saved["seeds"]) != seeds:
+      raise checkpoints_lib.CheckpointError(
+          f"checkpoint {start_step} in {model_dir} was written with other seeds; pass the seeds "
+          "read from it (checkpoints.saved_seeds)")
+    ledger = ledger.resume_from(PrivacyLedger.from_dict(saved["ledger"]))
+    if ledger.steps != start_step:
+      raise checkpoints_lib.CheckpointError(
+          f"checkpoint {start_step} in {model_dir} has a ledger of {ledger.steps} steps")
+    log(f"[train] resuming from checkpoint step {start_step} in {manager.directory}")
+  else:
+    start_step = 0
+    initial_params = initial_params_fn() if initial_params_fn is not None else None
+    state = trainer.init_state(seeds.init_key, initial_params)
+  privacy.ledger = ledger
+  dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
+  sampler = privacy.sampler
+  padded = sampler.padded_batch_size
+
+  writer = metrics_lib.SummaryWriter(model_dir)
+  printer = metrics_lib.ProgressPrinter(config.train_steps, start_step)
+  validation_batches = None
+  if validation_source is not None and config.eval_examples > 0:
+    validation_batches = _validation_batches(validation_source, padded, config.eval_examples)
+
+  def save(step: int, state) -> None:
+    manager.save(step, state, dict(metadata, seeds=seeds.to_dict(), ledger=ledger.to_dict(),
+                                   privacy_report=ledger.report()))
+    ledger.save(os.path.join(model_dir, REPORT_FILENAME))
+
+  def run_eval(step: int, params) -> Dict[str, float]:
+    result = evaluate(trainer, params, validation_batches)
+    writer.scalars("validation", step, {"loss": result["loss"], "token_accuracy": result["token_accuracy"]})
+    log(f"[eval] step {step}: validation token accuracy {result['token_accuracy']:.4f}, "
+        f"loss {result['loss']:.4f} ({int(result['examples'])} held-out examples)")
+    return result
+
+  last_train: Dict[str, float] = {}
+  last_eval: Optional[Dict[str, float]] = None
+  t_start = time.time()
+  examples_seen = 0.0
+  step = start_step
+  first_step_time = None
+  while step < config.train_steps:
+    indices = sampler.indices_for_step(step)
+    batch = source.get_batch(indices, seeds.data_seed(step), padded)
+    real_rows = float(np.sum(batch["example_weight"]))
+    log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
+    batch_accuracy = None
+    device_batch = trainer.place_batch(batch)
+    if log_now:  # accuracy before the update, like the loss the aggregator reports
+      sums = trainer.eval_batch(state.params, device_batch)
+      batch_accuracy = sums["correct_tokens"] / max(sums["target_tokens"], 1e-12)
+    t0 = time.time()
+    state, step_metrics = trainer.train_step(state, device_batch, dropout_key, noise_key)
+    step += 1
+    ledger.record_steps(1)
+    examples_seen += real_rows
+    printer.add_examples(real_rows)
+    if first_step_time is None:
+      jax.block_until_ready(state.step)
+      first_step_time = time.time() - t0
+      log(f"[train] first step (compilation included) took {first_step_time:.1f}s")
+    if log_now:
+      values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+      epsilon = _finite(ledger.total_epsilon()) if privacy.private else None
+      loss = values.get("nondp/loss")
+      last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
+      tb = dict(values)
+      tb["nondp/token_accuracy"] = batch_accuracy
+      if epsilon is not None:
+        tb["privacy/epsilon"] = epsilon
+      writer.scalars("train", step, tb)
+      log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=privacy.private,
+                       learning_rate=values.get("learning_rate")))
+    if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
+      last_eval = run_eval(step, state.params)
+    if step % config.checkpoint_every == 0 or step == config.train_steps:
+      save(step, state)
+  elapsed = time.time() - t_start
+  if step == start_step and manager.latest_step() is None:  # nothing trained, nothing saved yet
+    save(step, state)
+  manager.wait()
+  if validation_batches:
+    last_eval = run_eval(step, state.params)
+  writer.close()
+  steps_run = step - start_step
+  timed = max(elapsed - (first_step_time or 0.0), 1e-9)
+  summary = {
+      "model_dir": os.path.abspath(model_dir),
+      "final_step": int(step),
+      "steps_this_run": int(steps_run),
+      "resumed_from_step": int(start_step) if start_step else None,
+      "wall_time_s": elapsed,
+      "steps_per_second": (steps_run - 1) / timed if steps_run > 1 else None,
+      "examples_per_second": examples_seen / elapsed if elapsed > 0 else None,
+      "train_batch_metrics_not_dp" if privacy.private else "train_batch_metrics": last_train,
+      "validation": last_eval,
+      "private": privacy.private,
+      "epsilon": _finite(ledger.total_epsilon()) if privacy.private else None,
+      "delta": ledger.total_delta() if privacy.private else None,
+      "privacy_report": os.path.abspath(os.path.join(model_dir, REPORT_FILENAME)),
+      "checkpoint_dir": manager.directory,
+      "tensorboard_dir": os.path.abspath(writer.log_dir),
+      "deterministic_seed": seeds.deterministic,
+  }
+  metrics_lib.write_summary(model_dir, summary)
+  return summary

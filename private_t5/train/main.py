@@ -1,0 +1,223 @@
+"""`private-t5 train`: pretrain (or fine-tune) a T5 model from layered Gin files.
+
+  private-t5 train --gin_file=configs/models/t5_1_0_tiny.gin \
+      --gin_file=configs/runs/pretrain.gin \
+      --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000 --gin.CORPUS=builtin:python_docs \
+      --gin.VOCAB_PATH=/tmp/vocab/spm.model --gin.DP=None
+
+Gin binds only this entry point (`train`) and the factories it is given; the library below
+is plain Python. Re-running the same command resumes from the latest checkpoint in MODEL_DIR.
+"""
+import dataclasses
+import os
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from private_t5 import gin_utils
+from private_t5.errors import ConfigError, PrivateT5Error
+
+USAGE = """usage: private-t5 train --gin_file=FILE [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
+
+Layered Gin files: a model (configs/models/*.gin), then a run (configs/runs/pretrain.gin), then
+experiments (configs/experiments/*.gin); --gin.NAME=VALUE overrides come last.
+Required macros of configs/runs/pretrain.gin: MODEL_DIR, TRAIN_STEPS, TASK_FEATURE_LENGTHS,
+CORPUS, VOCAB_PATH. Non-private baseline: --gin.DP=None. See docs/training.md.
+"""
+
+
+def _fingerprint_data(description: Mapping[str, Any]) -> dict:
+  """The facts about the data a checkpoint depends on (not where its cache lies)."""
+  keep = ("corpus", "vocab_sha256", "objective", "feature_lengths", "privacy_unit", "num_examples",
+          "split", "validation_fraction")
+  return {k: description.get(k) for k in keep}
+
+
+def train(*, model_config, train_data, validation_data=None, model_dir: str, train_steps: int,
+          batch_size: int, microbatch_size: Optional[int] = None, optimizer=None,
+          learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
+          keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
+          mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
+          initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
+          log: Callable[[str], None] = print) -> dict:
+  """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
+
+  Args:
+    model_config: a `models.T5Config` (Gin: `%MODEL_CONFIG`).
+    train_data: the training `ExampleSource` (Gin: `@training/make_source()`).
+    validation_data: held-out `ExampleSource` for the periodic teacher-forced evaluation.
+    model_dir: where checkpoints, config.gin, TensorBoard files and reports go.
+    train_steps: total optimizer steps (a resumed run continues up to it).
+    batch_size: rows of every batch (the padded size; for DP the Poisson truncation cap).
+    microbatch_size: examples per accumulation step inside the step (memory knob).
+    optimizer: optax GradientTransformation; default Adafactor with `learning_rate`.
+    learning_rate: schedule or float for the default Adafactor; default T5X rsqrt with base 0.5, 1000 warm-up steps.
+    dp: `DPConfig` for DP-Adafactor, or None for the non-private baseline.
+    vocab_path: the SentencePiece model (recorded for inference; a DP-SentencePiece privacy
+      report beside it is composed into the ledger).
+    checkpoint_every, keep_checkpoints: checkpoint every N steps, keep the last K.
+    eval_every, eval_examples: validation every N steps (0: only at the end) on K examples.
+    log_every: console/TensorBoard progress every N steps.
+    mesh_shape: (data, model) mesh; -1 takes the remaining devices.
+    z_loss: auxiliary log(Z)^2 coefficient of the loss.
+    initial_checkpoint: start from these parameters instead of a random init (fine-tuning): a
+      private_t5 MODEL_DIR or imported weights (`train.initial_checkpoint`); the optimizer
+      state and the privacy ledger start fresh. Ignored when MODEL_DIR already has a checkpoint.
+    insecure_deterministic_seed: fix every seed (init, dropout, DP noise, sampling) for tests
+      and reproductions. INSECURE for DP: the noise is then predictable. Default: OS entropy.
+    log: progress output.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints, loop, optimizers, partitioning, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
+  from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
+
+  if not isinstance(model_config, models.T5Config):
+    raise ConfigError(f"model_config must be a T5Config (e.g. %MODEL_CONFIG), got {type(model_config).__name__}")
+  for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
+                               ("checkpoint_every", checkpoint_every, 1), ("log_every", log_every, 1),
+                               ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+      raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+  vocab_size = int(train_data.store.manifest.get("vocab_size", 0)) if hasattr(train_data, "store") else 0
+  if vocab_size > model_config.vocab_size:
+    raise ConfigError(f"the vocabulary has {vocab_size} ids (with sentinels) but the model's vocab_size is "
+                      f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
+  if insecure_deterministic_seed is not None:
+    log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
+        "(tests and reproductions only; the DP guarantee does not hold)")
+
+  manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
+  saved = checkpoints.saved_seeds(manager)
+  seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+  mesh = partitioning.create_mesh(mesh_shape)
+  partitioning.check_batch_divisible(batch_size, mesh)
+  loss_fn = make_loss_fn(model_config, z_loss)
+  setup = privacy.setup_privacy(
+      dp, loss_fn=loss_fn, num_examples=train_data.num_examples, privacy_unit=train_data.privacy_unit,
+      batch_size=batch_size, train_steps=train_steps, microbatch_size=microbatch_size,
+      sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
+      spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None, log=log)
+  model_dict = dataclasses.asdict(model_config)
+  fingerprint = {"model_config": model_dict, "data": _fingerprint_data(train_data.describe()),
+                 "privacy": setup.mechanism(),
+                 "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
+  manager.fingerprint = fingerprint
+  manager.check_compatible(fingerprint)
+  gin_utils.save_operative_config(model_dir)
+
+  if optimizer is None:
+    lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
+    optimizer, schedule = optimizers.adafactor(lr), (lr if callable(lr) else None)
+  else:
+    schedule = learning_rate if callable(learning_rate) else None
+  trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
+  num_params = models.num_params(model_config)
+  log(f"[train] model: {num_params / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} on "
+      f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
+      f"examples ({train_data.privacy_unit} unit), batch {batch_size}; "
+      f"{'DP-Adafactor' if setup.private else 'non-private Adafactor'}")
+  metadata = {"model_config": model_dict, "vocab_path": os.path.abspath(vocab_path) if vocab_path else None,
+              "feature_lengths": dict(train_data.feature_lengths), "data": train_data.describe(),
+              "num_params": num_params, "batch_size": batch_size}
+  initial_params_fn = None
+  if initial_checkpoint:
+    from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
+    metadata["initial_checkpoint"] = initial_lib.describe_initial_checkpoint(initial_checkpoint)
+    initial_params_fn = lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
+    log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
+  summary = loop.run(
+      trainer=trainer, privacy=setup, source=train_data, validation_source=validation_data, seeds=seeds,
+      manager=manager,
+      config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
+                             eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
+      metadata=metadata, initial_params_fn=initial_params_fn, log=log)
+  manager.close()
+  summary.update(num_params=num_params, model_config=model_dict, vocab_path=metadata["vocab_path"],
+                 config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
+                 noise_multiplier=setup.noise_multiplier)
+  from private_t5.train import metrics  # pylint: disable=g-import-not-at-top
+  metrics.write_summary(model_dir, summary)
+  _print_final(summary, setup.ledger, log)
+  return summary
+
+
+def _print_final(summary: dict, ledger, log) -> None:
+  log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
+  log(f"  checkpoints:    {summary['checkpoint_dir']}")
+  log(f"  config:         {summary['config_gin']}")
+  log(f"  tensorboard:    {summary['tensorboard_dir']}")
+  log(f"  summary:        {os.path.join(summary['model_dir'], 'summary.json')}")
+  log(f"  privacy report: {summary['privacy_report']}")
+  if summary.get("validation"):
+    log(f"  validation token accuracy: {summary['validation']['token_accuracy']:.4f}")
+  if summary["private"]:
+    log(f"  privacy: ε = {summary['epsilon']:.4g} at δ = {summary['delta']:.3g} "
+        f"({ledger.privacy_unit}-level, {ledger.accountant.upper()}, σ = {ledger.noise_multiplier:.4g}, "
+        f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps"
+        f"{', vocabulary included' if ledger.components else ''})")
+  else:
+    log("  privacy: NON-PRIVATE baseline (ε = ∞)")
+
+
+def _register() -> None:
+  from private_t5.data import source  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers, privacy  # pylint: disable=g-import-not-at-top
+  gin_utils.external(train, "train")
+  gin_utils.external(privacy.DPConfig, "DPConfig")
+  gin_utils.external(source.make_source, "make_source")
+  gin_utils.external(optimizers.adafactor, "adafactor")
+  gin_utils.external(optimizers.rsqrt_schedule, "rsqrt_schedule")
+  gin_utils.external(optimizers.constant_schedule, "constant_schedule")
+  gin_utils.external(optimizers.linear_warmup_schedule, "linear_warmup_schedule")
+
+
+gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
+
+
+def _check_required_macros() -> None:
+  """Raises ConfigError naming every macro still bound to %gin.REQUIRED.
+
+  Gin itself only checks `%gin.REQUIRED` bound directly to a parameter; a required *macro*
+  would otherwise reach the code as an opaque sentinel object.
+  """
+  import gin.config  # pylint: disable=g-import-not-at-top
+  missing = sorted(scope for (scope, selector), params in gin.config._CONFIG.items()  # pylint: disable=protected-access
+                   if selector == "gin.macro" and str(params.get("value")) == "%gin.REQUIRED")
+  if missing:
+    flags = " ".join(f"--gin.{name}=..." for name in missing)
+    raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")
+
+
+def run_from_args(argv: Sequence[str]) -> dict:
+  """Parses Gin flags and runs the configured `train()`; returns its summary."""
+  _register()
+  rest, gin_files, gin_bindings = gin_utils.split_gin_args(argv)
+  if rest:
+    raise ConfigError(f"unknown flag(s) {rest}; train takes --gin_file and --gin.NAME=VALUE only")
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  partitioning.initialize_distributed()  # multi-host only; before any other JAX call
+  gin_utils.parse(gin_files, gin_bindings)
+  _check_required_macros()
+  try:
+    return gin_utils.call_configured(gin_utils.configured("train"))
+  except PrivateT5Error as e:
+    # Gin re-raises through a proxy class with "In call to configurable ..." appended; give
+    # the user the original one-line error.
+    original = type(e)
+    while "__getattr__" in original.__dict__:  # gin's proxy subclasses the original class
+      original = original.__mro__[1]
+    raise original(str(e).split("\n  In call to configurable")[0]) from e
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(USAGE)
+    return 0
+  run_from_args(argv)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,131 @@
+"""Training metrics: TensorBoard event files, the console progress line, summary.json.
+
+Labelling (DP rule 5): loss and token accuracy computed on the private training batches are
+not covered by the privacy guarantee. Their TensorBoard tags start with `nondp/` and the
+console shows them as "(train batch, not DP)". Validation metrics come from the held-out
+split, which the model never trains on.
+"""
+import math
+import os
+import sys
+import time
+from typing import Dict, Mapping, Optional, TextIO
+
+from private_t5.train.checkpoints import write_json_atomic
+
+TENSORBOARD_SUBDIR = "tensorboard"
+SUMMARY_FILENAME = "summary.json"
+
+
+class SummaryWriter:
+  """Scalars to TensorBoard event files in MODEL_DIR/tensorboard/<split> (tf.summary)."""
+
+  def __init__(self, model_dir: str, enabled: bool = True):
+    self._root = os.path.join(model_dir, TENSORBOARD_SUBDIR)
+    self._enabled = enabled
+    self._writers = {}
+
+  @property
+  def log_dir(self) -> str:
+    return self._root
+
+  def _writer(self, split: str):
+    if split not in self._writers:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._writers[split] = tf.summary.create_file_writer(os.path.join(self._root, split))
+    return self._writers[split]
+
+  def scalars(self, split: str, step: int, values: Mapping[str, float]) -> None:
+    if not self._enabled:
+      return
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    writer = self._writer(split)
+    with writer.as_default(step=int(step)):
+      for name, value in values.items():
+        if value is not None and math.isfinite(float(value)):
+          # `tf.summary.write` with the scalars plugin's metadata is what `tf.summary.scalar`
+          # writes, without needing the tensorboard package installed.
+          tf.summary.write(name, tf.constant(float(value), tf.float32), metadata=_scalar_metadata())
+    writer.flush()
+
+  def close(self) -> None:
+    for writer in self._writers.values():
+      writer.close()
+    self._writers.clear()
+
+
+def _scalar_metadata():
+  from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
+  return summary_pb2.SummaryMetadata(
+      plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+
+
+def read_scalars(event_dir: str) -> Dict[str, list]:
+  """{tag: [(step, value), ...]} from the event files in `event_dir` (for tests and tools)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  out: Dict[str, list] = {}
+  for name in sorted(os.listdir(event_dir)):
+    for event in tf.compat.v1.train.summary_iterator(os.path.join(event_dir, name)):
+      for value in event.summary.value:
+        out.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+  return out
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds) or seconds < 0:
+    return "?"
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  minutes, secs = divmod(rest, 60)
+  if hours:
+    return f"{hours}h{minutes:02d}m"
+  if minutes:
+    return f"{minutes}m{secs:02d}s"
+  return f"{secs}s"
+
+
+class ProgressPrinter:
+  """The console progress line: step, loss, token accuracy, examples/s, ETA, ε."""
+
+  def __init__(self, total_steps: int, start_step: int = 0, stream: Optional[TextIO] = None):
+    self.total_steps = int(total_steps)
+    self.stream = stream or sys.stdout
+    self._last_time = time.time()
+    self._last_step = int(start_step)
+    self._examples_since = 0.0
+
+  def add_examples(self, count: float) -> None:
+    self._examples_since += float(count)
+
+  def line(self, step: int, loss: Optional[float], accuracy: Optional[float],
+           epsilon: Optional[float] = None, private: bool = False,
+           learning_rate: Optional[float] = None) -> str:
+    """Formats (and resets the rate counters of) the progress line at `step`."""
+    now = time.time()
+    elapsed = max(now - self._last_time, 1e-9)
+    steps_done = max(step - self._last_step, 0)
+    examples_per_s = self._examples_since / elapsed
+    steps_per_s = steps_done / elapsed
+    eta = (self.total_steps - step) / steps_per_s if steps_per_s > 0 else float("nan")
+    self._last_time, self._last_step, self._examples_since = now, step, 0.0
+    parts = [f"step {step}/{self.total_steps}"]
+    label = " (train batch, not DP)" if private else " (train batch)"
+    if loss is not None:
+      acc = f" acc {accuracy:.4f}" if accuracy is not None else ""
+      parts.append(f"loss {loss:.4f}{acc}{label}")
+    if learning_rate is not None:
+      parts.append(f"lr {learning_rate:.3g}")
+    parts.append(f"{examples_per_s:.1f} ex/s")
+    parts.append(f"{steps_per_s:.2f} steps/s")
+    parts.append(f"ETA {format_duration(eta)}")
+    if epsilon is not None:
+      parts.append(f"ε {epsilon:.4g}")
+    return " | ".join(parts)
+
+  def print(self, text: str) -> None:
+    print(text, file=self.stream, flush=True)
+
+
+def write_summary(model_dir: str, summary: Dict) -> str:
+  """Writes MODEL_DIR/summary.json atomically."""
+  return write_json_atomic(os.path.join(model_dir, SUMMARY_FILENAME), summary)

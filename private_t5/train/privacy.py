@@ -1,0 +1,168 @@
+"""The trainer's privacy setup: one config picks the aggregator, the sampler and the ledger.
+
+DP is one swapped component. `dp=None` gives the non-private baseline: `MeanAggregator`,
+shuffled fixed batches, and a ledger that records steps with ε = ∞. A `DPConfig` gives
+DP-Adafactor: `DPAggregator` (clip, sum, noise, divide by q N), Poisson sampling with rate
+q = expected_batch_size / N truncated at `batch_size` rows, and a ledger whose accounting
+event is built from the same q, σ and truncation cap as the sampler (DP rule 2).
+
+Everything here runs before any compute: invalid privacy parameters, an unreachable target ε
+or a batch larger than the dataset fail at once with a PrivacyError.
+"""
+import dataclasses
+import math
+import os
+import warnings
+from typing import Any, Callable, Dict, Optional
+
+from private_t5.dp import accounting
+from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import sampling
+from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
+from private_t5.errors import ConfigError, PrivacyError
+from private_t5.train import partitioning
+
+# Largest acceptable per-step chance that a Poisson batch exceeds the padded batch size when
+# the expected batch size is derived from it.
+DEFAULT_MAX_TRUNCATION_PROBABILITY = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+  """Differential privacy of a training run (all fixed before training: DP rule 5).
+
+  Attributes:
+    clip_norm: C, the per-example gradient L2 bound.
+    noise_multiplier: σ (noise std σ·C on the clipped sum). Exactly one of this and
+      `target_epsilon`.
+    target_epsilon: calibrate σ before training so that the run ends at this ε.
+    delta: δ; None uses 1 / (10 N).
+    accountant: "rdp" (default, the paper's) or "pld".
+    expected_batch_size: q·N, the Poisson sample's expected size and the public divisor of the
+      noisy sum. None: the largest size whose per-step truncation probability at the padded
+      `batch_size` is at most 1e-6.
+    sampling: "poisson" (only Poisson sampling is offered for DP training).
+  """
+  clip_norm: float = 1.0
+  noise_multiplier: Optional[float] = None
+  target_epsilon: Optional[float] = None
+  delta: Optional[float] = None
+  accountant: str = "rdp"
+  expected_batch_size: Optional[float] = None
+  sampling: str = "poisson"
+
+
+@dataclasses.dataclass
+class PrivacySetup:
+  """What the trainer needs from the privacy configuration."""
+  aggregator: Callable
+  sampler: Any
+  ledger: PrivacyLedger
+  private: bool
+  noise_multiplier: Optional[float] = None
+  dp_spm_report: Optional[str] = None
+
+  def mechanism(self) -> Dict[str, Any]:
+    """The ledger fields that define the mechanism (part of the checkpoint fingerprint)."""
+    d = self.ledger.to_dict()
+    return {k: d.get(k) for k in ("non_private", "noise_multiplier", "sampling_rate", "clip_norm",
+                                  "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
+
+
+def default_expected_batch_size(num_examples: int, max_batch_size: int,
+                                max_truncation_probability: float = DEFAULT_MAX_TRUNCATION_PROBABILITY) -> int:
+  """Largest integer q·N whose Poisson batch exceeds `max_batch_size` with prob <= the bound."""
+  lo, hi = 1, min(max_batch_size, num_examples)
+  if accounting.truncation_probability(num_examples, lo / num_examples, max_batch_size) > max_truncation_probability:
+    raise PrivacyError(f"batch_size={max_batch_size} is too small for Poisson sampling: even an expected "
+                       f"batch of 1 exceeds it with probability > {max_truncation_probability:g}")
+  while lo < hi:  # truncation probability grows with q: binary search for the last good size
+    mid = (lo + hi + 1) // 2
+    if accounting.truncation_probability(num_examples, mid / num_examples, max_batch_size) <= max_truncation_probability:
+      lo = mid
+    else:
+      hi = mid - 1
+  return lo
+
+
+def dp_spm_report_path(vocab_path: Optional[str]) -> Optional[str]:
+  """The DP-SentencePiece privacy report beside a vocabulary, if there is one.
+
+  Looks for `<vocab>.privacy_report.json`, then `privacy_report.json` in the vocabulary's
+  directory.
+  """
+  if not vocab_path:
+    return None
+  candidates = [vocab_path + "." + REPORT_FILENAME,
+                os.path.splitext(vocab_path)[0] + "." + REPORT_FILENAME,
+                os.path.join(os.path.dirname(os.path.abspath(vocab_path)), REPORT_FILENAME)]
+  for path in candidates:
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: int, privacy_unit: str,
+                  batch_size: int, train_steps: int, microbatch_size: Optional[int], sampler_seed: int,
+                  vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = partitioning.DATA_AXIS,
+                  log: Callable[[str], None] = print) -> PrivacySetup:
+  """Builds aggregator, sampler and ledger for a private (`dp`) or non-private (`None`) run."""
+  if batch_size <= 0 or train_steps <= 0:
+    raise ConfigError(f"batch_size and train_steps must be > 0, got {batch_size} and {train_steps}")
+  if dp is None:
+    if batch_size > num_examples:
+      raise ConfigError(f"batch_size={batch_size} is larger than the dataset ({num_examples} examples)")
+    return PrivacySetup(
+        aggregator=aggregator_lib.MeanAggregator(loss_fn, microbatch_size),
+        sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed),
+        ledger=PrivacyLedger.non_private_baseline(num_examples=num_examples, privacy_unit=privacy_unit,
+                                                  batch_size=batch_size),
+        private=False)
+  if not isinstance(dp, DPConfig):
+    raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
+  if dp.sampling != "poisson":
+    raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}: fixed "
+                       "shuffled batches are a different mechanism and are not offered")
+  if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
+    raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
+                       f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
+  delta = dp.delta if dp.delta is not None else 0.1 / num_examples
+  accounting.validate_privacy_params(noise_multiplier=dp.noise_multiplier, clip_norm=dp.clip_norm,
+                                     delta=delta, num_examples=num_examples, batch_size=batch_size,
+                                     accountant=dp.accountant, steps=train_steps)
+  if dp.noise_multiplier is not None and dp.noise_multiplier <= 0:
+    raise PrivacyError(f"noise_multiplier must be > 0 for DP training, got {dp.noise_multiplier} "
+                       "(use dp=None for a non-private run)")
+  expected = dp.expected_batch_size
+  if expected is None:
+    expected = default_expected_batch_size(num_examples, batch_size)
+  accounting.validate_privacy_params(batch_size=expected, num_examples=num_examples)
+  if expected > batch_size:
+    raise PrivacyError(f"expected_batch_size={expected} exceeds the padded batch_size={batch_size}")
+  q = accounting.sampling_rate_from_batch(expected, num_examples)
+  sampler = sampling.PoissonSampler(num_examples, q, batch_size, sampler_seed)
+  sigma = dp.noise_multiplier
+  if sigma is None:
+    sigma = accounting.calibrate_noise(dp.target_epsilon, q, train_steps, delta, dp.accountant)
+    log(f"[privacy] calibrated noise_multiplier σ={sigma:.4f} for ε={dp.target_epsilon:g} at "
+        f"δ={delta:.3g}, q={q:.4g}, {train_steps} steps ({dp.accountant})")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
+    ledger = PrivacyLedger.create(noise_multiplier=sigma, clip_norm=dp.clip_norm, delta=delta,
+                                  num_examples=num_examples, sampling_rate=q, max_batch_size=batch_size,
+                                  accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson")
+  report = dp_spm_report_path(vocab_path)
+  if report:
+    component = ledger.add_component_from_report(report)
+    log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
+        f"ε={component['epsilon']:g}, δ={component['delta']:g}")
+  aggregator = aggregator_lib.DPAggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
+                                           microbatch_size, spmd_axis_name=spmd_axis_name)
+  log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
+      f"{q * num_examples:.1f}, padded {batch_size}, truncation probability/step "
+      f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}")
+  if math.isfinite(ledger.truncation_probability) and ledger.truncation_probability * train_steps > delta:
+    log(f"[privacy] warning: truncation adds {ledger.truncation_probability * train_steps:.2e} to δ; "
+        "raise batch_size or lower expected_batch_size")
+  return PrivacySetup(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
+                      noise_multiplier=sigma, dp_spm_report=report)

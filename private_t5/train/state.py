@@ -1,0 +1,105 @@
+"""The train state (params, optimizer state, step) and the run's secret randomness.
+
+All randomness of a run comes from one 64-bit root seed:
+
+* the parameter initialisation key,
+* the dropout and DP-noise base keys; the key of step t is `fold_in(base, t)`, so a resumed
+  run continues the sequence and never reuses a step's key (DP rule 4),
+* the sampler seed (which examples each step draws) and the data seed (the objective's
+  random noise, e.g. which spans are corrupted, for step t).
+
+The root seed comes from OS entropy (`secrets.randbits`) unless the run sets an explicit
+`insecure_deterministic_seed` (tests, reproductions). It is saved in the checkpoint so that
+a resumed run continues the same streams: a checkpoint directory is therefore as secret as
+the training data; release only exported parameters (`checkpoints.restore_for_inference`).
+"""
+import dataclasses
+import secrets
+from typing import Any, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+# Domain separation between the streams derived from the root seed.
+_INIT_STREAM, _DROPOUT_STREAM, _NOISE_STREAM, _SAMPLER_STREAM, _DATA_STREAM = range(5)
+
+
+@flax.struct.dataclass
+class TrainState:
+  """What one train step reads and writes.
+
+  Attributes:
+    step: int32 scalar, the number of steps taken (also the data position: batch t is a
+      pure function of the sampler seed and t).
+    params: the model parameters.
+    opt_state: the optimizer (Adafactor) state.
+  """
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSeeds:
+  """The root seed and every key/seed derived from it.
+
+  Attributes:
+    root_seed: 64-bit integer; secret unless `deterministic`.
+    deterministic: True when `root_seed` was given by the user (insecure: no DP noise secrecy).
+  """
+  root_seed: int
+  deterministic: bool = False
+
+  @classmethod
+  def create(cls, insecure_deterministic_seed: Optional[int] = None) -> "RunSeeds":
+    """From OS entropy, or from `insecure_deterministic_seed` when given."""
+    if insecure_deterministic_seed is None:
+      return cls(root_seed=secrets.randbits(64), deterministic=False)
+    return cls(root_seed=int(insecure_deterministic_seed) % (1 << 64), deterministic=True)
+
+  def _stream_key(self, stream: int) -> jax.Array:
+    # A raw threefry key from all 64 bits of the seed (PRNGKey(int) keeps only 32 bits
+    # without x64), then one fold_in per stream.
+    raw = jnp.asarray([self.root_seed >> 32, self.root_seed & 0xFFFFFFFF], dtype=jnp.uint32)
+    return jax.random.fold_in(raw, stream)
+
+  @property
+  def init_key(self) -> jax.Array:
+    return self._stream_key(_INIT_STREAM)
+
+  @property
+  def dropout_base_key(self) -> jax.Array:
+    return self._stream_key(_DROPOUT_STREAM)
+
+  @property
+  def noise_base_key(self) -> jax.Array:
+    return self._stream_key(_NOISE_STREAM)
+
+  def _host_seed(self, stream: int, *extra: int) -> int:
+    state = np.random.SeedSequence([self.root_seed, stream, *extra]).generate_state(2, np.uint32)
+    return int(state[0]) << 32 | int(state[1])
+
+  @property
+  def sampler_seed(self) -> int:
+    """Seed of the batch sampler (secret in a DP run: amplification by sampling needs it)."""
+    return self._host_seed(_SAMPLER_STREAM)
+
+  def data_seed(self, step: int) -> int:
+    """Seed of the objective's randomness for the batch of `step` (fresh every step)."""
+    return self._host_seed(_DATA_STREAM, int(step)) & 0x7FFFFFFF
+
+  def to_dict(self) -> dict:
+    return {"root_seed": str(self.root_seed), "deterministic": self.deterministic}
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "RunSeeds":
+    return cls(root_seed=int(d["root_seed"]), deterministic=bool(d["deterministic"]))
+
+
+def step_keys(dropout_base_key: jax.Array, noise_base_key: jax.Array, step: jax.Array):
+  """(dropout key, noise key) of step `step`: `fold_in(base, step)` (traceable under jit)."""
+  return jax.random.fold_in(dropout_base_key, step), jax.random.fold_in(noise_base_key, step)

@@ -1,0 +1,173 @@
+"""The jit-compiled train step: aggregate gradients, then Adafactor.
+
+DP is one swapped component: the gradient aggregator. With `dp.aggregator.MeanAggregator`
+the step is ordinary (non-private) training; with `dp.aggregator.DPAggregator` (per-example
+clip, sum, Gaussian noise on the sum, divide by the public q N) followed by the same Adafactor
+it is DP-Adafactor (seed 001 Sec. 3.2). Nothing else in the step changes.
+
+Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
+derived inside the compiled step, so a resumed run continues the key sequence.
+"""
+import contextlib
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from private_t5 import models
+from private_t5.train import partitioning
+from private_t5.train.state import TrainState, step_keys
+
+PyTree = Any
+# Host-side bookkeeping columns of a batch that the compiled step does not read.
+HOST_ONLY_FEATURES = ("example_index", "is_padding")
+
+
+def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0) -> Callable:
+  """`loss_fn(params, batch, dropout_rng) -> loss[B]`, the aggregators' per-example loss."""
+  def loss_fn(params, batch, dropout_rng=None):
+    return models.example_loss_fn(params, batch, model_config, dropout_rng=dropout_rng, z_loss=z_loss)
+  return loss_fn
+
+
+def device_features(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+  """The columns of a host batch that go to the devices."""
+  return {k: v for k, v in batch.items() if k not in HOST_ONLY_FEATURES}
+
+
+class Trainer:
+  """Holds the compiled train and eval steps of one model on one mesh.
+
+  Attributes:
+    model_config: the T5Config.
+    aggregator: `aggregate(params, batch, *, dropout_rng, noise_rng) -> (grads, metrics)`.
+    optimizer: an optax GradientTransformation (Adafactor).
+    mesh: the (data, model) device mesh.
+    learning_rate_fn: optional schedule, logged as `learning_rate`.
+  """
+
+  def __init__(self, model_config: models.T5Config, aggregator: Callable,
+               optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+               learning_rate_fn: Optional[Callable] = None,
+               rules=partitioning.LOGICAL_AXIS_RULES):
+    self.model_config = model_config
+    self.aggregator = aggregator
+    self.optimizer = optimizer
+    self.mesh = mesh
+    self.learning_rate_fn = learning_rate_fn
+    self.use_dropout = model_config.dropout_rate > 0
+    shapes = models.param_shapes(model_config)
+    self.param_shardings = partitioning.param_shardings(
+        models.param_logical_axes(model_config), shapes, mesh, rules)
+    self._replicated = partitioning.replicated(mesh)
+    self._batch_sharding = partitioning.batch_sharding(mesh)
+    abstract = jax.eval_shape(self._init_fn, jax.random.PRNGKey(0))
+    # Adafactor's factored moments are small (rows + columns): replicate the optimizer state.
+    self.state_shardings = TrainState(
+        step=self._replicated, params=self.param_shardings,
+        opt_state=jax.tree.map(lambda _: self._replicated, abstract.opt_state))
+    self._abstract = abstract
+    self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+    self._init_from = jax.jit(self._init_from_params_fn, in_shardings=(self.param_shardings,),
+                              out_shardings=self.state_shardings)
+    self._train_step = jax.jit(
+        self._train_step_fn,
+        in_shardings=(self.state_shardings, self._batch_sharding, self._replicated, self._replicated),
+        out_shardings=(self.state_shardings, self._replicated),
+        donate_argnums=(0,))
+    self._eval_step = jax.jit(
+        self._eval_step_fn, in_shardings=(self.param_shardings, self._batch_sharding),
+        out_shardings=self._replicated)
+
+  # -- pure functions (traced under jit) --------------------------------------------------------
+
+  def _init_fn(self, rng: jax.Array) -> TrainState:
+    params = models.init_params(self.model_config, rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=self.optimizer.init(params))
+
+  def _init_from_params_fn(self, params) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
+
+  def _train_step_fn(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    dropout_rng, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
+    grads, metrics = self.aggregator(state.params, batch,
+                                     dropout_rng=dropout_rng if self.use_dropout else None,
+                                     noise_rng=noise_rng)
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics)
+    metrics["grad_norm_after_aggregation"] = optax.tree.norm(grads)
+    if self.learning_rate_fn is not None:
+      metrics["learning_rate"] = jnp.asarray(self.learning_rate_fn(state.step), jnp.float32)
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def _eval_step_fn(self, params, batch) -> Dict[str, jax.Array]:
+    model = models.Transformer(self.model_config)
+    logits = model.apply({"params": params}, batch["encoder_input_tokens"],
+                         batch["decoder_input_tokens"], enable_dropout=False)
+    loss, aux = models.per_example_loss(logits, batch["decoder_target_tokens"],
+                                        batch["decoder_loss_weights"])
+    weight = batch["example_weight"].astype(jnp.float32)
+    return {"loss_sum": jnp.sum(loss * weight), "examples": jnp.sum(weight),
+            "correct_tokens": jnp.sum(aux["num_correct"] * weight),
+            "target_tokens": jnp.sum(aux["num_tokens"] * weight)}
+
+  # -- host API ---------------------------------------------------------------------------------
+
+  def _mesh_context(self):
+    set_mesh = getattr(jax, "set_mesh", None)
+    return set_mesh(self.mesh) if set_mesh is not None else contextlib.nullcontext()
+
+  def init_state(self, rng: jax.Array, initial_params: Optional[PyTree] = None) -> TrainState:
+    """State at step 0: fresh parameters from `rng`, or `initial_params` (e.g. a pretrained
+    model to fine-tune), sharded by the logical-axis rules, with a fresh optimizer state."""
+    with self._mesh_context():
+      if initial_params is None:
+        return self._init(rng)
+      params = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s),
+                            initial_params, self.param_shardings)
+      return self._init_from(params)
+
+  def abstract_state(self) -> TrainState:
+    """ShapeDtypeStructs (with shardings) of the state: the restore target of a checkpoint."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        self._abstract, self.state_shardings)
+
+  def place_batch(self, batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """Host batch -> device arrays, rows split over the mesh's `data` axis."""
+    return partitioning.shard_batch(device_features(batch), self.mesh)
+
+  def train_step(self, state: TrainState, batch, dropout_base_key: jax.Array,
+                 noise_base_key: jax.Array) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """One optimizer step; `state` is donated (do not reuse it)."""
+    if isinstance(next(iter(batch.values())), np.ndarray):
+      batch = self.place_batch(batch)
+    with self._mesh_context():
+      return self._train_step(state, batch, dropout_base_key, noise_base_key)
+
+  def eval_batch(self, params: PyTree, batch) -> Dict[str, float]:
+    """Teacher-forced sums over the real rows: loss, examples, correct and target tokens."""
+    if isinstance(next(iter(batch.values())), np.ndarray):
+      batch = self.place_batch(batch)
+    with self._mesh_context():
+      out = self._eval_step(params, batch)
+    return {k: float(v) for k, v in jax.device_get(out).items()}
+
+  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    """Ahead-of-time compilation of the train step (for timing compile cost)."""
+    if isinstance(next(iter(batch.values())), np.ndarray):
+      batch = self.place_batch(batch)
+    with self._mesh_context():
+      return self._train_step.lower(state, batch, dropout_base_key, noise_base_key).compile()
+
+
+def summarize_eval(sums: Dict[str, float]) -> Dict[str, float]:
+  """Totals from `eval_batch` (summed over batches) -> loss and token accuracy."""
+  examples = max(sums.get("examples", 0.0), 1e-12)
+  tokens = max(sums.get("target_tokens", 0.0), 1e-12)
+  return {"loss": sums.get("loss_sum", 0.0) / examples,
+          "token_accuracy": sums.get("correct_tokens", 0.0) / tokens,
+          "examples": sums.get("examples", 0.0)}

@@ -1,0 +1,245 @@
+"""Extraction and canary exposure on a tiny T5 deliberately overfit on real documents.
+
+The model (the real `t5_1_0_tiny` preset, a 500-piece SentencePiece vocabulary trained on
+fortunes) is trained non-privately with a short optax loop on a few linux_docs documents
+(prompt P=16 tokens -> next T=8 tokens) and on one canary; it must then regenerate the
+training continuations (high EM) but not those of unseen documents (EM ~ 0), and the
+inserted canary must have exposure ~ log2|R| while a never-inserted one does not.
+"""
+import gzip
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+P, T = 16, 8
+NUM_TRAIN, NUM_UNSEEN = 8, 8
+
+
+def _read_jsonl(path, limit):
+  out = []
+  with gzip.open(path, "rt", encoding="utf-8") as f:
+    for line in f:
+      out.append(json.loads(line))
+      if len(out) >= limit:
+        break
+  return out
+
+
+@pytest.fixture(scope="module")
+def overfit(shared_data, tmp_path_factory):
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from private_t5 import models
+  from private_t5.data.corpora import Document
+  from private_t5.eval import canaries as canaries_lib
+  from private_t5.eval import memorization
+  from private_t5.tokenizer import spm
+
+  tmp = tmp_path_factory.mktemp("overfit")
+  fortunes = _read_jsonl(os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz"), 4000)
+  vocab_path = spm.train_from_sentences((d["text"] for d in fortunes), str(tmp / "spm.model"), vocab_size=500)
+  vocab = spm.load_vocabulary(vocab_path)
+  linux = _read_jsonl(os.path.join(shared_data, "pretrain", "linux_docs.jsonl.gz"), 200)
+  docs = [Document(d["id"], d["text"]) for d in linux]
+  tokens = memorization.tokenize_documents(vocab, [d.text for d in docs])
+  # Documents long enough whose continuations differ (distinct first P+T tokens).
+  picked, seen = [], set()
+  for d, t in zip(docs, tokens):
+    key = tuple(t[:P + T])
+    if len(t) >= P + T + 1 and key not in seen and len(set(t[P:P + T].tolist())) > 3:
+      picked.append(d)
+      seen.add(key)
+    if len(picked) == NUM_TRAIN + NUM_UNSEEN:
+      break
+  train_docs, unseen_docs = picked[:NUM_TRAIN], picked[NUM_TRAIN:]
+
+  fmt = canaries_lib.CanaryFormat(template="My ID is {secret}", length=3)
+  cans, _ = canaries_lib.make_canaries(fmt, repetitions=(20,), num_reference=1, seed=7)
+  inserted = [c for c in cans if c.repetitions]
+
+  cfg = memorization.ExtractionConfig(prompt_length=P, generation_length=T, batch_size=8)
+  # Targets run one token past T (as a longer document's continuation would), so that the
+  # model does not learn to stop after T tokens.
+  longer = memorization.ExtractionConfig(prompt_length=P, generation_length=T + 1)
+  train_ex = memorization.prefix_examples([d.id for d in train_docs],
+                                          memorization.tokenize_documents(vocab, [d.text for d in train_docs]), longer)
+  enc_width, dec_width = P + 1, T + 1
+  encoder = __import__("private_t5.eval.exposure", fromlist=["x"]).CandidateEncoder(vocab, fmt)
+  rows_enc, rows_tgt = [], []
+  for inp, tgt in zip(train_ex.inputs, train_ex.targets):
+    rows_enc.append(inp)
+    rows_tgt.append(tgt)
+  for c in inserted:
+    enc, tgt, w = encoder.encode([c.secret], dec_width)
+    e = np.zeros(enc_width, np.int32)
+    e[:enc.shape[1]] = enc[0]
+    rows_enc.append(e)
+    rows_tgt.append(tgt[0][w[0] > 0])
+  n = len(rows_enc)
+  enc = np.zeros((n, enc_width), np.int32)
+  tgt = np.zeros((n, dec_width), np.int32)
+  for i, (e, t) in enumerate(zip(rows_enc, rows_tgt)):
+    enc[i, :len(e)] = e
+    tgt[i, :len(t)] = t
+  batch = {"encoder_input_tokens": enc, "decoder_target_tokens": tgt,
+           "decoder_input_tokens": np.pad(tgt[:, :-1], ((0, 0), (1, 0))),
+           "decoder_loss_weights": (tgt > 0).astype(np.float32)}
+
+  vocab_rows = -(-vocab.vocab_size // 128) * 128
+  config = models.load_preset("t5_1_0_tiny", vocab_size=vocab_rows, dropout_rate=0.0)
+  params = models.init_params(config, jax.random.PRNGKey(0))
+  opt = optax.adam(3e-3)
+  opt_state = opt.init(params)
+
+  @jax.jit
+  def step(params, opt_state):
+    loss_fn = lambda p: jnp.mean(models.example_loss_fn(p, batch, config))
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  for _ in range(400):
+    params, opt_state, loss = step(params, opt_state)
+  return dict(params=jax.device_get(params), config=config, vocab=vocab, vocab_path=vocab_path,
+              train_docs=train_docs, unseen_docs=unseen_docs, canaries=cans, fmt=fmt, cfg=cfg,
+              final_loss=float(loss), tmp=tmp)
+
+
+@pytest.mark.slow
+def test_overfit_model_regenerates_training_continuations_only(overfit):
+  from private_t5.eval import memorization
+  o = overfit
+  assert o["final_loss"] < 0.05, o["final_loss"]
+  results = {}
+  for name, docs in (("train", o["train_docs"]), ("unseen", o["unseen_docs"])):
+    toks = memorization.tokenize_documents(o["vocab"], [d.text for d in docs])
+    ex = memorization.prefix_examples([d.id for d in docs], toks, o["cfg"])
+    assert ex.skipped == 0 and len(ex.ids) == len(docs)
+    metrics, stats, _ = memorization.evaluate_split(o["params"], o["config"], ex, o["cfg"], verbose=False)
+    results[name] = metrics
+    assert stats.generated_tokens == len(docs) * T
+  assert results["train"].exact_match >= 0.85, results
+  assert results["train"].token_accuracy >= 0.95, results
+  assert results["train"].median_edit_distance == 0.0
+  assert results["unseen"].exact_match <= 0.15, results
+  assert results["unseen"].token_accuracy < 0.5, results
+  assert results["unseen"].median_edit_distance >= 4
+  # The span-corruption variant runs on the same documents (this prefix-LM model was not
+  # trained to fill sentinels, so it does not regenerate the masked spans).
+  toks = memorization.tokenize_documents(o["vocab"], [d.text for d in o["train_docs"]])
+  span_ex = memorization.span_corruption_examples([d.id for d in o["train_docs"]], toks, o["cfg"],
+                                                  o["vocab"].vocab_size)
+  assert span_ex.skipped == 0 and span_ex.inputs.shape == (NUM_TRAIN, P)
+  span, _, _ = memorization.evaluate_split(o["params"], o["config"], span_ex, o["cfg"], verbose=False)
+  assert span.n == NUM_TRAIN and span.exact_match == 0.0
+
+
+@pytest.mark.slow
+def test_beam_search_and_uncached_reference_agree_with_greedy_on_memorized_text(overfit):
+  import dataclasses
+  from private_t5.eval import memorization
+  o = overfit
+  toks = memorization.tokenize_documents(o["vocab"], [d.text for d in o["train_docs"]])
+  ex = memorization.prefix_examples([d.id for d in o["train_docs"]], toks, o["cfg"])
+  greedy, _, g_preds = memorization.evaluate_split(o["params"], o["config"], ex, o["cfg"], verbose=False)
+  nocache = dataclasses.replace(o["cfg"], use_cache=False)
+  _, _, n_preds = memorization.evaluate_split(o["params"], o["config"], ex, nocache, verbose=False)
+  np.testing.assert_array_equal(g_preds, n_preds)
+  beam_cfg = dataclasses.replace(o["cfg"], beam_size=2)
+  beam, _, _ = memorization.evaluate_split(o["params"], o["config"], ex, beam_cfg, method=memorization.BEAM,
+                                           verbose=False)
+  assert beam.exact_match >= greedy.exact_match - 0.15
+
+
+@pytest.mark.slow
+def test_inserted_canary_is_exposed_and_reference_is_not(overfit):
+  from private_t5.eval import exposure, memorization
+  o = overfit
+  scorer = memorization.make_scorer(o["params"], o["config"])
+  encoder = exposure.CandidateEncoder(o["vocab"], o["fmt"])
+  evaluator = exposure.ExposureEvaluator(scorer, encoder, batch_size=250, max_exact=10_000)
+  results = {r.repetitions: r for r in evaluator.evaluate(o["canaries"])}
+  top = math.log2(1000)
+  assert results[20].method == "exact"
+  assert results[20].rank == 1 and results[20].exposure == pytest.approx(top)
+  assert results[0].exposure < top - 3, results[0]
+  # The extrapolated estimate agrees: the inserted canary is far in the tail of the fit.
+  sampled = exposure.ExposureEvaluator(scorer, encoder, batch_size=250, max_exact=100, num_samples=500)
+  est = {r.repetitions: r for r in sampled.evaluate(o["canaries"])}
+  assert est[20].method == "skewnorm"
+  assert est[20].exposure > top - 2
+  assert est[0].exposure < top - 3
+
+
+def _save_checkpoint(o, model_dir):
+  """Writes the overfit parameters as a training run's checkpoint (the train stage's layout)."""
+  import dataclasses
+  from private_t5.dp.ledger import PrivacyLedger
+  from private_t5.train import checkpoints
+  manager = checkpoints.CheckpointManager(str(model_dir), async_save=False)
+  ledger = PrivacyLedger.non_private_baseline(num_examples=len(o["train_docs"]), batch_size=len(o["train_docs"]))
+  manager.save(400, {"params": o["params"]}, {
+      "model_config": dataclasses.asdict(o["config"]), "vocab_path": o["vocab_path"],
+      "privacy_report": ledger.report(), "feature_lengths": {"inputs": P + 1, "targets": T + 1},
+      "data": {"objective": "prefix_lm"}})
+  manager.close()
+  # The operative Gin config the train stage writes beside its checkpoints names the objective.
+  (model_dir / "config.gin").write_text("OBJECTIVE = 'prefix_lm'\n")
+
+
+@pytest.mark.slow
+def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
+  from private_t5 import cli
+  from private_t5.eval import canaries as canaries_lib
+  from private_t5.tokenizer import spm
+  o = overfit
+  model_dir = tmp_path / "run"
+  _save_checkpoint(o, model_dir)
+  # The training corpus as the model saw it: the documents plus 20 copies of the canary.
+  train_path = str(tmp_path / "train.jsonl")
+  _, record, n_docs = canaries_lib.write_canary_corpus(o["train_docs"], train_path, o["fmt"], o["canaries"], seed=3)
+  assert n_docs == NUM_TRAIN + 20
+  valid_path = tmp_path / "valid.jsonl"
+  valid_path.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in o["unseen_docs"]))
+  out_dir = tmp_path / "memorization"
+  args = ["memorization", "--gin_file=configs/runs/memorization.gin", f"--gin.MODEL_DIR={model_dir}",
+          f"--gin.TRAIN_CORPUS={train_path}", f"--gin.VALID_CORPUS={valid_path}", f"--gin.OUTPUT_DIR={out_dir}",
+          f"--gin.PROMPT_LENGTH={P}", f"--gin.GENERATION_LENGTH={T}", "--gin.BATCH_SIZE=8",
+          f"--gin.CANARIES={record}", "--gin.SplitConfig.num_perm=900", "--gin.SplitConfig.num_bands=90",
+          "--gin.SplitConfig.num_workers=1"]
+  assert cli.main(args) == 0
+  report = json.loads((out_dir / "report.json").read_text())
+  greedy = report["extraction"]["greedy"]
+  assert report["epsilon_text"].startswith("ε = ∞")
+  assert report["checkpoint"]["objective"] == "prefix_lm"
+  # The 20 identical canary copies are near-duplicates of each other, too short for P + T.
+  assert report["splits"]["sizes"] == {"train_dup": 20, "train_unique": NUM_TRAIN, "valid_in_train": 0,
+                                       "valid_unique": NUM_UNSEEN}
+  assert greedy["train_dup"]["n"] == 0 and greedy["train_dup"]["skipped"] == 20
+  assert greedy["train_unique"]["n"] == NUM_TRAIN and greedy["train_unique"]["exact_match"] >= 0.85
+  assert greedy["valid_unique"]["n"] == NUM_UNSEEN and greedy["valid_unique"]["exact_match"] <= 0.15
+  assert greedy["valid_in_train"]["n"] == 0 and greedy["valid_in_train"]["exact_match"] is None
+  assert any("valid_in_train" in w and "empty" in w for w in report["warnings"])
+  exposures = {c["repetitions"]: c for c in report["canaries"]}
+  assert exposures[20]["exposure"] == pytest.approx(math.log2(1000))
+  assert exposures[0]["exposure"] < math.log2(1000) - 3
+  assert report["throughput"]["generated_tokens"] == (NUM_TRAIN + NUM_UNSEEN) * T
+  for name in ("report.md", "extraction.png", "exposure.png"):
+    assert (out_dir / name).stat().st_size > 0
+  assert "| Train unique | 8 | 0 |" in (out_dir / "report.md").read_text()
+  assert not report["splits"]["reused"]
+
+  # A second run reuses the split file.
+  assert cli.main(args) == 0
+  assert json.loads((out_dir / "report.json").read_text())["splits"]["reused"]
+
+  # Another vocabulary than the checkpoint's is refused with a clear message.
+  other = spm.train_from_sentences((d.text for d in o["unseen_docs"]), str(tmp_path / "other.model"),
+                                   vocab_size=300)
+  capsys.readouterr()
+  assert cli.main(args + [f"--gin.VOCAB_PATH={other}"]) == 2
+  assert "differs from the one the checkpoint was trained with" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""Meshes and logical-axis sharding: the sharded train step equals the single-device one."""
+import jax
+import numpy as np
+import pytest
+
+from private_t5 import models
+from private_t5.dp.aggregator import DPAggregator, MeanAggregator
+from private_t5.errors import ConfigError
+from private_t5.train import optimizers, partitioning
+from private_t5.train.state import RunSeeds
+from private_t5.train.trainer import Trainer, make_loss_fn
+
+# Small enough to compile quickly, with every dimension divisible by the model axis (2).
+CONFIG = models.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+                         num_decoder_layers=1, dropout_rate=0.0)
+
+
+def _batch(batch_size=8, inputs=12, targets=6, padding_rows=2, seed=0):
+  rng = np.random.default_rng(seed)
+  tgt = rng.integers(3, CONFIG.vocab_size, (batch_size, targets)).astype(np.int32)
+  dec = np.zeros_like(tgt)
+  dec[:, 1:] = tgt[:, :-1]
+  weight = np.ones(batch_size, np.float32)
+  weight[batch_size - padding_rows:] = 0.0
+  return {"encoder_input_tokens": rng.integers(3, CONFIG.vocab_size, (batch_size, inputs)).astype(np.int32),
+          "decoder_input_tokens": dec, "decoder_target_tokens": tgt,
+          "decoder_loss_weights": np.ones((batch_size, targets), np.float32),
+          "example_weight": weight, "is_padding": weight == 0,
+          "example_index": np.where(weight > 0, np.arange(batch_size), -1)}
+
+
+def test_create_mesh_shapes():
+  assert len(jax.devices()) == 8, "conftest should provide 8 fake CPU devices"
+  mesh = partitioning.create_mesh((-1, 2))
+  assert dict(mesh.shape) == {"data": 4, "model": 2}
+  assert dict(partitioning.create_mesh((-1, 1)).shape) == {"data": 8, "model": 1}
+  with pytest.raises(ConfigError, match="mesh_shape"):
+    partitioning.create_mesh((3, -1))
+  with pytest.raises(ConfigError, match="needs 16 devices"):
+    partitioning.create_mesh((8, 2))
+  with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
+    partitioning.check_batch_divisible(6, mesh)
+
+
+def test_logical_rules_shard_large_dims_on_model_axis():
+  mesh = partitioning.create_mesh((4, 2))
+  shardings = partitioning.param_shardings(models.param_logical_axes(CONFIG), models.param_shapes(CONFIG), mesh)
+
+  def spec(*path):
+    return tuple(_get(shardings, path).spec)
+
+  assert spec("token_embedder", "embedding") == ("model", None)  # [vocab, embed]
+  assert spec("encoder", "layers_0", "mlp", "wi", "kernel") == (None, "model")  # [embed, mlp]
+  assert spec("encoder", "layers_0", "attention", "out", "kernel") == ("model", None)  # [joined_kv, embed]
+  assert spec("encoder", "encoder_norm", "scale") == (None,)  # [embed] replicated
+  assert partitioning.logical_to_spec(("batch", "length")) == jax.sharding.PartitionSpec("data", None)
+  # A dimension the axis does not divide is replicated instead of failing.
+  odd = partitioning.param_shardings({"w": ("vocab", "embed")}, {"w": jax.ShapeDtypeStruct((5, 4), np.float32)}, mesh)
+  assert tuple(odd["w"].spec) == (None, None)
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _two_steps(mesh, aggregator):
+  trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  seeds = RunSeeds.create(insecure_deterministic_seed=7)
+  state = trainer.init_state(seeds.init_key)
+  metrics = None
+  for step in range(2):
+    state, metrics = trainer.train_step(state, _batch(seed=step), seeds.dropout_base_key, seeds.noise_base_key)
+  return jax.device_get(state.params), {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+@pytest.mark.parametrize("private", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["mean", "dp_noise_off"])
+def test_sharded_step_equals_single_device_step(private):
+  loss_fn = make_loss_fn(CONFIG)
+  def aggregator(spmd_axis_name):
+    if private:  # noise off: the comparison is exact up to float reassociation
+      return DPAggregator(loss_fn, clip_norm=0.1, noise_multiplier=0.0, expected_batch_size=6.0,
+                          microbatch_size=4, spmd_axis_name=spmd_axis_name)
+    return MeanAggregator(loss_fn, microbatch_size=4)
+  single = partitioning.create_mesh((1, 1), jax.devices()[:1])
+  sharded = partitioning.create_mesh((4, 2))
+  params_1, metrics_1 = _two_steps(single, aggregator(None))
+  params_8, metrics_8 = _two_steps(sharded, aggregator("data"))
+  for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_8)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  for k in metrics_1:
+    assert metrics_1[k] == pytest.approx(metrics_8[k], rel=1e-5, abs=1e-5), k
+  if private:
+    assert metrics_1["nondp/fraction_clipped"] > 0  # the clip is active in this comparison
+
+
+def test_init_from_given_params_is_sharded_by_the_rules():
+  mesh = partitioning.create_mesh((4, 2))
+  trainer = Trainer(CONFIG, MeanAggregator(make_loss_fn(CONFIG)), optimizers.adafactor(0.01), mesh)
+  given = jax.tree.map(np.asarray, models.init_params(CONFIG, jax.random.PRNGKey(3)))
+  state = trainer.init_state(jax.random.PRNGKey(0), initial_params=given)
+  assert int(state.step) == 0
+  for a, b in zip(jax.tree.leaves(given), jax.tree.leaves(jax.device_get(state.params))):
+    np.testing.assert_array_equal(a, b)
+  embedding = state.params["token_embedder"]["embedding"]
+  assert tuple(embedding.sharding.spec) == ("model", None)

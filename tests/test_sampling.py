@@ -1,0 +1,172 @@
+"""Statistical and contract tests of the batch samplers (fixed seeds: deterministic)."""
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+from dp_accounting import dp_event
+
+from private_t5.dp.sampling import (PoissonSampler, ShuffledBatchSampler,
+                                    batch_size_for_truncation)
+from private_t5.errors import ConfigError, PrivacyError
+
+
+def _inclusion_matrix(sampler, steps):
+  """bool[steps, N]: whether example j is in the batch of step t."""
+  m = np.zeros((steps, sampler.num_examples), bool)
+  for t in range(steps):
+    m[t, sampler.indices_for_step(t)] = True
+  return m
+
+
+def test_poisson_inclusion_rate_is_q():
+  n, q, steps = 2000, 0.03, 600
+  sampler = PoissonSampler(n, q, max_batch_size=n, seed=11)
+  m = _inclusion_matrix(sampler, steps)
+  total = m.sum()
+  # Total inclusions ~ Binomial(steps * N, q).
+  sd = math.sqrt(steps * n * q * (1 - q))
+  assert abs(total - steps * n * q) < 5 * sd
+  # Every example has the same rate: per-example counts ~ Binomial(steps, q) (chi-square).
+  counts = m.sum(axis=0)
+  expected_var = steps * q * (1 - q)
+  chi2 = ((counts - steps * q) ** 2 / expected_var).sum()
+  assert scipy.stats.chi2.sf(chi2, df=n) > 1e-4
+  # Batch sizes ~ Binomial(N, q): mean and variance.
+  sizes = m.sum(axis=1)
+  assert abs(sizes.mean() - n * q) < 5 * math.sqrt(n * q * (1 - q) / steps)
+  assert 0.75 < sizes.var() / (n * q * (1 - q)) < 1.3
+
+
+def test_poisson_steps_are_independent():
+  n, q, steps = 1000, 0.05, 800
+  sampler = PoissonSampler(n, q, max_batch_size=n, seed=5)
+  m = _inclusion_matrix(sampler, steps).astype(float)
+  # P[j in step t and in step t+1] = q^2 for independent steps.
+  joint = (m[:-1] * m[1:]).mean()
+  sd = math.sqrt(q * q * (1 - q * q) / ((steps - 1) * n))
+  assert abs(joint - q * q) < 6 * sd, (joint, q * q)
+  # Consecutive batch sizes are uncorrelated.
+  sizes = m.sum(axis=1)
+  r = np.corrcoef(sizes[:-1], sizes[1:])[0, 1]
+  assert abs(r) < 5 / math.sqrt(steps)
+  # Within a step, two examples are included independently (no fixed-size coupling).
+  pair = (m[:, 0:500] * m[:, 500:1000]).mean()
+  assert abs(pair - q * q) < 6 * math.sqrt(q * q / (steps * 500))
+
+
+def test_poisson_is_deterministic_in_seed_and_step():
+  a = PoissonSampler(10_000, 0.01, 500, seed=3)
+  b = PoissonSampler(10_000, 0.01, 500, seed=3)  # e.g. rebuilt after a resume
+  for step in (0, 1, 17, 10_000):
+    np.testing.assert_array_equal(a.indices_for_step(step), b.indices_for_step(step))
+  # Random access: asking for step 17 first gives the same batch as iterating up to it.
+  c = PoissonSampler(10_000, 0.01, 500, seed=3)
+  np.testing.assert_array_equal(c.indices_for_step(17), a.indices_for_step(17))
+  other = PoissonSampler(10_000, 0.01, 500, seed=4)
+  assert not np.array_equal(a.indices_for_step(1), other.indices_for_step(1))
+  assert not np.array_equal(a.indices_for_step(1), a.indices_for_step(2))
+
+
+def test_poisson_indices_are_sorted_unique_in_range():
+  sampler = PoissonSampler(5000, 0.2, 2000, seed=1)
+  for step in range(20):
+    idx = sampler.indices_for_step(step)
+    assert idx.dtype == np.int64
+    assert (np.diff(idx) > 0).all()
+    assert idx.min() >= 0 and idx.max() < 5000
+
+
+def test_poisson_huge_population_is_cheap():
+  # The paper's N: the count is drawn from Binomial(N, q), then a uniform subset.
+  n = 5_240_387_307
+  sampler = PoissonSampler(n, 8192 / n, max_batch_size=9000, seed=0)
+  idx = sampler.indices_for_step(123)
+  assert abs(len(idx) - 8192) < 6 * math.sqrt(8192)
+  assert idx.max() < n and len(np.unique(idx)) == len(idx)
+  assert sampler.truncation_probability < 1e-15
+
+
+def test_truncation_probability_matches_empirical_rate():
+  n, q, cap = 1000, 0.05, 55
+  sampler = PoissonSampler(n, q, max_batch_size=cap, seed=9)
+  p = sampler.truncation_probability
+  np.testing.assert_allclose(p, scipy.stats.binom.sf(cap, n, q))
+  assert 0.1 < p < 0.4
+  steps = 3000
+  truncated = 0
+  for t in range(steps):
+    size = len(sampler.indices_for_step(t))
+    assert size <= cap
+    truncated += sampler.sample_size(t) > cap
+    # A truncated step is exactly full; an untruncated one has the Poisson count.
+    if sampler.sample_size(t) > cap:
+      assert size == cap
+    else:
+      assert size == sampler.sample_size(t)
+  assert abs(truncated / steps - p) < 5 * math.sqrt(p * (1 - p) / steps)
+  np.testing.assert_allclose(sampler.truncation_probability_over(10), 1 - (1 - p) ** 10)
+
+
+def test_batch_size_for_truncation_meets_the_bound():
+  n, q = 100_000, 0.01
+  m = batch_size_for_truncation(n, q, 1e-6)
+  assert scipy.stats.binom.sf(m, n, q) <= 1e-6 < scipy.stats.binom.sf(m - 1, n, q)
+  sampler = PoissonSampler.from_expected_batch_size(n, 1000, seed=0)
+  assert sampler.max_batch_size == m and sampler.expected_batch_size == pytest.approx(1000)
+  assert sampler.padded_batch_size == m
+
+
+def test_dp_event_describes_the_sampler():
+  sampler = PoissonSampler(1000, 0.05, 55, seed=0)
+  event = sampler.dp_event(noise_multiplier=1.1, steps=10)
+  assert isinstance(event, dp_event.SelfComposedDpEvent) and event.count == 10
+  assert event.event == dp_event.TruncatedSubsampledGaussianDpEvent(1000, 0.05, 55, 1.1)
+  plain = sampler.dp_event(1.1, 10, account_truncation=False)
+  assert plain.event == dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(1.1))
+  untruncated = PoissonSampler(1000, 0.05, 1000, seed=0)
+  assert isinstance(untruncated.dp_event(1.1, 3).event, dp_event.PoissonSampledDpEvent)
+
+
+@pytest.mark.parametrize("q", [0.0, -0.1, 1.5, float("nan")])
+def test_bad_sampling_rate_is_refused(q):
+  with pytest.raises(PrivacyError, match="sampling_rate"):
+    PoissonSampler(100, q, 10, seed=0)
+
+
+def test_bad_poisson_sizes_are_refused():
+  with pytest.raises(PrivacyError, match="num_examples"):
+    PoissonSampler(0, 0.1, 10, seed=0)
+  with pytest.raises(PrivacyError, match="max_batch_size"):
+    PoissonSampler(100, 0.1, 0, seed=0)
+  with pytest.raises(PrivacyError, match="expected_batch_size"):
+    PoissonSampler.from_expected_batch_size(100, 200, seed=0)
+  with pytest.raises(ConfigError, match="step"):
+    PoissonSampler(100, 0.1, 10, seed=0).indices_for_step(-1)
+
+
+def test_q_equal_one_takes_everything():
+  sampler = PoissonSampler(50, 1.0, 50, seed=0)
+  np.testing.assert_array_equal(sampler.indices_for_step(4), np.arange(50))
+
+
+def test_shuffled_batches_cover_each_epoch_once():
+  n, b = 103, 10
+  sampler = ShuffledBatchSampler(n, b, seed=2)
+  assert not sampler.is_poisson and sampler.padded_batch_size == b
+  assert sampler.steps_per_epoch == 10
+  epoch0 = [sampler.indices_for_step(t) for t in range(10)]
+  assert all(len(x) == b for x in epoch0)
+  seen = np.concatenate(epoch0)
+  assert len(np.unique(seen)) == 100  # no repeats within an epoch, 3 left over
+  epoch1 = np.concatenate([sampler.indices_for_step(t) for t in range(10, 20)])
+  assert not np.array_equal(seen, epoch1)
+  again = ShuffledBatchSampler(n, b, seed=2)
+  np.testing.assert_array_equal(again.indices_for_step(13), sampler.indices_for_step(13))
+
+
+def test_shuffled_bad_sizes_are_refused():
+  with pytest.raises(ConfigError, match="larger than the dataset"):
+    ShuffledBatchSampler(5, 6, seed=0)
+  with pytest.raises(ConfigError, match="batch_size"):
+    ShuffledBatchSampler(5, 0, seed=0)

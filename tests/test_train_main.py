@@ -1,0 +1,156 @@
+"""`private-t5 train`: Gin layering, required macros, a real DP run end to end, resume,
+the one-flag non-private baseline, and refusal of a MODEL_DIR holding another model."""
+import gzip
+import json
+import os
+
+import gin
+import pytest
+
+from private_t5 import gin_utils
+from private_t5.dp import accounting
+from private_t5.errors import CheckpointError, ConfigError, PrivacyError
+from private_t5.tokenizer import spm
+from private_t5.train import checkpoints, main, metrics
+
+QUICKSTART = "configs/experiments/quickstart.gin"
+# A micro T5 (fast to compile) and a short run on real text (the fortunes corpus).
+MICRO = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
+         "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1",
+         "--gin.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",
+         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.train.mesh_shape=(1, 1)",
+         "--gin.make_source.max_documents=300", "--gin.train.eval_examples=16",
+         "--gin.train.insecure_deterministic_seed=1234", "--gin.DPConfig.target_epsilon=None",
+         "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=2"]
+
+
+@pytest.fixture(scope="module")
+def corpus_and_vocab(shared_data, tmp_path_factory):
+  corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+  with gzip.open(corpus, "rt") as f:
+    texts = [json.loads(line)["text"] for _, line in zip(range(2000), f)]
+  vocab = str(tmp_path_factory.mktemp("vocab") / "spm.model")
+  spm.train_from_sentences(texts, vocab, vocab_size=300)
+  return corpus, vocab
+
+
+def _args(model_dir, corpus, vocab, steps, *extra):
+  return ["--gin_file=" + QUICKSTART, f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={corpus}",
+          f"--gin.VOCAB_PATH={vocab}", f"--gin.TRAIN_STEPS={steps}",
+          f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache", *MICRO, *extra]
+
+
+def test_missing_required_macro_is_named():
+  with pytest.raises(ConfigError, match=r"CORPUS, MODEL_DIR, VOCAB_PATH"):
+    main.run_from_args(["--gin_file=" + QUICKSTART])
+  with pytest.raises(ConfigError, match=r"missing required Gin macro\(s\): VOCAB_PATH"):
+    main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.MODEL_DIR=/tmp/x", "--gin.CORPUS=x"])
+
+
+def test_unknown_gin_name_is_named():
+  with pytest.raises(ConfigError, match="'train' doesn't have a parameter named 'bogus_steps'"):
+    main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.train.bogus_steps=3"])
+  with pytest.raises(ConfigError, match="No configurable matching 'NoSuchThing'"):
+    main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.NoSuchThing.x=3"])
+  with pytest.raises(ConfigError, match="unknown flag"):
+    main.run_from_args(["--gin_file=" + QUICKSTART, "--steps=3"])
+
+
+def test_layering_and_overrides():
+  main._register()  # pylint: disable=protected-access
+  # model file -> run file -> experiment -> flags: later layers win.
+  gin_utils.parse(["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin"], ["MODEL_DIR=/tmp/a"])
+  assert gin.query_parameter("BATCH_SIZE/macro.value") == 128
+  assert gin.query_parameter("VOCAB_SIZE/macro.value") == 8320
+  gin_utils.parse([QUICKSTART], ["BATCH_SIZE=16", "DP=None", "T5Config.d_model=64"])
+  assert gin.query_parameter("BATCH_SIZE/macro.value") == 16  # flag over experiment over run
+  assert gin.query_parameter("VOCAB_SIZE/macro.value") == 2176  # experiment over model file
+  assert gin.query_parameter("T5Config.d_model") == 64
+  assert gin.query_parameter("DP/macro.value") is None
+  assert gin.query_parameter("training/make_source.split") == "train"
+  assert gin.query_parameter("validation/make_source.split") == "validation"
+  gin.clear_config()
+
+
+@pytest.mark.slow
+def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path):
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "run")
+  summary = main.run_from_args(_args(model_dir, corpus, vocab, 4, "--gin.train.checkpoint_every=2",
+                                     "--gin.train.log_every=2", "--gin.train.eval_every=2"))
+  assert summary["final_step"] == 4 and summary["private"]
+  for name in ("config.gin", "summary.json", "privacy_report.json"):
+    assert os.path.isfile(os.path.join(model_dir, name)), name
+  assert "train.batch_size = %BATCH_SIZE" in open(os.path.join(model_dir, "config.gin")).read()
+  report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
+  assert report["steps"] == 4 and report["privacy_unit"] == "document" and report["noise_multiplier"] == 1.0
+  q = report["sampling_rate"]
+  assert q == pytest.approx(2 / report["num_examples"])
+  mechanism_delta = 0.1 / report["num_examples"]  # the default δ = 1 / (10 N)
+  expected_eps = accounting.compute_epsilon(1.0, q, 4, mechanism_delta, "rdp")
+  assert report["training_epsilon"] == pytest.approx(expected_eps)
+  assert summary["epsilon"] == pytest.approx(expected_eps)
+  assert report["truncation_probability"] > 0 and report["max_batch_size"] == 8
+  # TensorBoard: private-batch metrics carry the not-DP label, ε is logged, validation exists.
+  train_tags = metrics.read_scalars(os.path.join(model_dir, "tensorboard", "train"))
+  assert {"nondp/loss", "nondp/token_accuracy", "privacy/epsilon"} <= set(train_tags)
+  assert "loss" not in train_tags
+  val_tags = metrics.read_scalars(os.path.join(model_dir, "tensorboard", "validation"))
+  assert [s for s, _ in val_tags["token_accuracy"]] == [2, 4]
+  # Every checkpoint holds the ledger of exactly its step.
+  manager = checkpoints.CheckpointManager(model_dir)
+  assert manager.all_steps() == [2, 4]
+  assert manager.read_metadata(2)["ledger"]["steps"] == 2
+  assert manager.read_metadata(4)["ledger"]["delta"] == pytest.approx(mechanism_delta)
+  manager.close()
+  params, config, info = checkpoints.restore_for_inference(model_dir)
+  assert config.d_model == 32 and info["step"] == 4 and info["vocab_path"] == os.path.abspath(vocab)
+  assert info["privacy_report"]["steps"] == 4
+  assert params["token_embedder"]["embedding"].shape == (512, 32)
+
+  # Same command with more steps: resumes at 4, continues the ledger to 6.
+  resumed = main.run_from_args(_args(model_dir, corpus, vocab, 6, "--gin.train.checkpoint_every=2"))
+  assert resumed["resumed_from_step"] == 4 and resumed["steps_this_run"] == 2 and resumed["final_step"] == 6
+  report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
+  assert report["steps"] == 6
+  assert report["training_epsilon"] == pytest.approx(accounting.compute_epsilon(1.0, q, 6, mechanism_delta, "rdp"))
+
+  # Another model in the same MODEL_DIR is refused, naming the difference.
+  with pytest.raises(CheckpointError, match=r"another run \(first difference: .model_config\.d_"):
+    main.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.T5Config.d_model=64"))
+  # Fine-tuning style: a new run starting from this run's parameters (fresh optimizer and ledger).
+  finetuned_dir = str(tmp_path / "from_initial")
+  finetuned = main.run_from_args(_args(finetuned_dir, corpus, vocab, 1, f"--gin.train.initial_checkpoint={model_dir}"))
+  assert finetuned["final_step"] == 1
+  manager = checkpoints.CheckpointManager(finetuned_dir)
+  assert manager.read_metadata(1)["initial_checkpoint"]["step"] == 6
+  assert manager.read_metadata(1)["ledger"]["steps"] == 1
+  manager.close()
+  # So is another privacy mechanism.
+  with pytest.raises(CheckpointError, match="privacy.noise_multiplier"):
+    main.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.DPConfig.noise_multiplier=2.0"))
+
+
+@pytest.mark.slow
+def test_non_private_baseline_is_one_flag(corpus_and_vocab, tmp_path):
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "baseline")
+  summary = main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DP=None"))
+  assert summary["private"] is False and summary["epsilon"] is None
+  report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
+  assert report["dp"] is False and report["epsilon"] is None and report["steps"] == 2
+  assert summary["validation"]["examples"] > 0
+
+
+def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_path):
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "bad")
+  with pytest.raises(PrivacyError, match="noise_multiplier"):
+    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.noise_multiplier=0.0"))
+  with pytest.raises(PrivacyError, match="clip_norm"):
+    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.clip_norm=-1.0"))
+  with pytest.raises(PrivacyError, match="larger than the dataset"):
+    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.expected_batch_size=100000"))
+  with pytest.raises(PrivacyError, match="exactly one"):
+    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.target_epsilon=3.0"))
+  assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
