@@ -22,6 +22,8 @@ STAGES = {
     "evaluate": ("private_t5.eval.evaluate_cli", "evaluate a checkpoint on GLUE-style tasks"),
     "bench": ("private_t5.bench", "benchmark non-DP vs DP training steps side by side"),
     "redact": ("private_t5.selective.redact_cli", "detect secrets and write a redacted corpus"),
+    "jft": ("private_t5.selective.jft", "selective DP: Just Fine-tune Twice (redacted phase, then DP phase)"),
+    "adaptive": ("private_t5.selective.adaptive_train", "adaptive-noise DP training (no formal guarantee)"),
 }
 
 

@@ -95,8 +95,11 @@ def _resolve(path: str) -> str:
   raise ConfigError(f"Gin file not found: {path!r} (looked in {', '.join(CONFIG_SEARCH_PATHS)})")
 
 
-def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = ()) -> None:
-  """Parses layered Gin files then overrides; errors name the offending binding."""
+def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True) -> None:
+  """Parses layered Gin files then overrides; errors name the offending binding.
+
+  With `check_required`, a macro left at `%gin.REQUIRED` is an error that names it.
+  """
   register_configurables()
   gin.clear_config()
   for base in CONFIG_SEARCH_PATHS:
@@ -110,6 +113,21 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = ()) -> None:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except (ValueError, SyntaxError, KeyError, IOError) as e:
     raise ConfigError(f"invalid Gin configuration: {_first_line(e)}") from e
+  if check_required:
+    check_required_macros()
+
+
+def check_required_macros() -> None:
+  """Raises ConfigError naming every macro still bound to %gin.REQUIRED.
+
+  Gin itself only checks `%gin.REQUIRED` bound directly to a parameter; a required *macro*
+  would otherwise reach the code as an opaque sentinel object.
+  """
+  missing = sorted(scope for (scope, selector), params in gin.config._CONFIG.items()  # pylint: disable=protected-access
+                   if selector == "gin.macro" and str(params.get("value")) == "%gin.REQUIRED")
+  if missing:
+    flags = " ".join(f"--gin.{name}=..." for name in missing)
+    raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")
 
 
 _BARE = re.compile(r"^[A-Za-z_./~][\w./~:-]*$")

@@ -78,7 +78,8 @@ def test_truncation_probability_is_binomial_tail():
   p_mc = float(np.mean(draws > cap))
   p = accounting.truncation_probability(n, q, cap)
   assert abs(p_mc - p) < 5 * math.sqrt(p * (1 - p) / draws.size) + 1e-6
-  assert accounting.total_delta(1e-6, 100, p) == pytest.approx(1e-6 + 100 * p)
+  assert accounting.total_delta(1e-6, 100, p, 2.0) == pytest.approx(1e-6 + (1 + math.exp(2.0)) * 100 * p)
+  assert accounting.total_delta(1e-6, 100, 0.0, 2.0) == 1e-6
 
 
 def test_max_batch_size_for_bounds_truncation():
@@ -156,7 +157,8 @@ def test_cli_truncation_reported(capsys):
   out = _cli_json(capsys, ["--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=50",
                            "--delta=1e-6", "--max_batch_size=140"])
   assert out["truncation_probability"] == pytest.approx(stats.binom.sf(140, 10_001, 0.01))
-  assert out["total_delta"] == pytest.approx(1e-6 + 50 * out["truncation_probability"])
+  assert out["total_delta"] == pytest.approx(
+      1e-6 + (1 + math.exp(out["epsilon"])) * 50 * out["truncation_probability"])
 
 
 @pytest.mark.parametrize("argv", [

@@ -41,7 +41,8 @@ def test_training_epsilon_matches_accounting():
   assert ledger.training_epsilon() == pytest.approx(accounting.compute_epsilon(1.1, 0.01, 300, 1e-6))
   p = accounting.truncation_probability(50_000, 0.01, 600)
   assert ledger.truncation_probability == pytest.approx(p)
-  assert ledger.training_delta() == pytest.approx(1e-6 + 300 * p)
+  eps = ledger.training_epsilon()
+  assert ledger.training_delta() == pytest.approx(1e-6 + (1 + math.exp(eps)) * 300 * p)
 
 
 def test_resume_in_two_halves_equals_one_run(tmp_path):

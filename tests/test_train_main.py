@@ -47,6 +47,19 @@ def test_missing_required_macro_is_named():
     main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.MODEL_DIR=/tmp/x", "--gin.CORPUS=x"])
 
 
+@pytest.mark.parametrize("stage,gin_files,missing", [
+    ("memorization", ["configs/runs/memorization.gin"], "MODEL_DIR, OUTPUT_DIR, TRAIN_CORPUS, VALID_CORPUS"),
+    ("evaluate", ["configs/runs/eval.gin"], "MIXTURE_OR_TASK_NAME, MODEL_DIR"),
+    ("jft", [QUICKSTART, "configs/runs/jft.gin"], "CORPUS, MODEL_DIR, REDACTED_CORPUS, VOCAB_PATH"),
+    ("adaptive", [QUICKSTART, "configs/runs/adaptive.gin"],
+     "CORPUS, MODEL_DIR, REFERENCE_MODEL_DIR, VOCAB_PATH"),
+])
+def test_every_gin_stage_names_missing_macros(stage, gin_files, missing, capsys):
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  assert cli.main([stage] + [f"--gin_file={f}" for f in gin_files]) == 2
+  assert f"missing required Gin macro(s): {missing}" in capsys.readouterr().err
+
+
 def test_unknown_gin_name_is_named():
   with pytest.raises(ConfigError, match="'train' doesn't have a parameter named 'bogus_steps'"):
     main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.train.bogus_steps=3"])
@@ -59,10 +72,10 @@ def test_unknown_gin_name_is_named():
 def test_layering_and_overrides():
   main._register()  # pylint: disable=protected-access
   # model file -> run file -> experiment -> flags: later layers win.
-  gin_utils.parse(["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin"], ["MODEL_DIR=/tmp/a"])
+  gin_utils.parse(["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin"], ["MODEL_DIR=/tmp/a"], check_required=False)
   assert gin.query_parameter("BATCH_SIZE/macro.value") == 128
   assert gin.query_parameter("VOCAB_SIZE/macro.value") == 8320
-  gin_utils.parse([QUICKSTART], ["BATCH_SIZE=16", "DP=None", "T5Config.d_model=64"])
+  gin_utils.parse([QUICKSTART], ["BATCH_SIZE=16", "DP=None", "T5Config.d_model=64"], check_required=False)
   assert gin.query_parameter("BATCH_SIZE/macro.value") == 16  # flag over experiment over run
   assert gin.query_parameter("VOCAB_SIZE/macro.value") == 2176  # experiment over model file
   assert gin.query_parameter("T5Config.d_model") == 64

@@ -215,9 +215,17 @@ def truncation_probability(num_examples: int, sampling_rate: float, max_batch_si
   return float(stats.binom.sf(int(max_batch_size), int(num_examples) + 1, sampling_rate))
 
 
-def total_delta(delta: float, steps: int, truncation_prob: float) -> float:
-  """δ of a truncated-Poisson run: δ + steps · p_trunc (union bound over the steps)."""
-  return float(delta) + int(steps) * float(truncation_prob)
+def total_delta(delta: float, steps: int, truncation_prob: float, epsilon: float) -> float:
+  """δ of a truncated-Poisson run: δ + (1 + e^ε) · steps · p_trunc.
+
+  The truncated run differs from the untruncated (accounted) one only on the event that some
+  batch was truncated, of probability η ≤ steps · p_trunc on either dataset (union bound). So
+  P[M'(D) ∈ S] ≤ P[M(D) ∈ S] + η ≤ e^ε (P[M'(D') ∈ S] + η) + δ + η.
+  """
+  eta = int(steps) * float(truncation_prob)
+  if eta == 0.0:
+    return float(delta)
+  return float(delta) + (1.0 + math.exp(min(float(epsilon), 700.0))) * eta
 
 
 def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_probability: float) -> int:

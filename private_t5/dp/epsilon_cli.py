@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.num_examples is None:
       raise PrivacyError("--max_batch_size needs --num_examples")
     p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
-    delta_total = accounting.total_delta(args.delta, args.steps, p_trunc)
+    delta_total = accounting.total_delta(args.delta, args.steps, p_trunc, eps)
     out.update(max_batch_size=args.max_batch_size, truncation_probability=p_trunc, total_delta=delta_total)
     accounting.validate_privacy_params(delta=min(delta_total, 0.999999), num_examples=args.num_examples)
   return out

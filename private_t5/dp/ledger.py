@@ -163,10 +163,11 @@ class PrivacyLedger:
                                       self.accountant, sampling=self.sampling, num_examples=self.num_examples)
 
   def training_delta(self) -> float:
-    """δ of training: δ + steps · p_trunc."""
+    """δ of training: δ + (1 + e^ε) · steps · p_trunc (see `accounting.total_delta`)."""
     if self.non_private:
       return 1.0
-    return accounting.total_delta(self.delta, self.steps, self.truncation_probability)
+    return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
+                                  self.training_epsilon())
 
   def total_epsilon(self) -> float:
     """Training ε plus every component's ε (simple composition)."""
@@ -190,7 +191,7 @@ class PrivacyLedger:
         epsilon=finite(self.total_epsilon()), delta=self.total_delta(), accounting_delta=self.delta,
         training_epsilon=finite(self.training_epsilon()), training_delta=self.training_delta(),
         total_epsilon=finite(self.total_epsilon()), total_delta=self.total_delta(),
-        truncation_delta=(0.0 if self.non_private else self.steps * self.truncation_probability),
+        truncation_delta=(0.0 if self.non_private else self.training_delta() - self.delta),
         dp=not self.non_private,
         ledger=self.to_dict(),
     )

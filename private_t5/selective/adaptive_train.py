@@ -122,3 +122,18 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
       f"{implied if implied is not None else float('inf'):.4g} at δ = {report['delta']:.3g} (not a guarantee); "
       f"report: {summary['adaptive_dp_report']}")
   return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`private-t5 adaptive --gin_file=... [--gin.NAME=VALUE ...]` (see configs/runs/adaptive.gin)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from private_t5.selective import jft  # pylint: disable=g-import-not-at-top (registers train_adaptive)
+  from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__ + "\nusage: private-t5 adaptive --gin_file=configs/models/... "
+          "--gin_file=configs/runs/pretrain.gin --gin_file=configs/runs/adaptive.gin [--gin.NAME=VALUE ...]")
+    return 0
+  jft._register()  # pylint: disable=protected-access
+  train_main.run_from_args(argv, entry="train_adaptive")
+  return 0

@@ -1,6 +1,6 @@
 """Just Fine-tune Twice (JFT, seed 002): selective DP in two training phases, one command.
 
-  python -m private_t5.selective.jft --gin_file=configs/models/t5_1_0_tiny.gin \
+  private-t5 jft --gin_file=configs/models/t5_1_0_tiny.gin \
       --gin_file=configs/runs/pretrain.gin --gin_file=configs/runs/jft.gin \
       --gin.MODEL_DIR=/tmp/jft --gin.CORPUS=/data/train.jsonl.gz \
       --gin.REDACTED_CORPUS=/data/train_redacted.jsonl.gz --gin.VOCAB_PATH=/data/spm.model \
@@ -211,18 +211,8 @@ gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-ac
 def run_from_args(argv: Sequence[str]) -> Dict[str, Any]:
   """Parses Gin flags (layered like `private-t5 train`) and runs the configured JFT."""
   from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
-  train_main._register()  # pylint: disable=protected-access
   _register()
-  rest, gin_files, gin_bindings = gin_utils.split_gin_args(argv)
-  if rest:
-    raise ConfigError(f"unknown flag(s) {rest}; jft takes --gin_file and --gin.NAME=VALUE only")
-  gin_utils.parse(gin_files, gin_bindings)
-  train_main._check_required_macros()  # pylint: disable=protected-access
-  try:
-    return gin_utils.call_configured(gin_utils.configured("just_fine_tune_twice"))
-  except PrivateT5Error as e:
-    original = next(c for c in type(e).__mro__ if c.__module__.startswith("private_t5"))
-    raise original(str(e).split("\n  In call to configurable")[0]) from e
+  return train_main.run_from_args(argv, entry="just_fine_tune_twice")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -234,7 +234,8 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
   Returns:
     (params, model_config, info): params as a nested dict of jax arrays (no optimizer state,
     no seeds), the `models.T5Config`, and a dict with `vocab_path`, `step`, `privacy_report`
-    (the ledger's report at that step, or None) and `feature_lengths`.
+    (the ledger's report at that step, or None), `feature_lengths`, and the training data's
+    `objective`, `vocab_sha256` and `privacy_unit`.
 
   Raises:
     CheckpointError: no checkpoint (or not that step) in `model_dir`, or an unreadable one.
@@ -280,6 +281,9 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
       "feature_lengths": metadata.get("feature_lengths"),
       "model_dir": os.path.abspath(model_dir),
   }
+  data = (metadata.get("fingerprint") or {}).get("data") or {}
+  info.update(objective=data.get("objective"), vocab_sha256=data.get("vocab_sha256"),
+              privacy_unit=data.get("privacy_unit"))
   return params, model_config, info
 
 

@@ -175,32 +175,21 @@ def _register() -> None:
 gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
 
 
-def _check_required_macros() -> None:
-  """Raises ConfigError naming every macro still bound to %gin.REQUIRED.
+def run_from_args(argv: Sequence[str], entry: str = "train") -> dict:
+  """Parses Gin flags and runs the configured `entry` (default `train()`); returns its result.
 
-  Gin itself only checks `%gin.REQUIRED` bound directly to a parameter; a required *macro*
-  would otherwise reach the code as an opaque sentinel object.
+  The other training entry points (`just_fine_tune_twice`, `train_adaptive`) register
+  themselves and come through here, so they parse and check Gin exactly as `train` does.
   """
-  import gin.config  # pylint: disable=g-import-not-at-top
-  missing = sorted(scope for (scope, selector), params in gin.config._CONFIG.items()  # pylint: disable=protected-access
-                   if selector == "gin.macro" and str(params.get("value")) == "%gin.REQUIRED")
-  if missing:
-    flags = " ".join(f"--gin.{name}=..." for name in missing)
-    raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")
-
-
-def run_from_args(argv: Sequence[str]) -> dict:
-  """Parses Gin flags and runs the configured `train()`; returns its summary."""
   _register()
   rest, gin_files, gin_bindings = gin_utils.split_gin_args(argv)
   if rest:
-    raise ConfigError(f"unknown flag(s) {rest}; train takes --gin_file and --gin.NAME=VALUE only")
+    raise ConfigError(f"unknown flag(s) {rest}; this stage takes --gin_file and --gin.NAME=VALUE only")
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()  # multi-host only; before any other JAX call
   gin_utils.parse(gin_files, gin_bindings)
-  _check_required_macros()
   try:
-    return gin_utils.call_configured(gin_utils.configured("train"))
+    return gin_utils.call_configured(gin_utils.configured(entry))
   except PrivateT5Error as e:
     # Gin re-raises through a proxy class with "In call to configurable ..." appended; give
     # the user the original one-line error.

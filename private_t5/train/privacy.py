@@ -42,6 +42,9 @@ class DPConfig:
       noisy sum. None: the largest size whose per-step truncation probability at the padded
       `batch_size` is at most 1e-6.
     sampling: "poisson" (only Poisson sampling is offered for DP training).
+    method: how the clipped sum is computed: "vmap" (per-example gradients) or "ghost"
+      (ghost norms and book-keeping, no per-example gradients; docs/ghost_clipping.md). Same
+      mechanism, same ledger.
   """
   clip_norm: float = 1.0
   noise_multiplier: Optional[float] = None
@@ -50,6 +53,7 @@ class DPConfig:
   accountant: str = "rdp"
   expected_batch_size: Optional[float] = None
   sampling: str = "poisson"
+  method: str = "vmap"
 
 
 @dataclasses.dataclass
@@ -156,13 +160,16 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
     component = ledger.add_component_from_report(report)
     log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
         f"ε={component['epsilon']:g}, δ={component['delta']:g}")
-  aggregator = aggregator_lib.DPAggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
-                                           microbatch_size, spmd_axis_name=spmd_axis_name)
+  aggregator = aggregator_lib.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
+                                                 microbatch_size, spmd_axis_name=spmd_axis_name,
+                                                 method=dp.method)
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
       f"{q * num_examples:.1f}, padded {batch_size}, truncation probability/step "
-      f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}")
+      f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
+      f"clipped sum by {dp.method}")
   if math.isfinite(ledger.truncation_probability) and ledger.truncation_probability * train_steps > delta:
-    log(f"[privacy] warning: truncation adds {ledger.truncation_probability * train_steps:.2e} to δ; "
-        "raise batch_size or lower expected_batch_size")
+    log(f"[privacy] warning: truncation probability η={ledger.truncation_probability:.2e}/step over "
+        f"{train_steps} steps is large next to δ; the guarantee holds at δ + (1+e^ε)·η per step "
+        "composed (see the ledger); raise batch_size or lower expected_batch_size")
   return PrivacySetup(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
                       noise_multiplier=sigma, dp_spm_report=report)
