@@ -1,6 +1,11 @@
 """Non-DP vs DP vs Just Fine-tune Twice vs Adaptive DP on a corpus with inserted canaries.
 
   .venv/bin/python scripts/compare_selective.py --output_dir=/tmp/compare_selective
+  .venv/bin/python scripts/compare_selective.py --gin_file=configs/experiments/compare_selective.gin \
+      [--gin.compare_selective.steps=400] [--output_dir=...]
+
+Settings come from flags, or from a Gin file binding `compare_selective.<flag>` (flags given on
+the command line win over the Gin file).
 
 Steps (a tiny model, short lengths: minutes on a laptop CPU):
 1. Training corpus: the first --documents documents of --corpus with canaries
@@ -98,8 +103,38 @@ def plot(rows, reps_sorted, max_exposure, png_path):
   return png_path
 
 
+def _gin_defaults(argv):
+  """(argv without Gin flags, {flag: value} bound to `compare_selective` in the Gin files)."""
+  from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
+  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  rest, files, bindings = gin_utils.split_gin_args(sys.argv[1:] if argv is None else argv)
+  if not files and not bindings:
+    return rest, {}
+  import gin  # pylint: disable=g-import-not-at-top
+  gin_utils.external(lambda **kwargs: kwargs, "compare_selective")
+  try:
+    gin_utils.parse(files, bindings)
+  except ConfigError as e:
+    raise SystemExit(f"error: {e}") from None
+  values = dict(gin.get_bindings("compare_selective"))
+  flags = {a.dest for a in _parser()._actions}  # pylint: disable=protected-access
+  unknown = sorted(set(values) - flags)
+  if unknown:
+    raise SystemExit(f"error: compare_selective has no setting(s) {unknown}; valid: {sorted(flags - {'help'})}")
+  if isinstance(values.get("repetitions"), (list, tuple)):
+    values["repetitions"] = ",".join(str(r) for r in values["repetitions"])
+  return rest, values
+
+
 def main(argv=None):
-  args = _parser().parse_args(argv)
+  argv, defaults = _gin_defaults(argv)
+  parser = _parser()
+  parser.set_defaults(**defaults)
+  if "output_dir" in defaults:
+    for action in parser._actions:  # pylint: disable=protected-access
+      if action.dest == "output_dir":
+        action.required = False
+  args = parser.parse_args(argv)
   from private_t5.data import corpora, source as source_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import canaries as canaries_lib  # pylint: disable=g-import-not-at-top
   from private_t5.selective import adaptive_train, jft, redaction  # pylint: disable=g-import-not-at-top

@@ -180,9 +180,28 @@ def dp_step(loss_fn):
 
 @pytest.fixture(scope="module")
 def mean_step(loss_fn):
-  """The non-private mean, microbatch size 2."""
-  aggregator = MeanAggregator(loss_fn, microbatch_size=2)
+  """The non-private mean, microbatch size 2, with DPAggregator's per-row dropout keys."""
+  aggregator = MeanAggregator(loss_fn, microbatch_size=2, per_example_dropout_keys=True)
   return jax.jit(lambda p, b, d: aggregator(p, b, dropout_rng=d))
+
+
+def test_batched_mean_equals_per_example_mean_without_dropout(params, batch, loss_fn, mean_step):
+  """The fast batched non-DP path is the same weighted mean (dropout masks aside)."""
+  per_example, m1 = mean_step(params, batch, None)
+  for mb in (None, 4):
+    batched = MeanAggregator(loss_fn, microbatch_size=mb)
+    grads, m2 = jax.jit(lambda p, b: batched(p, b))(params, batch)
+    np.testing.assert_allclose(flat(grads), flat(per_example), rtol=2e-4, atol=1e-6)
+    for k in m1:
+      np.testing.assert_allclose(float(m2[k]), float(m1[k]), rtol=1e-5)
+  # Padding rows (zero weight, real tokens) contribute nothing on the batched path either.
+  noisy = {k: np.array(v) for k, v in batch.items()}
+  noisy["example_weight"][:] = 0.0
+  noisy["example_weight"][:2] = 1.0
+  clean = {k: v[:2] for k, v in noisy.items()}
+  g_noisy, _ = jax.jit(lambda p, b: MeanAggregator(loss_fn)(p, b))(params, noisy)
+  g_clean, _ = jax.jit(lambda p, b: MeanAggregator(loss_fn)(p, b))(params, clean)
+  np.testing.assert_allclose(flat(g_noisy), flat(g_clean), rtol=1e-5, atol=1e-7)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ import json
 import os
 
 import gin
+import jax
+import numpy as np
 import pytest
 
 from private_t5 import gin_utils
@@ -142,6 +144,27 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path):
   # So is another privacy mechanism.
   with pytest.raises(CheckpointError, match="privacy.noise_multiplier"):
     main.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.DPConfig.noise_multiplier=2.0"))
+
+
+@pytest.mark.slow
+def test_ghost_switch_trains_like_vmap(corpus_and_vocab, tmp_path):
+  """DPConfig.method="ghost": same sampler, keys, clip and noise, so the same parameters."""
+  corpus, vocab = corpus_and_vocab
+  runs = {}
+  for method in ("vmap", "ghost"):
+    model_dir = str(tmp_path / method)
+    summary = main.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.method='{method}'",
+                                       "--gin.train.eval_every=0", "--gin.train.checkpoint_every=2"))
+    params, _, info = checkpoints.restore_for_inference(model_dir)
+    runs[method] = (summary, params, info)
+  (s_v, p_v, info_v), (s_g, p_g, info_g) = runs["vmap"], runs["ghost"]
+  assert s_g["epsilon"] == s_v["epsilon"] and s_g["delta"] == s_v["delta"]
+  for a, b in zip(jax.tree.leaves(p_v), jax.tree.leaves(p_g)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  assert info_g["objective"] == "span_corruption" and info_g["privacy_unit"] == "document"
+  assert info_g["vocab_sha256"] == info_v["vocab_sha256"] and len(info_g["vocab_sha256"]) == 64
+  with pytest.raises(ConfigError, match="method must be one of"):
+    main.run_from_args(_args(str(tmp_path / "bad"), corpus, vocab, 1, "--gin.DPConfig.method='loop'"))
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from private_t5.data import source as source_lib
 from private_t5.errors import ConfigError, DataError
 
 SPLITS = ("train", "validation", "test")
@@ -514,20 +515,7 @@ class GlueSource:
     tgt = np.zeros((batch_size, self._lengths["targets"]), np.int32)
     enc[:n] = self._enc[indices]
     tgt[:n] = self._tgt[indices]
-    dec_in = np.zeros_like(tgt)
-    dec_in[:, 1:] = tgt[:, :-1]
-    is_padding = np.arange(batch_size) >= n
-    example_index = np.full((batch_size,), -1, np.int64)
-    example_index[:n] = indices
-    return {
-        "encoder_input_tokens": enc,
-        "decoder_input_tokens": dec_in,
-        "decoder_target_tokens": tgt,
-        "decoder_loss_weights": (tgt != 0).astype(np.float32),
-        "example_weight": (~is_padding).astype(np.float32),
-        "is_padding": is_padding,
-        "example_index": example_index,
-    }
+    return source_lib.assemble_batch(enc, tgt, indices)
 
   def describe(self) -> Dict[str, object]:
     return {

@@ -39,6 +39,30 @@ def in_validation(doc_id: str, validation_fraction: float) -> bool:
   return h / 2.0**64 < validation_fraction
 
 
+
+def assemble_batch(enc: np.ndarray, tgt: np.ndarray, indices: np.ndarray) -> Dict[str, np.ndarray]:
+  """The trainer's batch dict from padded encoder inputs and targets [batch_size, length].
+
+  Rows past len(indices) are padding: example_weight 0 (they contribute nothing to any
+  aggregator) and example_index -1. Decoder inputs are the targets shifted right (T5).
+  """
+  batch_size = enc.shape[0]
+  dec_in = np.zeros_like(tgt)
+  dec_in[:, 1:] = tgt[:, :-1]
+  n = len(indices)
+  example_index = np.full((batch_size,), -1, np.int64)
+  example_index[:n] = indices
+  is_padding = np.arange(batch_size) >= n
+  return {
+      "encoder_input_tokens": enc,
+      "decoder_input_tokens": dec_in,
+      "decoder_target_tokens": tgt,
+      "decoder_loss_weights": (tgt != 0).astype(np.float32),
+      "example_weight": (~is_padding).astype(np.float32),
+      "is_padding": is_padding,
+      "example_index": example_index,
+  }
+
 class ExampleSource:
   """Examples of one objective over one store, addressed by index in [0, num_examples)."""
 
@@ -164,21 +188,7 @@ class ExampleSource:
       # split within bounds; span corruption fits by construction): truncate defensively.
       enc[row, :min(len(inputs), li)] = inputs[:li]
       tgt[row, :min(len(targets), lt)] = targets[:lt]
-    dec_in = np.zeros_like(tgt)
-    dec_in[:, 1:] = tgt[:, :-1]
-    n = len(indices)
-    example_index = np.full((batch_size,), -1, np.int64)
-    example_index[:n] = indices
-    is_padding = np.arange(batch_size) >= n
-    return {
-        "encoder_input_tokens": enc,
-        "decoder_input_tokens": dec_in,
-        "decoder_target_tokens": tgt,
-        "decoder_loss_weights": (tgt != 0).astype(np.float32),
-        "example_weight": (~is_padding).astype(np.float32),
-        "is_padding": is_padding,
-        "example_index": example_index,
-    }
+    return assemble_batch(enc, tgt, indices)
 
   def describe(self) -> Dict[str, object]:
     """What this source is, for logs and privacy reports (public facts only)."""

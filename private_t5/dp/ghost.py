@@ -36,10 +36,8 @@ import numpy as np
 from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
-from private_t5.dp.aggregator import (METRIC_BATCH_SIZE, METRIC_FRACTION_CLIPPED,
-                                      METRIC_GRAD_NORM, METRIC_LOSS, DPAggregator, _example_keys,
-                                      _microbatch_layout, _num_rows, _single_example_loss,
-                                      _split_microbatches)
+from private_t5.dp.aggregator import (DPAggregator, _example_keys, _microbatch_layout, _num_rows,
+                                      _single_example_loss, _split_microbatches, clipping_metrics)
 from private_t5.errors import ConfigError
 from private_t5.models import layers
 
@@ -392,15 +390,7 @@ class GhostDPAggregator(DPAggregator):
     else:
       (grad_sum, loss_sum, norm_sum, clipped_count), _ = jax.lax.scan(
           body, init, (micro_batches, micro_rows))
-    realised = jnp.sum(batch["example_weight"].astype(jnp.float32))
-    denominator = jnp.maximum(realised, 1.0)
-    metrics = {
-        METRIC_LOSS: loss_sum / denominator,
-        METRIC_BATCH_SIZE: realised,
-        METRIC_GRAD_NORM: norm_sum / denominator,
-        METRIC_FRACTION_CLIPPED: clipped_count.astype(jnp.float32) / denominator,
-    }
-    return grad_sum, metrics
+    return grad_sum, clipping_metrics(batch, loss_sum, norm_sum, clipped_count)
 
   def per_example_norms(self, params: PyTree, batch: Batch,
                         dropout_rng: Optional[jax.Array] = None) -> jax.Array:

@@ -43,7 +43,10 @@ class LoopConfig:
 
 def _validation_batches(source, batch_size: int, eval_examples: int) -> List[Dict[str, np.ndarray]]:
   n = min(int(eval_examples), source.num_examples)
-  indices = np.arange(n, dtype=np.int64)
+  # A fixed random subset, not the first n: validation files may be ordered (GLUE dev sets
+  # sorted by label, corpora by source), and the first n would be a biased sample.
+  indices = np.sort(np.random.default_rng(VALIDATION_SEED).permutation(source.num_examples)[:n])
+  indices = indices.astype(np.int64)
   return [source.get_batch(indices[i:i + batch_size], VALIDATION_SEED, batch_size)
           for i in range(0, n, batch_size)]
 
