@@ -135,3 +135,30 @@ def test_adaptive_run_end_to_end_reports_no_formal_guarantee(sources):
     ledger = json.load(f)
   assert ledger["dp"] is False and ledger["epsilon"] is None  # never presented as plain DP
   assert any("NOT a formal DP guarantee" in line for line in logs)
+
+
+@pytest.mark.slow
+def test_adaptive_stage_runs_from_gin(sources, shared_data, capsys):
+  """`private-t5 adaptive` with configs/runs/adaptive.gin layered on the quickstart config."""
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  public, _, vocab, root = sources
+  ref_dir = str(root / "reference_for_cli")
+  train_main.train(model_config=MICRO, train_data=public, model_dir=ref_dir, train_steps=2, batch_size=8,
+                   vocab_path=vocab, mesh_shape=(1, 1), insecure_deterministic_seed=1, log=lambda _: None)
+  model_dir = str(root / "adp_cli")
+  corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+  argv = ["adaptive", "--gin_file=configs/experiments/quickstart.gin", "--gin_file=configs/runs/adaptive.gin",
+          f"--gin.MODEL_DIR={model_dir}", f"--gin.REFERENCE_MODEL_DIR={ref_dir}", f"--gin.CORPUS={corpus}",
+          f"--gin.VOCAB_PATH={vocab}", "--gin.TRAIN_STEPS=2", "--gin.VOCAB_SIZE=384",
+          "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2", "--gin.T5Config.d_ff=64",
+          "--gin.T5Config.num_encoder_layers=1", "--gin.T5Config.num_decoder_layers=1",
+          "--gin.BATCH_SIZE=8", "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+          "--gin.make_source.max_documents=120", f"--gin.DATA_CACHE_DIR={root}/cache_cli",
+          "--gin.train_adaptive.mesh_shape=(1, 1)", "--gin.train_adaptive.eval_every=0",
+          "--gin.train_adaptive.insecure_deterministic_seed=3", "--gin.DPConfig.target_epsilon=None",
+          "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=4"]
+  assert cli.main(argv) == 0
+  with open(os.path.join(model_dir, adaptive.REPORT_FILENAME)) as f:
+    report = json.load(f)
+  assert report["dp"] is False and report["steps"] == 2
+  assert "ADAPTIVE DP" in capsys.readouterr().out
