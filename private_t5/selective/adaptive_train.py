@@ -7,7 +7,6 @@ privacy probability (`AdaptiveSource`) and the aggregator scales the noise by ga
 checkpoint records epsilon = infinity, and `adaptive_dp_report.json` beside it gives the
 implied-epsilon number of the seed with its caveat.
 """
-import dataclasses
 import os
 from typing import Callable, Optional, Sequence
 
@@ -36,12 +35,10 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
   Raises:
     ConfigError: no reference checkpoint, or `dp` is None.
   """
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp.ledger import PrivacyLedger  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, loop, optimizers, partitioning, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   from private_t5.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
-  from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
   if not reference_model_dir:
     raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
@@ -59,53 +56,34 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
   summary_rho = probabilities.summary()
   log(f"[adaptive] privacy probabilities: mean {summary_rho['rho_mean']:.3f} (min {summary_rho['rho_min']:.3f}, "
       f"max {summary_rho['rho_max']:.3f}), normalization {probabilities.normalization}")
-  source = adaptive.AdaptiveSource(train_data, probabilities.rho)
+  nominal = {}
 
-  manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
-  saved = checkpoints.saved_seeds(manager)
-  seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
-  mesh = partitioning.create_mesh(mesh_shape)
-  partitioning.check_batch_divisible(batch_size, mesh)
-  dp_setup = privacy.setup_privacy(
-      dp, loss_fn=make_loss_fn(model_config, z_loss), num_examples=train_data.num_examples,
-      privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
-      microbatch_size=microbatch_size, sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
-      spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None, log=log)
+  def make_adaptive(dp_setup, data):
+    # The DP setup (sampler, clip, divisor, nominal σ) is kept; the aggregator scales its noise
+    # by γ_B, and since that breaks the formal guarantee the ledger that travels with the
+    # checkpoints says ε = ∞.
+    nominal["setup"] = dp_setup
+    log(f"[adaptive] nominal σ={dp_setup.noise_multiplier:.4f} scaled by γ_B each step "
+        "(NOT a formal DP guarantee)")
+    setup = privacy.PrivacySetup(
+        aggregator=adaptive.AdaptiveDPAggregator(dp_setup.aggregator), sampler=dp_setup.sampler,
+        ledger=PrivacyLedger.non_private_baseline(num_examples=data.num_examples,
+                                                  privacy_unit=data.privacy_unit, batch_size=batch_size),
+        private=False, noise_multiplier=dp_setup.noise_multiplier)
+    extra = {"adaptive_dp": True, "normalization": probabilities.normalization,
+             "optimizer": "Adaptive-DP-Adafactor"}
+    return setup, adaptive.AdaptiveSource(data, probabilities.rho), extra
+
+  summary = train_main.train(
+      model_config=model_config, train_data=train_data, validation_data=validation_data,
+      model_dir=model_dir, train_steps=train_steps, batch_size=batch_size,
+      microbatch_size=microbatch_size, learning_rate=learning_rate, dp=dp, vocab_path=vocab_path,
+      checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, eval_every=eval_every,
+      eval_examples=eval_examples, log_every=log_every, mesh_shape=mesh_shape, z_loss=z_loss,
+      initial_checkpoint=initial_checkpoint, insecure_deterministic_seed=insecure_deterministic_seed,
+      log=log, privacy_hook=make_adaptive)
+  dp_setup = nominal["setup"]
   nominal = dp_setup.ledger
-  # No formal guarantee: the ledger that travels with the checkpoints says epsilon = infinity.
-  setup = privacy.PrivacySetup(
-      aggregator=adaptive.AdaptiveDPAggregator(dp_setup.aggregator), sampler=dp_setup.sampler,
-      ledger=PrivacyLedger.non_private_baseline(num_examples=train_data.num_examples,
-                                                privacy_unit=train_data.privacy_unit, batch_size=batch_size),
-      private=False, noise_multiplier=dp_setup.noise_multiplier)
-  model_dict = dataclasses.asdict(model_config)
-  fingerprint = {"model_config": model_dict, "data": {k: train_data.describe().get(k) for k in
-                                                      ("corpus", "vocab_sha256", "objective", "feature_lengths",
-                                                       "privacy_unit", "num_examples", "split")},
-                 "privacy": dict(dp_setup.mechanism(), adaptive=True, normalization=probabilities.normalization),
-                 "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
-  manager.fingerprint = fingerprint
-  manager.check_compatible(fingerprint)
-  lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
-  trainer = Trainer(model_config, setup.aggregator, optimizers.adafactor(lr), mesh,
-                    learning_rate_fn=lr if callable(lr) else None)
-  log(f"[train] Adaptive-DP-Adafactor: {models.num_params(model_config) / 1e6:.2f}M parameters, "
-      f"{train_data.num_examples} examples, batch {batch_size}, nominal σ={dp_setup.noise_multiplier:.4f} "
-      f"scaled by γ_B each step (NOT a formal DP guarantee)")
-  metadata = {"model_config": model_dict, "vocab_path": os.path.abspath(vocab_path) if vocab_path else None,
-              "feature_lengths": dict(train_data.feature_lengths), "data": train_data.describe(),
-              "num_params": models.num_params(model_config), "batch_size": batch_size, "adaptive_dp": True}
-  initial_params_fn = None
-  if initial_checkpoint:
-    from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
-    initial_params_fn = lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
-  summary = loop.run(
-      trainer=trainer, privacy=setup, source=source, validation_source=validation_data, seeds=seeds,
-      manager=manager,
-      config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
-                             eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
-      metadata=metadata, initial_params_fn=initial_params_fn, log=log)
-  manager.close()
   gammas = adaptive.step_privacy_weights(dp_setup.sampler, probabilities.rho, summary["final_step"])
   report = adaptive.adaptive_report(
       noise_multiplier=dp_setup.noise_multiplier, clip_norm=nominal.clip_norm, sampling_rate=nominal.sampling_rate,
@@ -116,8 +94,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
                  adaptive_dp_report=os.path.abspath(os.path.join(model_dir, adaptive.REPORT_FILENAME)))
   metrics_lib.write_summary(model_dir, summary)
   implied = report["implied_epsilon"]
-  log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
-  log(f"  privacy: ADAPTIVE DP — no formal (ε, δ) guarantee (ledger: ε = ∞); mean γ_B "
+  log(f"[adaptive] privacy: ADAPTIVE DP — no formal (ε, δ) guarantee (ledger: ε = ∞); mean γ_B "
       f"{report['privacy_weight']['mean']:.3f}; the per-step effective noise σ·γ_t would imply ε ≈ "
       f"{implied if implied is not None else float('inf'):.4g} at δ = {report['delta']:.3g} (not a guarantee); "
       f"report: {summary['adaptive_dp_report']}")

@@ -38,7 +38,7 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
           initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
-          log: Callable[[str], None] = print) -> dict:
+          log: Callable[[str], None] = print, privacy_hook: Optional[Callable] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
   Args:
@@ -65,6 +65,10 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     insecure_deterministic_seed: fix every seed (init, dropout, DP noise, sampling) for tests
       and reproductions. INSECURE for DP: the noise is then predictable. Default: OS entropy.
     log: progress output.
+    privacy_hook: for other training entry points (adaptive DP), not a Gin knob:
+      `hook(setup, train_data) -> (setup, source, extra)` swaps the privacy setup and the
+      training source after the DP mechanism is fixed; `extra` (JSON-able) is added to the
+      checkpoint fingerprint's privacy entry and to the checkpoint metadata.
   """
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
@@ -98,9 +102,13 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
       batch_size=batch_size, train_steps=train_steps, microbatch_size=microbatch_size,
       sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
       spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None, log=log)
+  mechanism = setup.mechanism()
+  source, extra = train_data, {}
+  if privacy_hook is not None:
+    setup, source, extra = privacy_hook(setup, train_data)
   model_dict = dataclasses.asdict(model_config)
   fingerprint = {"model_config": model_dict, "data": _fingerprint_data(train_data.describe()),
-                 "privacy": setup.mechanism(),
+                 "privacy": dict(mechanism, **extra),
                  "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
   manager.fingerprint = fingerprint
   manager.check_compatible(fingerprint)
@@ -116,10 +124,10 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   log(f"[train] model: {num_params / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} on "
       f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
       f"examples ({train_data.privacy_unit} unit), batch {batch_size}; "
-      f"{'DP-Adafactor' if setup.private else 'non-private Adafactor'}")
+      f"{extra.get('optimizer') or ('DP-Adafactor' if setup.private else 'non-private Adafactor')}")
   metadata = {"model_config": model_dict, "vocab_path": os.path.abspath(vocab_path) if vocab_path else None,
               "feature_lengths": dict(train_data.feature_lengths), "data": train_data.describe(),
-              "num_params": num_params, "batch_size": batch_size}
+              "num_params": num_params, "batch_size": batch_size, **extra}
   initial_params_fn = None
   if initial_checkpoint:
     from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
@@ -127,7 +135,7 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     initial_params_fn = lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
     log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
   summary = loop.run(
-      trainer=trainer, privacy=setup, source=train_data, validation_source=validation_data, seeds=seeds,
+      trainer=trainer, privacy=setup, source=source, validation_source=validation_data, seeds=seeds,
       manager=manager,
       config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
                              eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
@@ -138,11 +146,11 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
                  noise_multiplier=setup.noise_multiplier)
   from private_t5.train import metrics  # pylint: disable=g-import-not-at-top
   metrics.write_summary(model_dir, summary)
-  _print_final(summary, setup.ledger, log)
+  _print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
 
 
-def _print_final(summary: dict, ledger, log) -> None:
+def _print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None) -> None:
   log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
   log(f"  checkpoints:    {summary['checkpoint_dir']}")
   log(f"  config:         {summary['config_gin']}")
@@ -156,6 +164,8 @@ def _print_final(summary: dict, ledger, log) -> None:
         f"({ledger.privacy_unit}-level, {ledger.accountant.upper()}, σ = {ledger.noise_multiplier:.4g}, "
         f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps"
         f"{', vocabulary included' if ledger.components else ''})")
+  elif optimizer_name:
+    log(f"  privacy: {optimizer_name}: no formal DP guarantee (the ledger records ε = ∞)")
   else:
     log("  privacy: NON-PRIVATE baseline (ε = ∞)")
 
