@@ -168,7 +168,7 @@ def test_model_mismatch_is_a_checkpoint_error():
 def test_cli_reports_missing_macros_and_missing_checkpoints(tmp_path, capsys):
   from private_t5 import cli
   assert cli.main(["memorization", "--gin_file=configs/runs/memorization.gin"]) == 2
-  assert "MODEL_DIR is required" in capsys.readouterr().err
+  assert "missing required Gin macro(s): MODEL_DIR, OUTPUT_DIR, TRAIN_CORPUS, VALID_CORPUS" in capsys.readouterr().err
   out_dir = tmp_path / "out"
   assert cli.main(["memorization", "--gin_file=configs/runs/memorization.gin", f"--gin.MODEL_DIR={tmp_path}",
                    "--gin.TRAIN_CORPUS=a.jsonl", "--gin.VALID_CORPUS=b.jsonl", f"--gin.OUTPUT_DIR={out_dir}"]) == 2

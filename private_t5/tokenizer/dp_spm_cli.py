@@ -61,7 +61,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   rest, gin_files, bindings = gin_utils.split_gin_args(argv)
   args = _parser().parse_args(rest)
   _register()  # idempotent; covers a Gin registry set up before this module was imported
-  gin_utils.parse(gin_files, bindings)
+  # Flags such as --corpus/--output may fill the Gin file's required macros: checked below.
+  gin_utils.parse(gin_files, bindings, check_required=False)
   overrides = {}
   for flag, (param, _) in _FLAGS.items():
     value = getattr(args, flag)
