@@ -50,8 +50,16 @@ def test_default_expected_batch_size_bounds_truncation():
   assert accounting.truncation_probability(1000, e / 1000, 32) <= 1e-6
   assert accounting.truncation_probability(1000, (e + 1) / 1000, 32) > 1e-6
   setup = _setup(DPConfig(noise_multiplier=1.0))
-  assert setup.sampler.expected_batch_size == pytest.approx(e)
+  assert setup.sampler.expected_batch_size <= e
   assert setup.ledger.delta == pytest.approx(1e-4)  # default δ = 1 / (10 N)
+  # The derived batch keeps the truncation term (1 + e^ε)·T·p of δ within 10% of δ.
+  for dp in (DPConfig(noise_multiplier=1.0), DPConfig(target_epsilon=10.0)):
+    setup = _setup(dp)
+    ledger = setup.ledger
+    ledger.record_steps(100)
+    assert ledger.training_delta() - ledger.delta <= 0.1 * ledger.delta * (1 + 1e-9)
+    assert ledger.training_epsilon() <= (dp.target_epsilon or math.inf) + 1e-6
+    assert setup.sampler.expected_batch_size >= 1
 
 
 def test_target_epsilon_calibrates_sigma_before_training():

@@ -39,8 +39,8 @@ class DPConfig:
     delta: δ; None uses 1 / (10 N).
     accountant: "rdp" (default, the paper's) or "pld".
     expected_batch_size: q·N, the Poisson sample's expected size and the public divisor of the
-      noisy sum. None: the largest size whose per-step truncation probability at the padded
-      `batch_size` is at most 1e-6.
+      noisy sum. None: the largest size whose truncation at the padded `batch_size` adds at
+      most 10% of δ over the run, (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6).
     sampling: "poisson" (only Poisson sampling is offered for DP training).
     method: how the clipped sum is computed: "vmap" (per-example gradients) or "ghost"
       (ghost norms and book-keeping, no per-example gradients; docs/ghost_clipping.md). Same
@@ -87,6 +87,31 @@ def default_expected_batch_size(num_examples: int, max_batch_size: int,
     else:
       hi = mid - 1
   return lo
+
+
+# Share of δ the batch truncation may add when the expected batch size is derived.
+TRUNCATION_DELTA_SHARE = 0.1
+
+
+def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int, train_steps: int,
+                              delta: float) -> int:
+  """The largest expected batch whose truncation adds at most 10% of δ over the run.
+
+  Truncation adds (1 + e^ε) · steps · p_trunc to δ (`accounting.total_delta`), so the
+  per-step bound is 0.1 δ / (steps (1 + e^ε)), never looser than 1e-6. ε is the target ε, or
+  with a fixed σ the ε at the 1e-6 batch size: ε only falls as the batch shrinks, so the bound
+  from that ε is conservative.
+  """
+  expected = default_expected_batch_size(num_examples, batch_size)
+  if dp.target_epsilon is not None:
+    epsilon = dp.target_epsilon
+  else:
+    epsilon = accounting.compute_epsilon(dp.noise_multiplier, expected / num_examples, train_steps,
+                                         delta, dp.accountant)
+  bound = TRUNCATION_DELTA_SHARE * delta / (train_steps * (1.0 + math.exp(min(epsilon, 700.0))))
+  if bound >= DEFAULT_MAX_TRUNCATION_PROBABILITY:
+    return expected
+  return default_expected_batch_size(num_examples, batch_size, bound)
 
 
 def dp_spm_report_path(vocab_path: Optional[str]) -> Optional[str]:
@@ -139,7 +164,7 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
                        "(use dp=None for a non-private run)")
   expected = dp.expected_batch_size
   if expected is None:
-    expected = default_expected_batch_size(num_examples, batch_size)
+    expected = _expected_batch_for_delta(dp, num_examples, batch_size, train_steps, delta)
   accounting.validate_privacy_params(batch_size=expected, num_examples=num_examples)
   if expected > batch_size:
     raise PrivacyError(f"expected_batch_size={expected} exceeds the padded batch_size={batch_size}")
@@ -167,9 +192,13 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
       f"{q * num_examples:.1f}, padded {batch_size}, truncation probability/step "
       f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
       f"clipped sum by {dp.method}")
-  if math.isfinite(ledger.truncation_probability) and ledger.truncation_probability * train_steps > delta:
-    log(f"[privacy] warning: truncation probability η={ledger.truncation_probability:.2e}/step over "
-        f"{train_steps} steps is large next to δ; the guarantee holds at δ + (1+e^ε)·η per step "
-        "composed (see the ledger); raise batch_size or lower expected_batch_size")
+  final_epsilon = (dp.target_epsilon if dp.target_epsilon is not None else
+                   accounting.compute_epsilon(sigma, q, train_steps, delta, dp.accountant))
+  truncation_delta = accounting.total_delta(delta, train_steps, ledger.truncation_probability,
+                                            final_epsilon) - delta
+  if truncation_delta > TRUNCATION_DELTA_SHARE * delta:
+    log(f"[privacy] warning: batch truncation (probability {ledger.truncation_probability:.2e}/step) "
+        f"adds (1+e^ε)·steps·p = {truncation_delta:.2e} to δ={delta:.3g} by the end of training; "
+        "raise batch_size or lower expected_batch_size")
   return PrivacySetup(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
                       noise_multiplier=sigma, dp_spm_report=report)
