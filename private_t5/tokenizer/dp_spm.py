@@ -195,7 +195,9 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
     for job in jobs:
       merge(_chunk_histogram(job))
   else:
-    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    # Not "fork": the parent may run JAX/TensorFlow threads, and a forked child can deadlock on
+    # their locks. The workers import only this module (NumPy), so starting them is cheap.
+    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
     in_flight = collections.deque()
     with ctx.Pool(num_workers) as pool:
       for job in jobs:
