@@ -86,6 +86,12 @@ def test_max_batch_size_for_bounds_truncation():
   cap = accounting.max_batch_size_for(10_000, 0.01, 1e-9)
   assert accounting.truncation_probability(10_000, 0.01, cap) <= 1e-9
   assert accounting.truncation_probability(10_000, 0.01, cap - 1) > 1e-9
+  # The paper's run at the tail the e^ε factor asks for: the smallest cap, found quickly.
+  n, q = 5_240_387_307, 8192 / 5_240_387_307
+  target = (1 / n) / (10 * 100_000 * (1 + math.exp(6.0573)))
+  cap = accounting.max_batch_size_for(n, q, target)
+  assert accounting.truncation_probability(n, q, cap) <= target < accounting.truncation_probability(n, q, cap - 1)
+  assert 8192 < cap < 9100
 
 
 def test_fixed_batches_are_not_accounted_as_poisson():

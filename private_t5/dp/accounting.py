@@ -237,10 +237,13 @@ def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_p
   validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
   p = _check_number("max_truncation_probability", max_truncation_probability, low=0, high=1)
   n = int(num_examples) + 1
-  cap = int(stats.binom.isf(p, n, sampling_rate))
-  # isf is approximate at extreme tails: step until the exact survival function is below p.
-  while cap < n and stats.binom.sf(cap, n, sampling_rate) > p:
-    cap += 1
-  while cap > 1 and stats.binom.sf(cap - 1, n, sampling_rate) <= p:
-    cap -= 1
-  return max(1, min(cap, int(num_examples)))
+  # The survival function falls with the cap: binary search on the exact tail (scipy's isf is
+  # unreliable at tails like 1e-19, and stepping from it can take billions of steps).
+  lo, hi = 0, n  # sf(n) = 0 <= p
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if stats.binom.sf(mid, n, sampling_rate) <= p:
+      hi = mid
+    else:
+      lo = mid + 1
+  return max(1, min(lo, int(num_examples)))
