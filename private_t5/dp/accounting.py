@@ -231,7 +231,8 @@ def total_delta(delta: float, steps: int, truncation_prob: float, epsilon: float
 def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_probability: float) -> int:
   """The smallest cap whose per-step truncation probability is ≤ `max_truncation_probability`.
 
-  E.g. `max_batch_size_for(N, q, delta / (10 * steps))` keeps the truncation δ at 10% of δ.
+  E.g. `max_batch_size_for(N, q, 0.1 * delta / (steps * (1 + e^eps)))` keeps the truncation term
+  of δ (`total_delta`) at 10% of δ.
   """
   from scipy import stats  # pylint: disable=g-import-not-at-top
   validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
