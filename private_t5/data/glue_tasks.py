@@ -21,7 +21,6 @@ mixing (Raffel et al. 2020, Sec. 3.5.2) without a cap, and keeps the DP populati
 import csv
 import dataclasses
 import functools
-import hashlib
 import os
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -29,6 +28,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from private_t5.data import source as source_lib
+from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError, DataError
 
 SPLITS = ("train", "validation", "test")
@@ -525,7 +525,7 @@ class GlueSource:
         "data_sources": self.sources,
         "split": self.split,
         "vocab_path": self.vocab_path,
-        "vocab_sha256": _file_sha256(self.vocab_path),
+        "vocab_sha256": store_lib.file_sha256(self.vocab_path),
         "objective": "text_to_text",
         "feature_lengths": self.feature_lengths,
         "privacy_unit": "example",
@@ -533,15 +533,6 @@ class GlueSource:
         "fraction_inputs_truncated": self.truncated,
         "mixing": "examples_proportional" if len(self.tasks) > 1 else "single_task",
     }
-
-
-@functools.lru_cache(maxsize=8)
-def _file_sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def make_glue_source(task_or_mixture: str, split: str = "train", vocab_path: Optional[str] = None,

@@ -91,6 +91,23 @@ def _single_example_loss(loss_fn: LossFn, params: PyTree, example: Batch,
   return loss_fn(params, as_batch, key)[0]
 
 
+def scan_microbatches(batch: Batch, microbatch_size: Optional[int], body: Callable, init: Any) -> Any:
+  """Folds `body(carry, (microbatch, row_ids)) -> (carry, None)` over the batch's microbatches.
+
+  `lax.scan` keeps one microbatch's intermediates alive at a time (the memory knob); a single
+  microbatch runs directly. Row ids index the whole batch (dropout keys fold them in), so the
+  result does not depend on the microbatch size.
+  """
+  num_micro, _ = _microbatch_layout(_num_rows(batch), microbatch_size)
+  rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
+  xs = (_split_microbatches(batch, num_micro), _split_microbatches(rows, num_micro))
+  if num_micro == 1:
+    carry, _ = body(init, jax.tree.map(lambda x: x[0], xs))
+    return carry
+  carry, _ = jax.lax.scan(body, init, xs)
+  return carry
+
+
 def _zeros_like_f32(params: PyTree) -> PyTree:
   return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
 
@@ -120,10 +137,6 @@ class MeanAggregator:
   def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,
                noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
     del noise_rng  # no noise in the non-private mean
-    num_micro, _ = _microbatch_layout(_num_rows(batch), self.microbatch_size)
-    rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
-    micro_batches = _split_microbatches(batch, num_micro)
-    micro_rows = _split_microbatches(rows, num_micro)
 
     def weighted_loss_sum(p, micro, micro_row_ids):
       if self.per_example_dropout_keys:
@@ -145,7 +158,7 @@ class MeanAggregator:
       return (grad_sum, loss_sum + loss, weight_sum + jnp.sum(micro["example_weight"])), None
 
     init = (_zeros_like_f32(params), jnp.float32(0), jnp.float32(0))
-    (grad_sum, loss_sum, weight_sum), _ = jax.lax.scan(body, init, (micro_batches, micro_rows))
+    grad_sum, loss_sum, weight_sum = scan_microbatches(batch, self.microbatch_size, body, init)
     denominator = jnp.maximum(weight_sum, 1e-12)
     grads = jax.tree.map(lambda g: g / denominator, grad_sum)
     metrics = {METRIC_LOSS: loss_sum / denominator, METRIC_BATCH_SIZE: weight_sum}
@@ -230,10 +243,6 @@ class DPAggregator:
     Sensitivity: adding or removing one example changes this sum by at most C in L2 norm
     (each term has norm <= C because min(1, C/||g||) ||g|| <= C and w_i in {0, 1}).
     """
-    num_micro, _ = _microbatch_layout(_num_rows(batch), self.microbatch_size)
-    rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
-    micro_batches = _split_microbatches(batch, num_micro)
-    micro_rows = _split_microbatches(rows, num_micro)
 
     def body(carry, xs):
       grad_sum, loss_sum, norm_sum, clipped_count = carry
@@ -261,8 +270,8 @@ class DPAggregator:
       return carry, None
 
     init = (_zeros_like_f32(params), jnp.float32(0), jnp.float32(0), jnp.int32(0))
-    (grad_sum, loss_sum, norm_sum, clipped_count), _ = jax.lax.scan(
-        body, init, (micro_batches, micro_rows))
+    grad_sum, loss_sum, norm_sum, clipped_count = scan_microbatches(
+        batch, self.microbatch_size, body, init)
     return grad_sum, clipping_metrics(batch, loss_sum, norm_sum, clipped_count)
 
   def add_noise(self, grad_sum: PyTree, noise_rng: jax.Array) -> PyTree:

@@ -36,8 +36,8 @@ import numpy as np
 from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
-from private_t5.dp.aggregator import (DPAggregator, _example_keys, _microbatch_layout, _num_rows,
-                                      _single_example_loss, _split_microbatches, clipping_metrics)
+from private_t5.dp.aggregator import (DPAggregator, _example_keys, _num_rows, _single_example_loss,
+                                      clipping_metrics, scan_microbatches)
 from private_t5.errors import ConfigError
 from private_t5.models import layers
 
@@ -364,10 +364,6 @@ class GhostDPAggregator(DPAggregator):
   def clipped_sum(self, params: PyTree, batch: Batch, dropout_rng: Optional[jax.Array] = None
                   ) -> Tuple[PyTree, Dict[str, jax.Array]]:
     """Noiseless sum_i w_i clip_C(grad l_i) in float32 and its (non-DP) statistics."""
-    num_micro, _ = _microbatch_layout(_num_rows(batch), self.microbatch_size)
-    rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
-    micro_batches = _split_microbatches(batch, num_micro)
-    micro_rows = _split_microbatches(rows, num_micro)
 
     def body(carry, xs):
       grad_sum, loss_sum, norm_sum, clipped_count = carry
@@ -384,12 +380,8 @@ class GhostDPAggregator(DPAggregator):
 
     init = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), jnp.float32(0),
             jnp.float32(0), jnp.int32(0))
-    if num_micro == 1:
-      (grad_sum, loss_sum, norm_sum, clipped_count), _ = body(
-          init, jax.tree.map(lambda x: x[0], (micro_batches, micro_rows)))
-    else:
-      (grad_sum, loss_sum, norm_sum, clipped_count), _ = jax.lax.scan(
-          body, init, (micro_batches, micro_rows))
+    grad_sum, loss_sum, norm_sum, clipped_count = scan_microbatches(
+        batch, self.microbatch_size, body, init)
     return grad_sum, clipping_metrics(batch, loss_sum, norm_sum, clipped_count)
 
   def per_example_norms(self, params: PyTree, batch: Batch,

@@ -12,7 +12,6 @@ writes report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memor
 and `SplitConfig`.
 """
 import dataclasses
-import hashlib
 import os
 import re
 import sys
@@ -20,6 +19,7 @@ import time
 from typing import Callable, Optional
 
 from private_t5 import gin_utils
+from private_t5.data import store as store_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.eval import splits as splits_lib
 
@@ -33,14 +33,6 @@ written by `private-t5 canaries`). See docs/memorization.md.
 """
 
 AUTO = "auto"
-
-
-def _sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _objective_of(info: dict, model_dir: str) -> Optional[str]:
@@ -121,7 +113,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       raise DataError(f"the checkpoint's vocabulary {recorded_vocab} is missing; set --gin.VOCAB_PATH")
     vocab_path = recorded_vocab
   elif recorded_vocab and os.path.isfile(recorded_vocab) and os.path.isfile(vocab_path) and \
-      _sha256(vocab_path) != _sha256(recorded_vocab):
+      store_lib.file_sha256(vocab_path) != store_lib.file_sha256(recorded_vocab):
     raise CheckpointError(f"vocabulary {vocab_path} differs from the one the checkpoint was trained with "
                           f"({recorded_vocab}); token ids would not match")
   vocab = spm.load_vocabulary(vocab_path)
@@ -140,7 +132,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   sp = vocab.tokenizer
   splits, split_path, reused = splits_lib.load_or_build_splits(
       output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
-      tokenizer_id=_sha256(vocab_path), specs={"train": train_corpus, "valid": valid_corpus}, verbose=True)
+      tokenizer_id=store_lib.file_sha256(vocab_path), specs={"train": train_corpus, "valid": valid_corpus}, verbose=True)
   sizes = splits.sizes()
   log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
       + ", ".join(f"{k} {v}" for k, v in sizes.items()))

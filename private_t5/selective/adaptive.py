@@ -171,11 +171,8 @@ def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *
 
 
 def _sha256(path: str) -> Optional[str]:
-  import hashlib  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(path):
-    return None
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  from private_t5.data import store  # pylint: disable=g-import-not-at-top
+  return store.file_sha256(path) if os.path.isfile(path) else None
 
 
 class AdaptiveSource:
