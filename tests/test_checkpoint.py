@@ -1,7 +1,6 @@
 """Checkpoints: keep-last-K, atomic saves, fingerprints, unwritable/full disks, and a run killed
 with SIGKILL (also during a save) that resumes to the same parameters as an uninterrupted one."""
 import errno
-import gzip
 import json
 import os
 import signal
@@ -14,8 +13,9 @@ import numpy as np
 import pytest
 
 from private_t5.errors import CheckpointError
-from private_t5.tokenizer import spm
 from private_t5.train import checkpoints
+
+from micro_run import fortunes_corpus_and_vocab
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,12 +102,7 @@ def test_restore_for_inference_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_corpus_and_vocab(shared_data, tmp_path_factory):
-  corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
-  with gzip.open(corpus, "rt") as f:
-    texts = [json.loads(line)["text"] for _, line in zip(range(2000), f)]
-  vocab = str(tmp_path_factory.mktemp("vocab") / "spm.model")
-  spm.train_from_sentences(texts, vocab, vocab_size=300)
-  return corpus, vocab
+  return fortunes_corpus_and_vocab(shared_data, str(tmp_path_factory.mktemp("vocab")))
 
 
 def _command(model_dir, corpus, vocab, steps):

@@ -13,13 +13,8 @@ from private_t5.errors import ConfigError, DataError
 from private_t5.selective import jft, redaction
 from private_t5.tokenizer import spm
 
-MICRO = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
-         "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1",
-         "--gin.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",
-         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.train.mesh_shape=(1, 1)",
-         "--gin.make_source.max_documents=300", "--gin.train.eval_examples=16",
-         "--gin.train.insecure_deterministic_seed=1234", "--gin.DPConfig.target_epsilon=None",
-         "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=2"]
+from micro_run import MICRO_TRAIN_ARGS
+
 
 HAND_CHECKED = [
     {"text": "Call me at (212) 555-0123 after lunch.", "secrets": ["(212) 555-0123"]},
@@ -81,7 +76,7 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
       f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}",
       f"--gin.REDACTED_CORPUS={redacted}", f"--gin.REDACTION_REPORT={red['report_path']}",
       f"--gin.MISS_RATE_SAMPLE={sample}", "--gin.TRAIN_STEPS=2", "--gin.PHASE1_STEPS=2",
-      f"--gin.DATA_CACHE_DIR={tmp_path}/cache", *MICRO])
+      f"--gin.DATA_CACHE_DIR={tmp_path}/cache", *MICRO_TRAIN_ARGS])
   out = capsys.readouterr().out
   assert "initial parameters from" in out and jft.PHASE1_DIR in out
   with open(os.path.join(model_dir, jft.PHASE1_DIR, "privacy_report.json")) as f:

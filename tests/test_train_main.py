@@ -1,6 +1,5 @@
 """`private-t5 train`: Gin layering, required macros, a real DP run end to end, resume,
 the one-flag non-private baseline, and refusal of a MODEL_DIR holding another model."""
-import gzip
 import json
 import os
 
@@ -12,34 +11,22 @@ import pytest
 from private_t5 import gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
-from private_t5.tokenizer import spm
 from private_t5.train import checkpoints, main, metrics
 
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
+
 QUICKSTART = "configs/experiments/quickstart.gin"
-# A micro T5 (fast to compile) and a short run on real text (the fortunes corpus).
-MICRO = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
-         "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1",
-         "--gin.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",
-         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.train.mesh_shape=(1, 1)",
-         "--gin.make_source.max_documents=300", "--gin.train.eval_examples=16",
-         "--gin.train.insecure_deterministic_seed=1234", "--gin.DPConfig.target_epsilon=None",
-         "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=2"]
 
 
 @pytest.fixture(scope="module")
 def corpus_and_vocab(shared_data, tmp_path_factory):
-  corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
-  with gzip.open(corpus, "rt") as f:
-    texts = [json.loads(line)["text"] for _, line in zip(range(2000), f)]
-  vocab = str(tmp_path_factory.mktemp("vocab") / "spm.model")
-  spm.train_from_sentences(texts, vocab, vocab_size=300)
-  return corpus, vocab
+  return fortunes_corpus_and_vocab(shared_data, str(tmp_path_factory.mktemp("vocab")))
 
 
 def _args(model_dir, corpus, vocab, steps, *extra):
   return ["--gin_file=" + QUICKSTART, f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={corpus}",
           f"--gin.VOCAB_PATH={vocab}", f"--gin.TRAIN_STEPS={steps}",
-          f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache", *MICRO, *extra]
+          f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache", *MICRO_TRAIN_ARGS, *extra]
 
 
 def test_missing_required_macro_is_named():

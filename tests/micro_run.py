@@ -1,0 +1,26 @@
+"""Shared settings of the end-to-end training tests: a micro T5 that compiles in seconds."""
+import gzip
+import json
+import os
+
+from private_t5.tokenizer import spm
+
+# Gin overrides layered on configs/experiments/quickstart.gin: one layer each side, d_model 32,
+# 32/8 tokens, batch 8, 300 fortunes, fixed seeds (insecure: tests only), σ = 1, q·N = 2.
+MICRO_TRAIN_ARGS = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
+                    "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1",
+                    "--gin.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",
+                    "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.train.mesh_shape=(1, 1)",
+                    "--gin.make_source.max_documents=300", "--gin.train.eval_examples=16",
+                    "--gin.train.insecure_deterministic_seed=1234", "--gin.DPConfig.target_epsilon=None",
+                    "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=2"]
+
+
+def fortunes_corpus_and_vocab(shared_data: str, directory: str):
+  """(fortunes corpus path, a 300-piece vocabulary trained on its first 2000 documents)."""
+  corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+  with gzip.open(corpus, "rt") as f:
+    texts = [json.loads(line)["text"] for _, line in zip(range(2000), f)]
+  vocab = os.path.join(directory, "spm.model")
+  spm.train_from_sentences(texts, vocab, vocab_size=300)
+  return corpus, vocab
