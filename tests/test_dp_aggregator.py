@@ -5,7 +5,6 @@ functions are built once per module and shared: `clipped_sum` (no noise) for mic
 None and 2, the full DP call (noise on, microbatch 4), the mean aggregator, one sharded step,
 and a single-example gradient for the explicit Python-loop reference.
 """
-import functools
 import gzip
 import json
 import os
