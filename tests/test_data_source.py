@@ -8,6 +8,7 @@ import pytest
 from private_t5.data import source as source_lib
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError, DataError
+from private_t5.io import file_sha256
 from private_t5.tokenizer import spm as spm_lib
 from test_data_vocab import FORTUNES, LINUX_DOCS, small_vocab_path
 
@@ -200,7 +201,7 @@ def test_store_is_cached_by_content(shared_data, vocab_path, cache_dir, tmp_path
   corpus = os.path.join(shared_data, FORTUNES)
   first = store_lib.build_store(corpus, vocab_path, cache_dir=cache_dir, max_documents=50)
   manifest = dict(first.manifest)
-  assert manifest["num_documents"] == 50 and manifest["vocab_sha256"] == store_lib.file_sha256(vocab_path)
+  assert manifest["num_documents"] == 50 and manifest["vocab_sha256"] == file_sha256(vocab_path)
   again = store_lib.build_store(corpus, vocab_path, cache_dir=cache_dir, max_documents=50)
   assert again.path == first.path and again.manifest["created"] == manifest["created"]
   other_vocab = tmp_path / "copy.model"

@@ -18,6 +18,7 @@ import os
 import sysconfig
 from typing import Iterator, List
 
+from private_t5.documents import Document
 from private_t5.errors import DataError
 
 MIN_DOCSTRING_CHARS = 200
@@ -69,9 +70,8 @@ def _module_docstrings(path: str):
   return "\n\n".join(p for p in parts if p).strip()
 
 
-def iter_python_docs() -> Iterator["Document"]:  # noqa: F821
+def iter_python_docs() -> Iterator[Document]:
   """Yields the Python reference topics, then the stdlib module docstrings."""
-  from private_t5.data.corpora import Document  # pylint: disable=g-import-not-at-top
   from pydoc_data import topics  # pylint: disable=g-import-not-at-top
   for name in sorted(topics.topics):
     yield Document(id=f"topic:{name}", text=topics.topics[name])
@@ -82,7 +82,7 @@ def iter_python_docs() -> Iterator["Document"]:  # noqa: F821
       yield Document(id=f"stdlib:{_module_name(root, path)}", text=doc)
 
 
-def iter_builtin(name: str) -> Iterator["Document"]:  # noqa: F821
+def iter_builtin(name: str) -> Iterator[Document]:
   """The documents of builtin corpus `name` (`builtin:NAME`)."""
   if name == "python_docs":
     return iter_python_docs()

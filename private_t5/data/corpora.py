@@ -11,50 +11,25 @@ A corpus is named by a *spec* string:
 * `builtin:python_docs`         the Python reference manual and standard-library docstrings
                                 shipped with every Python installation (see builtin_corpus.py).
 
-Every document keeps its id: the privacy unit of a document-level DP run. Blank documents are
+Readers yield `private_t5.documents.Document` records (also importable from here, with
+`CorpusStats`). Every document keeps its id: the privacy unit of a document-level DP run. Blank documents are
 skipped and counted in `CorpusStats`; invalid UTF-8 is an error naming the file and line, or
 is replaced by U+FFFD when `errors="replace"`.
 """
 import csv
-import dataclasses
 import gzip
 import json
 import os
 import sys
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
+from private_t5.data import builtin_corpus
+from private_t5.documents import CorpusStats, Document
 from private_t5.errors import ConfigError, DataError
 
 ERROR_MODES = ("strict", "replace")
 TFDS_PREFIX = "tfds:"
 BUILTIN_PREFIX = "builtin:"
-
-
-@dataclasses.dataclass(frozen=True)
-class Document:
-  """One document: the privacy unit of a document-level run.
-
-  Attributes:
-    id: stable identifier, unique within the corpus.
-    text: the document's text (never blank).
-    user: the owner of the document, for user-level DP; None when unknown.
-  """
-  id: str
-  text: str
-  user: Optional[str] = None
-
-
-@dataclasses.dataclass
-class CorpusStats:
-  """Counts gathered while reading a corpus (filled in as the iterator advances)."""
-  spec: str = ""
-  documents: int = 0
-  blank_skipped: int = 0
-  replaced_lines: int = 0
-  characters: int = 0
-
-  def as_dict(self) -> Dict[str, object]:
-    return dataclasses.asdict(self)
 
 
 def _check_errors(errors: str) -> None:
@@ -237,7 +212,6 @@ def _iter_tfds(body, data_dir, text_field, id_field, user_field, errors, stats) 
 def _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, stats) -> Iterator[Document]:
   """Dispatches on the spec; checks the path eagerly, so a missing file fails at once."""
   if spec.startswith(BUILTIN_PREFIX):
-    from private_t5.data import builtin_corpus  # pylint: disable=g-import-not-at-top
     return builtin_corpus.iter_builtin(spec[len(BUILTIN_PREFIX):])
   if spec.startswith(TFDS_PREFIX):
     return _iter_tfds(spec[len(TFDS_PREFIX):], data_dir, text_field, id_field, user_field, errors, stats)

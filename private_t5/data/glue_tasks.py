@@ -27,9 +27,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from private_t5 import vocabulary as vocab_lib
 from private_t5.data import source as source_lib
-from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError, DataError
+from private_t5.io import file_sha256
 
 SPLITS = ("train", "validation", "test")
 EOS_ID = 1
@@ -398,11 +399,8 @@ def _text_to_text(task: GlueTask, texts: Mapping[str, List[str]], labels: np.nda
 def tokenize(texts: Sequence[str], vocab_path: str, length: int, vocab_size: Optional[int] = None):
   """int32 `[n, length]` token ids with EOS, trimmed to `length` (EOS kept, as T5's
   `append_eos_after_trim`) and zero-padded, plus the untrimmed lengths (with EOS)."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
-  vocab = spm_lib.load_vocabulary(vocab_path)
-  proc = spm.SentencePieceProcessor()
-  proc.LoadFromSerializedProto(vocab.sp_model)
+  vocab = vocab_lib.load_vocabulary(vocab_path)
+  proc = vocab_lib.sentencepiece_processor(vocab)
   if vocab_size is not None and vocab.vocab_size > vocab_size:
     raise ConfigError(f"vocabulary {vocab_path} has {vocab.vocab_size} ids (with sentinels) but the "
                       f"model's vocab_size is {vocab_size}")
@@ -525,7 +523,7 @@ class GlueSource:
         "data_sources": self.sources,
         "split": self.split,
         "vocab_path": self.vocab_path,
-        "vocab_sha256": store_lib.file_sha256(self.vocab_path),
+        "vocab_sha256": file_sha256(self.vocab_path),
         "objective": "text_to_text",
         "feature_lengths": self.feature_lengths,
         "privacy_unit": "example",
@@ -537,17 +535,13 @@ class GlueSource:
 
 def make_glue_source(task_or_mixture: str, split: str = "train", vocab_path: Optional[str] = None,
                      feature_lengths: Optional[Mapping[str, int]] = None, glue_dir: Optional[str] = None,
-                     tfds_data_dir: Optional[str] = None, initial_checkpoint: Optional[str] = None,
-                     vocab_size: Optional[int] = None, progress: bool = True) -> GlueSource:
+                     tfds_data_dir: Optional[str] = None, vocab_size: Optional[int] = None,
+                     progress: bool = True) -> GlueSource:
   """The Gin-facing factory of `GlueSource`.
 
-  `vocab_path` defaults to the vocabulary recorded with `initial_checkpoint` (our checkpoint's
-  metadata, or `spiece.model` beside Hugging Face weights).
+  `vocab_path` is the fine-tuned model's vocabulary; the fine-tuning config resolves it
+  (from `VOCAB_PATH`, or the vocabulary recorded with `INITIAL_CHECKPOINT`) with
+  `train.initial_checkpoint.finetune_vocab_path` before it reaches here.
   """
-  if not vocab_path and initial_checkpoint:
-    from private_t5.train import initial_checkpoint as init_lib  # pylint: disable=g-import-not-at-top
-    vocab_path = init_lib.vocabulary_of(initial_checkpoint)
-    if not vocab_path:
-      raise ConfigError(f"initial checkpoint {initial_checkpoint!r} records no vocabulary; set VOCAB_PATH")
   return GlueSource(task_or_mixture, split, vocab_path, feature_lengths, glue_dir=glue_dir,
                     tfds_data_dir=tfds_data_dir, vocab_size=vocab_size, progress=progress)

@@ -28,8 +28,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
 from private_t5.errors import DataError
+from private_t5.io import file_sha256, write_json_atomic
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.int32"
@@ -46,14 +48,6 @@ def default_cache_dir() -> str:
   if env:
     return os.path.join(env, "stores")
   return os.path.join(os.path.expanduser("~"), ".cache", "private_t5", "stores")
-
-
-def file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _corpus_fingerprint(spec: str) -> Dict[str, object]:
@@ -126,12 +120,8 @@ def store_key(spec: str, vocab_sha256: str, reader_options: Dict[str, object]) -
 
 def _sentencepiece_processor(vocab_path: str):
   """The SentencePiece model as seqio loads it (validated: T5 layout, real model)."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
-  vocab = spm_lib.load_vocabulary(vocab_path)
-  proc = spm.SentencePieceProcessor()
-  proc.LoadFromSerializedProto(vocab.sp_model)
-  return vocab, proc
+  vocab = vocab_lib.load_vocabulary(vocab_path)
+  return vocab, vocab_lib.sentencepiece_processor(vocab)
 
 
 def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None, text_field: str = "text",
@@ -174,8 +164,7 @@ def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None
 
 
 def _write_json(path: str, obj) -> None:
-  with open(path, "w") as f:
-    json.dump(obj, f)
+  write_json_atomic(path, obj, indent=None, sort_keys=False)
 
 
 def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -> Dict[str, object]:

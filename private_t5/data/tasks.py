@@ -16,6 +16,7 @@ access (one document per user per draw) and is only offered by `source.make_sour
 import functools
 from typing import Mapping, Optional
 
+from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
 from private_t5.data import objectives as objectives_lib
 from private_t5.data import source as source_lib
@@ -120,12 +121,11 @@ def register_pretrain_task(name: str, corpus: str, vocab_path: str, objective: s
   Use `task.get_dataset(sequence_length=feature_lengths, split=..., seed=...)`.
   """
   import seqio  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
   if privacy_unit not in STREAM_PRIVACY_UNITS:
     raise ConfigError(f"seqio tasks support privacy_unit in {STREAM_PRIVACY_UNITS}, got {privacy_unit!r}; "
                       "user-level sampling needs source.make_source")
   feature_lengths = dict(feature_lengths or {"inputs": 512, "targets": 114})
-  vocab = spm_lib.load_vocabulary(vocab_path)
+  vocab = vocab_lib.load_vocabulary(vocab_path)
   obj = objectives_lib.make_objective(objective, feature_lengths, vocab.vocab_size, noise_density=noise_density,
                                       mean_noise_span_length=mean_noise_span_length)
   output_features = {

@@ -19,8 +19,8 @@ import time
 from typing import Callable, Optional
 
 from private_t5 import gin_utils
-from private_t5.data import store as store_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
+from private_t5.io import file_sha256
 from private_t5.eval import splits as splits_lib
 
 USAGE = """usage: private-t5 memorization --gin_file=configs/runs/memorization.gin [--gin.NAME=VALUE ...]
@@ -113,7 +113,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       raise DataError(f"the checkpoint's vocabulary {recorded_vocab} is missing; set --gin.VOCAB_PATH")
     vocab_path = recorded_vocab
   elif recorded_vocab and os.path.isfile(recorded_vocab) and os.path.isfile(vocab_path) and \
-      store_lib.file_sha256(vocab_path) != store_lib.file_sha256(recorded_vocab):
+      file_sha256(vocab_path) != file_sha256(recorded_vocab):
     raise CheckpointError(f"vocabulary {vocab_path} differs from the one the checkpoint was trained with "
                           f"({recorded_vocab}); token ids would not match")
   vocab = spm.load_vocabulary(vocab_path)
@@ -132,7 +132,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   sp = vocab.tokenizer
   splits, split_path, reused = splits_lib.load_or_build_splits(
       output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
-      tokenizer_id=store_lib.file_sha256(vocab_path), specs={"train": train_corpus, "valid": valid_corpus}, verbose=True)
+      tokenizer_id=file_sha256(vocab_path), specs={"train": train_corpus, "valid": valid_corpus}, verbose=True)
   sizes = splits.sizes()
   log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
       + ", ".join(f"{k} {v}" for k, v in sizes.items()))

@@ -28,6 +28,7 @@ import numpy as np
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError, PrivacyError
+from private_t5.io import atomic_open, file_sha256
 
 NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
@@ -80,13 +81,10 @@ class PrivacyProbabilities:
   seed: int
 
   def save(self, path: str) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, perplexity=self.perplexity, rho=self.rho,
-             meta=json.dumps({"normalization": self.normalization,
-                              "reference_model_dir": self.reference_model_dir, "seed": self.seed}))
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:
+      np.savez(f, perplexity=self.perplexity, rho=self.rho,
+               meta=json.dumps({"normalization": self.normalization,
+                                "reference_model_dir": self.reference_model_dir, "seed": self.seed}))
     return path
 
   @classmethod
@@ -171,8 +169,7 @@ def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *
 
 
 def _sha256(path: str) -> Optional[str]:
-  from private_t5.data import store  # pylint: disable=g-import-not-at-top
-  return store.file_sha256(path) if os.path.isfile(path) else None
+  return file_sha256(path) if os.path.isfile(path) else None
 
 
 class AdaptiveSource:

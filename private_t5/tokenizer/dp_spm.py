@@ -31,7 +31,6 @@ formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε from `dp_a
 """
 import collections
 import dataclasses
-import json
 import math
 import multiprocessing
 import os
@@ -45,6 +44,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 
 from private_t5.errors import ConfigError, DataError, PrivacyError
+from private_t5.io import write_json_atomic
 
 SENSITIVITY_MODES = ("paper", "capped")
 MODEL_TYPES = ("unigram", "bpe", "char")
@@ -355,17 +355,6 @@ def _train_capped(word_counts: List[Tuple[str, int]], model_path: str, vocab_siz
     return cap
 
 
-def _write_json_atomic(obj: Dict[str, Any], path: str) -> str:
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(obj, f, indent=2)
-    f.write("\n")
-  os.replace(tmp, path)
-  return path
-
-
 def _iter_corpus_texts(corpus: Union[str, Sequence[str]], max_documents: Optional[int], text_field: str,
                        errors: str, data_dir: Optional[str]) -> Iterator[str]:
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
@@ -481,7 +470,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   if insecure_seed is not None:
     report["insecure_seed"] = int(insecure_seed)
   report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
-  _write_json_atomic(report, report_path)
+  write_json_atomic(report_path, report, sort_keys=False)
   report["report_path"] = os.path.abspath(report_path)
   log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s")
   return report

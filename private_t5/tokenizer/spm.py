@@ -2,6 +2,7 @@
 
 Vocabularies follow T5's layout: pad=0, eos=1, unk=2, no BOS; seqio adds 100 sentinel
 extra ids on top (`<extra_id_0>` … `<extra_id_99>`) at the top of the id space.
+`load_vocabulary` (from `private_t5.vocabulary`) reads them back.
 """
 import io
 import os
@@ -11,8 +12,9 @@ from typing import Iterable, Optional, Tuple
 import sentencepiece as spm
 
 from private_t5.errors import DataError, ConfigError
+from private_t5.io import write_bytes_atomic
+from private_t5.vocabulary import NUM_EXTRA_IDS, load_vocabulary  # pylint: disable=unused-import
 
-NUM_EXTRA_IDS = 100
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
 
@@ -48,11 +50,7 @@ def _train(model_path: str, **kwargs) -> str:
     if "Vocabulary size too high" in msg or "vocab_size" in msg:
       raise DataError(f"SentencePiece cannot build the requested vocabulary: {msg.strip()}") from e
     raise DataError(f"SentencePiece training failed: {msg.strip()}") from e
-  fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".model.tmp")
-  with os.fdopen(fd, "wb") as f:
-    f.write(proto.getvalue())
-  os.replace(tmp, model_path)
-  return model_path
+  return write_bytes_atomic(model_path, proto.getvalue())
 
 
 def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: int,
@@ -96,19 +94,3 @@ def train_from_word_counts(word_counts: Iterable[Tuple[str, int]], model_path: s
     if n == 0:
       raise DataError("cannot train a vocabulary from an empty word histogram")
     return _train(model_path, input=tsv, input_format="tsv", **args)
-
-
-def load_vocabulary(model_path: str, extra_ids: int = NUM_EXTRA_IDS):
-  """Returns a seqio SentencePieceVocabulary (T5 layout + sentinels), validating the file."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(model_path):
-    raise DataError(f"vocabulary file not found: {model_path}")
-  proc = spm.SentencePieceProcessor()
-  try:
-    proc.Load(model_path)
-  except (RuntimeError, OSError) as e:
-    raise DataError(f"{model_path} is not a SentencePiece model: {str(e).strip()}") from e
-  if proc.pad_id() != 0 or proc.eos_id() != 1 or proc.unk_id() != 2:
-    raise DataError(f"{model_path}: expected T5 layout pad=0 eos=1 unk=2, got pad={proc.pad_id()} "
-                    f"eos={proc.eos_id()} unk={proc.unk_id()}")
-  return seqio.SentencePieceVocabulary(model_path, extra_ids=extra_ids)
