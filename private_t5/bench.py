@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5 import gin_utils
 from private_t5.errors import ConfigError
+from private_t5.io import write_text_atomic
 
 USAGE = """usage: private-t5 bench --gin_file=configs/bench/<name>.gin [--gin.benchmark.NAME=VALUE ...]
 
@@ -382,14 +383,9 @@ def markdown(report: Dict[str, Any]) -> str:
 
 
 def _write(output_dir: str, report: Dict[str, Any]) -> None:
-  os.makedirs(output_dir, exist_ok=True)
   for name, text in (("bench.json", json.dumps(report, indent=2, sort_keys=True)),
                      ("bench.md", markdown(report))):
-    path = os.path.join(output_dir, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
+    write_text_atomic(os.path.join(output_dir, name), text)
   _log(f"[bench] wrote {os.path.join(output_dir, 'bench.json')} and bench.md")
 
 

@@ -10,6 +10,7 @@ from typing import Sequence
 import gin
 
 from private_t5.errors import ConfigError
+from private_t5.io import write_text_atomic
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_SEARCH_PATHS = (os.getcwd(), PROJECT_ROOT, os.path.join(PROJECT_ROOT, "private_t5"))
@@ -160,10 +161,4 @@ def call_configured(fn, *args, **kwargs):
 
 def save_operative_config(model_dir: str) -> str:
   """Writes the operative config atomically to MODEL_DIR/config.gin."""
-  os.makedirs(model_dir, exist_ok=True)
-  path = os.path.join(model_dir, "config.gin")
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(gin.operative_config_str())
-  os.replace(tmp, path)
-  return path
+  return write_text_atomic(os.path.join(model_dir, "config.gin"), gin.operative_config_str())

@@ -7,6 +7,7 @@ file that the next write replaces). Base layer: imports nothing from the package
 """
 import contextlib
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -16,7 +17,8 @@ from typing import Any, IO, Iterator
 import numpy as np
 
 
-def _json_default(x):
+def json_default(x):
+  """`json.dump`'s `default`: numpy scalars/arrays as numbers/lists, dataclasses as dicts, else str."""
   if isinstance(x, np.integer):
     return int(x)
   if isinstance(x, np.floating):
@@ -52,6 +54,17 @@ def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
     raise
 
 
+@contextlib.contextmanager
+def atomic_open_text(path: str) -> Iterator[IO[str]]:
+  """`atomic_open` for UTF-8 text, gzip-compressed when `path` ends in `.gz`."""
+  if not path.endswith(".gz"):
+    with atomic_open(path, "w", encoding="utf-8") as f:
+      yield f
+    return
+  with atomic_open(path, "wb") as raw, gzip.open(raw, "wt", encoding="utf-8") as f:
+    yield f
+
+
 def write_text_atomic(path: str, text: str) -> str:
   """Writes `text` (UTF-8) to `path` atomically; returns `path`."""
   with atomic_open(path, "w", encoding="utf-8") as f:
@@ -69,7 +82,7 @@ def write_bytes_atomic(path: str, data: bytes) -> str:
 def write_json_atomic(path: str, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> str:
   """Writes `obj` as JSON (numpy scalars/arrays and dataclasses allowed) atomically."""
   with atomic_open(path, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=indent, sort_keys=sort_keys, default=_json_default)
+    json.dump(obj, f, indent=indent, sort_keys=sort_keys, default=json_default)
     f.write("\n")
   return path
 

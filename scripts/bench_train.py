@@ -64,6 +64,7 @@ def main(argv=None):
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.data.source import make_source  # pylint: disable=g-import-not-at-top
   from private_t5.dp.aggregator import DPAggregator, MeanAggregator  # pylint: disable=g-import-not-at-top
+  from private_t5.io import write_json_atomic  # pylint: disable=g-import-not-at-top
   from private_t5.train import checkpoints, optimizers, partitioning  # pylint: disable=g-import-not-at-top
   from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
@@ -115,7 +116,7 @@ def main(argv=None):
                              "bytes": size}
     print(json.dumps(results["checkpoint"]), flush=True)
   if args.output:
-    checkpoints.write_json_atomic(args.output, results)
+    write_json_atomic(args.output, results)
   return 0
 
 

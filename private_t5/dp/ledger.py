@@ -9,11 +9,11 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from typing import Any, Dict, List, Optional
 
 from private_t5.dp import accounting
 from private_t5.errors import DataError, PrivacyError
+from private_t5.io import write_json_atomic
 
 PRIVACY_UNITS = ("document", "example", "user")
 LEDGER_VERSION = 1
@@ -217,14 +217,7 @@ class PrivacyLedger:
 
   def save(self, path: str) -> str:
     """Writes `report()` atomically (temp file then rename); `load` reads it back."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as f:
-      json.dump(self.report(), f, indent=2, sort_keys=True)
-      f.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, self.report())
 
   @classmethod
   def load(cls, path: str) -> "PrivacyLedger":

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from private_t5.errors import ConfigError, DataError
+from private_t5.io import atomic_open_text, write_json_atomic
 
 PLACEHOLDER = "{secret}"
 RECORD_SUFFIX = ".canaries.json"
@@ -133,25 +134,15 @@ def write_canary_corpus(documents: Iterable, output_path: str, fmt: CanaryFormat
   Returns:
     (corpus path, record path, number of documents written).
   """
-  import gzip  # pylint: disable=g-import-not-at-top
-  out_dir = os.path.dirname(os.path.abspath(output_path))
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = output_path + ".tmp"
-  opener = gzip.open if output_path.endswith(".gz") else open
   n = 0
-  with opener(tmp, "wt", encoding="utf-8") as f:
+  with atomic_open_text(output_path) as f:
     for record in insert_canaries(documents, canaries, seed):
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
       n += 1
-  os.replace(tmp, output_path)
   rec = {"format": fmt.as_dict(), "space_size": fmt.space_size, "seed": seed, "source": source,
          "corpus": os.path.abspath(output_path), "documents": n,
          "canaries": [dataclasses.asdict(c) for c in canaries]}
-  path = record_path(output_path)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(rec, f, indent=2)
-  os.replace(tmp, path)
+  path = write_json_atomic(record_path(output_path), rec, sort_keys=False)
   return output_path, path, n
 
 

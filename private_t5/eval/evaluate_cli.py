@@ -19,18 +19,17 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from private_t5 import gin_utils
+from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
 from private_t5.errors import DataError
+from private_t5.io import write_json_atomic, write_text_atomic
 from private_t5.eval import glue_metrics
 
 EVAL_SUBDIR = "eval"
 
 
 def _decoder(vocab_path: str):
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
-  proc = spm.SentencePieceProcessor()
-  proc.LoadFromSerializedProto(spm_lib.load_vocabulary(vocab_path).sp_model)
+  proc = vocab_lib.sentencepiece_processor(vocab_lib.load_vocabulary(vocab_path))
   size = proc.GetPieceSize()
 
   def decode(row: np.ndarray) -> str:
@@ -130,13 +129,6 @@ def results_table(results: Mapping[str, Any], model_name: str) -> str:
   return glue_metrics.markdown_table(rows, list(tasks))
 
 
-def _write_text_atomic(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str, int],
              split: str = "validation", step: Optional[int] = None, vocab_path: Optional[str] = None,
              glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
@@ -180,9 +172,9 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   results["table_markdown"] = results_table(results, name)
   output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
   os.makedirs(output_dir, exist_ok=True)
-  checkpoints.write_json_atomic(os.path.join(output_dir, "results.json"), results)
-  _write_text_atomic(os.path.join(output_dir, "results.md"),
-                     f"# GLUE evaluation ({split}) of {name}\n\n" + results["table_markdown"])
+  write_json_atomic(os.path.join(output_dir, "results.json"), results)
+  write_text_atomic(os.path.join(output_dir, "results.md"),
+                    f"# GLUE evaluation ({split}) of {name}\n\n" + results["table_markdown"])
   print(results["table_markdown"])
   return results
 

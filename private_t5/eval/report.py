@@ -10,16 +10,10 @@ import os
 from typing import List, Optional
 
 from private_t5.eval.splits import SPLIT_NAMES
+from private_t5.io import atomic_open, write_text_atomic
 
 SPLIT_TITLES = {"train_dup": "Train dup", "train_unique": "Train unique",
                 "valid_in_train": "Valid in train", "valid_unique": "Valid unique"}
-
-
-def _atomic_write(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
 
 
 def _clean(x):
@@ -155,9 +149,8 @@ def plot_exposure(report: dict, path: str) -> Optional[str]:
 
 
 def _save(fig, path: str) -> None:
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=110)
-  os.replace(tmp, path)
+  with atomic_open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=110)
 
 
 def write_report(report: dict, out_dir: str) -> List[str]:
@@ -166,10 +159,10 @@ def write_report(report: dict, out_dir: str) -> List[str]:
   report = _clean(report)
   paths = []
   json_path = os.path.join(out_dir, "report.json")
-  _atomic_write(json_path, json.dumps(report, indent=2, ensure_ascii=False))
+  write_text_atomic(json_path, json.dumps(report, indent=2, ensure_ascii=False))
   paths.append(json_path)
   md_path = os.path.join(out_dir, "report.md")
-  _atomic_write(md_path, markdown(report))
+  write_text_atomic(md_path, markdown(report))
   paths.append(md_path)
   for fn, name in ((plot_extraction, "extraction.png"), (plot_exposure, "exposure.png")):
     p = fn(report, os.path.join(out_dir, name))

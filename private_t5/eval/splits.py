@@ -31,6 +31,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from private_t5.errors import ConfigError
+from private_t5.io import write_json_atomic
 
 SPLIT_NAMES = ("train_dup", "train_unique", "valid_in_train", "valid_unique")
 SPLITS_FORMAT_VERSION = 1
@@ -484,13 +485,9 @@ def load_or_build_splits(out_dir: str, train_docs: Sequence, valid_docs: Sequenc
     except (OSError, ValueError):
       pass  # unreadable: rebuild below
   splits = build_splits(train_docs, valid_docs, cfg, tokenize=tokenize, verbose=verbose)
-  os.makedirs(out_dir, exist_ok=True)
   data = {"key": key, "specs": specs or {}, "config": cfg.key_fields(), "tokenizer": tokenizer_id,
           "sizes": splits.sizes(), "stats": splits.stats, "splits": splits.ids}
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(data, f)
-  os.replace(tmp, path)
+  write_json_atomic(path, data, indent=None, sort_keys=False)
   return splits, path, False
 
 

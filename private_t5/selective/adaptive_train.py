@@ -11,6 +11,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 from private_t5.errors import ConfigError
+from private_t5.io import write_json_atomic
 from private_t5.selective import adaptive
 
 
@@ -36,7 +37,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
     ConfigError: no reference checkpoint, or `dp` is None.
   """
   from private_t5.dp.ledger import PrivacyLedger  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   from private_t5.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
@@ -89,7 +90,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
       noise_multiplier=dp_setup.noise_multiplier, clip_norm=nominal.clip_norm, sampling_rate=nominal.sampling_rate,
       delta=nominal.delta, accountant=nominal.accountant, gammas=gammas, probabilities=probabilities,
       privacy_unit=train_data.privacy_unit, num_examples=train_data.num_examples)
-  checkpoints.write_json_atomic(os.path.join(model_dir, adaptive.REPORT_FILENAME), report)
+  write_json_atomic(os.path.join(model_dir, adaptive.REPORT_FILENAME), report)
   summary.update(adaptive_dp=report, noise_multiplier=dp_setup.noise_multiplier,
                  adaptive_dp_report=os.path.abspath(os.path.join(model_dir, adaptive.REPORT_FILENAME)))
   metrics_lib.write_summary(model_dir, summary)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from private_t5 import gin_utils
 from private_t5.errors import ConfigError, DataError, PrivateT5Error
+from private_t5.io import write_json_atomic
 
 REPORT_FILENAME = "jft_privacy_report.json"
 PHASE1_DIR = "phase1_redacted"
@@ -192,7 +193,7 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
   report.update(phase1_model_dir=os.path.abspath(phase1_dir), phase2_model_dir=os.path.abspath(phase2_dir),
                 phase1_validation=s1.get("validation"), phase2_validation=s2.get("validation"))
   from private_t5.selective import redaction  # pylint: disable=g-import-not-at-top
-  path = redaction.write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
+  path = write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
   log(f"[jft] {report['statement']}")
   log(f"[jft] report: {path}")
   report["report_path"] = os.path.abspath(path)

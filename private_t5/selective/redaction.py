@@ -11,11 +11,11 @@ import gzip
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from private_t5.errors import DataError
+from private_t5.io import atomic_open_text, write_json_atomic
 from private_t5.selective import detectors as detectors_lib
 
 REPORT_SUFFIX = ".report.json"
@@ -28,17 +28,6 @@ def default_report_path(output_path: str) -> str:
     if base.endswith(ext):
       base = base[:-len(ext)]
   return base + REPORT_SUFFIX
-
-
-def write_json_atomic(path: str, obj) -> str:
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
-  return path
 
 
 class _LevelStats:
@@ -100,47 +89,37 @@ def redact_corpus(documents: Iterable, output_path: str, *, level: str = "entity
     fallbacks = [v for v in s.detector.backends.values() if "heuristic" in v]
     if lvl == level and fallbacks:
       log(f"[redact] level {lvl}: {'; '.join(fallbacks)}")
-  out_dir = os.path.dirname(os.path.abspath(output_path))
-  os.makedirs(out_dir, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".jsonl.tmp")
-  os.close(fd)
-  opener = gzip.open if output_path.endswith(".gz") else open
   read = written = 0
   skipped_ids: List[str] = []
   skipped = 0
   t0 = time.time()
-  try:
-    with opener(tmp, "wt", encoding="utf-8") as f:
-      for doc in documents:
-        read += 1
-        detection = None
-        for lvl, s in stats.items():
-          d = s.add(doc.text)
-          if lvl == level:
-            detection = d
-        if detection.fully_private():
-          skipped += 1
-          if len(skipped_ids) < MAX_LISTED_IDS:
-            skipped_ids.append(doc.id)
-          continue
-        record = {"id": doc.id, "text": detection.redacted()}
-        if getattr(doc, "user", None) is not None:
-          record["user"] = doc.user
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        written += 1
-        if progress_every and read % progress_every == 0:
-          log(f"[redact] {read} documents ({read / max(time.time() - t0, 1e-9):.0f}/s), "
-              f"{skipped} fully redacted, private tokens at {level}: "
-              f"{main.private / max(main.tokens, 1):.2%}")
+  with atomic_open_text(output_path) as f:
+    for doc in documents:
+      read += 1
+      detection = None
+      for lvl, s in stats.items():
+        d = s.add(doc.text)
+        if lvl == level:
+          detection = d
+      if detection.fully_private():
+        skipped += 1
+        if len(skipped_ids) < MAX_LISTED_IDS:
+          skipped_ids.append(doc.id)
+        continue
+      record = {"id": doc.id, "text": detection.redacted()}
+      if getattr(doc, "user", None) is not None:
+        record["user"] = doc.user
+      f.write(json.dumps(record, ensure_ascii=False) + "\n")
+      written += 1
+      if progress_every and read % progress_every == 0:
+        log(f"[redact] {read} documents ({read / max(time.time() - t0, 1e-9):.0f}/s), "
+            f"{skipped} fully redacted, private tokens at {level}: "
+            f"{main.private / max(main.tokens, 1):.2%}")
     if read == 0:
       raise DataError(f"corpus {source or '(documents)'} has no documents")
     if written == 0:
       raise DataError(f"every document of {source or 'the corpus'} was fully redacted at level {level!r}; "
                       "nothing left to write")
-    os.replace(tmp, output_path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
   elapsed = time.time() - t0
   report = {
       "source": source,

@@ -16,7 +16,6 @@ sampler seed and the step), so a resumed run neither skips nor repeats a batch.
 A checkpoint directory holds the run's secret seeds (noise and sampling keys): keep it as
 private as the training data; release parameters only (`restore_for_inference`).
 """
-import dataclasses
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import jax
 import numpy as np
 
 from private_t5.errors import CheckpointError
+from private_t5.io import json_default
 
 PyTree = Any
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -49,35 +49,6 @@ def check_writable(model_dir: str) -> None:
     os.remove(probe)
   except OSError as e:
     raise CheckpointError(f"model_dir {model_dir!r} is not writable: {e.strerror or e}") from e
-
-
-def write_json_atomic(path: str, obj: Any) -> str:
-  """Writes JSON to a temp file beside `path`, then renames it over `path`."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json.tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=2, sort_keys=True, default=_json_default)
-      f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-  return path
-
-
-def _json_default(x):
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (np.floating,)):
-    return float(x)
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  if dataclasses.is_dataclass(x):
-    return dataclasses.asdict(x)
-  return str(x)
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> Optional[str]:
@@ -159,7 +130,7 @@ class CheckpointManager:
     if step is None:
       return
     saved = self.read_metadata(step).get("fingerprint")
-    fingerprint = json.loads(json.dumps(fingerprint, default=_json_default))
+    fingerprint = json.loads(json.dumps(fingerprint, default=json_default))
     if saved != fingerprint:
       where = _first_difference(saved, fingerprint) if isinstance(saved, dict) else "fingerprint"
       raise CheckpointError(
@@ -178,7 +149,7 @@ class CheckpointManager:
     """
     ocp = _ocp()
     metadata = dict(metadata, step=int(step), fingerprint=self.fingerprint, format_version=FORMAT_VERSION)
-    metadata = json.loads(json.dumps(metadata, default=_json_default))
+    metadata = json.loads(json.dumps(metadata, default=json_default))
     try:
       return self._manager.save(int(step), args=ocp.args.Composite(**{
           STATE_ITEM: ocp.args.StandardSave(state), METADATA_ITEM: ocp.args.JsonSave(metadata)}),

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Dict, Mapping, Optional, TextIO
 
-from private_t5.train.checkpoints import write_json_atomic
+from private_t5.io import write_json_atomic
 
 TENSORBOARD_SUBDIR = "tensorboard"
 SUMMARY_FILENAME = "summary.json"
