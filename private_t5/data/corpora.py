@@ -24,6 +24,7 @@ import sys
 from typing import Iterator, List, Optional, Tuple
 
 from private_t5.data import builtin_corpus
+from private_t5.data import tfds as tfds_lib
 from private_t5.documents import CorpusStats, Document
 from private_t5.errors import ConfigError, DataError
 
@@ -156,24 +157,6 @@ def _iter_tsv(path, text_field, id_field, user_field, errors, stats) -> Iterator
       raise DataError(f"{path}: empty TSV file (a header row is required)")
 
 
-def _tfds_builder(name_or_dir: str, data_dir: Optional[str]):
-  """A TFDS builder from a registered/prepared name or from a builder directory."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  if os.path.isdir(name_or_dir):
-    try:
-      return tfds.builder_from_directory(name_or_dir)
-    except Exception as e:  # pylint: disable=broad-except
-      raise DataError(f"{name_or_dir} is not a TFDS builder directory: {e}") from e
-  try:
-    builder = tfds.builder(name_or_dir, data_dir=data_dir)
-  except Exception as e:  # pylint: disable=broad-except
-    raise DataError(f"unknown TFDS dataset {name_or_dir!r}: {str(e).splitlines()[0]}") from e
-  if not os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):
-    raise DataError(f"TFDS dataset {name_or_dir!r} is not prepared under data_dir={data_dir!r} "
-                    f"(looked in {builder.data_dir}); download/prepare it there first")
-  return builder
-
-
 def _split_tfds_spec(body: str) -> Tuple[str, str]:
   # `c4/en:train`, `c4/en:3.0.1:train` is not supported; `/dir/builder:train` is.
   if ":" in body:
@@ -185,16 +168,14 @@ def _split_tfds_spec(body: str) -> Tuple[str, str]:
 
 def _iter_tfds(body, data_dir, text_field, id_field, user_field, errors, stats) -> Iterator[Document]:
   name, split = _split_tfds_spec(body)
-  builder = _tfds_builder(name, data_dir)
-  if split not in builder.info.splits:
-    raise DataError(f"TFDS dataset {name!r} has no split {split!r} (splits: {sorted(builder.info.splits)})")
+  builder = tfds_lib.prepared_builder(name, data_dir)
   features = builder.info.features
   keys = list(features.keys()) if hasattr(features, "keys") else []
   if text_field not in keys:
     raise DataError(f"TFDS dataset {name!r} has no text feature {text_field!r} (features: {keys})")
   if user_field and user_field not in keys:
     raise DataError(f"TFDS dataset {name!r} has no user feature {user_field!r} (features: {keys})")
-  ds = builder.as_dataset(split=split, shuffle_files=False)
+  ds = tfds_lib.split_dataset(builder, name, split)
 
   def as_text(value, where):
     if isinstance(value, bytes):

@@ -29,6 +29,7 @@ import numpy as np
 
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import source as source_lib
+from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import file_sha256
 
@@ -318,11 +319,8 @@ def _tfds_rows(task: GlueTask, split: str, tfds_data_dir: Optional[str]):
   if not task.tfds_name or split not in task.tfds_splits:
     return None
   try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    builder = tfds.builder(task.tfds_name, data_dir=tfds_data_dir)
-    if not builder.is_prepared():
-      return None
-    ds = builder.as_dataset(split=task.tfds_splits[split])
+    builder = tfds_lib.prepared_builder(task.tfds_name, tfds_data_dir)
+    ds = tfds_lib.split_dataset(builder, task.tfds_name, task.tfds_splits[split])
   except Exception:  # pylint: disable=broad-except
     return None  # TFDS missing, unknown name or not prepared: fall back to local files.
   texts = {f: [] for f in task.feature_names}

@@ -1,9 +1,9 @@
-"""GLUE-layout readers on ../shared/data/glue_like and on official-layout files."""
+"""Raw GLUE rows (glue_readers) on ../shared/data/glue_like and on official-layout files."""
 import os
 
 import pytest
 
-from private_t5.data import glue
+from private_t5.data import glue_readers
 from private_t5.errors import ConfigError, DataError
 
 
@@ -15,14 +15,14 @@ def _write(path, text, bom=False):
 
 def test_glue_like_tasks(shared_data):
   root = os.path.join(shared_data, "glue_like")
-  sst = glue.load_glue("rotten_tomatoes", "train", data_dir=root)
+  sst = glue_readers.load_glue("rotten_tomatoes", "train", data_dir=root)
   assert len(sst) == 10028
   assert sst[0] == {"sentence": "A three-hour cinema master class.", "label": 1, "idx": 0}
   assert {ex["label"] for ex in sst} == {0, 1}
-  mrpc = glue.load_glue(os.path.join(root, "bible_paraphrase"), "validation")
+  mrpc = glue_readers.load_glue(os.path.join(root, "bible_paraphrase"), "validation")
   assert len(mrpc) == 1232 and {"sentence1", "sentence2", "label", "idx"} <= set(mrpc[0])
   assert mrpc[0]["label"] in (0, 1) and mrpc[0]["#1 ID"]
-  bbc = glue.load_glue("bbc_news", "test", data_dir=root, max_examples=10)
+  bbc = glue_readers.load_glue("bbc_news", "test", data_dir=root, max_examples=10)
   assert len(bbc) == 10 and {ex["label"] for ex in bbc} <= {"business", "entertainment", "politics", "sport", "tech"}
 
 
@@ -42,34 +42,34 @@ def test_official_layouts(tmp_path):
          "sentence2\tscore\n0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA plane is taking off.\t"
          "An air plane is taking off.\t5.000\n")
   _write(f"{root}/QNLI/train.tsv", "index\tquestion\tsentence\tlabel\n0\tWhen?\tIn 1990.\tnot_entailment\n")
-  assert glue.load_glue("cola", "train", data_dir=root)[1] == {
+  assert glue_readers.load_glue("cola", "train", data_dir=root)[1] == {
       "sentence": "One more pseudo generalization and I'm giving up.", "label": 0, "idx": 1}
-  assert glue.load_glue("CoLA", "test", data_dir=root) == [
+  assert glue_readers.load_glue("CoLA", "test", data_dir=root) == [
       {"sentence": "Bill whistled past the house.", "label": -1, "idx": 0}]
-  assert glue.load_glue("SST-2", "validation", data_dir=root)[0]["label"] == 1
-  mrpc = glue.load_glue(f"{root}/MRPC", "train")[0]
+  assert glue_readers.load_glue("SST-2", "validation", data_dir=root)[0]["label"] == 1
+  mrpc = glue_readers.load_glue(f"{root}/MRPC", "train")[0]
   assert mrpc["label"] == 1 and mrpc["sentence2"].startswith('Referring to him as only " the witness "')
-  assert glue.load_glue("mnli", "validation_matched", data_dir=root)[0] == {
+  assert glue_readers.load_glue("mnli", "validation_matched", data_dir=root)[0] == {
       "premise": "The new rights are nice enough", "hypothesis": "Everyone really likes the newest benefits",
       "label": 1, "idx": 0}
-  assert glue.load_glue("mnli", "validation", data_dir=root)[0]["label"] == 1
-  assert glue.load_glue("stsb", "train", data_dir=root)[0]["label"] == 5.0
-  assert glue.load_glue("qnli", "train", data_dir=root)[0]["label"] == 1
+  assert glue_readers.load_glue("mnli", "validation", data_dir=root)[0]["label"] == 1
+  assert glue_readers.load_glue("stsb", "train", data_dir=root)[0]["label"] == 5.0
+  assert glue_readers.load_glue("qnli", "train", data_dir=root)[0]["label"] == 1
 
 
 def test_bad_glue_input(tmp_path, shared_data):
   root = str(tmp_path)
   with pytest.raises(DataError, match="GLUE task folder not found"):
-    glue.load_glue("sst2", data_dir=root)
+    glue_readers.load_glue("sst2", data_dir=root)
   _write(f"{root}/RTE/train.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
   with pytest.raises(DataError, match=r"train.tsv: line 2: invalid label 'maybe'"):
-    glue.load_glue("rte", data_dir=root)
+    glue_readers.load_glue("rte", data_dir=root)
   _write(f"{root}/QQP/train.tsv", "id\tquestion1\tquestion2\n0\ta\tb\n")
   with pytest.raises(DataError, match="no column 'is_duplicate'"):
-    glue.load_glue("qqp", data_dir=root)
+    glue_readers.load_glue("qqp", data_dir=root)
   with pytest.raises(DataError, match="no file for split 'test'"):
-    glue.load_glue("rte", "test", data_dir=root)
+    glue_readers.load_glue("rte", "test", data_dir=root)
   with pytest.raises(ConfigError, match="split must be one of"):
-    glue.load_glue("rte", "dev", data_dir=root)
+    glue_readers.load_glue("rte", "dev", data_dir=root)
   with pytest.raises(DataError, match="not prepared"):
-    glue.load_glue("tfds:glue/sst2", "validation", data_dir=root)
+    glue_readers.load_glue("tfds:glue/sst2", "validation", data_dir=root)

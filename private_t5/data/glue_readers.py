@@ -1,9 +1,11 @@
-"""GLUE-layout readers: local GLUE directories, GLUE-like TSV folders and TFDS `glue/*`.
+"""Raw GLUE rows as dicts: the official GLUE download, GLUE-like TSV folders and TFDS `glue/*`.
 
-Examples come back as dicts with T5's GLUE field names (those of TFDS `glue/<task>`, which
-`t5.data.glue_utils` and the T5 GLUE tasks use): e.g. SST-2 -> {"sentence", "label", "idx"},
-MRPC -> {"sentence1", "sentence2", "label", "idx"}, MNLI -> {"premise", "hypothesis", "label",
-"idx"}. Unlabelled test rows get label -1 (as in TFDS).
+The text-to-text tasks of `glue_tasks` read the columns they need; this reader returns whole
+rows with T5's GLUE field names (those of TFDS `glue/<task>`, which `t5.data.glue_utils` and
+the T5 GLUE tasks use): e.g. SST-2 -> {"sentence", "label", "idx"}, MRPC -> {"sentence1",
+"sentence2", "label", "idx"}, MNLI -> {"premise", "hypothesis", "label", "idx"}. Unlabelled
+test rows get label -1 (as in TFDS). The official layouts (folder, columns, label names) are
+those of the `glue_tasks` registry.
 
 Supported layouts:
 
@@ -15,48 +17,16 @@ Supported layouts:
 * `tfds:glue/<task>` (TFDS must have it prepared under `data_dir`).
 """
 import csv
-import dataclasses
 import os
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
+from private_t5.data import glue_tasks
+from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
 
 
-@dataclasses.dataclass(frozen=True)
-class GlueLayout:
-  """How one GLUE task is stored in the official TSVs.
-
-  Attributes:
-    dir_name: folder name in the GLUE download.
-    fields: T5 field name -> TSV column name (or column index for header-less files).
-    label_column: the label's column (name or index); None for none.
-    label_type: "int", "float" or "names" (mapped through `label_names`).
-    label_names: label strings in TFDS order (for "names").
-    has_header: False only for CoLA train/dev.
-  """
-  dir_name: str
-  fields: Mapping[str, object]
-  label_column: object
-  label_type: str = "int"
-  label_names: Tuple[str, ...] = ()
-  has_header: bool = True
-
-
-NLI_2 = ("entailment", "not_entailment")
-GLUE_TASKS: Dict[str, GlueLayout] = {
-    "cola": GlueLayout("CoLA", {"sentence": 3}, 1, has_header=False),
-    "sst2": GlueLayout("SST-2", {"sentence": "sentence"}, "label"),
-    "mrpc": GlueLayout("MRPC", {"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality"),
-    "qqp": GlueLayout("QQP", {"question1": "question1", "question2": "question2"}, "is_duplicate"),
-    "stsb": GlueLayout("STS-B", {"sentence1": "sentence1", "sentence2": "sentence2"}, "score", "float"),
-    "mnli": GlueLayout("MNLI", {"premise": "sentence1", "hypothesis": "sentence2"}, "gold_label", "names",
-                       ("entailment", "neutral", "contradiction")),
-    "qnli": GlueLayout("QNLI", {"question": "question", "sentence": "sentence"}, "label", "names", NLI_2),
-    "rte": GlueLayout("RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label", "names", NLI_2),
-    "wnli": GlueLayout("WNLI", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label"),
-}
-_ALIASES = {layout.dir_name.lower(): name for name, layout in GLUE_TASKS.items()}
+_ALIASES = {glue_tasks.get_task(name).local_subdir.lower(): name for name in glue_tasks.GLUE_TASK_NAMES}
 _ALIASES.update({"sst-2": "sst2", "sts-b": "stsb"})
 SPLITS = ("train", "validation", "test", "validation_matched", "validation_mismatched", "test_matched",
           "test_mismatched")
@@ -65,7 +35,7 @@ SPLITS = ("train", "validation", "test", "validation_matched", "validation_misma
 def canonical_task_name(name: str) -> Optional[str]:
   """'SST-2' / 'sst2' / 'glue/sst2' -> 'sst2'; None for a task that is not GLUE's."""
   key = name.strip().lower().split("/")[-1]
-  if key in GLUE_TASKS:
+  if key in glue_tasks.GLUE_TASK_NAMES:
     return key
   return _ALIASES.get(key)
 
@@ -98,9 +68,9 @@ def _read_rows(path: str, has_header: bool):
   return None, rows
 
 
-def _convert_label(value: str, layout: Optional[GlueLayout], where: str):
+def _convert_label(value: str, task: Optional[glue_tasks.GlueTask], where: str):
   value = value.strip()
-  if layout is None:  # a GLUE-like task of its own: keep class names, numbers as numbers
+  if task is None:  # a GLUE-like task of its own: keep class names, numbers as numbers
     try:
       return int(value)
     except ValueError:
@@ -109,13 +79,16 @@ def _convert_label(value: str, layout: Optional[GlueLayout], where: str):
       except ValueError:
         return value
   try:
-    if layout.label_type == "float":
+    if task.is_regression:
       return float(value)
-    if layout.label_type == "names":
-      return layout.label_names.index(value)
-    return int(value)
+    if value in task.label_names:
+      return task.label_names.index(value)
+    index = int(value)
+    if 0 <= index < len(task.label_names):
+      return index
   except ValueError:
-    raise DataError(f"{where}: invalid label {value!r} for GLUE task {layout.dir_name}") from None
+    pass
+  raise DataError(f"{where}: invalid label {value!r} for GLUE task {task.local_subdir}")
 
 
 # Column names of GLUE-like TSVs mapped onto T5 field names (MRPC's layout).
@@ -123,9 +96,9 @@ _GENERIC_RENAMES = {"Quality": "label", "#1 String": "sentence1", "#2 String": "
 
 
 def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[int]) -> List[Dict[str, object]]:
-  layout = GLUE_TASKS.get(task) if task else None
+  layout = glue_tasks.get_task(task) if task else None
   header_row = True
-  if layout is not None and not layout.has_header:
+  if layout is not None and not layout.header:
     # CoLA train/dev have no header; its test.tsv has one ("index", "sentence").
     with open(path, encoding="utf-8-sig") as f:
       first = f.readline().split("\t")
@@ -151,8 +124,8 @@ def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[i
       return row[pos]
 
     if layout is not None:
-      fields, label_column = layout.fields, layout.label_column
-      if header is not None and not layout.has_header:  # CoLA's test.tsv: named columns
+      fields, label_column = layout.text_columns, layout.label_column
+      if header is not None and not layout.header:  # CoLA's test.tsv: named columns
         fields, label_column = {f: f for f in fields}, "label"
       ex = {field: cell(column) for field, column in fields.items()}
       # Only official test files lack labels; elsewhere a missing label column is an error.
@@ -173,17 +146,7 @@ def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[i
 
 
 def _from_tfds(name: str, split: str, data_dir: Optional[str], max_examples: Optional[int]):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except Exception as e:  # pylint: disable=broad-except
-    raise DataError(f"unknown TFDS dataset {name!r}: {str(e).splitlines()[0]}") from e
-  if not os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):
-    raise DataError(f"TFDS dataset {name!r} is not prepared under data_dir={data_dir!r} (looked in "
-                    f"{builder.data_dir}); prepare it there first")
-  if split not in builder.info.splits:
-    raise DataError(f"TFDS dataset {name!r} has no split {split!r} (splits: {sorted(builder.info.splits)})")
-  ds = builder.as_dataset(split=split, shuffle_files=False)
+  ds = tfds_lib.split_dataset(tfds_lib.prepared_builder(name, data_dir), name, split)
   if max_examples is not None:
     ds = ds.take(max_examples)
   out = []
@@ -220,7 +183,7 @@ def load_glue(task: str, split: str = "train", *, data_dir: Optional[str] = None
     candidates = [os.path.join(data_dir, task)] if data_dir else []
     canonical = canonical_task_name(task)
     if data_dir and canonical:
-      candidates.append(os.path.join(data_dir, GLUE_TASKS[canonical].dir_name))
+      candidates.append(os.path.join(data_dir, glue_tasks.get_task(canonical).local_subdir))
     folder = next((c for c in candidates if os.path.isdir(c)), None)
     if folder is None:
       raise DataError(f"GLUE task folder not found: {task!r}" + (f" (looked in {data_dir})" if data_dir else ""))

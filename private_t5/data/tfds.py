@@ -1,0 +1,34 @@
+"""The one loader of prepared TFDS datasets (never downloads), for corpora and GLUE tasks."""
+import os
+from typing import Optional
+
+from private_t5.errors import DataError
+
+
+def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
+  """A TFDS builder from a prepared dataset name (under `data_dir`) or a builder directory.
+
+  Raises:
+    DataError: unknown dataset, not a builder directory, or not prepared under `data_dir`.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(name_or_dir):
+    try:
+      return tfds.builder_from_directory(name_or_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f"{name_or_dir} is not a TFDS builder directory: {e}") from e
+  try:
+    builder = tfds.builder(name_or_dir, data_dir=data_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    raise DataError(f"unknown TFDS dataset {name_or_dir!r}: {str(e).splitlines()[0]}") from e
+  if not os.path.exists(os.path.join(builder.data_dir, "dataset_info.json")):
+    raise DataError(f"TFDS dataset {name_or_dir!r} is not prepared under data_dir={data_dir!r} "
+                    f"(looked in {builder.data_dir}); download/prepare it there first")
+  return builder
+
+
+def split_dataset(builder, name: str, split: str):
+  """The unshuffled `tf.data.Dataset` of one split; DataError naming the splits if absent."""
+  if split not in builder.info.splits:
+    raise DataError(f"TFDS dataset {name!r} has no split {split!r} (splits: {sorted(builder.info.splits)})")
+  return builder.as_dataset(split=split, shuffle_files=False)
