@@ -10,7 +10,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import models
 from private_t5.dp import ghost
-from private_t5.dp.aggregator import DPAggregator, make_dp_aggregator
+from private_t5.dp.aggregator import DPAggregator
+from private_t5.dp.factory import make_dp_aggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional
 
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import factory
 from private_t5.dp import sampling
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
 from private_t5.errors import ConfigError, PrivacyError
@@ -185,9 +186,8 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
     component = ledger.add_component_from_report(report)
     log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
         f"ε={component['epsilon']:g}, δ={component['delta']:g}")
-  aggregator = aggregator_lib.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
-                                                 microbatch_size, spmd_axis_name=spmd_axis_name,
-                                                 method=dp.method)
+  aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples, microbatch_size,
+                                         spmd_axis_name=spmd_axis_name, method=dp.method)
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
       f"{q * num_examples:.1f}, padded {batch_size}, truncation probability/step "
       f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
