@@ -73,8 +73,7 @@ def throughput(args, vocab_path: str) -> dict:
     config = _model_config(preset, vocab_path, dropout=0.1)
     row = {}
     for mode in ("public", "dp"):
-      dp = privacy.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
-                            expected_batch_size=args.batch_size / 2) if mode == "dp" else None
+      dp = privacy.DPConfig(clip_norm=1.0, noise_multiplier=1.0) if mode == "dp" else None
       setup = privacy.setup_privacy(dp, loss_fn=make_loss_fn(config), num_examples=source.num_examples,
                                     privacy_unit=source.privacy_unit, batch_size=args.batch_size,
                                     train_steps=args.steps, microbatch_size=args.microbatch_size,

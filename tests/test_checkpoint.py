@@ -116,7 +116,7 @@ def _command(model_dir, corpus, vocab, steps):
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.train.mesh_shape=(1, 1)",
           "--gin.make_source.max_documents=300", "--gin.train.eval_examples=8",
           "--gin.train.insecure_deterministic_seed=99", "--gin.DPConfig.target_epsilon=None",
-          "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=2",
+          "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=0.5",
           "--gin.train.checkpoint_every=2", "--gin.train.keep_checkpoints=2", "--gin.train.log_every=1"]
 
 

@@ -17,6 +17,7 @@ import scipy.stats
 import sentencepiece as spm
 
 from private_t5.dp import aggregator as agg_lib
+from private_t5.dp import clipping
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.models import example_loss_fn, init_params, load_preset
@@ -225,13 +226,13 @@ def test_vmap_per_example_grads_equal_python_loop(params, batch, single_grad, cl
   fn = clipped_sum_fns[None]
   summed, metrics = fn(params, batch, DROPOUT_KEY)
   np.testing.assert_allclose(flat(summed), ref_sum, rtol=2e-4, atol=2e-6)
-  np.testing.assert_allclose(float(metrics[agg_lib.METRIC_GRAD_NORM]), ref_norms[real].mean(),
+  np.testing.assert_allclose(float(metrics[clipping.METRIC_GRAD_NORM]), ref_norms[real].mean(),
                              rtol=1e-4)
-  np.testing.assert_allclose(float(metrics[agg_lib.METRIC_FRACTION_CLIPPED]),
+  np.testing.assert_allclose(float(metrics[clipping.METRIC_FRACTION_CLIPPED]),
                              (ref_norms[real] > CLIP).mean())
-  assert float(metrics[agg_lib.METRIC_BATCH_SIZE]) == real.sum()
+  assert float(metrics[clipping.METRIC_BATCH_SIZE]) == real.sum()
   ref_loss = np.mean([float(l) for (l, _), w in zip(reference, weights) if w > 0])
-  np.testing.assert_allclose(float(metrics[agg_lib.METRIC_LOSS]), ref_loss, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics[clipping.METRIC_LOSS]), ref_loss, rtol=1e-5)
   # Each example on its own (one-hot weights): the vmapped gradient of row i is the loop's,
   # clipped; its norm before clipping is reported exactly.
   for row in np.flatnonzero(real)[:3]:
@@ -240,7 +241,7 @@ def test_vmap_per_example_grads_equal_python_loop(params, batch, single_grad, cl
     g = flat(reference[row][1])
     np.testing.assert_allclose(flat(summed), g * min(1.0, CLIP / np.linalg.norm(g)),
                                rtol=2e-4, atol=2e-6)
-    np.testing.assert_allclose(float(metrics[agg_lib.METRIC_GRAD_NORM]), np.linalg.norm(g),
+    np.testing.assert_allclose(float(metrics[clipping.METRIC_GRAD_NORM]), np.linalg.norm(g),
                                rtol=1e-4)
 
 
@@ -276,7 +277,7 @@ def test_sensitivity_removing_one_example_moves_sum_by_at_most_c(params, example
       key = jax.random.PRNGKey(100 + trial)
       full, metrics = fn(scaled, batch, key)
       full = flat(full)
-      mean_norm = float(metrics[agg_lib.METRIC_GRAD_NORM])
+      mean_norm = float(metrics[clipping.METRIC_GRAD_NORM])
       saw_small |= mean_norm < CLIP
       saw_huge |= mean_norm > 1e3 * CLIP
       for row in range(n_real):
@@ -303,7 +304,7 @@ def test_padding_rows_contribute_exactly_zero(params, examples, clipped_sum_fns,
   np.testing.assert_array_equal(flat(a), flat(b))
   for name in metrics_a:
     np.testing.assert_array_equal(np.asarray(metrics_a[name]), np.asarray(metrics_b[name]))
-  assert float(metrics_b[agg_lib.METRIC_BATCH_SIZE]) == len(real)
+  assert float(metrics_b[clipping.METRIC_BATCH_SIZE]) == len(real)
   # The non-private mean ignores padding as well.
   m_a, _ = mean_step(params, clean, DROPOUT_KEY)
   m_b, _ = mean_step(params, noisy, DROPOUT_KEY)
@@ -318,8 +319,8 @@ def test_mean_aggregator_is_weighted_mean_of_loop_grads(params, batch, single_gr
   grads, metrics = mean_step(params, batch, DROPOUT_KEY)
   np.testing.assert_allclose(flat(grads), expected, rtol=2e-4, atol=1e-6)
   expected_loss = sum(w * float(l) for (l, _), w in zip(reference, weights)) / weights.sum()
-  np.testing.assert_allclose(float(metrics[agg_lib.METRIC_LOSS]), expected_loss, rtol=1e-5)
-  assert float(metrics[agg_lib.METRIC_BATCH_SIZE]) == weights.sum()
+  np.testing.assert_allclose(float(metrics[clipping.METRIC_LOSS]), expected_loss, rtol=1e-5)
+  assert float(metrics[clipping.METRIC_BATCH_SIZE]) == weights.sum()
 
 
 @pytest.mark.slow
@@ -329,7 +330,7 @@ def test_noise_is_gaussian_on_the_sum_divided_by_public_batch_size(params, batch
   grads, metrics = dp_step(params, batch, DROPOUT_KEY, noise_key)
   clean, _ = clipped_sum_fns[None](params, batch, DROPOUT_KEY)
   # grads = (clipped sum + N(0, sigma^2 C^2)) / qN, with qN = 5 while 6 rows are real.
-  assert float(metrics[agg_lib.METRIC_BATCH_SIZE]) == 6.0 != EXPECTED_BATCH
+  assert float(metrics[clipping.METRIC_BATCH_SIZE]) == 6.0 != EXPECTED_BATCH
   noise = flat(grads) * EXPECTED_BATCH - flat(clean)
   n = noise.size
   std = SIGMA * CLIP

@@ -10,7 +10,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import models
 from private_t5.dp import ghost
-from private_t5.dp.aggregator import DPAggregator, make_dp_aggregator
+from private_t5.dp.aggregator import DPAggregator
+from private_t5.dp.factory import make_dp_aggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
 
@@ -198,6 +199,39 @@ def test_nonfinite_example_gradient_is_dropped_not_propagated():
   without_inf = dict(batch, example_weight=np.array([1, 0, 1, 0], np.float32))
   want, _ = jax.jit(DPAggregator(loss_fn, 1.0, 0.0, 3.0).clipped_sum)(p, without_inf)
   np.testing.assert_allclose(summed["kernel"], want["kernel"], rtol=1e-6)
+
+
+def _aggregator(method, loss_fn, **kwargs):
+  if method == "vmap":
+    return DPAggregator(loss_fn, 1.0, 0.0, 3.0, **kwargs)
+  return ghost.GhostDPAggregator(loss_fn, 1.0, 0.0, 3.0, clipped_sum_method=method, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["vmap", ghost.BOOKKEEPING, ghost.SECOND_PASS])
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+@pytest.mark.parametrize("microbatch_size", [None, 2])
+def test_every_method_drops_a_nonfinite_example_exactly(method, poison, microbatch_size):
+  """One example whose loss and gradient are NaN/inf gives the clipped sum of the batch without it."""
+  loss_fn = _dense_loss_fn()
+  p = {"kernel": jnp.arange(6, dtype=jnp.float32).reshape(3, 2) / 4}
+  x = np.array([[1, 0, 2], [poison, 1, 0], [0, 1, 0], [0, 0, 0]], np.float32)
+  batch = {"x": x, "example_weight": np.array([1, 1, 1, 0], np.float32)}
+  # The same batch without the poisoned row (a zero padding row keeps the shape).
+  without = {"x": x[[0, 2, 3, 3]], "example_weight": np.array([1, 1, 0, 0], np.float32)}
+  agg = _aggregator(method, loss_fn, microbatch_size=microbatch_size)
+  got, metrics = jax.jit(agg.clipped_sum)(p, batch)
+  want, _ = jax.jit(agg.clipped_sum)(p, without)
+  assert np.isfinite(got["kernel"]).all() and np.isfinite(metrics["nondp/grad_norm_mean"])
+  np.testing.assert_allclose(got["kernel"], want["kernel"], rtol=1e-6)
+  assert np.abs(want["kernel"]).sum() > 0
+
+
+@pytest.mark.parametrize("method", ["vmap", ghost.BOOKKEEPING, ghost.SECOND_PASS])
+def test_a_batch_of_only_nonfinite_examples_sums_to_zero(method):
+  x = np.array([[np.nan, 0, 0], [np.inf, 1, 0]], np.float32)
+  batch = {"x": x, "example_weight": np.array([1, 1], np.float32)}
+  got, _ = jax.jit(_aggregator(method, _dense_loss_fn()).clipped_sum)({"kernel": jnp.ones((3, 2))}, batch)
+  np.testing.assert_array_equal(got["kernel"], 0.0)
 
 
 def test_make_dp_aggregator_switches_between_vmap_and_ghost():

@@ -6,8 +6,8 @@ import pytest
 import scipy.stats
 from dp_accounting import dp_event
 
-from private_t5.dp.sampling import (PoissonSampler, ShuffledBatchSampler,
-                                    batch_size_for_truncation)
+from private_t5.dp import accounting
+from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
 
 
@@ -91,7 +91,9 @@ def test_truncation_probability_matches_empirical_rate():
   n, q, cap = 1000, 0.05, 55
   sampler = PoissonSampler(n, q, max_batch_size=cap, seed=9)
   p = sampler.truncation_probability
-  np.testing.assert_allclose(p, scipy.stats.binom.sf(cap, n, q))
+  # The add-one neighbour's tail (N + 1 examples): the δ cost the accounting charges.
+  np.testing.assert_allclose(p, scipy.stats.binom.sf(cap, n + 1, q))
+  assert p == accounting.truncation_probability(n, q, cap)
   assert 0.1 < p < 0.4
   steps = 3000
   truncated = 0
@@ -108,10 +110,10 @@ def test_truncation_probability_matches_empirical_rate():
   np.testing.assert_allclose(sampler.truncation_probability_over(10), 1 - (1 - p) ** 10)
 
 
-def test_batch_size_for_truncation_meets_the_bound():
+def test_default_cap_meets_the_truncation_bound():
   n, q = 100_000, 0.01
-  m = batch_size_for_truncation(n, q, 1e-6)
-  assert scipy.stats.binom.sf(m, n, q) <= 1e-6 < scipy.stats.binom.sf(m - 1, n, q)
+  m = accounting.max_batch_size_for(n, q, 1e-6)
+  assert scipy.stats.binom.sf(m, n + 1, q) <= 1e-6 < scipy.stats.binom.sf(m - 1, n + 1, q)
   sampler = PoissonSampler.from_expected_batch_size(n, 1000, seed=0)
   assert sampler.max_batch_size == m and sampler.expected_batch_size == pytest.approx(1000)
   assert sampler.padded_batch_size == m
@@ -119,13 +121,15 @@ def test_batch_size_for_truncation_meets_the_bound():
 
 def test_dp_event_describes_the_sampler():
   sampler = PoissonSampler(1000, 0.05, 55, seed=0)
-  event = sampler.dp_event(noise_multiplier=1.1, steps=10)
+  event = accounting.make_dp_event(1.1, sampler.sampling_rate, 10, num_examples=sampler.num_examples,
+                                   max_batch_size=sampler.max_batch_size)
   assert isinstance(event, dp_event.SelfComposedDpEvent) and event.count == 10
   assert event.event == dp_event.TruncatedSubsampledGaussianDpEvent(1000, 0.05, 55, 1.1)
-  plain = sampler.dp_event(1.1, 10, account_truncation=False)
+  plain = accounting.make_dp_event(1.1, sampler.sampling_rate, 10)
   assert plain.event == dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(1.1))
-  untruncated = PoissonSampler(1000, 0.05, 1000, seed=0)
-  assert isinstance(untruncated.dp_event(1.1, 3).event, dp_event.PoissonSampledDpEvent)
+  # A cap of N: truncation probability 0 (underflows), the plain Poisson event.
+  untruncated = accounting.make_dp_event(1.1, 0.05, 3, num_examples=1000, max_batch_size=1000)
+  assert isinstance(untruncated.event, dp_event.PoissonSampledDpEvent)
 
 
 @pytest.mark.parametrize("q", [0.0, -0.1, 1.5, float("nan")])

@@ -117,7 +117,7 @@ def test_adaptive_run_end_to_end_reports_no_formal_guarantee(sources):
   model_dir = str(root / "adp")
   summary = adaptive_train.train_adaptive(
       reference_model_dir=ref_dir, model_config=MICRO, train_data=private_data, model_dir=model_dir,
-      train_steps=3, batch_size=8, dp=privacy.DPConfig(noise_multiplier=1.0, expected_batch_size=4),
+      train_steps=3, batch_size=8, dp=privacy.DPConfig(noise_multiplier=1.0, expected_batch_size=0.5),
       vocab_path=vocab, mesh_shape=(1, 1), insecure_deterministic_seed=2, log=logs.append)
   probs = adaptive.PrivacyProbabilities.load(os.path.join(model_dir, adaptive.PROBABILITIES_FILENAME))
   assert probs.rho.shape == (private_data.num_examples,)
@@ -127,7 +127,7 @@ def test_adaptive_run_end_to_end_reports_no_formal_guarantee(sources):
     report = json.load(f)
   assert report["dp"] is False and report["epsilon"] is None and "does not hold" in report["formal_guarantee"]
   assert report["steps"] == 3 and 0 < report["privacy_weight"]["mean"] <= 1
-  q = 4 / private_data.num_examples
+  q = 0.5 / private_data.num_examples
   assert report["epsilon_of_nominal_sigma_not_achieved"] == pytest.approx(
       accounting.compute_epsilon(1.0, q, 3, report["delta"]), rel=1e-6)
   assert report["implied_epsilon"] >= report["epsilon_of_nominal_sigma_not_achieved"]
@@ -156,7 +156,7 @@ def test_adaptive_stage_runs_from_gin(sources, shared_data, capsys):
           "--gin.make_source.max_documents=120", f"--gin.DATA_CACHE_DIR={root}/cache_cli",
           "--gin.train_adaptive.mesh_shape=(1, 1)", "--gin.train_adaptive.eval_every=0",
           "--gin.train_adaptive.insecure_deterministic_seed=3", "--gin.DPConfig.target_epsilon=None",
-          "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=4"]
+          "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=0.5"]
   assert cli.main(argv) == 0
   with open(os.path.join(model_dir, adaptive.REPORT_FILENAME)) as f:
     report = json.load(f)

@@ -87,7 +87,7 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
   # Phase 2's ledger covers phase 2 only: its own steps, sigma and q, epsilon from the accountant.
   assert phase2["dp"] is True and phase2["steps"] == 2 and phase2["noise_multiplier"] == 1.0
   q = phase2["sampling_rate"]
-  assert q == pytest.approx(2 / phase2["num_examples"])
+  assert q == pytest.approx(0.5 / phase2["num_examples"])
   assert phase2["training_epsilon"] == pytest.approx(
       accounting.compute_epsilon(1.0, q, 2, phase2["accounting_delta"]), rel=1e-9)
   assert phase2["components"] == []

@@ -11,7 +11,7 @@ import pytest
 from private_t5 import gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
-from private_t5.train import checkpoints, main, metrics
+from private_t5.train import checkpoints, main, metrics, privacy
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
@@ -87,8 +87,8 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path):
   report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
   assert report["steps"] == 4 and report["privacy_unit"] == "document" and report["noise_multiplier"] == 1.0
   q = report["sampling_rate"]
-  assert q == pytest.approx(2 / report["num_examples"])
-  mechanism_delta = 0.1 / report["num_examples"]  # the default δ = 1 / (10 N)
+  assert q == pytest.approx(0.5 / report["num_examples"])
+  mechanism_delta = privacy.default_delta(report["num_examples"])  # min(1e-5, 1 / N^1.1)
   expected_eps = accounting.compute_epsilon(1.0, q, 4, mechanism_delta, "rdp")
   assert report["training_epsilon"] == pytest.approx(expected_eps)
   assert summary["epsilon"] == pytest.approx(expected_eps)

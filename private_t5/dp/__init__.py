@@ -9,9 +9,10 @@ _EXPORTS = {
     "DPAggregator": "private_t5.dp.aggregator",
     "MeanAggregator": "private_t5.dp.aggregator",
     "validate_dp_parameters": "private_t5.dp.aggregator",
+    "GhostDPAggregator": "private_t5.dp.ghost",
+    "make_dp_aggregator": "private_t5.dp.factory",
     "PoissonSampler": "private_t5.dp.sampling",
     "ShuffledBatchSampler": "private_t5.dp.sampling",
-    "batch_size_for_truncation": "private_t5.dp.sampling",
 }
 
 __all__ = sorted(_EXPORTS)

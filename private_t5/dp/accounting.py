@@ -104,7 +104,8 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
 
 
 def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
-                  sampling: str = "poisson", num_examples: Optional[int] = None) -> dp_accounting.DpEvent:
+                  sampling: str = "poisson", num_examples: Optional[int] = None,
+                  max_batch_size: Optional[int] = None) -> dp_accounting.DpEvent:
   """The `DpEvent` of `steps` DP-SGD steps (the same object the sampler's config describes).
 
   Args:
@@ -113,9 +114,21 @@ def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
     steps: number of steps composed.
     sampling: "poisson" (default) or "fixed" (shuffled fixed-size batches, sampled without
       replacement; needs `num_examples`).
-    num_examples: N; required for fixed batches.
+    num_examples: N; required for fixed batches and for `max_batch_size`.
+    max_batch_size: Poisson only: the truncation cap. When it truncates with non-zero
+      probability the step is `TruncatedSubsampledGaussianDpEvent` (PLD accountant only);
+      otherwise (None, the default) the untruncated `PoissonSampled(Gaussian)`, whose
+      guarantee holds for the truncated run with δ from `total_delta`.
   """
   if sampling == "poisson":
+    if max_batch_size is not None:
+      if num_examples is None:
+        raise PrivacyError("a truncated Poisson event needs num_examples")
+      if truncation_probability(num_examples, sampling_rate, max_batch_size) > 0.0:
+        step = dp_accounting.TruncatedSubsampledGaussianDpEvent(
+            dataset_size=int(num_examples), sampling_probability=sampling_rate,
+            truncated_batch_size=int(max_batch_size), noise_multiplier=noise_multiplier)
+        return dp_accounting.SelfComposedDpEvent(step, int(steps))
     step = dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
   elif sampling == "fixed":
     if num_examples is None:
@@ -248,3 +261,25 @@ def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_p
     else:
       lo = mid + 1
   return max(1, min(lo, int(num_examples)))
+
+
+def max_expected_batch_size_for(num_examples: int, max_batch_size: int,
+                                max_truncation_probability: float) -> int:
+  """The largest integer expected batch q·N whose cap `max_batch_size` truncates with
+  per-step probability ≤ `max_truncation_probability` (the inverse of `max_batch_size_for`).
+
+  Raises:
+    PrivacyError: even an expected batch of 1 is truncated more often than that.
+  """
+  n = int(num_examples)
+  lo, hi = 1, min(int(max_batch_size), n)
+  if truncation_probability(n, lo / n, max_batch_size) > max_truncation_probability:
+    raise PrivacyError(f"batch_size={max_batch_size} is too small for Poisson sampling: even an expected "
+                       f"batch of 1 exceeds it with probability > {max_truncation_probability:g}")
+  while lo < hi:  # the truncation probability grows with q: the last size within the bound
+    mid = (lo + hi + 1) // 2
+    if truncation_probability(n, mid / n, max_batch_size) <= max_truncation_probability:
+      lo = mid
+    else:
+      hi = mid - 1
+  return lo

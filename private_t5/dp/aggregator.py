@@ -24,7 +24,7 @@ Why this module is written here rather than taken from a library:
   continues (DP rule 4), and divides by the realised batch size instead of the public q N
   (rule 3). `optax.per_example_global_norm_clip` returns only the clipped sum and count, not
   the per-example norms, and has no padding weights nor NaN guard, so the clip is written
-  out below with the same formula and `optax.tree.norm`.
+  out (in `dp.clipping`, shared with ghost clipping) with the same formula and `optax.tree.norm`.
 * jax-privacy's `clipping.clipped_grad` does the same vmap / clip / sum (with the same
   strided microbatch layout and `spmd_axis_name`), but it is not a dependency of this
   project and brings a large dependency tree for ~100 lines. The code here is small enough
@@ -32,84 +32,15 @@ Why this module is written here rather than taken from a library:
   by the microbatch size, and keeps the noise on the sum with its own key.
 """
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from private_t5.errors import PrivacyError, ConfigError
-
-PyTree = Any
-Batch = Dict[str, jax.Array]
-LossFn = Callable[[PyTree, Batch, Optional[jax.Array]], jax.Array]
-
-# Metric names. Everything computed from the private batch is labelled "nondp/": it is not
-# covered by the privacy guarantee (DP rule 5) and must not be used to make training choices.
-METRIC_LOSS = "nondp/loss"
-METRIC_BATCH_SIZE = "nondp/batch_size"
-METRIC_GRAD_NORM = "nondp/grad_norm_mean"
-METRIC_FRACTION_CLIPPED = "nondp/fraction_clipped"
-
-
-def _num_rows(batch: Batch) -> int:
-  return batch["example_weight"].shape[0]
-
-
-def _microbatch_layout(batch_size: int, microbatch_size: Optional[int]) -> Tuple[int, int]:
-  """Returns (num_microbatches, microbatch_size) for a batch of `batch_size` rows."""
-  size = batch_size if microbatch_size is None else int(microbatch_size)
-  if size <= 0 or batch_size % size:
-    raise ConfigError(f"microbatch_size={microbatch_size} must be a positive divisor of the "
-                      f"batch size {batch_size}")
-  return batch_size // size, size
-
-
-def _split_microbatches(tree: PyTree, num_micro: int) -> PyTree:
-  """[B, ...] -> [num_micro, B // num_micro, ...] with microbatch k = rows {k, k + n, ...}.
-
-  The strided layout keeps the rows each device holds (a contiguous block when the batch is
-  sharded along B) inside every microbatch, so no data moves between devices.
-  """
-  def split(x):
-    x = x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
-  return jax.tree.map(split, tree)
-
-
-def _example_keys(dropout_rng: Optional[jax.Array], rows: jax.Array) -> Optional[jax.Array]:
-  """One dropout key per row: fold_in(dropout_rng, row); None when dropout is off."""
-  if dropout_rng is None:
-    return None
-  return jax.vmap(lambda r: jax.random.fold_in(dropout_rng, r))(rows)
-
-
-def _single_example_loss(loss_fn: LossFn, params: PyTree, example: Batch,
-                         key: Optional[jax.Array]) -> jax.Array:
-  """Loss of one example, evaluated as a batch of one (shapes [1, ...])."""
-  as_batch = jax.tree.map(lambda x: x[None], example)
-  return loss_fn(params, as_batch, key)[0]
-
-
-def scan_microbatches(batch: Batch, microbatch_size: Optional[int], body: Callable, init: Any) -> Any:
-  """Folds `body(carry, (microbatch, row_ids)) -> (carry, None)` over the batch's microbatches.
-
-  `lax.scan` keeps one microbatch's intermediates alive at a time (the memory knob); a single
-  microbatch runs directly. Row ids index the whole batch (dropout keys fold them in), so the
-  result does not depend on the microbatch size.
-  """
-  num_micro, _ = _microbatch_layout(_num_rows(batch), microbatch_size)
-  rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
-  xs = (_split_microbatches(batch, num_micro), _split_microbatches(rows, num_micro))
-  if num_micro == 1:
-    carry, _ = body(init, jax.tree.map(lambda x: x[0], xs))
-    return carry
-  carry, _ = jax.lax.scan(body, init, xs)
-  return carry
-
-
-def _zeros_like_f32(params: PyTree) -> PyTree:
-  return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+from private_t5.dp import clipping
+from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
+from private_t5.errors import PrivacyError
 
 
 def _cast_like(tree: PyTree, params: PyTree) -> PyTree:
@@ -140,8 +71,8 @@ class MeanAggregator:
 
     def weighted_loss_sum(p, micro, micro_row_ids):
       if self.per_example_dropout_keys:
-        keys = _example_keys(dropout_rng, micro_row_ids)
-        per_example = jax.vmap(lambda ex, k: _single_example_loss(self.loss_fn, p, ex, k),
+        keys = clipping.example_keys(dropout_rng, micro_row_ids)
+        per_example = jax.vmap(lambda ex, k: clipping.single_example_loss(self.loss_fn, p, ex, k),
                                in_axes=(0, None if keys is None else 0))(micro, keys)
       else:
         key = None if dropout_rng is None else jax.random.fold_in(dropout_rng, micro_row_ids[0])
@@ -157,8 +88,8 @@ class MeanAggregator:
       grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
       return (grad_sum, loss_sum + loss, weight_sum + jnp.sum(micro["example_weight"])), None
 
-    init = (_zeros_like_f32(params), jnp.float32(0), jnp.float32(0))
-    grad_sum, loss_sum, weight_sum = scan_microbatches(batch, self.microbatch_size, body, init)
+    init = (clipping.zeros_like_f32(params), jnp.float32(0), jnp.float32(0))
+    grad_sum, loss_sum, weight_sum = clipping.scan_microbatches(batch, self.microbatch_size, body, init)
     denominator = jnp.maximum(weight_sum, 1e-12)
     grads = jax.tree.map(lambda g: g / denominator, grad_sum)
     metrics = {METRIC_LOSS: loss_sum / denominator, METRIC_BATCH_SIZE: weight_sum}
@@ -178,19 +109,6 @@ def validate_dp_parameters(clip_norm: float, noise_multiplier: float,
   if num_examples is not None and expected_batch_size > num_examples:
     raise PrivacyError(f"expected_batch_size={expected_batch_size} is larger than the dataset "
                        f"({num_examples} examples)")
-
-
-def clipping_metrics(batch: Batch, loss_sum: jax.Array, norm_sum: jax.Array,
-                     clipped_count: jax.Array) -> Dict[str, jax.Array]:
-  """The clipped-sum metrics, averaged over the batch's real rows (non-private, rule 5)."""
-  realised = jnp.sum(batch["example_weight"].astype(jnp.float32))
-  denominator = jnp.maximum(realised, 1.0)
-  return {
-      METRIC_LOSS: loss_sum / denominator,
-      METRIC_BATCH_SIZE: realised,
-      METRIC_GRAD_NORM: norm_sum / denominator,
-      METRIC_FRACTION_CLIPPED: clipped_count.astype(jnp.float32) / denominator,
-  }
 
 
 class DPAggregator:
@@ -228,10 +146,10 @@ class DPAggregator:
   def per_example_grads(self, params: PyTree, batch: Batch, rows: jax.Array,
                         dropout_rng: Optional[jax.Array]) -> Tuple[jax.Array, PyTree]:
     """(loss[b], grads with a leading [b] axis): one gradient per example of `batch`."""
-    keys = _example_keys(dropout_rng, rows)
+    keys = clipping.example_keys(dropout_rng, rows)
 
     def one(ex, key):
-      return jax.value_and_grad(lambda p: _single_example_loss(self.loss_fn, p, ex, key))(params)
+      return jax.value_and_grad(lambda p: clipping.single_example_loss(self.loss_fn, p, ex, key))(params)
 
     return jax.vmap(one, in_axes=(0, None if keys is None else 0),
                     spmd_axis_name=self.spmd_axis_name)(batch, keys)
@@ -245,34 +163,19 @@ class DPAggregator:
     """
 
     def body(carry, xs):
-      grad_sum, loss_sum, norm_sum, clipped_count = carry
+      grad_sum, stats = carry
       micro, micro_row_ids = xs
       losses, grads = self.per_example_grads(params, micro, micro_row_ids, dropout_rng)
-      weights = micro["example_weight"].astype(jnp.float32)
-      norms = jax.vmap(optax.tree.norm)(grads).astype(jnp.float32)
-      # min(1, C / ||g_i||) (Abadi et al. 2016, Alg. 1); a zero gradient has factor 1.
-      factors = jnp.minimum(1.0, self.clip_norm / jnp.maximum(norms, 1e-30))
-      # Rows kept in the sum: real rows with a finite gradient. Padding rows and NaN/inf
-      # gradients contribute exactly 0 (0 * NaN would be NaN and break the bound of C).
-      keep = (weights > 0) & jnp.isfinite(norms)
-      scale = jnp.where(keep, factors * weights, 0.0)
+      c = clipping.clip(jax.vmap(optax.tree.norm)(grads), micro["example_weight"], self.clip_norm)
+      # Rows not kept (padding, NaN/inf gradients) are zeroed before the sum: 0 * NaN = NaN.
+      grads = clipping.zero_dropped(grads, c.keep)
+      grad_sum = jax.tree.map(lambda acc, g: acc + jnp.tensordot(c.scale, g.astype(jnp.float32), axes=1),
+                              grad_sum, grads)
+      return (grad_sum, clipping.add_stats(stats, losses, micro["example_weight"], c)), None
 
-      def add_clipped(acc, g):
-        g = jnp.where(keep.reshape((-1,) + (1,) * (g.ndim - 1)), g.astype(jnp.float32), 0.0)
-        return acc + jnp.tensordot(scale, g, axes=1)
-
-      grad_sum = jax.tree.map(add_clipped, grad_sum, grads)
-      is_real = weights > 0
-      carry = (grad_sum,
-               loss_sum + jnp.sum(losses.astype(jnp.float32) * weights),
-               norm_sum + jnp.sum(jnp.where(keep, norms, 0.0)),
-               clipped_count + jnp.sum(jnp.where(is_real, factors < 1.0, False)))
-      return carry, None
-
-    init = (_zeros_like_f32(params), jnp.float32(0), jnp.float32(0), jnp.int32(0))
-    grad_sum, loss_sum, norm_sum, clipped_count = scan_microbatches(
-        batch, self.microbatch_size, body, init)
-    return grad_sum, clipping_metrics(batch, loss_sum, norm_sum, clipped_count)
+    init = (clipping.zeros_like_f32(params), clipping.init_stats())
+    grad_sum, stats = clipping.scan_microbatches(batch, self.microbatch_size, body, init)
+    return grad_sum, clipping.clipping_metrics(batch, *stats)
 
   def add_noise(self, grad_sum: PyTree, noise_rng: jax.Array) -> PyTree:
     """grad_sum + N(0, (sigma C)^2 I): one independent normal per coordinate.
@@ -314,25 +217,3 @@ def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array
     out.append(jax.lax.slice_in_dim(flat, start, start + size).reshape(leaf.shape))
     start += size
   return out
-
-
-DP_METHODS = ("vmap", "ghost")
-
-
-def make_dp_aggregator(loss_fn: LossFn, clip_norm: float, noise_multiplier: float,
-                       expected_batch_size: float, microbatch_size: Optional[int] = None,
-                       spmd_axis_name: Optional[str] = None, method: str = "vmap") -> DPAggregator:
-  """The DP aggregator for `method` (the one switch between the two implementations).
-
-  "vmap": `DPAggregator` (per-example gradients under `jax.vmap`). "ghost":
-  `dp.ghost.GhostDPAggregator` (ghost norms and book-keeping, no per-example gradients; see
-  docs/ghost_clipping.md). Both clip, noise and divide identically: same privacy, same ledger.
-  """
-  args = (loss_fn, clip_norm, noise_multiplier, expected_batch_size, microbatch_size,
-          spmd_axis_name)
-  if method == "vmap":
-    return DPAggregator(*args)
-  if method == "ghost":
-    from private_t5.dp.ghost import GhostDPAggregator  # pylint: disable=g-import-not-at-top (ghost imports this module)
-    return GhostDPAggregator(*args)
-  raise ConfigError(f"DP aggregator method must be one of {DP_METHODS}, got {method!r}")

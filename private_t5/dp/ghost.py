@@ -36,8 +36,8 @@ import numpy as np
 from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
-from private_t5.dp.aggregator import (DPAggregator, _example_keys, _num_rows, _single_example_loss,
-                                      clipping_metrics, scan_microbatches)
+from private_t5.dp import clipping
+from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
 
@@ -152,7 +152,7 @@ def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax
 
   def run(p, ex, k):
     with nn.intercept_methods(recorder):
-      return _single_example_loss(loss_fn, p, ex, k)
+      return clipping.single_example_loss(loss_fn, p, ex, k)
 
   jax.eval_shape(run, params, example, key)  # params may be ShapeDtypeStructs
   return Recording(recorder.uses, recorder.output_shapes, recorder.input_shapes)
@@ -165,7 +165,7 @@ def per_example_forward(loss_fn, params: PyTree, batch: Batch, keys: Optional[ja
   def one(delta, example, key):
     recorder = _Recorder(delta)
     with nn.intercept_methods(recorder):
-      loss = _single_example_loss(loss_fn, params, example, key)
+      loss = clipping.single_example_loss(loss_fn, params, example, key)
     return loss, recorder.inputs
 
   return jax.vmap(one, in_axes=(0, 0, None if keys is None else 0),
@@ -301,9 +301,9 @@ class GhostDPAggregator(DPAggregator):
     norm_method: "auto" (per layer, the cheaper of the Gram identity and the instantiated
       per-example gradient), "gram" or "instantiate".
     clipped_sum_method: "bookkeeping" (one backward pass) or "second_pass" (ghost clipping
-      with a second backward pass of the reweighted loss). Book-keeping drops an example
-      with a non-finite gradient exactly (as `DPAggregator` does); in the second pass its
-      zero weight can still meet NaN activations (0 x NaN), so prefer book-keeping.
+      with a second backward pass of the reweighted loss). Both drop an example with a
+      non-finite gradient exactly, as `DPAggregator` does (`clipping.clip`); when a batch has
+      one, the second pass recomputes its forward with a kept row in the dropped row's place.
     reuse_instantiated: with book-keeping, keep the per-example kernel gradients of the
       layers whose norms are instantiated and sum them with the clip factors (no second
       weight-gradient computation for those layers; memory B x their parameters).
@@ -331,62 +331,64 @@ class GhostDPAggregator(DPAggregator):
     uses, shapes, _ = record_layer_uses(self.loss_fn, params, first,
                                         None if keys is None else keys[0])
     check_coverage(params, uses)
-    rows = _num_rows(batch)
+    rows = clipping.num_rows(batch)
     deltas = {k: jnp.zeros((rows,) + s.shape, s.dtype) for k, s in shapes.items()}
 
-    def forward(p, d):
-      return per_example_forward(self.loss_fn, p, batch, keys, d, self.spmd_axis_name)
+    def forward(p, d, examples, example_keys):
+      return per_example_forward(self.loss_fn, p, examples, example_keys, d, self.spmd_axis_name)
 
-    losses, vjp_fn, inputs = jax.vjp(forward, params, deltas, has_aux=True)
+    losses, vjp_fn, inputs = jax.vjp(lambda p, d: forward(p, d, batch, keys), params, deltas,
+                                     has_aux=True)
     # Backward of sum_i loss_i: the output gradient of every layer, for every example.
     _, out_grads = vjp_fn(jnp.ones_like(losses))
     reuse = self.clipped_sum_method == BOOKKEEPING and self.reuse_instantiated
     instantiated = {} if reuse else None
     sq = per_example_sq_norms(uses, inputs, out_grads, self.norm_method, instantiated)
-    norms = jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)).astype(jnp.float32)
-    # min(1, C / ||g_i||); a zero gradient has norm 0 and factor 1.
-    factors = jnp.minimum(1.0, self.clip_norm / jnp.maximum(norms, 1e-30))
-    weights = batch["example_weight"].astype(jnp.float32)
-    # Rows kept in the sum, as in DPAggregator: real rows with a finite gradient norm.
-    kept = (weights > 0) & jnp.isfinite(norms)
-    scale = jnp.where(kept, factors * weights, 0.0)
+    c = clipping.clip(jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)), batch["example_weight"],
+                      self.clip_norm)
     if self.clipped_sum_method == SECOND_PASS:
-      grads, _ = vjp_fn(scale.astype(losses.dtype))
+
+      def reuse_forward(_):
+        return vjp_fn(c.scale.astype(losses.dtype))[0]
+
+      def replace_dropped(_):
+        # A dropped row's zero scale would meet its NaN activations (0 x NaN) in the reused
+        # backward pass; recompute the forward with copies of a kept row in its place.
+        examples, example_keys = clipping.replace_dropped((batch, keys), c.keep)
+        _, vjp_kept, _ = jax.vjp(lambda p, d: forward(p, d, examples, example_keys), params,
+                                 deltas, has_aux=True)
+        grads = vjp_kept(c.scale.astype(losses.dtype))[0]
+        return jax.tree.map(lambda g: jnp.where(jnp.any(c.keep), g, jnp.zeros_like(g)), grads)
+
+      grads = jax.lax.cond(jnp.all(jnp.isfinite(c.norms)), reuse_forward, replace_dropped, None)
       grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     else:
       # Zero the recorded rows of dropped examples: 0 * NaN would be NaN in the sums.
-      drop = lambda x: jnp.where(kept.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros_like(x))
-      inputs, out_grads = jax.tree.map(drop, inputs), jax.tree.map(drop, out_grads)
-      instantiated = None if instantiated is None else jax.tree.map(drop, instantiated)
-      grads = weighted_grad_sum(params, uses, inputs, out_grads, scale, instantiated)
-    return grads, losses, norms, factors
+      inputs, out_grads = clipping.zero_dropped((inputs, out_grads), c.keep)
+      instantiated = None if instantiated is None else clipping.zero_dropped(instantiated, c.keep)
+      grads = weighted_grad_sum(params, uses, inputs, out_grads, c.scale, instantiated)
+    return grads, losses, c.norms, c.factors
 
   def clipped_sum(self, params: PyTree, batch: Batch, dropout_rng: Optional[jax.Array] = None
                   ) -> Tuple[PyTree, Dict[str, jax.Array]]:
     """Noiseless sum_i w_i clip_C(grad l_i) in float32 and its (non-DP) statistics."""
 
     def body(carry, xs):
-      grad_sum, loss_sum, norm_sum, clipped_count = carry
+      grad_sum, stats = carry
       micro, micro_row_ids = xs
-      keys = _example_keys(dropout_rng, micro_row_ids)
-      grads, losses, norms, factors = self.ghost_clipped_sum(params, micro, keys)
-      weights = micro["example_weight"].astype(jnp.float32)
-      is_real = weights > 0
-      carry = (jax.tree.map(jnp.add, grad_sum, grads),
-               loss_sum + jnp.sum(losses.astype(jnp.float32) * weights),
-               norm_sum + jnp.sum(jnp.where(is_real & jnp.isfinite(norms), norms, 0.0)),
-               clipped_count + jnp.sum(jnp.where(is_real, factors < 1.0, False)))
-      return carry, None
+      keys = clipping.example_keys(dropout_rng, micro_row_ids)
+      grads, losses, norms, _ = self.ghost_clipped_sum(params, micro, keys)
+      c = clipping.clip(norms, micro["example_weight"], self.clip_norm)  # the same clip again
+      stats = clipping.add_stats(stats, losses, micro["example_weight"], c)
+      return (jax.tree.map(jnp.add, grad_sum, grads), stats), None
 
-    init = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), jnp.float32(0),
-            jnp.float32(0), jnp.int32(0))
-    grad_sum, loss_sum, norm_sum, clipped_count = scan_microbatches(
-        batch, self.microbatch_size, body, init)
-    return grad_sum, clipping_metrics(batch, loss_sum, norm_sum, clipped_count)
+    init = (clipping.zeros_like_f32(params), clipping.init_stats())
+    grad_sum, stats = clipping.scan_microbatches(batch, self.microbatch_size, body, init)
+    return grad_sum, clipping.clipping_metrics(batch, *stats)
 
   def per_example_norms(self, params: PyTree, batch: Batch,
                         dropout_rng: Optional[jax.Array] = None) -> jax.Array:
     """Ghost per-example gradient norms [B] of a whole batch (no microbatching)."""
-    rows = jnp.arange(_num_rows(batch), dtype=jnp.int32)
-    _, _, norms, _ = self.ghost_clipped_sum(params, batch, _example_keys(dropout_rng, rows))
+    rows = jnp.arange(clipping.num_rows(batch), dtype=jnp.int32)
+    _, _, norms, _ = self.ghost_clipped_sum(params, batch, clipping.example_keys(dropout_rng, rows))
     return norms

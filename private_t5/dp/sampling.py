@@ -7,8 +7,9 @@ exactly the batches an uninterrupted one would have drawn. The returned indices 
 fixed shape (padding rows have `example_weight` 0), so XLA compiles the train step once.
 
 * `PoissonSampler` (for DP): each example joins each step independently with probability q;
-  the privacy accounting (PoissonSampled / TruncatedSubsampledGaussian events) assumes exactly
-  this (DP rule 2).
+  the privacy accounting (`accounting.make_dp_event`, PoissonSampled / TruncatedSubsampledGaussian
+  events) assumes exactly this (DP rule 2). Truncation probabilities and caps come from
+  `accounting` too (`truncation_probability`, `max_batch_size_for`).
 * `ShuffledBatchSampler` (non-private): an epoch-wise random permutation cut into fixed-size
   batches. It is NOT Poisson sampling: a DP run must refuse it, or account it as sampling
   without replacement / shuffling, never as Poisson.
@@ -20,8 +21,8 @@ key, and keep it only in the (private) checkpoint.
 from typing import Optional
 
 import numpy as np
-import scipy.stats
 
+from private_t5.dp import accounting
 from private_t5.errors import ConfigError, PrivacyError
 
 # Domain separation: the same integer seed never yields the same stream in two samplers.
@@ -103,8 +104,9 @@ class PoissonSampler:
   q^n (1-q)^(N-n)).
 
   If n exceeds `max_batch_size`, a uniformly random subset of `max_batch_size` of the n is
-  kept (truncated Poisson sampling, `dp_accounting.dp_event.TruncatedSubsampledGaussianDpEvent`
-  describes exactly this); `truncation_probability` is P[n > max_batch_size] per step.
+  kept (truncated Poisson sampling; `accounting.make_dp_event(..., max_batch_size=...)` gives the
+  matching `TruncatedSubsampledGaussianDpEvent`); `truncation_probability` is
+  `accounting.truncation_probability`, the per-step δ cost of the cap.
   """
 
   is_poisson = True
@@ -131,7 +133,7 @@ class PoissonSampler:
       raise PrivacyError(f"expected_batch_size={expected_batch_size} must be in (0, N={num_examples}]")
     q = expected_batch_size / num_examples
     if max_batch_size is None:
-      max_batch_size = batch_size_for_truncation(num_examples, q, max_truncation_probability)
+      max_batch_size = accounting.max_batch_size_for(num_examples, q, max_truncation_probability)
     return cls(num_examples, q, max_batch_size, seed)
 
   @property
@@ -146,8 +148,9 @@ class PoissonSampler:
 
   @property
   def truncation_probability(self) -> float:
-    """P[Binomial(N, q) > max_batch_size]: chance that one step's sample is truncated."""
-    return float(scipy.stats.binom.sf(self.max_batch_size, self.num_examples, self.sampling_rate))
+    """Per-step truncation probability, P[Binomial(N + 1, q) > max_batch_size] (add-one
+    neighbour: the bound holds for both datasets); see `accounting.truncation_probability`."""
+    return accounting.truncation_probability(self.num_examples, self.sampling_rate, self.max_batch_size)
 
   def truncation_probability_over(self, steps: int) -> float:
     """Chance that at least one of `steps` steps is truncated: 1 - (1 - p)^steps."""
@@ -171,33 +174,3 @@ class PoissonSampler:
       return np.arange(self.num_examples, dtype=np.int64)
     chosen = rng.choice(self.num_examples, size=count, replace=False)
     return np.sort(chosen).astype(np.int64)
-
-  def dp_event(self, noise_multiplier: float, steps: int, account_truncation: bool = True):
-    """The `dp_accounting` event of `steps` steps of this sampler + Gaussian noise sigma.
-
-    With `account_truncation` and a non-zero truncation probability:
-    TruncatedSubsampledGaussian (PLD accountant only). Otherwise PoissonSampled(Gaussian),
-    the untruncated mechanism; the truncated one differs from it only on the event "some step
-    was truncated" (probability eta = `truncation_probability_over(steps)`), so an
-    (eps, delta) guarantee for it holds for the truncated sampler with delta + (1 + e^eps) eta.
-    """
-    from dp_accounting import dp_event  # pylint: disable=g-import-not-at-top
-    if not account_truncation or self.truncation_probability == 0.0:
-      step_event = dp_event.PoissonSampledDpEvent(
-          self.sampling_rate, dp_event.GaussianDpEvent(noise_multiplier))
-    else:
-      step_event = dp_event.TruncatedSubsampledGaussianDpEvent(
-          dataset_size=self.num_examples, sampling_probability=self.sampling_rate,
-          truncated_batch_size=self.max_batch_size, noise_multiplier=noise_multiplier)
-    return dp_event.SelfComposedDpEvent(step_event, int(steps))
-
-
-def batch_size_for_truncation(num_examples: int, sampling_rate: float,
-                              max_truncation_probability: float = 1e-6) -> int:
-  """Smallest m with P[Binomial(N, q) > m] <= `max_truncation_probability`."""
-  q = validate_sampling_rate(sampling_rate)
-  m = int(scipy.stats.binom.isf(max_truncation_probability, int(num_examples), q))
-  # isf is the inverse of sf up to rounding; step up until the bound holds.
-  while m < num_examples and scipy.stats.binom.sf(m, num_examples, q) > max_truncation_probability:
-    m += 1
-  return max(1, min(m, int(num_examples)))

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional
 
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import factory
 from private_t5.dp import sampling
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
 from private_t5.errors import ConfigError, PrivacyError
@@ -36,11 +37,13 @@ class DPConfig:
     noise_multiplier: σ (noise std σ·C on the clipped sum). Exactly one of this and
       `target_epsilon`.
     target_epsilon: calibrate σ before training so that the run ends at this ε.
-    delta: δ; None uses 1 / (10 N).
+    delta: δ; None uses min(1e-5, 1 / N^1.1) (`default_delta`): well below 1/N, where a
+      mechanism that publishes one random example would already satisfy the guarantee.
     accountant: "rdp" (default, the paper's) or "pld".
     expected_batch_size: q·N, the Poisson sample's expected size and the public divisor of the
       noisy sum. None: the largest size whose truncation at the padded `batch_size` adds at
-      most 10% of δ over the run, (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6).
+      most 10% of δ over the run, (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6). An
+      explicit value whose truncation adds more than that is refused (PrivacyError).
     sampling: "poisson" (only Poisson sampling is offered for DP training).
     method: how the clipped sum is computed: "vmap" (per-example gradients) or "ghost"
       (ghost norms and book-keeping, no per-example gradients; docs/ghost_clipping.md). Same
@@ -73,24 +76,16 @@ class PrivacySetup:
                                   "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
 
 
-def default_expected_batch_size(num_examples: int, max_batch_size: int,
-                                max_truncation_probability: float = DEFAULT_MAX_TRUNCATION_PROBABILITY) -> int:
-  """Largest integer q·N whose Poisson batch exceeds `max_batch_size` with prob <= the bound."""
-  lo, hi = 1, min(max_batch_size, num_examples)
-  if accounting.truncation_probability(num_examples, lo / num_examples, max_batch_size) > max_truncation_probability:
-    raise PrivacyError(f"batch_size={max_batch_size} is too small for Poisson sampling: even an expected "
-                       f"batch of 1 exceeds it with probability > {max_truncation_probability:g}")
-  while lo < hi:  # truncation probability grows with q: binary search for the last good size
-    mid = (lo + hi + 1) // 2
-    if accounting.truncation_probability(num_examples, mid / num_examples, max_batch_size) <= max_truncation_probability:
-      lo = mid
-    else:
-      hi = mid - 1
-  return lo
-
-
-# Share of δ the batch truncation may add when the expected batch size is derived.
+# Share of δ the batch truncation may add over the run (a larger share is refused).
 TRUNCATION_DELTA_SHARE = 0.1
+# The default δ is min(DEFAULT_DELTA_CAP, 1 / N^DEFAULT_DELTA_EXPONENT).
+DEFAULT_DELTA_CAP = 1e-5
+DEFAULT_DELTA_EXPONENT = 1.1
+
+
+def default_delta(num_examples: int) -> float:
+  """min(1e-5, 1 / N^1.1): δ well below 1/N (a δ ≥ 1/N permits leaking a whole example)."""
+  return min(DEFAULT_DELTA_CAP, float(num_examples) ** -DEFAULT_DELTA_EXPONENT)
 
 
 def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int, train_steps: int,
@@ -102,7 +97,8 @@ def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int
   with a fixed σ the ε at the 1e-6 batch size: ε only falls as the batch shrinks, so the bound
   from that ε is conservative.
   """
-  expected = default_expected_batch_size(num_examples, batch_size)
+  expected = accounting.max_expected_batch_size_for(num_examples, batch_size,
+                                                   DEFAULT_MAX_TRUNCATION_PROBABILITY)
   if dp.target_epsilon is not None:
     epsilon = dp.target_epsilon
   else:
@@ -111,7 +107,22 @@ def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int
   bound = TRUNCATION_DELTA_SHARE * delta / (train_steps * (1.0 + math.exp(min(epsilon, 700.0))))
   if bound >= DEFAULT_MAX_TRUNCATION_PROBABILITY:
     return expected
-  return default_expected_batch_size(num_examples, batch_size, bound)
+  return accounting.max_expected_batch_size_for(num_examples, batch_size, bound)
+
+
+def _check_truncation_delta(sigma: float, q: float, num_examples: int, batch_size: int, train_steps: int,
+                            delta: float, dp: "DPConfig") -> None:
+  """Refuses a batch truncation that adds more than 10% of δ by the end of training."""
+  epsilon = (dp.target_epsilon if dp.target_epsilon is not None else
+             accounting.compute_epsilon(sigma, q, train_steps, delta, dp.accountant))
+  p_trunc = accounting.truncation_probability(num_examples, q, batch_size)
+  added = accounting.total_delta(delta, train_steps, p_trunc, epsilon) - delta
+  if added > TRUNCATION_DELTA_SHARE * delta * (1 + 1e-9):  # (rounding of a derived batch)
+    raise PrivacyError(
+        f"batch truncation breaks δ: expected_batch_size={q * num_examples:g} capped at batch_size={batch_size} "
+        f"is truncated with probability {p_trunc:.2e}/step, adding (1+e^ε)·steps·p = {added:.2e} to "
+        f"δ={delta:.3g} over {train_steps} steps (at most {TRUNCATION_DELTA_SHARE:g}·δ allowed); lower "
+        "expected_batch_size (or leave it unset to derive it) or raise batch_size")
 
 
 def dp_spm_report_path(vocab_path: Optional[str]) -> Optional[str]:
@@ -155,7 +166,7 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
     raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                        f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
-  delta = dp.delta if dp.delta is not None else 0.1 / num_examples
+  delta = dp.delta if dp.delta is not None else default_delta(num_examples)
   accounting.validate_privacy_params(noise_multiplier=dp.noise_multiplier, clip_norm=dp.clip_norm,
                                      delta=delta, num_examples=num_examples, batch_size=batch_size,
                                      accountant=dp.accountant, steps=train_steps)
@@ -175,6 +186,7 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
     sigma = accounting.calibrate_noise(dp.target_epsilon, q, train_steps, delta, dp.accountant)
     log(f"[privacy] calibrated noise_multiplier σ={sigma:.4f} for ε={dp.target_epsilon:g} at "
         f"δ={delta:.3g}, q={q:.4g}, {train_steps} steps ({dp.accountant})")
+  _check_truncation_delta(sigma, q, num_examples, batch_size, train_steps, delta, dp)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
     ledger = PrivacyLedger.create(noise_multiplier=sigma, clip_norm=dp.clip_norm, delta=delta,
@@ -185,20 +197,11 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
     component = ledger.add_component_from_report(report)
     log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
         f"ε={component['epsilon']:g}, δ={component['delta']:g}")
-  aggregator = aggregator_lib.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
-                                                 microbatch_size, spmd_axis_name=spmd_axis_name,
-                                                 method=dp.method)
+  aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples, microbatch_size,
+                                         spmd_axis_name=spmd_axis_name, method=dp.method)
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
       f"{q * num_examples:.1f}, padded {batch_size}, truncation probability/step "
       f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
       f"clipped sum by {dp.method}")
-  final_epsilon = (dp.target_epsilon if dp.target_epsilon is not None else
-                   accounting.compute_epsilon(sigma, q, train_steps, delta, dp.accountant))
-  truncation_delta = accounting.total_delta(delta, train_steps, ledger.truncation_probability,
-                                            final_epsilon) - delta
-  if truncation_delta > TRUNCATION_DELTA_SHARE * delta:
-    log(f"[privacy] warning: batch truncation (probability {ledger.truncation_probability:.2e}/step) "
-        f"adds (1+e^ε)·steps·p = {truncation_delta:.2e} to δ={delta:.3g} by the end of training; "
-        "raise batch_size or lower expected_batch_size")
   return PrivacySetup(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
                       noise_multiplier=sigma, dp_spm_report=report)

@@ -1,0 +1,162 @@
+"""Pieces shared by every clipped sum: per-example evaluation, the clip, the microbatch fold.
+
+Both DP aggregators (`aggregator.DPAggregator`, per-example gradients under `jax.vmap`, and
+`ghost.GhostDPAggregator`, ghost norms) build on these, so that they evaluate each example
+the same way (a batch of one with dropout key `fold_in(dropout_rng, row)`), clip with the same
+factor and drop the same rows.
+
+The clip (Abadi et al. 2016, "Deep Learning with Differential Privacy", Alg. 1): example i
+enters the sum with scale `min(1, C / ||g_i||) w_i`, where `w_i` is its `example_weight`
+(1 for a real row, 0 for a padding row). Rows kept in the sum are real rows with a finite
+gradient norm; every other row (padding, NaN or inf gradient) contributes exactly 0, never
+`0 * NaN = NaN`, so one bad example cannot break the sensitivity bound of C.
+"""
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from private_t5.errors import ConfigError
+
+PyTree = Any
+Batch = Dict[str, jax.Array]
+LossFn = Callable[[PyTree, Batch, Optional[jax.Array]], jax.Array]
+
+# Metric names. Everything computed from the private batch is labelled "nondp/": it is not
+# covered by the privacy guarantee (DP rule 5) and must not be used to make training choices.
+METRIC_LOSS = "nondp/loss"
+METRIC_BATCH_SIZE = "nondp/batch_size"
+METRIC_GRAD_NORM = "nondp/grad_norm_mean"
+METRIC_FRACTION_CLIPPED = "nondp/fraction_clipped"
+
+
+def num_rows(batch: Batch) -> int:
+  """Rows of a batch (real and padding)."""
+  return batch["example_weight"].shape[0]
+
+
+def example_keys(dropout_rng: Optional[jax.Array], rows: jax.Array) -> Optional[jax.Array]:
+  """One dropout key per row: fold_in(dropout_rng, row); None when dropout is off."""
+  if dropout_rng is None:
+    return None
+  return jax.vmap(lambda r: jax.random.fold_in(dropout_rng, r))(rows)
+
+
+def single_example_loss(loss_fn: LossFn, params: PyTree, example: Batch,
+                        key: Optional[jax.Array]) -> jax.Array:
+  """Loss of one example, evaluated as a batch of one (shapes [1, ...])."""
+  as_batch = jax.tree.map(lambda x: x[None], example)
+  return loss_fn(params, as_batch, key)[0]
+
+
+def _microbatch_layout(batch_size: int, microbatch_size: Optional[int]) -> Tuple[int, int]:
+  """Returns (num_microbatches, microbatch_size) for a batch of `batch_size` rows."""
+  size = batch_size if microbatch_size is None else int(microbatch_size)
+  if size <= 0 or batch_size % size:
+    raise ConfigError(f"microbatch_size={microbatch_size} must be a positive divisor of the "
+                      f"batch size {batch_size}")
+  return batch_size // size, size
+
+
+def _split_microbatches(tree: PyTree, num_micro: int) -> PyTree:
+  """[B, ...] -> [num_micro, B // num_micro, ...] with microbatch k = rows {k, k + n, ...}.
+
+  The strided layout keeps the rows each device holds (a contiguous block when the batch is
+  sharded along B) inside every microbatch, so no data moves between devices.
+  """
+  def split(x):
+    x = x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, tree)
+
+
+def scan_microbatches(batch: Batch, microbatch_size: Optional[int], body: Callable, init: Any) -> Any:
+  """Folds `body(carry, (microbatch, row_ids)) -> (carry, None)` over the batch's microbatches.
+
+  `lax.scan` keeps one microbatch's intermediates alive at a time (the memory knob); a single
+  microbatch runs directly. Row ids index the whole batch (dropout keys fold them in), so the
+  result does not depend on the microbatch size.
+  """
+  num_micro, _ = _microbatch_layout(num_rows(batch), microbatch_size)
+  rows = jnp.arange(num_rows(batch), dtype=jnp.int32)
+  xs = (_split_microbatches(batch, num_micro), _split_microbatches(rows, num_micro))
+  if num_micro == 1:
+    carry, _ = body(init, jax.tree.map(lambda x: x[0], xs))
+    return carry
+  carry, _ = jax.lax.scan(body, init, xs)
+  return carry
+
+
+class Clip(NamedTuple):
+  """The clip of one (micro)batch: per-row norms [B], factors [B], kept rows [B], scales [B]."""
+  norms: jax.Array
+  factors: jax.Array
+  keep: jax.Array
+  scale: jax.Array
+
+
+def clip(norms: jax.Array, weights: jax.Array, clip_norm: float) -> Clip:
+  """Clip factors min(1, C / ||g_i||) and the scales of the rows kept in the sum.
+
+  A zero gradient has factor 1. `scale_i = factor_i w_i` for kept rows (real, finite norm)
+  and exactly 0 for every other row.
+  """
+  norms = norms.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  factors = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, 1e-30))
+  keep = (weights > 0) & jnp.isfinite(norms)
+  return Clip(norms, factors, keep, jnp.where(keep, factors * weights, 0.0))
+
+
+def _rows_mask(keep: jax.Array, x: jax.Array) -> jax.Array:
+  return keep.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def zero_dropped(tree: PyTree, keep: jax.Array) -> PyTree:
+  """Sets the rows (leading axis) of the rows not kept to exactly 0 (a NaN row becomes 0)."""
+  return jax.tree.map(lambda x: jnp.where(_rows_mask(keep, x), x, jnp.zeros_like(x)), tree)
+
+
+def replace_dropped(tree: PyTree, keep: jax.Array) -> PyTree:
+  """Replaces the rows not kept by a copy of the first kept row (row 0 if none is kept).
+
+  For a pass that multiplies each row by its (zero) scale inside a backward pass: a copy of
+  a finite row times 0 is exactly 0, where the dropped row itself could give 0 * NaN.
+  """
+  first_kept = jnp.argmax(keep)
+  index = jnp.where(keep, jnp.arange(keep.shape[0]), first_kept)
+  return jax.tree.map(lambda x: jnp.take(x, index, axis=0), tree)
+
+
+def init_stats() -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """(loss_sum, norm_sum, clipped_count) before the first microbatch."""
+  return jnp.float32(0), jnp.float32(0), jnp.int32(0)
+
+
+def add_stats(stats: Tuple[jax.Array, jax.Array, jax.Array], losses: jax.Array,
+              weights: jax.Array, c: Clip) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Adds one microbatch to (loss_sum, norm_sum, clipped_count) (non-private statistics)."""
+  loss_sum, norm_sum, clipped_count = stats
+  weights = weights.astype(jnp.float32)
+  is_real = weights > 0
+  return (loss_sum + jnp.sum(losses.astype(jnp.float32) * weights),
+          norm_sum + jnp.sum(jnp.where(c.keep, c.norms, 0.0)),
+          clipped_count + jnp.sum(jnp.where(is_real, c.factors < 1.0, False)))
+
+
+def clipping_metrics(batch: Batch, loss_sum: jax.Array, norm_sum: jax.Array,
+                     clipped_count: jax.Array) -> Dict[str, jax.Array]:
+  """The clipped-sum metrics, averaged over the batch's real rows (non-private, rule 5)."""
+  realised = jnp.sum(batch["example_weight"].astype(jnp.float32))
+  denominator = jnp.maximum(realised, 1.0)
+  return {
+      METRIC_LOSS: loss_sum / denominator,
+      METRIC_BATCH_SIZE: realised,
+      METRIC_GRAD_NORM: norm_sum / denominator,
+      METRIC_FRACTION_CLIPPED: clipped_count.astype(jnp.float32) / denominator,
+  }
+
+
+def zeros_like_f32(params: PyTree) -> PyTree:
+  """Float32 zeros shaped like `params` (the accumulator of a gradient sum)."""
+  return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
