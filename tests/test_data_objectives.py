@@ -1,4 +1,8 @@
 """The NumPy span corruption against t5.data.preprocessors, and the prefix-LM split."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -6,6 +10,7 @@ from private_t5.data import objectives
 from private_t5.errors import ConfigError
 
 VOCAB_SIZE = 32100
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _VocabSize:
@@ -66,6 +71,28 @@ def test_sentinel_layout_identical_to_t5():
                                 preprocessors.nonnoise_span_to_unique_sentinel)):
       theirs = theirs_fn(tf.constant(tokens), tf.constant(mask), _VocabSize(), None).numpy()
       np.testing.assert_array_equal(ours_fn(tokens, mask, VOCAB_SIZE), theirs)
+
+
+@pytest.mark.parametrize("noise_density", [0.05, 0.15, 0.3, 0.5, 0.8])
+@pytest.mark.parametrize("mean_noise_span_length", [1.0, 2.5, 3.0, 10.0])
+@pytest.mark.parametrize("extra_inputs,extra_targets", [(1, 1), (0, 1), (2, 0), (1, 3)])
+def test_random_spans_lengths_match_t5(noise_density, mean_noise_span_length, extra_inputs, extra_targets):
+  from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
+  for inputs_length in (2, 3, 5, 17, 64, 128, 129, 512, 1000):
+    kwargs = dict(inputs_length=inputs_length, noise_density=noise_density,
+                  mean_noise_span_length=mean_noise_span_length,
+                  extra_tokens_per_span_inputs=extra_inputs, extra_tokens_per_span_targets=extra_targets)
+    theirs = preprocessors.random_spans_helper(**kwargs)
+    assert objectives.random_spans_lengths(**kwargs) == tuple(int(x) for x in theirs), kwargs
+
+
+def test_objectives_import_without_tensorflow():
+  code = ("import sys; from private_t5.data import objectives, source; "
+          "assert objectives.span_corruption_lengths(128) == (141, 29); "
+          "objectives.make_objective('span_corruption', {'inputs': 128, 'targets': 29}, 32100); "
+          "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 't5')); "
+          "assert not loaded, loaded[:5]")
+  subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=_ROOT))
 
 
 def test_span_corruption_fills_512_114():

@@ -75,7 +75,7 @@ def test_layering_and_overrides():
 
 
 @pytest.mark.slow
-def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path):
+def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
   summary = main.run_from_args(_args(model_dir, corpus, vocab, 4, "--gin.train.checkpoint_every=2",
@@ -122,8 +122,13 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path):
     main.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.T5Config.d_model=64"))
   # Fine-tuning style: a new run starting from this run's parameters (fresh optimizer and ledger).
   finetuned_dir = str(tmp_path / "from_initial")
+  reads = []
+  restore = checkpoints.restore_for_inference
+  monkeypatch.setattr(checkpoints, "restore_for_inference", lambda *a, **k: reads.append(a) or restore(*a, **k))
   finetuned = main.run_from_args(_args(finetuned_dir, corpus, vocab, 1, f"--gin.train.initial_checkpoint={model_dir}"))
   assert finetuned["final_step"] == 1
+  assert len(reads) == 1  # the initial checkpoint's weights are read once
+  monkeypatch.undo()
   manager = checkpoints.CheckpointManager(finetuned_dir)
   assert manager.read_metadata(1)["initial_checkpoint"]["step"] == 6
   assert manager.read_metadata(1)["ledger"]["steps"] == 1

@@ -27,11 +27,39 @@ PREFIX_LM = "prefix_lm"
 OBJECTIVES = (SPAN_CORRUPTION, PREFIX_LM)
 
 
+def random_spans_lengths(inputs_length: int, noise_density: float, mean_noise_span_length: float,
+                         extra_tokens_per_span_inputs: int = 1,
+                         extra_tokens_per_span_targets: int = 1) -> Tuple[int, int]:
+  """(raw tokens length, targets length) of T5's span corruption for `inputs_length` inputs.
+
+  The same numbers as `t5.data.preprocessors.random_spans_helper` (Raffel et al., "Exploring
+  the Limits of Transfer Learning with a Unified Text-to-Text Transformer", 2020), without
+  importing t5/TensorFlow: the longest raw window whose corrupted inputs (non-noise tokens, one
+  group of `extra_tokens_per_span_inputs` sentinels per noise span, EOS) still fit in
+  `inputs_length`, and the length of its targets (noise tokens, sentinels, EOS). With
+  `noise_density == 0.5` a window one token shorter is taken when the targets would otherwise
+  be longer than the inputs.
+  """
+  def encoded_lengths(raw: int) -> Tuple[int, int]:
+    noise = int(round(raw * noise_density))
+    spans = int(round(noise / mean_noise_span_length))
+    return (raw - noise + spans * extra_tokens_per_span_inputs + 1,
+            noise + spans * extra_tokens_per_span_targets + 1)
+
+  raw = inputs_length - 1
+  while encoded_lengths(raw + 1)[0] <= inputs_length:
+    raw += 1
+  inputs, targets = encoded_lengths(raw)
+  if noise_density == 0.5 and targets > inputs:
+    raw, targets = raw - 1, targets - 1
+  return raw, targets
+
+
 def span_corruption_lengths(inputs_length: int, noise_density: float = 0.15,
                             mean_noise_span_length: float = 3.0) -> Tuple[int, int]:
   """(raw window length, targets length) such that inputs fill `inputs_length` with EOS.
 
-  Delegates to `t5.data.preprocessors.random_spans_helper` (inputs 512 -> raw 568, targets 114).
+  `random_spans_lengths` with one sentinel per span (inputs 512 -> raw 568, targets 114).
   """
   if inputs_length < 2:
     raise ConfigError(f"span corruption needs inputs length >= 2, got {inputs_length}")
@@ -39,11 +67,7 @@ def span_corruption_lengths(inputs_length: int, noise_density: float = 0.15,
     raise ConfigError(f"noise_density must be in (0, 1), got {noise_density}")
   if mean_noise_span_length <= 0:
     raise ConfigError(f"mean_noise_span_length must be positive, got {mean_noise_span_length}")
-  from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
-  raw_length, targets_length = preprocessors.random_spans_helper(
-      inputs_length=inputs_length, noise_density=noise_density,
-      mean_noise_span_length=mean_noise_span_length,
-      extra_tokens_per_span_inputs=1, extra_tokens_per_span_targets=1)
+  raw_length, targets_length = random_spans_lengths(inputs_length, noise_density, mean_noise_span_length)
   if raw_length < 2:
     raise ConfigError(f"inputs length {inputs_length} gives a raw span-corruption window of {raw_length} "
                       "tokens; at least 2 are needed")

@@ -48,7 +48,8 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
             max_examples: Optional[int] = None, progress: bool = True) -> list:
   """Greedy-decoded text for the first `max_examples` examples of `source` (all by default)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.models import decoding  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  model = models.EncoderDecoderModel(model_config)
   params = jax.tree.map(jax.numpy.asarray, params)
   decode = _decoder(source.vocab_path)
   n = source.num_examples if max_examples is None else min(max_examples, source.num_examples)
@@ -57,8 +58,7 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
   for begin in range(0, n, batch_size):
     indices = np.arange(begin, min(begin + batch_size, n))
     batch = source.get_batch(indices, 0, batch_size)
-    out = np.asarray(decoding.greedy_decode(params, model_config, batch["encoder_input_tokens"],
-                                            max_decode_length=length))
+    out = np.asarray(model.predict_batch(params, batch["encoder_input_tokens"], max_decode_length=length))
     texts.extend(decode(row) for row in out[:len(indices)])
     if progress and (begin // batch_size) % 10 == 0:
       print(f"[evaluate] decoded {len(texts)}/{n} ({time.time() - start:.0f}s)", file=sys.stderr)

@@ -201,7 +201,10 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
     search the best beam of each row.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.models import decoding  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  if method not in (GREEDY, BEAM):
+    raise ConfigError(f"decoding method must be {GREEDY!r} or {BEAM!r}, got {method!r}")
+  model = models.EncoderDecoderModel(model_config)
   n, width = inputs.shape
   b = cfg.batch_size
   out = np.zeros((n, max_decode_length), dtype=np.int32)
@@ -213,15 +216,8 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
     batch = np.zeros((b, width), dtype=np.int32)
     batch[:rows] = inputs[lo:lo + rows]
     t0 = time.time()
-    if method == GREEDY:
-      seqs = decoding.greedy_decode(params, model_config, batch, max_decode_length=max_decode_length,
-                                    use_cache=cfg.use_cache)
-    elif method == BEAM:
-      seqs, _ = decoding.beam_search(params, model_config, batch, max_decode_length=max_decode_length,
-                                     beam_size=cfg.beam_size, alpha=cfg.beam_alpha, use_cache=cfg.use_cache)
-      seqs = seqs[:, 0]
-    else:
-      raise ConfigError(f"decoding method must be {GREEDY!r} or {BEAM!r}, got {method!r}")
+    seqs = model.predict_batch(params, batch, max_decode_length=max_decode_length, method=method,
+                               beam_size=cfg.beam_size, alpha=cfg.beam_alpha, use_cache=cfg.use_cache)
     out[lo:lo + rows] = np.asarray(jax.device_get(seqs))[:rows]
     if lo == 0:
       stats.first_batch_seconds = time.time() - t0
@@ -272,17 +268,14 @@ def make_scorer(params, model_config) -> Callable[[np.ndarray, np.ndarray, np.nd
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from private_t5.models import Transformer  # pylint: disable=g-import-not-at-top
-  model = Transformer(model_config)
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  model = models.EncoderDecoderModel(model_config)
   params = jax.device_put(params)
 
   @jax.jit
   def score(params, encoder_inputs, targets, weights):
-    decoder_inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
-    logits = model.apply({"params": params}, encoder_inputs, decoder_inputs)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    token_lp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(token_lp * weights, axis=-1)
+    return model.score_batch(params, {"encoder_input_tokens": encoder_inputs, "decoder_target_tokens": targets,
+                                      "decoder_loss_weights": weights})
 
   def run(encoder_inputs, targets, weights):
     return np.asarray(score(params, jnp.asarray(encoder_inputs, jnp.int32), jnp.asarray(targets, jnp.int32),

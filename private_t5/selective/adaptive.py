@@ -105,15 +105,8 @@ class PrivacyProbabilities:
 
 def _perplexity_fn(model_config):
   from private_t5 import models  # pylint: disable=g-import-not-at-top
-
-  @jax.jit
-  def fn(params, batch):
-    logits = models.Transformer(model_config).apply(
-        {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-        enable_dropout=False)
-    loss, _ = models.per_example_loss(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"])
-    return jnp.exp(loss)  # Eq. 3: exp of the mean token negative log-likelihood
-  return fn
+  # Eq. 3: exp of the mean token negative log-likelihood.
+  return jax.jit(models.EncoderDecoderModel(model_config).per_example_perplexity)
 
 
 def example_perplexities(params, model_config, source, *, batch_size: int = 64, seed: int = 0,

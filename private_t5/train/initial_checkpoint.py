@@ -10,9 +10,14 @@
 
 The parameters must have exactly the shapes of `model_config` (dropout may differ: it is
 not a parameter); anything else is a `CheckpointError` naming the first difference.
+
+A fine-tuning start asks about the same directory several times (its vocabulary for each
+data source, its description for the run's metadata, then its parameters): the last read is
+kept, keyed by the directory's path and the size and mtime of every file in it, so the weights
+are read once; `load_initial_params` hands them over and drops the copy.
 """
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -35,12 +40,48 @@ def _check_config(found: T5Config, wanted: T5Config, path: str) -> None:
                             f"{name}={b!r}; use the matching model gin file or override it")
 
 
-def _read(path: str):
-  """(params, config, info) from either kind of directory."""
+# The last directory read: {"key": (abspath, file stats), "value": (params, config, info)}.
+_LAST_READ: Dict[str, Any] = {}
+
+
+def _dir_signature(path: str) -> Tuple:
+  """(abspath, sorted (relative path, size, mtime_ns) of every file below `path`)."""
+  root = os.path.abspath(path)
+  stats = []
+  for dirpath, _, filenames in os.walk(root):
+    for name in filenames:
+      full = os.path.join(dirpath, name)
+      try:
+        st = os.stat(full)
+      except OSError:
+        continue
+      stats.append((os.path.relpath(full, root), st.st_size, st.st_mtime_ns))
+  return root, tuple(sorted(stats))
+
+
+def _read(path: str, keep: bool = True):
+  """(params, config, info) from either kind of directory, from the cache when unchanged.
+
+  `keep=False` drops the cached copy (the caller takes over the parameters).
+  """
   if not path:
     raise CheckpointError("initial checkpoint path is empty")
   if not os.path.isdir(path):
     raise CheckpointError(f"initial checkpoint {path!r} does not exist")
+  key = _dir_signature(path)
+  if _LAST_READ.get("key") == key:
+    value = _LAST_READ["value"]
+  else:
+    _LAST_READ.clear()
+    value = _read_uncached(path)
+  if keep:
+    _LAST_READ.update(key=key, value=value)
+  else:
+    _LAST_READ.clear()
+  return value
+
+
+def _read_uncached(path: str):
   if hf_convert.is_hf_t5_dir(path):
     params, config = hf_convert.import_hf_t5(path)
     info = {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
@@ -59,7 +100,7 @@ def load_initial_params(path: str, model_config: T5Config) -> Params:
     CheckpointError: `path` is missing, unreadable, or its parameters do not match
       `model_config` (the message names the differing field or parameter).
   """
-  params, found_config, _ = _read(path)
+  params, found_config, _ = _read(path, keep=False)
   _check_config(found_config, model_config, path)
   hf_convert.check_param_shapes(params, model_config, source=f"initial checkpoint {path!r}")
   return _as_float32(params)

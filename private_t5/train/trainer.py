@@ -26,10 +26,9 @@ HOST_ONLY_FEATURES = ("example_index", "is_padding")
 
 
 def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0) -> Callable:
-  """`loss_fn(params, batch, dropout_rng) -> loss[B]`, the aggregators' per-example loss."""
-  def loss_fn(params, batch, dropout_rng=None):
-    return models.example_loss_fn(params, batch, model_config, dropout_rng=dropout_rng, z_loss=z_loss)
-  return loss_fn
+  """`loss_fn(params, batch, dropout_rng) -> loss[B]`, the aggregators' per-example loss
+  (`EncoderDecoderModel(model_config, z_loss).per_example_loss`)."""
+  return models.EncoderDecoderModel(model_config, z_loss).per_example_loss
 
 
 def device_features(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -53,6 +52,7 @@ class Trainer:
                learning_rate_fn: Optional[Callable] = None,
                rules=partitioning.LOGICAL_AXIS_RULES):
     self.model_config = model_config
+    self.model = models.EncoderDecoderModel(model_config)
     self.aggregator = aggregator
     self.optimizer = optimizer
     self.mesh = mesh
@@ -105,15 +105,7 @@ class Trainer:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _eval_step_fn(self, params, batch) -> Dict[str, jax.Array]:
-    model = models.Transformer(self.model_config)
-    logits = model.apply({"params": params}, batch["encoder_input_tokens"],
-                         batch["decoder_input_tokens"], enable_dropout=False)
-    loss, aux = models.per_example_loss(logits, batch["decoder_target_tokens"],
-                                        batch["decoder_loss_weights"])
-    weight = batch["example_weight"].astype(jnp.float32)
-    return {"loss_sum": jnp.sum(loss * weight), "examples": jnp.sum(weight),
-            "correct_tokens": jnp.sum(aux["num_correct"] * weight),
-            "target_tokens": jnp.sum(aux["num_tokens"] * weight)}
+    return self.model.eval_metrics(params, batch)
 
   # -- host API ---------------------------------------------------------------------------------
 
