@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The quickstart main job: install (if needed), train a SentencePiece vocabulary on the corpus
+# The quickstart main job: install (if needed), train a DP-SentencePiece vocabulary on the corpus
 # (if none exists yet), then pretrain a tiny T5 with span corruption and DP-Adafactor, evaluate
-# it on held-out documents, checkpoint it, and print where everything is and the ε spent.
+# it on held-out documents, checkpoint it, and print where everything is and the ε spent (the
+# vocabulary's ε and training's, composed).
 #
 #   bash scripts/quickstart.sh                          # embedded corpus (builtin:python_docs)
 #   bash scripts/quickstart.sh path/to/corpus.jsonl.gz  # your corpus (see docs/data.md)
 #   bash scripts/quickstart.sh builtin:python_docs --gin.DP=None   # non-private baseline
 #
 # Arguments after the corpus are passed to `private-t5 train` (--gin.NAME=VALUE overrides).
-# Environment: QUICKSTART_DIR (default: ./runs/quickstart), QUICKSTART_VOCAB_SIZE (2000).
+# Environment: QUICKSTART_DIR (default: ./runs/quickstart), QUICKSTART_VOCAB_SIZE (2000),
+# QUICKSTART_VOCAB_EPSILON (8: the vocabulary's ε; a small corpus keeps few words at small ε).
 # About 5-10 minutes on 2 CPU cores. Re-running resumes from the latest checkpoint.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,15 +26,21 @@ WORK_DIR="$(mkdir -p "${QUICKSTART_DIR:-$ROOT/runs/quickstart}" && cd "${QUICKST
 VOCAB_SIZE="${QUICKSTART_VOCAB_SIZE:-2000}"
 # One vocabulary and one run per corpus: a name derived from the corpus spec.
 SLUG="$(printf '%s' "$CORPUS" | tr -c 'A-Za-z0-9._-' '_' | tail -c 60)"
-VOCAB="$WORK_DIR/$SLUG/vocab/spm_${VOCAB_SIZE}.model"
+VOCAB_EPSILON="${QUICKSTART_VOCAB_EPSILON:-8}"
+VOCAB="$WORK_DIR/$SLUG/vocab/dp_spm_${VOCAB_SIZE}_eps${VOCAB_EPSILON}.model"
 MODEL_DIR="$WORK_DIR/$SLUG/model"
 PT5="$VENV/bin/private-t5"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 cd "$ROOT"
 
 if [[ ! -f "$VOCAB" ]]; then
-  echo "[quickstart] training a $VOCAB_SIZE-piece SentencePiece vocabulary on $CORPUS"
-  "$PT5" spm --corpus="$CORPUS" --vocab_size="$VOCAB_SIZE" --output="$VOCAB"
+  # DP-SentencePiece: the vocabulary is computed from the private corpus too, so it must be DP;
+  # its privacy report (beside it, naming it by hash) is composed into the training ledger.
+  # Capped sensitivity (each word once, at most 64 words per document) keeps more words.
+  echo "[quickstart] training a $VOCAB_SIZE-piece SentencePiece vocabulary on $CORPUS (DP-SentencePiece, ε = $VOCAB_EPSILON)"
+  "$PT5" dp-spm --gin_file=configs/runs/dp_spm.gin --corpus="$CORPUS" --vocab_size="$VOCAB_SIZE" \
+    --output="$VOCAB" --epsilon="$VOCAB_EPSILON" --sensitivity=capped --max_words=64 > /dev/null
+  echo "[quickstart] privacy report of the vocabulary: $(dirname "$VOCAB")/privacy_report.json"
 else
   echo "[quickstart] reusing vocabulary $VOCAB"
 fi

@@ -176,5 +176,7 @@ def test_kill_9_then_rerun_resumes_without_lost_or_repeated_steps(small_corpus_a
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
   assert info["privacy_report"]["steps"] == ref_info["privacy_report"]["steps"] == steps
   assert info["privacy_report"]["epsilon"] == pytest.approx(ref_info["privacy_report"]["epsilon"])
+  assert info["privacy_report"]["training_epsilon"] == pytest.approx(ref_info["privacy_report"]["training_epsilon"])
+  assert info["privacy_report"]["training_epsilon"] > 0
   summary = json.load(open(os.path.join(killed_dir, "summary.json")))
   assert summary["resumed_from_step"] == killed_at and summary["steps_this_run"] == steps - killed_at

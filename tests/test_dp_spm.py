@@ -270,6 +270,26 @@ def test_other_model_types_and_seeded_runs_are_deterministic(tmp_path, model_typ
   assert r1["model_type"] == model_type
 
 
+def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
+  """The report carries the model's SHA-256; the ledger composes it for that vocabulary only."""
+  from private_t5.io import file_sha256  # pylint: disable=g-import-not-at-top
+  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
+  corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
+  out = str(tmp_path / "v" / "dp.model")
+  report = dp_spm.train_dp_vocabulary(corpus, out, vocab_size=40, delta=1e-4, target_epsilon=5.0,
+                                      sensitivity="capped", max_words_per_document=16, insecure_seed=3,
+                                      num_workers=1, verbose=False)
+  on_disk = json.load(open(report["report_path"]))
+  assert on_disk["vocab_sha256"] == file_sha256(out) and on_disk["privacy_unit"] == "document"
+  assert privacy.dp_spm_report_path(out) == report["report_path"]
+  ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
+  ledger.record_steps(10)
+  component = ledger.add_vocabulary(out, report["report_path"])
+  assert component["name"] == "dp_sentencepiece" and ledger.vocabulary_status() == "dp"
+  assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+
+
 def test_vocab_cap_reported_or_refused(tmp_path):
   texts = [f"one two three four {i % 3}" for i in range(300)]
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)

@@ -123,3 +123,38 @@ def test_bad_inputs(tmp_path):
   with pytest.raises(DataError, match="epsilon"):
     (tmp_path / "noeps.json").write_text("{}")
     _ledger().add_component_from_report(str(tmp_path / "noeps.json"))
+
+
+def test_component_at_a_weaker_privacy_unit_is_refused(tmp_path):
+  report_path = tmp_path / "privacy_report.json"
+  report_path.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 0.17, "delta": 1e-8,
+                                     "privacy_unit": "document"}))
+  with pytest.raises(PrivacyError, match="document-level DP but training is user-level"):
+    _ledger(privacy_unit="user").add_component_from_report(str(report_path))
+  for unit in ("document", "example"):  # document-level DP implies example-level DP
+    ledger = _ledger(privacy_unit=unit)
+    ledger.add_component_from_report(str(report_path))
+    assert len(ledger.components) == 1
+
+
+def test_non_private_vocabulary_makes_the_total_infinite_and_survives_resume(tmp_path):
+  vocab = tmp_path / "spm.model"
+  vocab.write_bytes(b"vocabulary")
+  ledger = _ledger()
+  ledger.record_steps(100)
+  component = ledger.add_vocabulary(str(vocab))
+  assert component["private"] is False and not component["public"]
+  assert math.isinf(ledger.total_epsilon()) and math.isfinite(ledger.training_epsilon())
+  rep = ledger.report()
+  assert rep["epsilon"] is None and rep["total_epsilon"] is None and rep["training_epsilon"] > 0
+  assert rep["dp"] is True and rep["vocabulary"] == "not private"
+  loaded = PrivacyLedger.load(ledger.save(str(tmp_path / "r.json")))
+  assert loaded == ledger and math.isinf(loaded.total_epsilon())
+  fresh = _ledger()
+  fresh.add_vocabulary(str(vocab))
+  resumed = fresh.resume_from(loaded)
+  assert len(resumed.components) == 1 and math.isinf(resumed.total_epsilon())
+  public = _ledger()
+  public.record_steps(100)
+  public.add_vocabulary(str(vocab), public=True)
+  assert public.total_epsilon() == public.training_epsilon() and public.report()["vocabulary"] == "public"

@@ -1,4 +1,4 @@
-"""The quickstart main job: scripts/quickstart.sh trains a vocabulary, then runs the quickstart
+"""The quickstart main job: scripts/quickstart.sh trains a DP vocabulary, then runs the quickstart
 config (tiny T5, span corruption, DP by default) for a few steps on real text."""
 import gzip
 import json
@@ -48,7 +48,11 @@ def test_quickstart_script_runs_a_few_steps(shared_data, tmp_path):
   assert len(model_dirs) == 1
   summary = json.load(open(os.path.join(model_dirs[0], "summary.json")))
   assert summary["final_step"] == 3 and summary["private"] and summary["epsilon"] > 0
-  assert summary["validation"]["examples"] > 0
+  assert summary["validation_not_dp"]["examples"] > 0
   assert summary["model_config"]["vocab_size"] == 512  # 400 + 100 sentinels, rounded up to 128
   report = json.load(open(os.path.join(model_dirs[0], "privacy_report.json")))
   assert report["steps"] == 3 and report["dp"] is True
+  # The DP-SentencePiece vocabulary is composed: total ε = training ε + the vocabulary's ε.
+  assert report["vocabulary"] == "dp" and [c["name"] for c in report["components"]] == ["dp_sentencepiece"]
+  assert report["epsilon"] == pytest.approx(report["training_epsilon"] + report["components"][0]["epsilon"])
+  assert "DP vocabulary included" in out

@@ -63,11 +63,13 @@ def test_report_composes_light_noise_phase1():
 def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   docs = list(corpora.iter_documents(corpus, max_documents=300))
-  vocab = str(tmp_path / "spm.model")
-  spm.train_from_sentences([d.text for d in docs], vocab, vocab_size=300)
   redacted = str(tmp_path / "redacted.jsonl")
   red = redaction.redact_corpus(docs, redacted, level="entity", backend="heuristic", progress_every=0,
                                 log=lambda _: None)
+  # The vocabulary comes from the redacted corpus D', which phase 1 already trains on without DP
+  # under the detector assumption: declared public, so phase 2's ε is its own.
+  vocab = str(tmp_path / "spm.model")
+  spm.train_from_sentences([d.text for d in corpora.iter_documents(redacted)], vocab, vocab_size=300)
   sample = tmp_path / "hand_checked.jsonl"
   sample.write_text("".join(json.dumps(r) + "\n" for r in HAND_CHECKED))
   model_dir = str(tmp_path / "jft")
@@ -76,7 +78,7 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
       f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}",
       f"--gin.REDACTED_CORPUS={redacted}", f"--gin.REDACTION_REPORT={red['report_path']}",
       f"--gin.MISS_RATE_SAMPLE={sample}", "--gin.TRAIN_STEPS=2", "--gin.PHASE1_STEPS=2",
-      f"--gin.DATA_CACHE_DIR={tmp_path}/cache", *MICRO_TRAIN_ARGS])
+      f"--gin.DATA_CACHE_DIR={tmp_path}/cache", "--gin.VOCAB_IS_PUBLIC=True", *MICRO_TRAIN_ARGS])
   out = capsys.readouterr().out
   assert "initial parameters from" in out and jft.PHASE1_DIR in out
   with open(os.path.join(model_dir, jft.PHASE1_DIR, "privacy_report.json")) as f:
@@ -90,7 +92,8 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
   assert q == pytest.approx(0.5 / phase2["num_examples"])
   assert phase2["training_epsilon"] == pytest.approx(
       accounting.compute_epsilon(1.0, q, 2, phase2["accounting_delta"]), rel=1e-9)
-  assert phase2["components"] == []
+  assert phase2["components"] == [{"name": "vocabulary", "private": False, "public": True,
+                                   "source": os.path.abspath(vocab)}]
   with open(os.path.join(model_dir, jft.REPORT_FILENAME)) as f:
     saved = json.load(f)
   assert saved["epsilon_s"] == pytest.approx(phase2["epsilon"]) == pytest.approx(report["epsilon_s"])

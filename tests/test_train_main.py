@@ -75,7 +75,7 @@ def test_layering_and_overrides():
 
 
 @pytest.mark.slow
-def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch):
+def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, capsys):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
   summary = main.run_from_args(_args(model_dir, corpus, vocab, 4, "--gin.train.checkpoint_every=2",
@@ -91,14 +91,24 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch):
   mechanism_delta = privacy.default_delta(report["num_examples"])  # min(1e-5, 1 / N^1.1)
   expected_eps = accounting.compute_epsilon(1.0, q, 4, mechanism_delta, "rdp")
   assert report["training_epsilon"] == pytest.approx(expected_eps)
-  assert summary["epsilon"] == pytest.approx(expected_eps)
+  assert summary["training_epsilon"] == pytest.approx(expected_eps)
+  # The vocabulary was trained on the same private corpus without DP: the total ε is ∞.
+  assert summary["epsilon"] is None and report["epsilon"] is None and summary["vocabulary"] == "not private"
+  assert {"name": "vocabulary", "private": False} in [
+      {k: c[k] for k in ("name", "private")} for c in report["components"]]
+  out = capsys.readouterr().out
+  assert "privacy: ε = ∞ (vocabulary NOT private" in out and "DP-Adafactor ε = " in out
+  assert "validation token accuracy" in out and "not DP" in out
+  assert summary["validation_not_dp"]["examples"] > 0 and "validation" not in summary
   assert report["truncation_probability"] > 0 and report["max_batch_size"] == 8
-  # TensorBoard: private-batch metrics carry the not-DP label, ε is logged, validation exists.
+  # TensorBoard: private-batch and validation metrics carry the not-DP label, ε is logged.
   train_tags = metrics.read_scalars(os.path.join(model_dir, "tensorboard", "train"))
-  assert {"nondp/loss", "nondp/token_accuracy", "privacy/epsilon"} <= set(train_tags)
+  assert {"nondp/loss", "nondp/token_accuracy", "privacy/training_epsilon"} <= set(train_tags)
+  assert "privacy/epsilon" not in train_tags  # ∞ with a non-private vocabulary
   assert "loss" not in train_tags
   val_tags = metrics.read_scalars(os.path.join(model_dir, "tensorboard", "validation"))
-  assert [s for s, _ in val_tags["token_accuracy"]] == [2, 4]
+  assert [s for s, _ in val_tags["nondp/token_accuracy"]] == [2, 4]
+  assert "token_accuracy" not in val_tags and "loss" not in val_tags
   # Every checkpoint holds the ledger of exactly its step.
   manager = checkpoints.CheckpointManager(model_dir)
   assert manager.all_steps() == [2, 4]
@@ -150,7 +160,7 @@ def test_ghost_switch_trains_like_vmap(corpus_and_vocab, tmp_path):
     params, _, info = checkpoints.restore_for_inference(model_dir)
     runs[method] = (summary, params, info)
   (s_v, p_v, info_v), (s_g, p_g, info_g) = runs["vmap"], runs["ghost"]
-  assert s_g["epsilon"] == s_v["epsilon"] and s_g["delta"] == s_v["delta"]
+  assert s_g["training_epsilon"] == s_v["training_epsilon"] and s_g["delta"] == s_v["delta"]
   for a, b in zip(jax.tree.leaves(p_v), jax.tree.leaves(p_g)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   assert info_g["objective"] == "span_corruption" and info_g["privacy_unit"] == "document"

@@ -8,6 +8,7 @@ from private_t5.dp import accounting
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
+from private_t5.io import file_sha256
 from private_t5.train import privacy
 from private_t5.train.privacy import DPConfig
 
@@ -69,18 +70,92 @@ def test_target_epsilon_calibrates_sigma_before_training():
   assert accounting.compute_epsilon(sigma * 0.98, 0.004, 100, 1e-5) > 3.0
 
 
+def _vocab_and_report(directory, content=b"a vocabulary", report_name="privacy_report.json", **fields):
+  """A stand-in `.model` file and a DP-SentencePiece report beside it (naming it by hash)."""
+  directory.mkdir(parents=True, exist_ok=True)
+  vocab = directory / "spm.model"
+  vocab.write_bytes(content)
+  report = {"epsilon": 0.17, "delta": 1e-9, "mechanism": "dp_sentencepiece", "privacy_unit": "document",
+            "vocab_sha256": file_sha256(str(vocab))}
+  report.update(fields)
+  (directory / report_name).write_text(json.dumps({k: v for k, v in report.items() if v is not None}))
+  return str(vocab), str(directory / report_name)
+
+
 def test_dp_sentencepiece_report_beside_vocab_is_composed(tmp_path):
-  vocab = tmp_path / "spm.model"
-  vocab.write_bytes(b"")
-  (tmp_path / "privacy_report.json").write_text(json.dumps(
-      {"epsilon": 0.17, "delta": 1e-9, "mechanism": "dp_sentencepiece"}))
-  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=str(vocab))
-  assert setup.dp_spm_report == str(tmp_path / "privacy_report.json")
+  vocab, report = _vocab_and_report(tmp_path)
+  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab)
+  assert setup.dp_spm_report == report
   ledger = setup.ledger
   ledger.record_steps(10)
   assert [c["name"] for c in ledger.components] == ["dp_sentencepiece"]
   assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + 0.17)
+  assert ledger.report()["vocabulary"] == "dp"
   assert privacy.dp_spm_report_path(str(tmp_path / "other" / "spm.model")) is None
+
+
+def _assert_not_private_vocabulary(setup, reason):
+  ledger = setup.ledger
+  ledger.record_steps(10)
+  assert setup.dp_spm_report is None
+  [component] = ledger.components
+  assert component["name"] == "vocabulary" and component["private"] is False and not component["public"]
+  assert reason in component["reason"]
+  assert math.isinf(ledger.total_epsilon()) and 0 < ledger.training_epsilon() < math.inf
+  report = ledger.report()
+  assert report["epsilon"] is None and report["training_epsilon"] > 0 and report["vocabulary"] == "not private"
+
+
+def test_report_of_another_vocabulary_is_not_credited(tmp_path):
+  """A non-private vocabulary beside another vocabulary's DP report gets no ε from it."""
+  _, report = _vocab_and_report(tmp_path, content=b"the dp vocabulary")
+  nondp = tmp_path / "nondp_spm.model"
+  nondp.write_bytes(b"a vocabulary trained without DP")
+  assert privacy.dp_spm_report_path(str(nondp)) == report  # found by location ...
+  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=str(nondp))
+  _assert_not_private_vocabulary(setup, "another vocabulary")  # ... but not composed
+
+
+def test_report_without_hash_is_not_credited(tmp_path):
+  vocab, _ = _vocab_and_report(tmp_path, vocab_sha256=None)
+  logs = []
+  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab, log=logs.append)
+  _assert_not_private_vocabulary(setup, "re-run `private-t5 dp-spm`")
+  assert any("WARNING" in line and "ε is ∞" in line for line in logs)
+
+
+def test_matching_report_is_preferred_over_a_folder_report(tmp_path):
+  vocab, own = _vocab_and_report(tmp_path, report_name="spm.privacy_report.json")
+  (tmp_path / "privacy_report.json").write_text(json.dumps({"epsilon": 0.1, "delta": 1e-9, "vocab_sha256": "0" * 64}))
+  assert privacy.dp_spm_report_path(vocab) == own
+
+
+def test_vocabulary_without_report_is_not_private_unless_declared_public(tmp_path):
+  vocab = tmp_path / "spm.model"
+  vocab.write_bytes(b"x")
+  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=str(vocab))
+  _assert_not_private_vocabulary(setup, "no DP-SentencePiece privacy report")
+  public = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, vocab_is_public=True),
+                  vocab_path=str(vocab)).ledger
+  public.record_steps(10)
+  assert public.components == [{"name": "vocabulary", "private": False, "public": True,
+                                 "source": str(vocab)}]
+  assert public.total_epsilon() == public.training_epsilon() and public.report()["vocabulary"] == "public"
+  assert math.isfinite(public.report()["epsilon"])
+
+
+def test_document_level_vocabulary_needs_document_or_example_level_training(tmp_path):
+  vocab, _ = _vocab_and_report(tmp_path)
+  dp = DPConfig(noise_multiplier=1.0, expected_batch_size=4)
+  # Document-level DP implies example-level DP (an example is a chunk of one document).
+  example = _setup(dp, vocab_path=vocab, privacy_unit="example").ledger
+  assert [c["name"] for c in example.components] == ["dp_sentencepiece"]
+  # A user with K documents costs up to K·ε of a document-level vocabulary: refused.
+  with pytest.raises(PrivacyError, match="document-level DP but training is user-level.*group privacy"):
+    _setup(dp, vocab_path=vocab, privacy_unit="user")
+  user_vocab, _ = _vocab_and_report(tmp_path / "user", privacy_unit="user")
+  user = _setup(dp, vocab_path=user_vocab, privacy_unit="user").ledger
+  assert [c["name"] for c in user.components] == ["dp_sentencepiece"]
 
 
 @pytest.mark.parametrize("num_examples, want", [

@@ -4,16 +4,22 @@ A ledger covers ONE mechanism: fixed σ, q, C, δ, sampling scheme and privacy u
 adds steps; changing any of these on resume is refused. Other DP releases computed from the
 same data (e.g. the DP-SentencePiece vocabulary) are composed in as `components` by simple
 composition, summing ε and δ (seed paper, Appendix C).
+
+The vocabulary is always a component. Its DP-SentencePiece report is composed only when the
+report names this vocabulary by content hash (`vocab_sha256`) and its privacy unit is at least
+as strong as the training unit; otherwise the vocabulary is recorded as non-private and the
+total ε is ∞, unless it is declared public (not built from the private data).
 """
 import dataclasses
 import json
+import logging
 import math
 import os
 from typing import Any, Dict, List, Optional
 
 from private_t5.dp import accounting
 from private_t5.errors import DataError, PrivacyError
-from private_t5.io import write_json_atomic
+from private_t5.io import file_sha256, write_json_atomic
 
 PRIVACY_UNITS = ("document", "example", "user")
 LEDGER_VERSION = 1
@@ -21,6 +27,29 @@ REPORT_FILENAME = "privacy_report.json"
 # Fields that define the mechanism; a resumed run must keep them unchanged.
 _MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
                      "sampling", "max_batch_size", "non_private")
+VOCABULARY_COMPONENT = "vocabulary"
+# A guarantee at a unit implies the guarantee at every weaker unit: a user's data holds whole
+# documents, and a document holds whole examples (chunks). Larger is stronger.
+_UNIT_STRENGTH = {"example": 0, "document": 1, "user": 2}
+
+
+def vocabulary_report_mismatch(report: Dict[str, Any], vocab_path: str) -> Optional[str]:
+  """Why a DP-SentencePiece report does not describe `vocab_path` (None when it does).
+
+  The report must name the vocabulary by the SHA-256 of its `.model` bytes (`vocab_sha256`);
+  where it lies says nothing about which vocabulary it describes.
+  """
+  recorded = report.get("vocab_sha256")
+  if not isinstance(recorded, str) or not recorded:
+    return ("its privacy report names no vocabulary hash (written by an older dp-spm); re-run "
+            "`private-t5 dp-spm` to write a report that names the vocabulary it describes")
+  if not os.path.isfile(vocab_path):
+    return f"the vocabulary {vocab_path} does not exist"
+  actual = file_sha256(vocab_path)
+  if recorded != actual:
+    return (f"its privacy report describes another vocabulary (sha256 {recorded[:12]}…, this one is "
+            f"{actual[:12]}…)")
+  return None
 
 
 @dataclasses.dataclass
@@ -39,7 +68,9 @@ class PrivacyLedger:
     max_batch_size: truncation cap of a Poisson batch (None: not truncated).
     truncation_probability: per-step P[Poisson batch > max_batch_size].
     steps: steps taken so far.
-    components: other mechanisms composed in: dicts {"name", "epsilon", "delta", "source"}.
+    components: other mechanisms composed in: dicts {"name", "epsilon", "delta", "source"}, or
+      {"name": "vocabulary", "private": false, "public", "source"} for a vocabulary without a
+      matching DP report (`add_vocabulary`).
     non_private: True for a non-private baseline (ε = ∞).
     sampling: "poisson" or "fixed" (fixed batches, accounted without replacement).
   """
@@ -124,14 +155,81 @@ class PrivacyLedger:
     self.components.append({"name": name, "epsilon": epsilon, "delta": delta, "source": source})
 
   def add_component_from_report(self, path: str) -> Dict[str, Any]:
-    """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`)."""
+    """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`).
+
+    Raises:
+      PrivacyError: the report's privacy unit is weaker than this ledger's (`check_unit`).
+    """
     report = _read_json(path)
     for key in ("epsilon", "delta"):
       if not isinstance(report.get(key), (int, float)):
         raise DataError(f"{path}: privacy report has no numeric {key!r}")
     name = str(report.get("mechanism", "dp_sentencepiece"))
+    self.check_unit(report.get("privacy_unit", "document"), f"{name} ({path})")
     self.add_component(name, report["epsilon"], report["delta"], source=os.path.abspath(path))
-    return self.components[-1]
+    return next(c for c in self.components if c["name"] == name and c.get("source") == os.path.abspath(path))
+
+  def check_unit(self, unit: str, what: str) -> None:
+    """Refuses to compose a guarantee at a weaker privacy unit than training's.
+
+    A document-level ε covers a user with K documents only as K·ε (group privacy), so it cannot
+    be added to a user-level ledger as ε. A document-level guarantee does imply an example-level
+    one (an example is a chunk of one document), so that composition is sound.
+    """
+    if unit not in _UNIT_STRENGTH:
+      raise PrivacyError(f"{what}: unknown privacy_unit {unit!r} (expected one of {PRIVACY_UNITS})")
+    if _UNIT_STRENGTH[unit] < _UNIT_STRENGTH[self.privacy_unit]:
+      raise PrivacyError(
+          f"{what} is {unit}-level DP but training is {self.privacy_unit}-level: one "
+          f"{self.privacy_unit} with K {unit}s costs up to K·ε of it (group privacy), so its ε cannot "
+          f"be composed as is; dp-spm trains document-level vocabularies only, so train the "
+          f"vocabulary at the {self.privacy_unit} unit, or use a vocabulary built without the private "
+          f"data (VOCAB_IS_PUBLIC=True)")
+
+  def add_vocabulary(self, vocab_path: str, report_path: Optional[str] = None, *,
+                     public: bool = False) -> Dict[str, Any]:
+    """Records the vocabulary's share of the guarantee; returns its component.
+
+    A DP-SentencePiece report (`report_path`) that names this vocabulary by content hash is
+    composed ({"name": "dp_sentencepiece", "epsilon", "delta", "source"}). Otherwise (no report,
+    an old report without a hash, or a report of another vocabulary) the vocabulary is recorded
+    as {"name": "vocabulary", "private": false}: the total ε is then ∞, unless `public` (the
+    vocabulary was built without the private data), recorded as "public": true and not counted.
+
+    Raises:
+      PrivacyError: the matching report's privacy unit is weaker than training's.
+    """
+    if report_path is None:
+      reason = "no DP-SentencePiece privacy report was found beside it"
+    else:
+      reason = vocabulary_report_mismatch(_read_json(report_path), vocab_path)
+      if reason is None:
+        return self.add_component_from_report(report_path)
+    component = {"name": VOCABULARY_COMPONENT, "private": False, "public": bool(public),
+                 "source": os.path.abspath(vocab_path)}
+    if public:
+      logging.info("vocabulary %s is declared public (VOCAB_IS_PUBLIC): it is not counted in ε", vocab_path)
+    else:
+      component["reason"] = reason
+      logging.warning("vocabulary %s is not covered by differential privacy (%s): the total ε is ∞; run "
+                      "`private-t5 dp-spm`, or declare a vocabulary built without the private data "
+                      "public (VOCAB_IS_PUBLIC=True)", vocab_path, reason)
+    self.components = [c for c in self.components if c["name"] != VOCABULARY_COMPONENT
+                       or c.get("source") != component["source"]]
+    self.components.append(component)
+    return component
+
+  def vocabulary_status(self) -> Optional[str]:
+    """"dp" (a DP report is composed), "public", "not private", or None (none recorded)."""
+    status = None
+    for c in self.components:
+      if c["name"] == VOCABULARY_COMPONENT:
+        if not c.get("public"):
+          return "not private"
+        status = "public"
+      elif "epsilon" in c:
+        status = status or "dp"
+    return status
 
   def resume_from(self, saved: "PrivacyLedger") -> "PrivacyLedger":
     """This configuration continued from a saved ledger: its steps and components carried over.
@@ -148,7 +246,12 @@ class PrivacyLedger:
                            f"has {field}={b!r}; a ledger covers one mechanism (start a new run instead)")
     resumed = dataclasses.replace(self, steps=saved.steps, components=[dict(c) for c in saved.components])
     for c in self.components:
-      resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""))
+      if "epsilon" in c:
+        resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""))
+      else:  # a non-private (or public) vocabulary: this run's record replaces the saved one
+        resumed.components = [d for d in resumed.components if d["name"] != c["name"]
+                              or d.get("source") != c.get("source")]
+        resumed.components.append(dict(c))
     return resumed
 
   # -- privacy spent ----------------------------------------------------------------------------
@@ -170,19 +273,22 @@ class PrivacyLedger:
                                   self.training_epsilon())
 
   def total_epsilon(self) -> float:
-    """Training ε plus every component's ε (simple composition)."""
-    return self.training_epsilon() + sum(c["epsilon"] for c in self.components)
+    """Training ε plus every component's ε (simple composition); ∞ with a non-private component."""
+    if any(not c.get("private", True) and not c.get("public") for c in self.components):
+      return math.inf
+    return self.training_epsilon() + sum(c.get("epsilon", 0.0) for c in self.components)
 
   def total_delta(self) -> float:
     """Training δ (with truncation) plus every component's δ (simple composition)."""
-    return min(1.0, self.training_delta() + sum(c["delta"] for c in self.components))
+    return min(1.0, self.training_delta() + sum(c.get("delta", 0.0) for c in self.components))
 
   def report(self) -> Dict[str, Any]:
     """A JSON-ready summary of the guarantee.
 
-    `epsilon`/`delta` are the totals over training and components (ε null for a non-private
-    run); `accounting_delta` is the δ the training ε is computed at; `ledger` holds the exact
-    fields for `from_dict`.
+    `epsilon`/`delta` are the totals over training and components (ε null, i.e. ∞, for a
+    non-private run or a non-private vocabulary); `training_epsilon` is DP-Adafactor's own ε;
+    `vocabulary` is `vocabulary_status()`; `accounting_delta` is the δ the training ε is
+    computed at; `ledger` holds the exact fields for `from_dict`.
     """
     def finite(x):
       return None if math.isinf(x) else x
@@ -192,7 +298,7 @@ class PrivacyLedger:
         training_epsilon=finite(self.training_epsilon()), training_delta=self.training_delta(),
         total_epsilon=finite(self.total_epsilon()), total_delta=self.total_delta(),
         truncation_delta=(0.0 if self.non_private else self.training_delta() - self.delta),
-        dp=not self.non_private,
+        dp=not self.non_private, vocabulary=self.vocabulary_status(),
         ledger=self.to_dict(),
     )
     return out

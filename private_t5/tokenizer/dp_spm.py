@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 
 from private_t5.errors import ConfigError, DataError, PrivacyError
-from private_t5.io import write_json_atomic
+from private_t5.io import file_sha256, write_json_atomic
 
 SENSITIVITY_MODES = ("paper", "capped")
 MODEL_TYPES = ("unigram", "bpe", "char")
@@ -460,6 +460,9 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       "vocab_size_capped": trained_size != vocab_size,
       "model_type": model_type,
       "model": os.path.abspath(output),
+      # The vocabulary this report describes, by content: training composes the report only
+      # into runs whose vocabulary has this hash.
+      "vocab_sha256": file_sha256(output),
       "corpus": corpus if isinstance(corpus, str) else list(corpus),
       "noise_seed": "insecure_fixed_seed" if insecure_seed is not None else "os_entropy",
       "seconds": round(time.time() - start, 2),

@@ -109,9 +109,11 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
 
   def run_eval(step: int, params) -> Dict[str, float]:
     result = evaluate(trainer, params, validation_batches)
-    writer.scalars("validation", step, {"loss": result["loss"], "token_accuracy": result["token_accuracy"]})
+    writer.scalars("validation", step, {metrics_lib.NOT_DP_PREFIX + "loss": result["loss"],
+                                        metrics_lib.NOT_DP_PREFIX + "token_accuracy": result["token_accuracy"]})
     log(f"[eval] step {step}: validation token accuracy {result['token_accuracy']:.4f}, "
-        f"loss {result['loss']:.4f} ({int(result['examples'])} held-out examples)")
+        f"loss {result['loss']:.4f} ({int(result['examples'])} held-out examples"
+        f"{', not DP' if privacy.private else ''})")
     return result
 
   last_train: Dict[str, float] = {}
@@ -142,13 +144,14 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       log(f"[train] first step (compilation included) took {first_step_time:.1f}s")
     if log_now:
       values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-      epsilon = _finite(ledger.total_epsilon()) if privacy.private else None
+      epsilon = ledger.total_epsilon() if privacy.private else None  # ∞: vocabulary not private
       loss = values.get("nondp/loss")
       last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
       tb = dict(values)
       tb["nondp/token_accuracy"] = batch_accuracy
       if epsilon is not None:
-        tb["privacy/epsilon"] = epsilon
+        tb["privacy/epsilon"] = _finite(epsilon)
+        tb["privacy/training_epsilon"] = ledger.training_epsilon()
       writer.scalars("train", step, tb)
       log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=privacy.private,
                        learning_rate=values.get("learning_rate")))
@@ -174,10 +177,13 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       "steps_per_second": (steps_run - 1) / timed if steps_run > 1 else None,
       "examples_per_second": examples_seen / elapsed if elapsed > 0 else None,
       "train_batch_metrics_not_dp" if privacy.private else "train_batch_metrics": last_train,
-      "validation": last_eval,
+      metrics_lib.validation_key(privacy.private): last_eval,
       "private": privacy.private,
       "epsilon": _finite(ledger.total_epsilon()) if privacy.private else None,
       "delta": ledger.total_delta() if privacy.private else None,
+      "training_epsilon": _finite(ledger.training_epsilon()) if privacy.private else None,
+      "training_delta": ledger.training_delta() if privacy.private else None,
+      "vocabulary": ledger.vocabulary_status() if privacy.private else None,
       "privacy_report": os.path.abspath(os.path.join(model_dir, REPORT_FILENAME)),
       "checkpoint_dir": manager.directory,
       "tensorboard_dir": os.path.abspath(writer.log_dir),

@@ -157,13 +157,21 @@ def _print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = Non
   log(f"  tensorboard:    {summary['tensorboard_dir']}")
   log(f"  summary:        {os.path.join(summary['model_dir'], 'summary.json')}")
   log(f"  privacy report: {summary['privacy_report']}")
-  if summary.get("validation"):
-    log(f"  validation token accuracy: {summary['validation']['token_accuracy']:.4f}")
+  validation = summary.get("validation_not_dp") or summary.get("validation")
+  if validation:
+    label = " (held-out private documents, not DP)" if summary.get("validation_not_dp") else ""
+    log(f"  validation token accuracy: {validation['token_accuracy']:.4f}{label}")
   if summary["private"]:
-    log(f"  privacy: ε = {summary['epsilon']:.4g} at δ = {summary['delta']:.3g} "
-        f"({ledger.privacy_unit}-level, {ledger.accountant.upper()}, σ = {ledger.noise_multiplier:.4g}, "
-        f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps"
-        f"{', vocabulary included' if ledger.components else ''})")
+    vocabulary = {"dp": "DP vocabulary included", "public": "vocabulary declared public, not counted",
+                  "not private": "vocabulary NOT private"}.get(ledger.vocabulary_status(), "no vocabulary")
+    training = (f"DP-Adafactor ε = {ledger.training_epsilon():.4g} at δ = {ledger.training_delta():.3g} "
+                f"({ledger.privacy_unit}-level, {ledger.accountant.upper()}, σ = {ledger.noise_multiplier:.4g}, "
+                f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps)")
+    if summary["epsilon"] is None:
+      log(f"  privacy: ε = ∞ ({vocabulary}: no DP-SentencePiece report names it; run dp-spm or set "
+          f"VOCAB_IS_PUBLIC=True if it was built without the private data); {training}")
+    else:
+      log(f"  privacy: ε = {summary['epsilon']:.4g} at δ = {summary['delta']:.3g} ({vocabulary}); {training}")
   elif optimizer_name:
     log(f"  privacy: {optimizer_name}: no formal DP guarantee (the ledger records ε = ∞)")
   else:

@@ -2,8 +2,11 @@
 
 Labelling (DP rule 5): loss and token accuracy computed on the private training batches are
 not covered by the privacy guarantee. Their TensorBoard tags start with `nondp/` and the
-console shows them as "(train batch, not DP)". Validation metrics come from the held-out
-split, which the model never trains on.
+console shows them as "(train batch, not DP)". Validation metrics are computed on held-out
+documents of the same private corpus: the model never trains on them, but releasing the
+numbers is not covered by the guarantee either, so their tags (MODEL_DIR/tensorboard/
+validation) start with `nondp/` too and summary.json of a DP run holds them under
+`validation_not_dp` (`validation` for a non-private run, like the training batch metrics).
 """
 import math
 import os
@@ -15,6 +18,18 @@ from private_t5.io import write_json_atomic
 
 TENSORBOARD_SUBDIR = "tensorboard"
 SUMMARY_FILENAME = "summary.json"
+# Tag prefix of metrics computed from private data without DP (training batches, validation).
+NOT_DP_PREFIX = "nondp/"
+
+
+def validation_key(private: bool) -> str:
+  """summary.json key of the validation metrics: labelled not-DP in a DP run."""
+  return "validation_not_dp" if private else "validation"
+
+
+def validation_metrics(summary: Mapping) -> Optional[Dict]:
+  """The validation metrics of a training summary, whichever key holds them."""
+  return summary.get("validation_not_dp") or summary.get("validation")
 
 
 class SummaryWriter:
@@ -119,7 +134,7 @@ class ProgressPrinter:
     parts.append(f"{steps_per_s:.2f} steps/s")
     parts.append(f"ETA {format_duration(eta)}")
     if epsilon is not None:
-      parts.append(f"ε {epsilon:.4g}")
+      parts.append(f"ε {epsilon:.4g}" if math.isfinite(epsilon) else "ε ∞")
     return " | ".join(parts)
 
   def print(self, text: str) -> None:

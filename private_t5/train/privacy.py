@@ -10,6 +10,7 @@ Everything here runs before any compute: invalid privacy parameters, an unreacha
 or a batch larger than the dataset fail at once with a PrivacyError.
 """
 import dataclasses
+import json
 import math
 import os
 import warnings
@@ -19,7 +20,7 @@ from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import factory
 from private_t5.dp import sampling
-from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
+from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME, vocabulary_report_mismatch
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.train import partitioning
 
@@ -48,6 +49,9 @@ class DPConfig:
     method: how the clipped sum is computed: "vmap" (per-example gradients) or "ghost"
       (ghost norms and book-keeping, no per-example gradients; docs/ghost_clipping.md). Same
       mechanism, same ledger.
+    vocab_is_public: the vocabulary was built without the private data (Gin macro
+      VOCAB_IS_PUBLIC). Without a DP-SentencePiece report that names the vocabulary, the total ε
+      is ∞ unless this is set.
   """
   clip_norm: float = 1.0
   noise_multiplier: Optional[float] = None
@@ -57,6 +61,7 @@ class DPConfig:
   expected_batch_size: Optional[float] = None
   sampling: str = "poisson"
   method: str = "vmap"
+  vocab_is_public: bool = False
 
 
 @dataclasses.dataclass
@@ -126,20 +131,28 @@ def _check_truncation_delta(sigma: float, q: float, num_examples: int, batch_siz
 
 
 def dp_spm_report_path(vocab_path: Optional[str]) -> Optional[str]:
-  """The DP-SentencePiece privacy report beside a vocabulary, if there is one.
+  """The DP-SentencePiece privacy report of a vocabulary, if one lies beside it.
 
-  Looks for `<vocab>.privacy_report.json`, then `privacy_report.json` in the vocabulary's
-  directory.
+  Looks for `<vocab>.privacy_report.json`, `<vocab without .model>.privacy_report.json`, then
+  `privacy_report.json` in the vocabulary's directory, and returns the first that names this
+  vocabulary by content hash; when none does, the first that exists (the ledger then records
+  the vocabulary as non-private and says why), else None.
   """
   if not vocab_path:
     return None
   candidates = [vocab_path + "." + REPORT_FILENAME,
                 os.path.splitext(vocab_path)[0] + "." + REPORT_FILENAME,
                 os.path.join(os.path.dirname(os.path.abspath(vocab_path)), REPORT_FILENAME)]
-  for path in candidates:
-    if os.path.isfile(path):
+  existing = [path for path in dict.fromkeys(candidates) if os.path.isfile(path)]
+  for path in existing:
+    try:
+      with open(path) as f:
+        report = json.load(f)
+    except (OSError, ValueError):
+      continue
+    if isinstance(report, dict) and vocabulary_report_mismatch(report, vocab_path) is None:
       return path
-  return None
+  return existing[0] if existing else None
 
 
 def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: int, privacy_unit: str,
@@ -193,10 +206,20 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
                                   num_examples=num_examples, sampling_rate=q, max_batch_size=batch_size,
                                   accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson")
   report = dp_spm_report_path(vocab_path)
-  if report:
-    component = ledger.add_component_from_report(report)
-    log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
-        f"ε={component['epsilon']:g}, δ={component['delta']:g}")
+  if vocab_path:
+    component = ledger.add_vocabulary(vocab_path, report, public=dp.vocab_is_public)
+    if "epsilon" in component:
+      log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
+          f"ε={component['epsilon']:g}, δ={component['delta']:g}")
+    elif component["public"]:
+      report = None
+      log(f"[privacy] vocabulary {vocab_path} declared public (VOCAB_IS_PUBLIC): not counted in ε")
+    else:
+      report = None
+      log(f"[privacy] WARNING: the vocabulary {vocab_path} is not differentially private "
+          f"({component['reason']}): the total ε is ∞ (DP-Adafactor's own ε is still reported as "
+          "training_epsilon); train it with `private-t5 dp-spm`, or set VOCAB_IS_PUBLIC=True if it "
+          "was built without the private data")
   aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples, microbatch_size,
                                          spmd_axis_name=spmd_axis_name, method=dp.method)
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
