@@ -59,7 +59,6 @@ def test_unknown_gin_name_is_named():
 
 
 def test_layering_and_overrides():
-  main._register()  # pylint: disable=protected-access
   # model file -> run file -> experiment -> flags: later layers win.
   gin_utils.parse(["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin"], ["MODEL_DIR=/tmp/a"], check_required=False)
   assert gin.query_parameter("BATCH_SIZE/macro.value") == 128

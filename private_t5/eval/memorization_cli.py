@@ -224,14 +224,6 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   return report
 
 
-def _register():
-  gin_utils.external(run_memorization, "run_memorization")
-  gin_utils.external(splits_lib.SplitConfig, "SplitConfig")
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
-
-
 def main(argv) -> int:
   rest, files, bindings = gin_utils.split_gin_args(argv)
   if any(a in ("-h", "--help") for a in rest) or not files:
@@ -239,8 +231,7 @@ def main(argv) -> int:
     return 0 if rest else 2
   if rest:
     raise ConfigError(f"unknown arguments {rest}; use --gin.NAME=VALUE (see --help)")
-  _register()  # idempotent; also covers a process where Gin was set up before this import
-  gin_utils.parse(files, bindings)
+  gin_utils.parse(files, bindings, entry="run_memorization")
   fn = gin_utils.configured("run_memorization")
   gin_utils.call_configured(fn)
   return 0

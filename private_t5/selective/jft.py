@@ -26,8 +26,9 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from private_t5 import gin_utils
-from private_t5.errors import ConfigError, DataError, PrivateT5Error
+from private_t5 import io as io_lib
+from private_t5.errors import ConfigError, DataError
+from private_t5.train import main as train_main
 
 REPORT_FILENAME = "jft_privacy_report.json"
 PHASE1_DIR = "phase1_redacted"
@@ -160,8 +161,13 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
   """
   if phase2_dp is None:
     raise ConfigError("JFT phase 2 must be differentially private: give phase2_dp (a DPConfig)")
+  train_main.check_train_kwargs(train_kwargs, "just_fine_tune_twice")
+  # Both phases' privacy settings are checked before phase 1 trains.
+  train_main.validate_dp_config(phase1_dp, train_steps=phase1_steps, batch_size=train_kwargs.get("batch_size"),
+                                num_examples=redacted_data.num_examples)
+  train_main.validate_dp_config(phase2_dp, train_steps=phase2_steps, batch_size=train_kwargs.get("batch_size"),
+                                num_examples=full_data.num_examples)
   if train_fn is None:
-    from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
     train_fn = train_main.train
   redaction_report = None
   if redaction_report_path:
@@ -191,27 +197,15 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
                               redaction_report=redaction_report, miss_rate=miss_rate)
   report.update(phase1_model_dir=os.path.abspath(phase1_dir), phase2_model_dir=os.path.abspath(phase2_dir),
                 phase1_validation=s1.get("validation"), phase2_validation=s2.get("validation"))
-  from private_t5.selective import redaction  # pylint: disable=g-import-not-at-top
-  path = redaction.write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
+  path = io_lib.write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
   log(f"[jft] {report['statement']}")
   log(f"[jft] report: {path}")
   report["report_path"] = os.path.abspath(path)
   return report
 
 
-def _register() -> None:
-  from private_t5.selective import adaptive_train  # pylint: disable=g-import-not-at-top
-  gin_utils.external(just_fine_tune_twice, "just_fine_tune_twice")
-  gin_utils.external(adaptive_train.train_adaptive, "train_adaptive")
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
-
-
 def run_from_args(argv: Sequence[str]) -> Dict[str, Any]:
   """Parses Gin flags (layered like `private-t5 train`) and runs the configured JFT."""
-  from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
-  _register()
   return train_main.run_from_args(argv, entry="just_fine_tune_twice")
 
 
@@ -220,11 +214,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)
     return 0
-  try:
-    run_from_args(argv)
-  except PrivateT5Error as e:
-    print(f"error: {str(e).strip()}", file=sys.stderr)
-    return 2
+  run_from_args(argv)
   return 0
 
 
