@@ -155,9 +155,8 @@ def _syntax_error(text: str, filename: Optional[str] = None) -> Optional[str]:
   try:
     for _ in config_parser.ConfigParser(stream, gin.config.ParserDelegate(skip_unknown=True)):
       pass
-  except tokenize.TokenError as e:  # an unclosed bracket or string: Gin lets it through
-    line = e.args[1][0] if len(e.args) > 1 else None
-    return f"{e.args[0]}" + (f" (line {line})" if line and filename else "")
+  except tokenize.TokenError as e:  # an unclosed bracket or quote: Gin lets the tokenizer's error through
+    return f"unclosed bracket or quote ({e.args[0]})" + (" at the end of the file" if filename else "")
   except SyntaxError as e:
     message = (e.msg or "invalid syntax").strip().splitlines()[0]
     return f"{message} (line {e.lineno})" if filename and e.lineno else message
