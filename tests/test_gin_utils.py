@@ -67,3 +67,31 @@ def test_unwrap_error_strips_gin_proxy_and_context():
   assert type(info.value) is PrivacyError
   assert str(info.value) == "sigma must be > 0"
   assert gin_utils.error_message(ValueError("bad\n  In call to configurable 'x' (<fn>)")) == "bad"
+
+
+MODEL_FILES = ["t5_1_0_base", "t5_1_0_large", "t5_1_0_small", "t5_1_0_tiny",
+               "t5_1_1_base", "t5_1_1_large", "t5_1_1_small", "t5_1_1_tiny"]
+
+
+def _model_config(path, bindings=()):
+  gin_utils.parse([path], list(bindings), check_required=False, entry="T5Config")
+  config = gin_utils.configured("T5Config")()
+  gin.clear_config()
+  return config
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_layered_model_files_configure_what_the_standalone_ones_did(name):
+  """configs/models/<size>.gin = its family's base + size overrides: the same T5Config as before."""
+  standalone = _model_config(f"tests/testdata/standalone_models/{name}.gin")
+  layered = _model_config(f"configs/models/{name}.gin")
+  assert layered == standalone
+  # VOCAB_SIZE still reaches the model through the base file.
+  assert _model_config(f"configs/models/{name}.gin", ["VOCAB_SIZE=1024"]).vocab_size == 1024
+
+
+def test_size_files_include_their_family_base():
+  for name in MODEL_FILES:
+    family, size = name.rsplit("_", 1)
+    text = open(f"configs/models/{name}.gin").read()
+    assert (f"include 'configs/models/{family}_base.gin'" in text) == (size != "base"), name
