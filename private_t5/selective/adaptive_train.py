@@ -42,6 +42,9 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   from private_t5.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
+  if not reference_model_dir:
+    raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
+                      "estimate privacy probabilities; none was given")
   train_main.check_train_kwargs(train_kwargs, "train_adaptive")
   if "privacy_hook" in train_kwargs:
     raise ConfigError("train_adaptive sets train's privacy_hook itself; do not pass one")
@@ -49,9 +52,6 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
              if train_kwargs.get(k) is None]
   if missing:
     raise ConfigError(f"train_adaptive needs {', '.join(missing)} (Gin: train_adaptive.NAME = ...)")
-  if not reference_model_dir:
-    raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
-                      "estimate privacy probabilities; none was given")
   dp = train_kwargs.get("dp")
   if dp is None:
     raise ConfigError("adaptive DP scales the DP noise: give a DPConfig (dp), not None")
