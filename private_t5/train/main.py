@@ -53,7 +53,7 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
   if dp.sampling != "poisson":
     raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}")
   if dp.method not in aggregator.DP_METHODS:
-    raise PrivacyError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
+    raise ConfigError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
     raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                        f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
