@@ -389,13 +389,6 @@ def _write(output_dir: str, report: Dict[str, Any]) -> None:
   _log(f"[bench] wrote {os.path.join(output_dir, 'bench.json')} and bench.md")
 
 
-def _register() -> None:
-  gin_utils.external(benchmark, "benchmark")
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
-
-
 def main(argv: Sequence[str]) -> int:
   """`private-t5 bench --gin_file=... [--gin.benchmark.NAME=VALUE ...]`."""
   rest, files, bindings = gin_utils.split_gin_args(argv)
@@ -404,7 +397,7 @@ def main(argv: Sequence[str]) -> int:
     return 0
   if rest:
     raise ConfigError(f"unknown arguments {rest}; use --gin_file and --gin.benchmark.NAME=VALUE")
-  gin_utils.parse(files, bindings)
+  gin_utils.parse(files, bindings, entry="benchmark")
   report = gin_utils.call_configured(gin_utils.configured("benchmark"))
   print(markdown(report))
   return 0

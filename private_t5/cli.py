@@ -60,9 +60,8 @@ def main(argv=None) -> int:
   try:
     return int(module.main(rest) or 0)
   except PrivateT5Error as e:
-    # Gin appends "In call to configurable ..." context lines; keep the message itself.
-    lines = [l for l in str(e).splitlines() if not l.strip().startswith("In call to configurable")]
-    print("error: " + "\n".join(lines).strip(), file=sys.stderr)
+    from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
+    print("error: " + gin_utils.error_message(e), file=sys.stderr)
     return 2
 
 

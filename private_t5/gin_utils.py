@@ -1,68 +1,119 @@
 """Gin plumbing for the entry points (T5X style): layered files, `--gin.NAME=value` overrides.
 
-Gin binds only entry points: the core library never imports gin. `register_configurables()`
-exposes the core classes/functions to Gin under short names, once, from the entry points.
+Gin binds only entry points: the core library never imports gin. `CONFIGURABLES` is the one
+registry of the names .gin files may use; each name maps to "module:attribute" and is imported
+and registered only when a stage asks for it (`parse(..., entry=NAME)` registers the names
+`STAGE_CONFIGURABLES[NAME]` lists), so that `private-t5 info` does not import the trainer.
 """
+import importlib
+import io
 import os
 import re
-from typing import Sequence
+import tokenize
+from typing import Iterable, Optional, Sequence
 
 import gin
+from gin import config_parser
 
+from private_t5 import errors
+from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
-from private_t5.io import write_text_atomic
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_SEARCH_PATHS = (os.getcwd(), PROJECT_ROOT, os.path.join(PROJECT_ROOT, "private_t5"))
 
-_REGISTERED = False
-# name -> the Gin-wrapped callable; call `configured(name)()` to get an object with the
-# bindings of the parsed config applied.
-_CONFIGURABLES = {}
+# Gin name -> "module:attribute" of the class or function it configures.
+CONFIGURABLES = {
+    # models
+    "T5Config": "private_t5.models.config:T5Config",
+    # training (`private-t5 train`, and the runs built on it)
+    "train": "private_t5.train.main:train",
+    "DPConfig": "private_t5.train.privacy:DPConfig",
+    "make_source": "private_t5.data.source:make_source",
+    "make_glue_source": "private_t5.data.glue_tasks:make_glue_source",
+    "finetune_vocab_path": "private_t5.train.initial_checkpoint:finetune_vocab_path",
+    "adafactor": "private_t5.train.optimizers:adafactor",
+    "rsqrt_schedule": "private_t5.train.optimizers:rsqrt_schedule",
+    "constant_schedule": "private_t5.train.optimizers:constant_schedule",
+    "linear_warmup_schedule": "private_t5.train.optimizers:linear_warmup_schedule",
+    # selective DP
+    "just_fine_tune_twice": "private_t5.selective.jft:just_fine_tune_twice",
+    "train_adaptive": "private_t5.selective.adaptive_train:train_adaptive",
+    # evaluation
+    "run_memorization": "private_t5.eval.memorization_cli:run_memorization",
+    "SplitConfig": "private_t5.eval.splits:SplitConfig",
+    "evaluate": "private_t5.eval.evaluate_cli:evaluate",
+    # tokenizer
+    "train_dp_vocabulary": "private_t5.tokenizer.dp_spm:train_dp_vocabulary",
+    # benchmarks
+    "benchmark": "private_t5.bench:benchmark",
+}
+
+_MODEL = ("T5Config",)
+_TRAINING = _MODEL + ("train", "DPConfig", "make_source", "make_glue_source", "finetune_vocab_path",
+                      "adafactor", "rsqrt_schedule", "constant_schedule", "linear_warmup_schedule")
+# Entry configurable -> the names its configs may use (registered by `parse(..., entry=...)`).
+STAGE_CONFIGURABLES = {
+    "T5Config": _MODEL,
+    "train": _TRAINING,
+    "just_fine_tune_twice": _TRAINING + ("just_fine_tune_twice",),
+    "train_adaptive": _TRAINING + ("train_adaptive",),
+    "run_memorization": _MODEL + ("run_memorization", "SplitConfig"),
+    "evaluate": _MODEL + ("evaluate",),
+    "train_dp_vocabulary": ("train_dp_vocabulary",),
+    "benchmark": ("benchmark",),
+}
+
+# name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.
+_WRAPPED = {}
 
 
 def external(obj, name: str):
-  """Registers `obj` with Gin under `name` and remembers the wrapped callable."""
-  if name not in _CONFIGURABLES:
-    _CONFIGURABLES[name] = gin.external_configurable(obj, name=name)
-  return _CONFIGURABLES[name]
+  """Registers `obj` with Gin under `name` (once) and returns the wrapped callable.
+
+  For configurables outside the package (scripts); the package's own are in `CONFIGURABLES`.
+  """
+  if name not in _WRAPPED:
+    _WRAPPED[name] = gin.external_configurable(obj, name=name)
+  return _WRAPPED[name]
+
+
+def resolve(target: str):
+  """The object a "module:attribute" registry entry names (imports its module)."""
+  module, attr = target.split(":", 1)
+  return getattr(importlib.import_module(module), attr)
+
+
+def register(names: Optional[Iterable[str]] = None) -> None:
+  """Registers `names` (default: every entry of `CONFIGURABLES`) with Gin; idempotent."""
+  for name in (CONFIGURABLES if names is None else names):
+    if name not in _WRAPPED:
+      if name not in CONFIGURABLES:
+        raise ConfigError(f"no Gin configurable named {name!r} is registered")
+      external(resolve(CONFIGURABLES[name]), name)
 
 
 def configured(name: str):
   """The Gin-wrapped callable registered as `name` (bindings applied when called)."""
-  register_configurables()
-  return _CONFIGURABLES[name]
+  register((name,))
+  return _WRAPPED[name]
 
 
-def register_configurables() -> None:
-  """Registers core objects as Gin external configurables (idempotent).
+class Binding(str):
+  """A `NAME=VALUE` override that remembers the command-line flag that carried it."""
+  flag: str = ""
 
-  Each entry is `external(obj, name)`; add new ones here so that every entry point sees the
-  same names.
-  """
-  global _REGISTERED
-  if _REGISTERED:
-    return
-  _REGISTERED = True
-  from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
-  external(model_config.T5Config, "T5Config")
-  from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
-  from private_t5.train import initial_checkpoint  # pylint: disable=g-import-not-at-top
-  external(glue_tasks.make_glue_source, "make_glue_source")
-  external(initial_checkpoint.finetune_vocab_path, "finetune_vocab_path")
-  for hook in _EXTRA_REGISTRATIONS:
-    hook()
-
-
-# Modules that own entry points append zero-argument callables here (at import time) to
-# register their own configurables.
-_EXTRA_REGISTRATIONS = []
+  def __new__(cls, binding: str, flag: str = ""):
+    obj = super().__new__(cls, binding)
+    obj.flag = flag or binding
+    return obj
 
 
 def split_gin_args(argv: Sequence[str]):
   """Splits `--gin_file=F` / `--gin_file F` and `--gin.NAME=VALUE` out of argv.
 
-  Returns (rest_argv, gin_files, gin_bindings).
+  Returns (rest_argv, gin_files, gin_bindings); each binding is a `Binding` (a str) whose
+  `flag` is the argument it came from.
   """
   rest, files, bindings = [], [], []
   it = iter(argv)
@@ -78,9 +129,9 @@ def split_gin_args(argv: Sequence[str]):
       binding = arg[len("--gin."):]
       if "=" not in binding:
         raise ConfigError(f"--gin override {arg!r} must look like --gin.NAME=VALUE")
-      bindings.append(binding)
+      bindings.append(Binding(binding, arg))
     elif arg.startswith("--gin_bindings="):
-      bindings.append(arg.split("=", 1)[1])
+      bindings.append(Binding(arg.split("=", 1)[1], arg))
     else:
       rest.append(arg)
   return rest, files, bindings
@@ -96,12 +147,48 @@ def _resolve(path: str) -> str:
   raise ConfigError(f"Gin file not found: {path!r} (looked in {', '.join(CONFIG_SEARCH_PATHS)})")
 
 
-def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True) -> None:
-  """Parses layered Gin files then overrides; errors name the offending binding.
+def _syntax_error(text: str, filename: Optional[str] = None) -> Optional[str]:
+  """Gin's syntax error in `text` as "message (line N)", or None; binds nothing."""
+  stream = io.StringIO(text)
+  if filename:
+    stream.name = filename
+  try:
+    for _ in config_parser.ConfigParser(stream, gin.config.ParserDelegate(skip_unknown=True)):
+      pass
+  except tokenize.TokenError as e:  # an unclosed bracket or quote: Gin lets the tokenizer's error through
+    return f"unclosed bracket or quote ({e.args[0]})" + (" at the end of the file" if filename else "")
+  except SyntaxError as e:
+    message = (e.msg or "invalid syntax").strip().splitlines()[0]
+    return f"{message} (line {e.lineno})" if filename and e.lineno else message
+  return None
 
-  With `check_required`, a macro left at `%gin.REQUIRED` is an error that names it.
+
+def check_syntax(files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Parses each file and each binding alone (syntax only); the error names it, in one line."""
+  for path in files:
+    with open(path, encoding="utf-8") as f:
+      error = _syntax_error(f.read(), path)
+    if error:
+      raise ConfigError(f"invalid Gin syntax in {path}: {error}")
+  for binding in bindings:
+    error = _syntax_error(binding)
+    if error:
+      flag = getattr(binding, "flag", "") or binding
+      raise ConfigError(f"invalid Gin binding {binding!r} (from {flag}): {error}")
+
+
+def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True,
+          entry: Optional[str] = None) -> None:
+  """Parses layered Gin files then overrides; errors name the offending file or binding.
+
+  Args:
+    gin_files: files, in order (later ones override earlier ones).
+    gin_bindings: `NAME=VALUE` overrides, applied last.
+    check_required: a macro left at `%gin.REQUIRED` is an error that names it.
+    entry: the configurable the stage will call: only the names of its
+      `STAGE_CONFIGURABLES` entry are registered. None: every name in `CONFIGURABLES`.
   """
-  register_configurables()
+  register(STAGE_CONFIGURABLES[entry] if entry else None)
   gin.clear_config()
   for base in CONFIG_SEARCH_PATHS:
     gin.add_config_file_search_path(base)
@@ -109,10 +196,14 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     raise ConfigError("at least one --gin_file is required")
   files = [_resolve(f) for f in gin_files]
   # Gin wants string macros quoted; accept bare paths/words in overrides for convenience.
-  bindings = [_quote_bare_value(b) for b in gin_bindings]
+  bindings = [Binding(_quote_bare_value(b), getattr(b, "flag", "")) for b in gin_bindings]
+  check_syntax(files, bindings)
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
-  except (ValueError, SyntaxError, KeyError, IOError) as e:
+  except SyntaxError as e:  # in an included file
+    where = f" in {e.filename} (line {e.lineno})" if e.filename else ""
+    raise ConfigError(f"invalid Gin syntax{where}: {_first_line(e)}") from e
+  except (ValueError, KeyError, IOError, tokenize.TokenError) as e:
     raise ConfigError(f"invalid Gin configuration: {_first_line(e)}") from e
   if check_required:
     check_required_macros()
@@ -148,10 +239,38 @@ def _first_line(e: Exception) -> str:
   return text.splitlines()[0] if text else type(e).__name__
 
 
+_GIN_CONTEXT = "In call to configurable"
+
+
+def error_message(e: BaseException) -> str:
+  """`e`'s message without the "In call to configurable ..." lines Gin appends."""
+  lines = [l for l in str(e).splitlines() if not l.strip().startswith(_GIN_CONTEXT)]
+  return "\n".join(lines).strip()
+
+
+def unwrap_error(e: errors.PrivateT5Error) -> errors.PrivateT5Error:
+  """The project's error that Gin wrapped: its own class (not Gin's proxy subclass) and message."""
+  cls = next(c for c in type(e).__mro__
+             if issubclass(c, errors.PrivateT5Error) and "__getattr__" not in c.__dict__
+             and not c.__module__.startswith("gin"))
+  if cls is type(e) and _GIN_CONTEXT not in str(e):
+    return e
+  return cls(error_message(e))
+
+
 def call_configured(fn, *args, **kwargs):
-  """Calls a Gin-configured function, turning a missing REQUIRED value into a ConfigError."""
+  """Calls a Gin-configured function; errors come out as the project's own, in one line.
+
+  A missing REQUIRED value becomes a ConfigError; a `PrivateT5Error` raised inside loses Gin's
+  proxy class and its "In call to configurable" context.
+  """
   try:
     return fn(*args, **kwargs)
+  except errors.PrivateT5Error as e:
+    clean = unwrap_error(e)
+    if clean is e:
+      raise
+    raise clean from e
   except (ValueError, TypeError) as e:
     msg = str(e)
     if "REQUIRED" in msg or "required" in msg or "missing" in msg:
@@ -161,4 +280,5 @@ def call_configured(fn, *args, **kwargs):
 
 def save_operative_config(model_dir: str) -> str:
   """Writes the operative config atomically to MODEL_DIR/config.gin."""
-  return write_text_atomic(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
+  os.makedirs(model_dir, exist_ok=True)
+  return io_lib.write_text_atomic(os.path.join(model_dir, "config.gin"), gin.operative_config_str())

@@ -59,7 +59,6 @@ def test_unknown_gin_name_is_named():
 
 
 def test_layering_and_overrides():
-  main._register()  # pylint: disable=protected-access
   # model file -> run file -> experiment -> flags: later layers win.
   gin_utils.parse(["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin"], ["MODEL_DIR=/tmp/a"], check_required=False)
   assert gin.query_parameter("BATCH_SIZE/macro.value") == 128
@@ -192,3 +191,37 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   with pytest.raises(PrivacyError, match="exactly one"):
     main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.target_epsilon=3.0"))
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
+
+
+def _cli_train(args, cwd):
+  """`python -m private_t5.cli train ARGS` in a fresh process: (exit code, stderr)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  env = dict(os.environ, PYTHONPATH=cwd, TF_CPP_MIN_LOG_LEVEL="2")
+  proc = subprocess.run([sys.executable, "-m", "private_t5.cli", "train", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=600)
+  return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize("binding,message", [
+    ("--gin.DPConfig.clip_norm=0.0", "clip_norm"),
+    pytest.param("--gin.DPConfig.noise_multiplier=-1.0", "noise_multiplier", marks=pytest.mark.slow),
+    pytest.param("--gin.DPConfig.delta=1.0", "delta", marks=pytest.mark.slow),
+    pytest.param("--gin.DPConfig.target_epsilon=0.0", "target_epsilon", marks=pytest.mark.slow),
+    pytest.param("--gin.DPConfig.target_epsilon=3.0", "exactly one", marks=pytest.mark.slow),
+    pytest.param("--gin.DPConfig.accountant='bogus'", "accountant", marks=pytest.mark.slow),
+    pytest.param("--gin.DPConfig.method='bogus'", "method", marks=pytest.mark.slow),
+])
+def test_cli_invalid_privacy_parameter_writes_nothing(corpus_and_vocab, tmp_path, binding, message):
+  """Exit 2, one error line, no traceback, and no checkpoints/ left in MODEL_DIR."""
+  corpus, vocab = corpus_and_vocab
+  model_dir = tmp_path / "run"
+  extra = ["--gin.DPConfig.noise_multiplier=None"] if "target_epsilon=0" in binding else []
+  rc, err = _cli_train(_args(str(model_dir), corpus, vocab, 2, *extra, binding),
+                       os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert rc == 2, err
+  errors = [l for l in err.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], err
+  assert "Traceback" not in err, err
+  assert not (model_dir / "checkpoints").exists()
+  assert not model_dir.exists() or not os.listdir(model_dir)

@@ -192,8 +192,7 @@ def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   rest, files, bindings = gin_utils.split_gin_args(argv)
   _parser().parse_args(rest)
-  gin_utils.external(evaluate, "evaluate")
-  gin_utils.parse(files, bindings)
+  gin_utils.parse(files, bindings, entry="evaluate")
   gin_utils.call_configured(gin_utils.configured("evaluate"))
   return 0
 

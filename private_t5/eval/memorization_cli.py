@@ -16,11 +16,12 @@ import os
 import re
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from private_t5 import gin_utils
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import file_sha256
+from private_t5.eval import memorization
 from private_t5.eval import splits as splits_lib
 
 USAGE = """usage: private-t5 memorization --gin_file=configs/runs/memorization.gin [--gin.NAME=VALUE ...]
@@ -83,11 +84,6 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     use_cache: decode with the KV cache.
     log: progress output.
   """
-  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import memorization, report as report_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
-
   t_start = time.time()
   for macro, value in (("MODEL_DIR", model_dir), ("TRAIN_CORPUS", train_corpus), ("VALID_CORPUS", valid_corpus),
                        ("OUTPUT_DIR", output_dir)):
@@ -103,7 +99,83 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   split_config.validate()
   warnings = []
 
-  # 1. The checkpoint, its vocabulary and its privacy ledger.
+  model = load_model(model_dir, step, vocab_path, log)
+  os.makedirs(output_dir, exist_ok=True)
+  data = build_splits(model, train_corpus, valid_corpus, output_dir, split_config, text_field, warnings, log)
+  if span_corruption_variant == AUTO:
+    span_corruption_variant = model.objective == "span_corruption"
+  extraction, decode_stats, evaluated = evaluate_extraction(
+      model, data, cfg, max_examples_per_split=max_examples_per_split,
+      span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
+  canary_results, canary_fmt = [], None
+  if canaries:
+    if canary_scoring == AUTO:
+      from private_t5.eval import exposure  # pylint: disable=g-import-not-at-top
+      canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
+                        else exposure.PREFIX_SCORING)
+    canary_fmt, canary_results = evaluate_canaries(
+        model, canaries, canary_scoring, max_exact=canary_max_exact, num_samples=canary_samples,
+        batch_size=canary_batch_size, seed=seed, log=log)
+
+  throughput = memorization.summarize_decode_stats(decode_stats)
+  log(f"[memorization] decoding: {throughput['tokens_per_second_steady']:.0f} tokens/s "
+      f"({throughput['generated_tokens']} tokens in {throughput['seconds']:.1f} s)")
+  report = {
+      "checkpoint": {"model_dir": model.info.get("model_dir", model_dir), "step": model.info.get("step"),
+                     "vocab_path": os.path.abspath(model.vocab_path), "objective": model.objective,
+                     "model_config": dataclasses.asdict(model.model_config)},
+      "privacy_report": model.privacy_report,
+      "epsilon": (model.privacy_report or {}).get("epsilon"),
+      "epsilon_text": model.eps_text,
+      "settings": {"prompt_length": prompt_length, "generation_length": generation_length,
+                   "batch_size": batch_size, "beam_size": beam_size, "beam_alpha": beam_alpha,
+                   "max_examples_per_split": max_examples_per_split, "seed": seed,
+                   "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
+                   "train_corpus": train_corpus, "valid_corpus": valid_corpus},
+      "splits": {"file": data.split_path, "reused": data.reused, "sizes": data.sizes, "evaluated": evaluated,
+                 "config": split_config.key_fields(), "stats": data.splits.stats},
+      "extraction": extraction,
+      "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
+      "throughput": throughput,
+      "canaries": canary_results,
+      "canary_format": canary_fmt.as_dict() if canary_fmt else None,
+      "canary_space_size": canary_fmt.space_size if canary_fmt else None,
+      "canary_scoring": canary_scoring if canaries else None,
+      "warnings": warnings,
+      "wall_seconds": round(time.time() - t_start, 2),
+  }
+  return write_report(report, output_dir, log)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """A checkpoint ready for the memorization measurements."""
+  params: Any
+  model_config: Any
+  info: dict
+  vocab: Any
+  vocab_path: str
+  objective: Optional[str]
+  privacy_report: Optional[dict]
+  eps_text: str
+
+
+@dataclasses.dataclass
+class SplitData:
+  """The corpora and the four splits built (or reused) from them."""
+  splits: Any
+  split_path: str
+  reused: bool
+  sizes: dict
+  docs_by_id: dict
+
+
+def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
+               log: Callable[[str], None] = print) -> LoadedModel:
+  """The checkpoint, its vocabulary (the recorded one unless `vocab_path`) and its privacy ledger."""
+  from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
   params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
   recorded_vocab = info.get("vocab_path")
   if vocab_path is None:
@@ -123,113 +195,94 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   eps_text = report_lib.epsilon_text(privacy_report)
   log(f"[memorization] checkpoint {info.get('model_dir', model_dir)} step {info.get('step')}: {eps_text}; "
       f"objective {objective or 'unknown'}")
+  return LoadedModel(params=params, model_config=model_config, info=info, vocab=vocab, vocab_path=vocab_path,
+                     objective=objective, privacy_report=privacy_report, eps_text=eps_text)
 
-  # 2. Corpora and splits.
-  os.makedirs(output_dir, exist_ok=True)
+
+def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, output_dir: str,
+                 split_config: splits_lib.SplitConfig, text_field: str, warnings: List[str],
+                 log: Callable[[str], None] = print) -> SplitData:
+  """Reads both corpora and builds (or reuses) the four splits of Lee et al."""
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   train_docs, _ = corpora.read_corpus(train_corpus, text_field=text_field)
   valid_docs, _ = corpora.read_corpus(valid_corpus, text_field=text_field)
   log(f"[memorization] {len(train_docs)} training and {len(valid_docs)} validation documents")
-  sp = vocab.tokenizer
+  sp = model.vocab.tokenizer
   splits, split_path, reused = splits_lib.load_or_build_splits(
       output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
-      tokenizer_id=file_sha256(vocab_path), specs={"train": train_corpus, "valid": valid_corpus}, verbose=True)
+      tokenizer_id=file_sha256(model.vocab_path), specs={"train": train_corpus, "valid": valid_corpus},
+      verbose=True)
   sizes = splits.sizes()
   log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
       + ", ".join(f"{k} {v}" for k, v in sizes.items()))
   for w in splits_lib.check_nonempty(splits):
     warnings.append(w + ": its metrics are empty, the rest of the report is still produced")
     log(f"[memorization] warning: {warnings[-1]}")
-
-  # 3. Extraction per split.
   by_id = {("train", d.id): d for d in train_docs}
   by_id.update({("valid", d.id): d for d in valid_docs})
-  if span_corruption_variant == AUTO:
-    span_corruption_variant = objective == "span_corruption"
-  methods = [memorization.GREEDY] + ([memorization.BEAM] if beam_size > 0 else [])
+  return SplitData(splits=splits, split_path=split_path, reused=reused, sizes=sizes, docs_by_id=by_id)
+
+
+def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_examples_per_split: Optional[int],
+                        span_corruption: bool, warnings: List[str], log: Callable[[str], None] = print):
+  """Extraction metrics per split and decoding method: (extraction, decode_stats, evaluated)."""
+  methods = [memorization.GREEDY] + ([memorization.BEAM] if cfg.beam_size > 0 else [])
   variants = [(m, "prefix") for m in methods] + ([(memorization.GREEDY, "span_corruption")]
-                                                 if span_corruption_variant else [])
+                                                 if span_corruption else [])
   extraction, decode_stats, evaluated = {}, {}, {}
   for k, name in enumerate(splits_lib.SPLIT_NAMES):
     corpus = "train" if name.startswith("train") else "valid"
-    docs = [by_id[(corpus, i)] for i in splits.ids.get(name, []) if (corpus, i) in by_id]
-    tokens = memorization.tokenize_documents(vocab, [d.text for d in docs])
+    docs = [data.docs_by_id[(corpus, i)] for i in data.splits.ids.get(name, []) if (corpus, i) in data.docs_by_id]
+    tokens = memorization.tokenize_documents(model.vocab, [d.text for d in docs])
     for method, variant in variants:
       # Every document of the split is checked for length (skipped ones are counted), then up
       # to MAX_EXAMPLES_PER_SPLIT of the long-enough ones are evaluated.
       if variant == "prefix":
         examples = memorization.prefix_examples([d.id for d in docs], tokens, cfg)
       else:
-        examples = memorization.span_corruption_examples([d.id for d in docs], tokens, cfg, vocab.vocab_size)
-      examples = memorization.subsample(examples, max_examples_per_split, seed + k)
+        examples = memorization.span_corruption_examples([d.id for d in docs], tokens, cfg,
+                                                         model.vocab.vocab_size)
+      examples = memorization.subsample(examples, max_examples_per_split, cfg.seed + k)
       if docs and not examples.ids:
         warnings.append(f"split {name!r}: all {len(docs)} documents are shorter than the "
                         f"{'prompt + generation length' if variant == 'prefix' else 'span-corruption window'}")
         log(f"[memorization] warning: {warnings[-1]}")
       evaluated[name] = len(examples.ids)
       label = f"{name} {variant}"
-      metrics, stats, _ = memorization.evaluate_split(params, model_config, examples, cfg, method=method, label=label)
+      metrics, stats, _ = memorization.evaluate_split(model.params, model.model_config, examples, cfg,
+                                                      method=method, label=label)
       key = method if variant == "prefix" else f"{variant}_{method}"
       extraction.setdefault(key, {})[name] = metrics.as_dict()
       decode_stats[f"{key}/{name}"] = stats
       log(f"[memorization] {name:<15} {key:<22} n={metrics.n:<5} skipped={metrics.skipped:<5} "
           f"EM={100 * metrics.exact_match:.2f}% TA={100 * metrics.token_accuracy:.2f}% "
-          f"MED={metrics.median_edit_distance:g}  ({eps_text})")
+          f"MED={metrics.median_edit_distance:g}  ({model.eps_text})")
+  return extraction, decode_stats, evaluated
 
-  # 4. Canary exposure.
-  canary_results, canary_fmt = [], None
-  if canaries:
-    from private_t5.eval import canaries as canaries_lib, exposure  # pylint: disable=g-import-not-at-top
-    canary_fmt, canary_list = canaries_lib.load_canaries(canaries)
-    if canary_scoring == AUTO:
-      canary_scoring = exposure.SENTINEL_SCORING if objective == "span_corruption" else exposure.PREFIX_SCORING
-    encoder = exposure.CandidateEncoder(vocab, canary_fmt, canary_scoring)
-    evaluator = exposure.ExposureEvaluator(
-        memorization.make_scorer(params, model_config), encoder, batch_size=canary_batch_size,
-        max_exact=canary_max_exact, num_samples=canary_samples, seed=seed,
-        progress=memorization.Progress("canary candidates", 0, "candidates").update_to)
-    canary_results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
-    for r in canary_results:
-      log(f"[memorization] canary {r['id']} x{r['repetitions']}: rank {r['rank']:.4g}, exposure "
-          f"{r['exposure']:.2f} / {r['max_exposure']:.2f} bits ({r['method']})")
 
-  throughput = memorization.summarize_decode_stats(decode_stats)
-  log(f"[memorization] decoding: {throughput['tokens_per_second_steady']:.0f} tokens/s "
-      f"({throughput['generated_tokens']} tokens in {throughput['seconds']:.1f} s)")
-  report = {
-      "checkpoint": {"model_dir": info.get("model_dir", model_dir), "step": info.get("step"),
-                     "vocab_path": os.path.abspath(vocab_path), "objective": objective,
-                     "model_config": dataclasses.asdict(model_config)},
-      "privacy_report": privacy_report,
-      "epsilon": (privacy_report or {}).get("epsilon"),
-      "epsilon_text": eps_text,
-      "settings": {"prompt_length": prompt_length, "generation_length": generation_length,
-                   "batch_size": batch_size, "beam_size": beam_size, "beam_alpha": beam_alpha,
-                   "max_examples_per_split": max_examples_per_split, "seed": seed,
-                   "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
-                   "train_corpus": train_corpus, "valid_corpus": valid_corpus},
-      "splits": {"file": split_path, "reused": reused, "sizes": sizes, "evaluated": evaluated,
-                 "config": split_config.key_fields(), "stats": splits.stats},
-      "extraction": extraction,
-      "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
-      "throughput": throughput,
-      "canaries": canary_results,
-      "canary_format": canary_fmt.as_dict() if canary_fmt else None,
-      "canary_space_size": canary_fmt.space_size if canary_fmt else None,
-      "canary_scoring": canary_scoring if canaries else None,
-      "warnings": warnings,
-      "wall_seconds": round(time.time() - t_start, 2),
-  }
+def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_exact: int, num_samples: int,
+                      batch_size: int, seed: int, log: Callable[[str], None] = print):
+  """The exposure of each recorded canary: (canary format, results as dicts)."""
+  from private_t5.eval import canaries as canaries_lib, exposure  # pylint: disable=g-import-not-at-top
+  canary_fmt, canary_list = canaries_lib.load_canaries(canaries)
+  encoder = exposure.CandidateEncoder(model.vocab, canary_fmt, scoring)
+  evaluator = exposure.ExposureEvaluator(
+      memorization.make_scorer(model.params, model.model_config), encoder, batch_size=batch_size,
+      max_exact=max_exact, num_samples=num_samples, seed=seed,
+      progress=memorization.Progress("canary candidates", 0, "candidates").update_to)
+  results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
+  for r in results:
+    log(f"[memorization] canary {r['id']} x{r['repetitions']}: rank {r['rank']:.4g}, exposure "
+        f"{r['exposure']:.2f} / {r['max_exposure']:.2f} bits ({r['method']})")
+  return canary_fmt, results
+
+
+def write_report(report: dict, output_dir: str, log: Callable[[str], None] = print) -> dict:
+  """Writes report.json, report.md and the plots to `output_dir`; returns the report."""
+  from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
   paths = report_lib.write_report(report, output_dir)
   log(f"[memorization] wrote {', '.join(paths)} in {report['wall_seconds']:.1f} s")
   return report
-
-
-def _register():
-  gin_utils.external(run_memorization, "run_memorization")
-  gin_utils.external(splits_lib.SplitConfig, "SplitConfig")
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
 
 
 def main(argv) -> int:
@@ -239,8 +292,7 @@ def main(argv) -> int:
     return 0 if rest else 2
   if rest:
     raise ConfigError(f"unknown arguments {rest}; use --gin.NAME=VALUE (see --help)")
-  _register()  # idempotent; also covers a process where Gin was set up before this import
-  gin_utils.parse(files, bindings)
+  gin_utils.parse(files, bindings, entry="run_memorization")
   fn = gin_utils.configured("run_memorization")
   gin_utils.call_configured(fn)
   return 0

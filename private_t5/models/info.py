@@ -50,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = parser.parse_args(rest)
   if not gin_files:
     raise ConfigError("info needs --gin_file=configs/models/<preset>.gin")
-  gin_utils.parse(gin_files, gin_bindings, check_required=False)  # only the model is read
+  gin_utils.parse(gin_files, gin_bindings, check_required=False, entry="T5Config")  # only the model is read
   config = gin_utils.call_configured(gin_utils.configured("T5Config"))
   print(json.dumps(summarize(config), indent=args.indent or None))
   return 0

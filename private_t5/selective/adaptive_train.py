@@ -8,44 +8,57 @@ checkpoint records epsilon = infinity, and `adaptive_dp_report.json` beside it g
 implied-epsilon number of the seed with its caveat.
 """
 import os
+import sys
 from typing import Callable, Optional, Sequence
 
+from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
-from private_t5.io import write_json_atomic
 from private_t5.selective import adaptive
+from private_t5.train import main as train_main
+
+USAGE = ("usage: private-t5 adaptive --gin_file=configs/models/... --gin_file=configs/runs/pretrain.gin "
+         "--gin_file=configs/runs/adaptive.gin [--gin.NAME=VALUE ...]")
 
 
-def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_data, model_dir: str,
-                   train_steps: int, batch_size: int, dp, validation_data=None,
-                   normalization: str = "max", microbatch_size: Optional[int] = None,
-                   learning_rate=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
-                   keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256,
-                   log_every: int = 50, mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
-                   initial_checkpoint: Optional[str] = None,
-                   insecure_deterministic_seed: Optional[int] = None, probability_batch_size: int = 64,
-                   log: Callable[[str], None] = print) -> dict:
+def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "max",
+                   probability_batch_size: int = 64, log: Callable[[str], None] = print,
+                   **train_kwargs) -> dict:
   """Trains with Adaptive-DP-Adafactor; returns the summary (with the `adaptive_dp` report).
 
-  Args mirror `train.main.train`, plus:
+  Args:
     reference_model_dir: MODEL_DIR of the public reference model whose perplexities give rho.
     normalization: how perplexities become rho in [0, 1] (`adaptive.normalize`).
-    dp: the `DPConfig` whose sigma is scaled by gamma_B (a target epsilon is calibrated for the
-      non-adaptive mechanism, which this run does not achieve).
     probability_batch_size: batch size of the perplexity scoring pass.
+    log: progress output.
+    **train_kwargs: the arguments of `train.main.train` (model_config, train_data, model_dir,
+      train_steps, batch_size, dp, ...; Gin: `train_adaptive.NAME`). `dp` is the `DPConfig`
+      whose sigma is scaled by gamma_B (a target epsilon is calibrated for the non-adaptive
+      mechanism, which this run does not achieve).
 
   Raises:
-    ConfigError: no reference checkpoint, or `dp` is None.
+    ConfigError: no reference checkpoint, `dp` is None, or an argument `train` does not take.
   """
   from private_t5.dp.ledger import PrivacyLedger  # pylint: disable=g-import-not-at-top
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   from private_t5.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
   if not reference_model_dir:
     raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
                       "estimate privacy probabilities; none was given")
+  train_main.check_train_kwargs(train_kwargs, "train_adaptive")
+  if "privacy_hook" in train_kwargs:
+    raise ConfigError("train_adaptive sets train's privacy_hook itself; do not pass one")
+  missing = [k for k in ("model_config", "train_data", "model_dir", "train_steps", "batch_size")
+             if train_kwargs.get(k) is None]
+  if missing:
+    raise ConfigError(f"train_adaptive needs {', '.join(missing)} (Gin: train_adaptive.NAME = ...)")
+  dp = train_kwargs.get("dp")
   if dp is None:
     raise ConfigError("adaptive DP scales the DP noise: give a DPConfig (dp), not None")
+  train_data, model_dir, batch_size = train_kwargs["train_data"], train_kwargs["model_dir"], train_kwargs["batch_size"]
+  train_main.validate_train_args(**{k: train_kwargs[k] for k in (
+      "model_config", "train_data", "train_steps", "batch_size", "dp", "checkpoint_every", "keep_checkpoints",
+      "eval_every", "eval_examples", "log_every") if k in train_kwargs})
   os.makedirs(model_dir, exist_ok=True)
   prob_path = os.path.join(model_dir, adaptive.PROBABILITIES_FILENAME)
   if os.path.isfile(prob_path):  # resumed run: the same rho as before
@@ -75,14 +88,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
              "optimizer": "Adaptive-DP-Adafactor"}
     return setup, adaptive.AdaptiveSource(data, probabilities.rho), extra
 
-  summary = train_main.train(
-      model_config=model_config, train_data=train_data, validation_data=validation_data,
-      model_dir=model_dir, train_steps=train_steps, batch_size=batch_size,
-      microbatch_size=microbatch_size, learning_rate=learning_rate, dp=dp, vocab_path=vocab_path,
-      checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, eval_every=eval_every,
-      eval_examples=eval_examples, log_every=log_every, mesh_shape=mesh_shape, z_loss=z_loss,
-      initial_checkpoint=initial_checkpoint, insecure_deterministic_seed=insecure_deterministic_seed,
-      log=log, privacy_hook=make_adaptive)
+  summary = train_main.train(log=log, privacy_hook=make_adaptive, **train_kwargs)
   dp_setup = nominal["setup"]
   nominal = dp_setup.ledger
   gammas = adaptive.step_privacy_weights(dp_setup.sampler, probabilities.rho, summary["final_step"])
@@ -90,7 +96,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
       noise_multiplier=dp_setup.noise_multiplier, clip_norm=nominal.clip_norm, sampling_rate=nominal.sampling_rate,
       delta=nominal.delta, accountant=nominal.accountant, gammas=gammas, probabilities=probabilities,
       privacy_unit=train_data.privacy_unit, num_examples=train_data.num_examples)
-  write_json_atomic(os.path.join(model_dir, adaptive.REPORT_FILENAME), report)
+  io_lib.write_json_atomic(os.path.join(model_dir, adaptive.REPORT_FILENAME), report)
   summary.update(adaptive_dp=report, noise_multiplier=dp_setup.noise_multiplier,
                  adaptive_dp_report=os.path.abspath(os.path.join(model_dir, adaptive.REPORT_FILENAME)))
   metrics_lib.write_summary(model_dir, summary)
@@ -104,14 +110,9 @@ def train_adaptive(*, reference_model_dir: Optional[str], model_config, train_da
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """`private-t5 adaptive --gin_file=... [--gin.NAME=VALUE ...]` (see configs/runs/adaptive.gin)."""
-  import sys  # pylint: disable=g-import-not-at-top
-  from private_t5.selective import jft  # pylint: disable=g-import-not-at-top (registers train_adaptive)
-  from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   argv = list(sys.argv[1:] if argv is None else argv)
   if not argv or argv[0] in ("-h", "--help"):
-    print(__doc__ + "\nusage: private-t5 adaptive --gin_file=configs/models/... "
-          "--gin_file=configs/runs/pretrain.gin --gin_file=configs/runs/adaptive.gin [--gin.NAME=VALUE ...]")
+    print(__doc__ + "\n" + USAGE)
     return 0
-  jft._register()  # pylint: disable=protected-access
   train_main.run_from_args(argv, entry="train_adaptive")
   return 0

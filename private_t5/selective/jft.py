@@ -26,9 +26,10 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from private_t5 import gin_utils
-from private_t5.errors import ConfigError, DataError, PrivateT5Error
-from private_t5.io import write_json_atomic
+from private_t5 import io as io_lib
+from private_t5.errors import ConfigError, DataError
+from private_t5.train import main as train_main
+from private_t5.train import metrics
 
 REPORT_FILENAME = "jft_privacy_report.json"
 PHASE1_DIR = "phase1_redacted"
@@ -93,9 +94,11 @@ def jft_privacy_report(phase1: Dict[str, Any], phase2: Dict[str, Any], *, detect
   """The selective guarantee of a JFT run from both phases' privacy reports (ledger `report()`s)."""
   if not phase2.get("dp"):
     raise ConfigError("JFT phase 2 must be differentially private (PHASE2 DP = a DPConfig)")
-  eps2, delta2 = float(phase2["epsilon"]), float(phase2["delta"])
+  # A report's ε is None (∞) when a component, e.g. a non-private vocabulary, is not DP.
+  eps2 = math.inf if phase2.get("epsilon") is None else float(phase2["epsilon"])
+  delta2 = float(phase2["delta"])
   phase1_dp = bool(phase1.get("dp"))
-  eps1 = float(phase1["epsilon"]) if phase1_dp else math.inf
+  eps1 = (math.inf if phase1.get("epsilon") is None else float(phase1["epsilon"])) if phase1_dp else math.inf
   delta1 = float(phase1["delta"]) if phase1_dp else 0.0
   missed_eps = eps1 + eps2
   statement = (
@@ -116,7 +119,7 @@ def jft_privacy_report(phase1: Dict[str, Any], phase2: Dict[str, Any], *, detect
   return {
       "mechanism": "Just Fine-tune Twice (seed 002): phase 1 on the redacted corpus D', phase 2 DP on D",
       "guarantee": "selective differential privacy",
-      "epsilon_s": eps2,
+      "epsilon_s": None if math.isinf(eps2) else eps2,
       "delta_s": delta2,
       "assumption": "the secret detector missed no private token (D' holds no secret)",
       "epsilon_if_detector_missed": None if math.isinf(missed_eps) else missed_eps,
@@ -124,7 +127,7 @@ def jft_privacy_report(phase1: Dict[str, Any], phase2: Dict[str, Any], *, detect
       "phase1": {"dp": phase1_dp, "epsilon": None if math.isinf(eps1) else eps1,
                  "delta": delta1 if phase1_dp else None, "steps": phase1.get("steps"),
                  "noise_multiplier": phase1.get("noise_multiplier") if phase1_dp else None},
-      "phase2": {"epsilon": eps2, "delta": delta2, "steps": phase2.get("steps"),
+      "phase2": {"epsilon": None if math.isinf(eps2) else eps2, "delta": delta2, "steps": phase2.get("steps"),
                  "noise_multiplier": phase2.get("noise_multiplier"), "sampling_rate": phase2.get("sampling_rate"),
                  "privacy_unit": phase2.get("privacy_unit")},
       "detector_level": detector_level,
@@ -161,8 +164,13 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
   """
   if phase2_dp is None:
     raise ConfigError("JFT phase 2 must be differentially private: give phase2_dp (a DPConfig)")
+  train_main.check_train_kwargs(train_kwargs, "just_fine_tune_twice")
+  # Both phases' privacy settings are checked before phase 1 trains.
+  train_main.validate_dp_config(phase1_dp, train_steps=phase1_steps, batch_size=train_kwargs.get("batch_size"),
+                                num_examples=redacted_data.num_examples)
+  train_main.validate_dp_config(phase2_dp, train_steps=phase2_steps, batch_size=train_kwargs.get("batch_size"),
+                                num_examples=full_data.num_examples)
   if train_fn is None:
-    from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
     train_fn = train_main.train
   redaction_report = None
   if redaction_report_path:
@@ -192,27 +200,15 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
                               redaction_report=redaction_report, miss_rate=miss_rate)
   report.update(phase1_model_dir=os.path.abspath(phase1_dir), phase2_model_dir=os.path.abspath(phase2_dir),
                 phase1_validation=s1.get("validation"), phase2_validation=s2.get("validation"))
-  from private_t5.selective import redaction  # pylint: disable=g-import-not-at-top
-  path = write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
+  path = io_lib.write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
   log(f"[jft] {report['statement']}")
   log(f"[jft] report: {path}")
   report["report_path"] = os.path.abspath(path)
   return report
 
 
-def _register() -> None:
-  from private_t5.selective import adaptive_train  # pylint: disable=g-import-not-at-top
-  gin_utils.external(just_fine_tune_twice, "just_fine_tune_twice")
-  gin_utils.external(adaptive_train.train_adaptive, "train_adaptive")
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
-
-
 def run_from_args(argv: Sequence[str]) -> Dict[str, Any]:
   """Parses Gin flags (layered like `private-t5 train`) and runs the configured JFT."""
-  from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
-  _register()
   return train_main.run_from_args(argv, entry="just_fine_tune_twice")
 
 
@@ -221,11 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)
     return 0
-  try:
-    run_from_args(argv)
-  except PrivateT5Error as e:
-    print(f"error: {str(e).strip()}", file=sys.stderr)
-    return 2
+  run_from_args(argv)
   return 0
 
 

@@ -14,20 +14,9 @@ import sys
 from typing import List, Optional
 
 from private_t5 import gin_utils
-from private_t5 import errors
-from private_t5.errors import PrivateT5Error
-
-_ERROR_CLASSES = tuple(c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, PrivateT5Error))
 from private_t5.tokenizer import dp_spm
 
 _GIN_NAME = "train_dp_vocabulary"
-
-
-def _register():
-  gin_utils.external(dp_spm.train_dp_vocabulary, _GIN_NAME)
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
 
 # flag -> (parameter of train_dp_vocabulary, type)
 _FLAGS = {
@@ -60,9 +49,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   rest, gin_files, bindings = gin_utils.split_gin_args(argv)
   args = _parser().parse_args(rest)
-  _register()  # idempotent; covers a Gin registry set up before this module was imported
   # Flags such as --corpus/--output may fill the Gin file's required macros: checked below.
-  gin_utils.parse(gin_files, bindings, check_required=False)
+  gin_utils.parse(gin_files, bindings, check_required=False, entry=_GIN_NAME)
   overrides = {}
   for flag, (param, _) in _FLAGS.items():
     value = getattr(args, flag)
@@ -76,13 +64,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   elif "noise_std" in overrides:
     overrides["target_epsilon"] = None
   fn = gin_utils.configured(_GIN_NAME)
-  try:
-    report = gin_utils.call_configured(fn, **overrides)
-  except PrivateT5Error as e:
-    # Gin appends an "In call to configurable ..." line; the CLI prints one line.
-    # Gin also wraps the exception in a proxy subclass: re-raise the project's own class.
-    cls = next(c for c in type(e).__mro__ if c in _ERROR_CLASSES)
-    raise cls(str(e).strip().splitlines()[0]) from None
+  report = gin_utils.call_configured(fn, **overrides)
   json.dump(report, sys.stdout, indent=2)
   print()
   return 0

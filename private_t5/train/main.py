@@ -9,12 +9,13 @@ Gin binds only this entry point (`train`) and the factories it is given; the lib
 is plain Python. Re-running the same command resumes from the latest checkpoint in MODEL_DIR.
 """
 import dataclasses
+import inspect
 import os
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from private_t5 import gin_utils
-from private_t5.errors import ConfigError, PrivateT5Error
+from private_t5.errors import ConfigError, PrivacyError
 
 USAGE = """usage: private-t5 train --gin_file=FILE [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
 
@@ -32,6 +33,134 @@ def _fingerprint_data(description: Mapping[str, Any]) -> dict:
   return {k: description.get(k) for k in keep}
 
 
+# --- builders: the steps of `train`, shared with the other training entry points ---------------
+
+def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Optional[int] = None,
+                       num_examples: Optional[int] = None) -> None:
+  """Checks a `DPConfig` (or None: non-private) before anything is created; raises PrivacyError.
+
+  Catches what `train.privacy.setup_privacy` would refuse later: C <= 0, σ <= 0, δ outside
+  (0, 1), ε <= 0, both or neither of σ and ε, an unknown accountant, sampling or method, and an
+  expected batch size larger than the padded batch or the dataset.
+  """
+  if dp is None:
+    return
+  from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import aggregator  # pylint: disable=g-import-not-at-top
+  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  if not isinstance(dp, privacy.DPConfig):
+    raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
+  if dp.sampling != "poisson":
+    raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}")
+  if dp.method not in aggregator.DP_METHODS:
+    raise ConfigError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
+  if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
+    raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
+                       f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
+  accounting.validate_privacy_params(noise_multiplier=dp.noise_multiplier, clip_norm=dp.clip_norm,
+                                     delta=dp.delta, accountant=dp.accountant, steps=train_steps)
+  if dp.target_epsilon is not None and not (isinstance(dp.target_epsilon, (int, float))
+                                            and 0 < dp.target_epsilon < float("inf")):
+    raise PrivacyError(f"DPConfig.target_epsilon (ε) must be a finite number > 0, got {dp.target_epsilon!r}")
+  if dp.expected_batch_size is not None:
+    accounting.validate_privacy_params(batch_size=dp.expected_batch_size, num_examples=num_examples)
+    if batch_size is not None and dp.expected_batch_size > batch_size:
+      raise PrivacyError(f"expected_batch_size={dp.expected_batch_size} exceeds the padded "
+                         f"batch_size={batch_size}")
+
+
+def validate_train_args(*, model_config, train_data, train_steps: int, batch_size: int, dp=None,
+                        checkpoint_every: int = 1000, keep_checkpoints: int = 3, eval_every: int = 0,
+                        eval_examples: int = 256, log_every: int = 50) -> None:
+  """Checks every setting of a training run; raises ConfigError/PrivacyError, creates nothing."""
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  if not isinstance(model_config, models.T5Config):
+    raise ConfigError(f"model_config must be a T5Config (e.g. %MODEL_CONFIG), got {type(model_config).__name__}")
+  for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
+                               ("checkpoint_every", checkpoint_every, 1), ("log_every", log_every, 1),
+                               ("keep_checkpoints", keep_checkpoints, 1),
+                               ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+      raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+  vocab_size = int(train_data.store.manifest.get("vocab_size", 0)) if hasattr(train_data, "store") else 0
+  if vocab_size > model_config.vocab_size:
+    raise ConfigError(f"the vocabulary has {vocab_size} ids (with sentinels) but the model's vocab_size is "
+                      f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
+  validate_dp_config(dp, train_steps=train_steps, batch_size=batch_size,
+                     num_examples=getattr(train_data, "num_examples", None))
+
+
+def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
+  """Refuses keyword arguments that `train` does not take (a typo in a Gin binding)."""
+  unknown = sorted(set(kwargs) - set(inspect.signature(train).parameters))
+  if unknown:
+    raise ConfigError(f"{caller} passes unknown training argument(s) {', '.join(unknown)} to train "
+                      f"(see private_t5.train.main.train)")
+
+
+def build_mesh(mesh_shape: Sequence[int], batch_size: int):
+  """The (data, model) device mesh; the batch must split evenly over its data axis."""
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  mesh = partitioning.create_mesh(mesh_shape)
+  partitioning.check_batch_divisible(batch_size, mesh)
+  return mesh
+
+
+def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
+  """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed)."""
+  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
+  saved = checkpoints.saved_seeds(manager)
+  return RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+
+
+def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], extra: Mapping[str, Any],
+                      initial_checkpoint: Optional[str]) -> dict:
+  """What the checkpoints of a run belong to: a directory with another fingerprint is refused."""
+  return {"model_config": dataclasses.asdict(model_config), "data": _fingerprint_data(train_data.describe()),
+          "privacy": dict(mechanism, **extra),
+          "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
+
+
+def build_optimizer(optimizer=None, learning_rate=None):
+  """(optimizer, schedule): default Adafactor with `learning_rate` (default the T5X rsqrt schedule)."""
+  from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
+  if optimizer is not None:
+    return optimizer, (learning_rate if callable(learning_rate) else None)
+  lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
+  return optimizers.adafactor(lr), (lr if callable(lr) else None)
+
+
+def build_metadata(*, model_config, train_data, vocab_path: Optional[str], num_params: int, batch_size: int,
+                   extra: Mapping[str, Any], initial_checkpoint: Optional[str] = None) -> dict:
+  """The JSON metadata stored with every checkpoint (what inference needs to rebuild the model)."""
+  metadata = {"model_config": dataclasses.asdict(model_config),
+              "vocab_path": os.path.abspath(vocab_path) if vocab_path else None,
+              "feature_lengths": dict(train_data.feature_lengths), "data": train_data.describe(),
+              "num_params": num_params, "batch_size": batch_size, **extra}
+  if initial_checkpoint:
+    from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
+    metadata["initial_checkpoint"] = initial_lib.describe_initial_checkpoint(initial_checkpoint)
+  return metadata
+
+
+def initial_params_loader(initial_checkpoint: Optional[str], model_config) -> Optional[Callable]:
+  """A function returning the fine-tuning start parameters, or None (random init)."""
+  if not initial_checkpoint:
+    return None
+  from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
+  return lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
+
+
+def describe_run(model_config, mesh, train_data, batch_size: int, optimizer_name: str) -> str:
+  """The one-line summary logged when a run starts."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  return (f"[train] model: {models.num_params(model_config) / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} on "
+          f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
+          f"examples ({train_data.privacy_unit} unit), batch {batch_size}; {optimizer_name}")
+
+
 def train(*, model_config, train_data, validation_data=None, model_dir: str, train_steps: int,
           batch_size: int, microbatch_size: Optional[int] = None, optimizer=None,
           learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
@@ -40,6 +169,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
           initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
           log: Callable[[str], None] = print, privacy_hook: Optional[Callable] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
+
+  Every setting is checked before anything is written to `model_dir`.
 
   Args:
     model_config: a `models.T5Config` (Gin: `%MODEL_CONFIG`).
@@ -70,87 +201,63 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
       training source after the DP mechanism is fixed; `extra` (JSON-able) is added to the
       checkpoint fingerprint's privacy entry and to the checkpoint metadata.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, loop, optimizers, partitioning, privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints, loop, metrics, partitioning, privacy  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
-  if not isinstance(model_config, models.T5Config):
-    raise ConfigError(f"model_config must be a T5Config (e.g. %MODEL_CONFIG), got {type(model_config).__name__}")
-  for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
-                               ("checkpoint_every", checkpoint_every, 1), ("log_every", log_every, 1),
-                               ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0)):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-      raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-  vocab_size = int(train_data.store.manifest.get("vocab_size", 0)) if hasattr(train_data, "store") else 0
-  if vocab_size > model_config.vocab_size:
-    raise ConfigError(f"the vocabulary has {vocab_size} ids (with sentinels) but the model's vocab_size is "
-                      f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
+  validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
+                      batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
+                      keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
+                      log_every=log_every)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
-
+  mesh = build_mesh(mesh_shape, batch_size)
   manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
-  saved = checkpoints.saved_seeds(manager)
-  seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
-  mesh = partitioning.create_mesh(mesh_shape)
-  partitioning.check_batch_divisible(batch_size, mesh)
-  loss_fn = make_loss_fn(model_config, z_loss)
-  setup = privacy.setup_privacy(
-      dp, loss_fn=loss_fn, num_examples=train_data.num_examples, privacy_unit=train_data.privacy_unit,
-      batch_size=batch_size, train_steps=train_steps, microbatch_size=microbatch_size,
-      sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
-      spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None, log=log)
-  mechanism = setup.mechanism()
-  source, extra = train_data, {}
-  if privacy_hook is not None:
-    setup, source, extra = privacy_hook(setup, train_data)
-  model_dict = dataclasses.asdict(model_config)
-  fingerprint = {"model_config": model_dict, "data": _fingerprint_data(train_data.describe()),
-                 "privacy": dict(mechanism, **extra),
-                 "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
-  manager.fingerprint = fingerprint
-  manager.check_compatible(fingerprint)
-  gin_utils.save_operative_config(model_dir)
+  try:
+    seeds = build_seeds(manager, insecure_deterministic_seed)
+    setup = privacy.setup_privacy(
+        dp, loss_fn=make_loss_fn(model_config, z_loss), num_examples=train_data.num_examples,
+        privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
+        microbatch_size=microbatch_size, sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
+        spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None, log=log)
+    mechanism = setup.mechanism()
+    source, extra = train_data, {}
+    if privacy_hook is not None:
+      setup, source, extra = privacy_hook(setup, train_data)
+    fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
+    manager.fingerprint = fingerprint
+    manager.check_compatible(fingerprint)
+    gin_utils.save_operative_config(model_dir)
 
-  if optimizer is None:
-    lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
-    optimizer, schedule = optimizers.adafactor(lr), (lr if callable(lr) else None)
-  else:
-    schedule = learning_rate if callable(learning_rate) else None
-  trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
-  num_params = models.num_params(model_config)
-  log(f"[train] model: {num_params / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} on "
-      f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
-      f"examples ({train_data.privacy_unit} unit), batch {batch_size}; "
-      f"{extra.get('optimizer') or ('DP-Adafactor' if setup.private else 'non-private Adafactor')}")
-  metadata = {"model_config": model_dict, "vocab_path": os.path.abspath(vocab_path) if vocab_path else None,
-              "feature_lengths": dict(train_data.feature_lengths), "data": train_data.describe(),
-              "num_params": num_params, "batch_size": batch_size, **extra}
-  initial_params_fn = None
-  if initial_checkpoint:
-    from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
-    metadata["initial_checkpoint"] = initial_lib.describe_initial_checkpoint(initial_checkpoint)
-    initial_params_fn = lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
-    log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
-  summary = loop.run(
-      trainer=trainer, privacy=setup, source=source, validation_source=validation_data, seeds=seeds,
-      manager=manager,
-      config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
-                             eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
-      metadata=metadata, initial_params_fn=initial_params_fn, log=log)
-  manager.close()
-  summary.update(num_params=num_params, model_config=model_dict, vocab_path=metadata["vocab_path"],
+    optimizer, schedule = build_optimizer(optimizer, learning_rate)
+    trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
+    num_params = models.num_params(model_config)
+    log(describe_run(model_config, mesh, train_data, batch_size,
+                     extra.get("optimizer") or ("DP-Adafactor" if setup.private else "non-private Adafactor")))
+    metadata = build_metadata(model_config=model_config, train_data=train_data, vocab_path=vocab_path,
+                              num_params=num_params, batch_size=batch_size, extra=extra,
+                              initial_checkpoint=initial_checkpoint)
+    if initial_checkpoint:
+      log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
+    summary = loop.run(
+        trainer=trainer, privacy=setup, source=source, validation_source=validation_data, seeds=seeds,
+        manager=manager,
+        config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
+                               eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
+        metadata=metadata, initial_params_fn=initial_params_loader(initial_checkpoint, model_config), log=log)
+  finally:
+    manager.close()
+  summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
                  config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
                  noise_multiplier=setup.noise_multiplier)
-  from private_t5.train import metrics  # pylint: disable=g-import-not-at-top
   metrics.write_summary(model_dir, summary)
-  _print_final(summary, setup.ledger, log, extra.get("optimizer"))
+  print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
 
 
-def _print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None) -> None:
+def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None) -> None:
+  """Logs where a finished run's files are and its privacy guarantee."""
   log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
   log(f"  checkpoints:    {summary['checkpoint_dir']}")
   log(f"  config:         {summary['config_gin']}")
@@ -178,43 +285,19 @@ def _print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = Non
     log("  privacy: NON-PRIVATE baseline (ε = ∞)")
 
 
-def _register() -> None:
-  from private_t5.data import source  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, privacy  # pylint: disable=g-import-not-at-top
-  gin_utils.external(train, "train")
-  gin_utils.external(privacy.DPConfig, "DPConfig")
-  gin_utils.external(source.make_source, "make_source")
-  gin_utils.external(optimizers.adafactor, "adafactor")
-  gin_utils.external(optimizers.rsqrt_schedule, "rsqrt_schedule")
-  gin_utils.external(optimizers.constant_schedule, "constant_schedule")
-  gin_utils.external(optimizers.linear_warmup_schedule, "linear_warmup_schedule")
-
-
-gin_utils._EXTRA_REGISTRATIONS.append(_register)  # pylint: disable=protected-access
-
-
 def run_from_args(argv: Sequence[str], entry: str = "train") -> dict:
   """Parses Gin flags and runs the configured `entry` (default `train()`); returns its result.
 
-  The other training entry points (`just_fine_tune_twice`, `train_adaptive`) register
-  themselves and come through here, so they parse and check Gin exactly as `train` does.
+  The other training entry points (`just_fine_tune_twice`, `train_adaptive`) come through
+  here, so they parse and check Gin exactly as `train` does.
   """
-  _register()
   rest, gin_files, gin_bindings = gin_utils.split_gin_args(argv)
   if rest:
     raise ConfigError(f"unknown flag(s) {rest}; this stage takes --gin_file and --gin.NAME=VALUE only")
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()  # multi-host only; before any other JAX call
-  gin_utils.parse(gin_files, gin_bindings)
-  try:
-    return gin_utils.call_configured(gin_utils.configured(entry))
-  except PrivateT5Error as e:
-    # Gin re-raises through a proxy class with "In call to configurable ..." appended; give
-    # the user the original one-line error.
-    original = type(e)
-    while "__getattr__" in original.__dict__:  # gin's proxy subclasses the original class
-      original = original.__mro__[1]
-    raise original(str(e).split("\n  In call to configurable")[0]) from e
+  gin_utils.parse(gin_files, gin_bindings, entry=entry)
+  return gin_utils.call_configured(gin_utils.configured(entry))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,97 @@
+"""The entry layer's Gin plumbing: one registry, syntax errors named in one line, clean errors."""
+import gin
+import pytest
+
+from private_t5 import cli, gin_utils
+from private_t5.errors import ConfigError, PrivacyError
+
+
+def test_registry_entries_resolve_and_stages_use_registered_names():
+  for name, target in gin_utils.CONFIGURABLES.items():
+    assert callable(gin_utils.resolve(target)), name
+  for entry, names in gin_utils.STAGE_CONFIGURABLES.items():
+    assert entry in names or entry == "T5Config"
+    assert set(names) <= set(gin_utils.CONFIGURABLES), entry
+
+
+def test_unknown_registry_name_is_a_config_error():
+  with pytest.raises(ConfigError, match="NoSuchName"):
+    gin_utils.configured("NoSuchName")
+
+
+@pytest.mark.parametrize("flag", ["--gin.BATCH_SIZE=[16", "--gin.BATCH_SIZE=(1, 2", "--gin.X='abc"])
+def test_binding_syntax_error_names_the_flag_in_one_line(flag):
+  _, files, bindings = gin_utils.split_gin_args(["--gin_file=configs/models/t5_1_0_tiny.gin", flag])
+  with pytest.raises(ConfigError) as info:
+    gin_utils.parse(files, bindings, check_required=False, entry="T5Config")
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"(from {flag})" in message and "invalid Gin binding" in message
+
+
+def test_binding_syntax_error_through_the_cli(capsys):
+  assert cli.main(["info", "--gin_file=configs/models/t5_1_0_tiny.gin", "--gin.BATCH_SIZE=[16"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: invalid Gin binding") and "--gin.BATCH_SIZE=[16" in err
+  assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text,line", [("X = 1\nY = [1,\n", None), ("X = 1\n\nZ = 3)\n", 3)])
+def test_file_syntax_error_names_the_file_and_line(tmp_path, text, line):
+  path = tmp_path / "bad.gin"
+  path.write_text(text)
+  with pytest.raises(ConfigError) as info:
+    gin_utils.parse([str(path)], check_required=False, entry="T5Config")
+  message = str(info.value)
+  assert "\n" not in message and str(path) in message
+  if line:
+    assert f"(line {line})" in message
+
+
+def test_included_file_syntax_error_names_the_file(tmp_path):
+  bad = tmp_path / "bad.gin"
+  bad.write_text("X = 1\nZ = 3)\n")
+  top = tmp_path / "top.gin"
+  top.write_text(f"include '{bad}'\n")
+  with pytest.raises(ConfigError, match=rf"{bad}.*line 2"):
+    gin_utils.parse([str(top)], check_required=False, entry="T5Config")
+
+
+def test_unwrap_error_strips_gin_proxy_and_context():
+  @gin.configurable("raises_privacy_error_for_test")
+  def fail():
+    raise PrivacyError("sigma must be > 0")
+
+  with pytest.raises(PrivacyError) as info:
+    gin_utils.call_configured(fail)
+  assert type(info.value) is PrivacyError
+  assert str(info.value) == "sigma must be > 0"
+  assert gin_utils.error_message(ValueError("bad\n  In call to configurable 'x' (<fn>)")) == "bad"
+
+
+MODEL_FILES = ["t5_1_0_base", "t5_1_0_large", "t5_1_0_small", "t5_1_0_tiny",
+               "t5_1_1_base", "t5_1_1_large", "t5_1_1_small", "t5_1_1_tiny"]
+
+
+def _model_config(path, bindings=()):
+  gin_utils.parse([path], list(bindings), check_required=False, entry="T5Config")
+  config = gin_utils.configured("T5Config")()
+  gin.clear_config()
+  return config
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_layered_model_files_configure_what_the_standalone_ones_did(name):
+  """configs/models/<size>.gin = its family's base + size overrides: the same T5Config as before."""
+  standalone = _model_config(f"tests/testdata/standalone_models/{name}.gin")
+  layered = _model_config(f"configs/models/{name}.gin")
+  assert layered == standalone
+  # VOCAB_SIZE still reaches the model through the base file.
+  assert _model_config(f"configs/models/{name}.gin", ["VOCAB_SIZE=1024"]).vocab_size == 1024
+
+
+def test_size_files_include_their_family_base():
+  for name in MODEL_FILES:
+    family, size = name.rsplit("_", 1)
+    text = open(f"configs/models/{name}.gin").read()
+    assert (f"include 'configs/models/{family}_base.gin'" in text) == (size != "base"), name
