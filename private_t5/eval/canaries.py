@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from private_t5 import io
 from private_t5.errors import ConfigError, DataError
 
 PLACEHOLDER = "{secret}"
@@ -134,24 +135,22 @@ def write_canary_corpus(documents: Iterable, output_path: str, fmt: CanaryFormat
     (corpus path, record path, number of documents written).
   """
   import gzip  # pylint: disable=g-import-not-at-top
-  out_dir = os.path.dirname(os.path.abspath(output_path))
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = output_path + ".tmp"
-  opener = gzip.open if output_path.endswith(".gz") else open
   n = 0
-  with opener(tmp, "wt", encoding="utf-8") as f:
+  with io.atomic_open(output_path, "wb") as raw:
+    if output_path.endswith(".gz"):
+      f = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0)
+    else:
+      f = raw
     for record in insert_canaries(documents, canaries, seed):
-      f.write(json.dumps(record, ensure_ascii=False) + "\n")
+      f.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
       n += 1
-  os.replace(tmp, output_path)
+    if f is not raw:
+      f.close()
   rec = {"format": fmt.as_dict(), "space_size": fmt.space_size, "seed": seed, "source": source,
          "corpus": os.path.abspath(output_path), "documents": n,
          "canaries": [dataclasses.asdict(c) for c in canaries]}
   path = record_path(output_path)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(rec, f, indent=2)
-  os.replace(tmp, path)
+  io.write_json_atomic(path, rec, sort_keys=False)
   return output_path, path, n
 
 
