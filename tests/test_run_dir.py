@@ -71,6 +71,7 @@ def test_lock_is_reentrant_in_one_process_and_released_on_close(tmp_path):
   second = checkpoints.CheckpointManager(model_dir)  # same process: no self-lockout
   second.close()
   first.close()
+  checkpoints.CheckpointManager(model_dir).latest_step()  # dropped without close: lock released
   code = "import sys; from private_t5.train import run_lock; run_lock.acquire(sys.argv[1]); print('ok')"
   done = subprocess.run([sys.executable, "-c", code, model_dir], cwd=PROJECT_ROOT, env=_env(),
                         capture_output=True, text=True, timeout=120)

@@ -284,6 +284,16 @@ class CheckpointManager:
     self._manager.reload()
     return target
 
+  def __del__(self):
+    # A manager dropped without `close` (a query, an error path) gives its lock back.
+    lock = getattr(self, "_lock", None)
+    if lock is not None:
+      self._lock = None
+      try:
+        run_lock.release(lock)
+      except Exception:  # pylint: disable=broad-except
+        pass  # interpreter shutdown
+
   def close(self) -> None:
     """Completes the pending save, closes orbax and releases the model directory's lock."""
     try:
