@@ -131,3 +131,35 @@ def test_skewnorm_extrapolation_recovers_known_tail_probabilities():
   assert exposure.skewnorm_exposure(-1e3, sample, 1000)[0] == pytest.approx(math.log2(1000))
   # A typical candidate has exposure about 1 bit.
   assert exposure.skewnorm_exposure(float(np.median(sample)), sample, space)[0] == pytest.approx(1.0, abs=0.1)
+
+
+def test_canaries_cli_refuses_empty_input_and_input_as_output(tmp_path, capsys):
+  from private_t5 import cli
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
+  assert cli.main(["canaries", f"--input={empty}", f"--output={tmp_path / 'out.jsonl.gz'}", "--seed=1"]) == 2
+  err = capsys.readouterr().err
+  assert "empty" in err and len(err.strip().splitlines()) == 1
+  assert os.listdir(tmp_path) == ["empty.jsonl"]  # no corpus, no record, no .tmp
+
+  corpus = tmp_path / "corpus.jsonl"
+  text = "".join(json.dumps({"id": str(i), "text": f"document {i}"}) + "\n" for i in range(5))
+  corpus.write_text(text)
+  for output in (str(corpus), os.path.join(str(tmp_path), ".", "corpus.jsonl")):
+    assert cli.main(["canaries", f"--input={corpus}", f"--output={output}", "--seed=1"]) == 2
+    err = capsys.readouterr().err
+    assert "is the input corpus" in err and len(err.strip().splitlines()) == 1
+  assert corpus.read_text() == text
+  assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "empty.jsonl"]
+
+
+def test_gzip_canary_corpus_round_trips(tmp_path):
+  from private_t5.data import corpora
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"id": str(i), "text": f"document {i}"}) + "\n" for i in range(5)))
+  fmt = canaries_lib.CanaryFormat(template="id {secret}", length=3).validate()
+  cans, seed = canaries_lib.make_canaries(fmt, [2], 1, 0, 5)
+  out = str(tmp_path / "with.jsonl.gz")
+  _, record, n = canaries_lib.write_canary_corpus(corpora.iter_documents(str(corpus)), out, fmt, cans, seed)
+  assert n == 7 and len(list(corpora.iter_documents(out))) == 7
+  assert json.load(open(record))["documents"] == 7

@@ -249,3 +249,24 @@ def test_bad_inputs_give_clear_errors_and_leave_nothing(tmp_path, vocab_path, sh
     with pytest.raises(error, match=message):
       source_lib.make_source(cache_dir=cache, max_documents=20, **kwargs)
     assert not os.path.isdir(cache) or not os.listdir(cache), (kwargs, os.listdir(cache))
+
+
+def test_killed_cache_builds_are_removed_on_the_next_build(shared_data, vocab_path, tmp_path):
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  cache = tmp_path / "cache"
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                        text=True, check=True)
+  host = socket.gethostname()
+  names = {"dead": f".building-{host}-{int(dead.stdout)}-abc12", "alive": f".building-{host}-{os.getpid()}-def34",
+           "old": ".building-x7yq_2", "recent": ".building-k3j9p1", "other_host": ".building-elsewhere-1-abc"}
+  for name in names.values():
+    (cache / name).mkdir(parents=True)
+    (cache / name / "tokens.bin").write_bytes(b"\0" * 1000)
+  day_ago = time.time() - 2 * store_lib.STALE_BUILD_SECONDS
+  os.utime(cache / names["old"], (day_ago, day_ago))
+  store_lib.build_store(os.path.join(shared_data, FORTUNES), vocab_path, cache_dir=str(cache), max_documents=5)
+  left = {n for n in os.listdir(cache) if n.startswith(".building-")}
+  assert left == {names["alive"], names["recent"], names["other_host"]}

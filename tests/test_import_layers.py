@@ -163,6 +163,3 @@ def test_gin_only_in_the_entry_layer():
 def test_rank_rule_itself(module, importer, expected):
   assert (rank(module) <= rank(importer)) is expected
 
-
-# Layer clean-up in progress: the xfail marker goes when the last violation is gone.
-pytestmark = pytest.mark.xfail(reason="layer clean-up in progress", strict=False)

@@ -47,3 +47,28 @@ def test_document_lines_splits_long_documents():
   counts = {"lines": 0}
   lines = list(spm_cli.document_lines(iter([Document("a", "one\n\n two \nthree"), Document("b", "four")]), counts))
   assert lines == ["one", " two ", "three", "four"] and counts["lines"] == 4
+
+
+def test_spm_corpus_error_is_one_line(tmp_path, capsys):
+  corpus = tmp_path / "bad.jsonl"
+  corpus.write_text("".join(json.dumps({"text": f"hello world number {i} more words"}) + "\n" for i in range(50))
+                    + "{not json\n")
+  assert cli.main(["spm", f"--corpus={corpus}", f"--output={tmp_path / 'v.model'}", "--vocab_size=40"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip() == (f"error: {corpus}: line 51: not valid JSON (Expecting property name enclosed in "
+                         "double quotes)")
+  assert not os.path.exists(tmp_path / "v.model")
+
+
+def test_spm_single_line_longer_than_max_sentence_length(tmp_path, capsys):
+  corpus = tmp_path / "long.jsonl"
+  corpus.write_text(json.dumps({"text": " ".join(f"word{i % 300}" for i in range(2000))}) + "\n")
+  output = tmp_path / "v.model"
+  assert cli.main(["spm", f"--corpus={corpus}", f"--output={output}", "--vocab_size=40"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert "longer than SentencePiece's maximum sentence length (4192 bytes" in err
+  assert "--max_sentence_length" in err and not output.exists()
+  assert cli.main(["spm", f"--corpus={corpus}", f"--output={output}", "--vocab_size=40",
+                   "--max_sentence_length=100000", "--model_type=char"]) == 0
+  assert output.exists()

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -124,6 +125,51 @@ def _sentencepiece_processor(vocab_path: str):
   return vocab, vocab_lib.sentencepiece_processor(vocab)
 
 
+BUILDING_PREFIX = ".building-"
+# A build directory whose owner cannot be checked (another host, an older name) is removed
+# only when nothing has been written to it for this long.
+STALE_BUILD_SECONDS = 24 * 3600
+
+
+def _build_is_stale(path: str, name: str, now: float) -> bool:
+  """True if the build directory `name` belongs to a dead process on this host, or is old."""
+  parts = name[len(BUILDING_PREFIX):].rsplit("-", 2)  # host, pid, random suffix
+  if len(parts) == 3 and parts[0] == socket.gethostname() and parts[1].isdigit():
+    try:
+      os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+      return True
+    except PermissionError:
+      return False  # alive, owned by another user
+    else:
+      return False
+  try:
+    return now - os.stat(path).st_mtime > STALE_BUILD_SECONDS
+  except OSError:
+    return False
+
+
+def remove_stale_builds(cache_dir: str) -> List[str]:
+  """Deletes unfinished cache builds of killed processes in `cache_dir`; returns their paths.
+
+  Stale means: named after a process on this host that no longer runs, or (owner unknown:
+  another host, an old-style name) untouched for `STALE_BUILD_SECONDS`. Builds in progress
+  are never touched.
+  """
+  removed = []
+  now = time.time()
+  try:
+    names = [n for n in os.listdir(cache_dir) if n.startswith(BUILDING_PREFIX)]
+  except OSError:
+    return removed
+  for name in names:
+    path = os.path.join(cache_dir, name)
+    if os.path.isdir(path) and _build_is_stale(path, name, now):
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed
+
+
 def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None, text_field: str = "text",
                 id_field: str = "id", user_field: Optional[str] = None, errors: str = "strict",
                 max_documents: Optional[int] = None, data_dir: Optional[str] = None,
@@ -147,7 +193,8 @@ def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None
     return DocumentStore(final)
   vocab, proc = _sentencepiece_processor(vocab_path)
   os.makedirs(cache_dir, exist_ok=True)
-  tmp = tempfile.mkdtemp(dir=cache_dir, prefix=".building-")
+  remove_stale_builds(cache_dir)
+  tmp = tempfile.mkdtemp(dir=cache_dir, prefix=f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-")
   try:
     manifest = _write_store(tmp, corpus, proc, reader_options, num_threads, progress)
     manifest.update(vocab_path=os.path.abspath(vocab_path), vocab_sha256=vocab_sha,

@@ -16,8 +16,8 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from private_t5 import io
 from private_t5.errors import ConfigError, DataError
-from private_t5.io import atomic_open_text, write_json_atomic
 
 PLACEHOLDER = "{secret}"
 RECORD_SUFFIX = ".canaries.json"
@@ -135,14 +135,15 @@ def write_canary_corpus(documents: Iterable, output_path: str, fmt: CanaryFormat
     (corpus path, record path, number of documents written).
   """
   n = 0
-  with atomic_open_text(output_path) as f:
+  with io.atomic_open_text(output_path) as f:
     for record in insert_canaries(documents, canaries, seed):
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
       n += 1
   rec = {"format": fmt.as_dict(), "space_size": fmt.space_size, "seed": seed, "source": source,
          "corpus": os.path.abspath(output_path), "documents": n,
          "canaries": [dataclasses.asdict(c) for c in canaries]}
-  path = write_json_atomic(record_path(output_path), rec, sort_keys=False)
+  path = record_path(output_path)
+  io.write_json_atomic(path, rec, sort_keys=False)
   return output_path, path, n
 
 

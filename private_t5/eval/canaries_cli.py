@@ -8,10 +8,12 @@ writes the new corpus (JSONL, gzip when the name ends in .gz) and, next to it,
 Give that record to `private-t5 memorization` (--gin.CANARIES=...) to measure exposure.
 """
 import argparse
+import itertools
+import os
 import string
 import sys
 
-from private_t5.errors import ConfigError
+from private_t5.errors import ConfigError, DataError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,11 +41,18 @@ def main(argv) -> int:
     raise ConfigError(f"--repetitions must be comma-separated integers, got {args.repetitions!r}") from None
   if not args.output.endswith((".jsonl", ".jsonl.gz")):
     raise ConfigError(f"--output must end in .jsonl or .jsonl.gz, got {args.output!r}")
+  if os.path.exists(args.output) and os.path.exists(args.input) and os.path.samefile(args.input, args.output):
+    raise ConfigError(f"--output {args.output!r} is the input corpus; write the corpus with canaries "
+                      "to a new file")
   fmt = canaries_lib.CanaryFormat(template=args.template, alphabet=args.alphabet,
                                   length=args.secret_length).validate()
   canaries, seed = canaries_lib.make_canaries(fmt, repetitions, args.per_repetition, args.num_reference,
                                               args.seed)
   docs = corpora.iter_documents(args.input, text_field=args.text_field)
+  first = next(docs, None)  # an empty or unreadable corpus is refused before anything is written
+  if first is None:
+    raise DataError(f"corpus {args.input} has no documents; nothing written")
+  docs = itertools.chain([first], docs)
   corpus, record, n = canaries_lib.write_canary_corpus(docs, args.output, fmt, canaries, seed, source=args.input)
   copies = sum(c.repetitions for c in canaries)
   print(f"[canaries] wrote {corpus}: {n} documents ({copies} canary copies of {len(canaries)} canaries, "

@@ -5,17 +5,20 @@ extra ids on top (`<extra_id_0>` … `<extra_id_99>`) at the top of the id space
 `load_vocabulary` (from `private_t5.vocabulary`) reads them back.
 """
 import io
+import itertools
 import os
 import tempfile
-from typing import Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import sentencepiece as spm
 
+from private_t5 import io as io_lib
 from private_t5.errors import DataError, ConfigError
-from private_t5.io import write_bytes_atomic
 from private_t5.vocabulary import NUM_EXTRA_IDS, load_vocabulary  # pylint: disable=unused-import
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
+# SentencePiece's default `max_sentence_length` (bytes); longer lines are skipped in training.
+DEFAULT_MAX_SENTENCE_LENGTH = 4192
 
 
 def _common_args(vocab_size: int, model_type: str, character_coverage: float, seed_sentencepiece_size: Optional[int]):
@@ -38,38 +41,78 @@ def _common_args(vocab_size: int, model_type: str, character_coverage: float, se
   return args
 
 
-def _train(model_path: str, **kwargs) -> str:
-  """Trains and writes `model_path` atomically (temp file, then rename)."""
+def _one_line(message: str) -> str:
+  """SentencePiece's message without the Python frames (`At: ...`) it appends."""
+  message = message.split("\nAt:")[0].strip()
+  return " ".join(message.split())
+
+
+def _train(model_path: str, *, source_errors: Optional[List[BaseException]] = None,
+           long_lines: Optional[Dict[str, int]] = None, **kwargs) -> str:
+  """Trains and writes `model_path` atomically (temp file, then rename).
+
+  `source_errors` collects an exception raised by the input iterator (re-raised as it was);
+  `long_lines` counts lines over `max_sentence_length` (named when nothing else is left).
+  """
   out_dir = os.path.dirname(os.path.abspath(model_path))
   os.makedirs(out_dir, exist_ok=True)
   proto = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(model_writer=proto, **kwargs)
   except RuntimeError as e:
-    msg = str(e)
+    if source_errors:
+      raise source_errors[0] from None
+    msg = _one_line(str(e))
     if "Vocabulary size too high" in msg or "vocab_size" in msg:
-      raise DataError(f"SentencePiece cannot build the requested vocabulary: {msg.strip()}") from e
-    raise DataError(f"SentencePiece training failed: {msg.strip()}") from e
-  return write_bytes_atomic(model_path, proto.getvalue())
+      raise DataError(f"SentencePiece cannot build the requested vocabulary: {msg}") from e
+    if "sentences_.empty()" in msg and long_lines and long_lines["count"]:
+      raise DataError(
+          f"every line of the corpus is longer than SentencePiece's maximum sentence length "
+          f"({kwargs.get('max_sentence_length', DEFAULT_MAX_SENTENCE_LENGTH)} bytes; "
+          f"{long_lines['count']} line(s) skipped, the longest {long_lines['longest']} bytes): split "
+          "the documents into shorter lines or raise max_sentence_length "
+          "(`private-t5 spm --max_sentence_length=N`)") from e
+    raise DataError(f"SentencePiece training failed: {msg}") from e
+  if source_errors:
+    raise source_errors[0]
+  return io_lib.write_bytes_atomic(model_path, proto.getvalue())
 
 
 def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: int,
                          model_type: str = "unigram", character_coverage: float = 0.9995,
                          input_sentence_size: int = 2_000_000,
-                         seed_sentencepiece_size: Optional[int] = None) -> str:
-  """Trains a SentencePiece model from raw text lines (the public `spm` stage)."""
+                         seed_sentencepiece_size: Optional[int] = None,
+                         max_sentence_length: int = DEFAULT_MAX_SENTENCE_LENGTH) -> str:
+  """Trains a SentencePiece model from raw text lines (the public `spm` stage).
+
+  Lines longer than `max_sentence_length` bytes are skipped by SentencePiece; if that leaves
+  nothing, the DataError says so. An error raised while reading `sentences` (a malformed
+  corpus line) is raised as it is, not wrapped in SentencePiece's message.
+  """
   args = _common_args(vocab_size, model_type, character_coverage, seed_sentencepiece_size)
+  if int(max_sentence_length) < 1:
+    raise ConfigError(f"max_sentence_length must be >= 1, got {max_sentence_length}")
+  args["max_sentence_length"] = int(max_sentence_length)
   it = (s for s in sentences if s and s.strip())
   first = next(it, None)
   if first is None:
     raise DataError("cannot train a vocabulary from an empty corpus")
+  source_errors: List[BaseException] = []
+  long_lines = {"count": 0, "longest": 0}
 
   def chain():
-    yield first
-    yield from it
+    try:
+      for line in itertools.chain([first], it):
+        size = len(line.encode("utf-8"))
+        if size > max_sentence_length:
+          long_lines["count"] += 1
+          long_lines["longest"] = max(long_lines["longest"], size)
+        yield line
+    except Exception as e:  # pylint: disable=broad-except
+      source_errors.append(e)  # re-raised by _train once SentencePiece has stopped
 
-  return _train(model_path, sentence_iterator=chain(), input_sentence_size=input_sentence_size,
-                shuffle_input_sentence=True, **args)
+  return _train(model_path, source_errors=source_errors, long_lines=long_lines, sentence_iterator=chain(),
+                input_sentence_size=input_sentence_size, shuffle_input_sentence=True, **args)
 
 
 def train_from_word_counts(word_counts: Iterable[Tuple[str, int]], model_path: str, vocab_size: int,

@@ -4,7 +4,8 @@
       --output=/tmp/vocab.model
 
 Documents are fed line by line (SentencePiece skips "sentences" longer than its
-`max_sentence_length`, so whole long documents would be lost). Prints a JSON summary.
+`max_sentence_length`, so whole long documents would be lost; a longer line is skipped,
+`--max_sentence_length` raises the limit). Prints a JSON summary.
 The output is written atomically; `private_t5.tokenizer.spm.load_vocabulary` reads it with
 T5's 100 sentinels.
 """
@@ -32,7 +33,8 @@ def document_lines(docs: Iterator[corpora.Document], counts: dict) -> Iterator[s
 def train_vocabulary(corpus: str, output: str, vocab_size: int, model_type: str = "unigram", *,
                      max_documents: Optional[int] = None, text_field: str = "text", errors: str = "strict",
                      data_dir: Optional[str] = None, character_coverage: float = 0.9995,
-                     input_sentence_size: int = 2_000_000) -> dict:
+                     input_sentence_size: int = 2_000_000,
+                     max_sentence_length: int = spm_lib.DEFAULT_MAX_SENTENCE_LENGTH) -> dict:
   """Trains `output` from `corpus`; returns the JSON-able summary."""
   start = time.time()
   stats = corpora.CorpusStats()
@@ -40,7 +42,8 @@ def train_vocabulary(corpus: str, output: str, vocab_size: int, model_type: str 
   docs = corpora.iter_documents(corpus, text_field=text_field, errors=errors, data_dir=data_dir,
                                 stats=stats, max_documents=max_documents)
   spm_lib.train_from_sentences(document_lines(docs, counts), output, vocab_size, model_type=model_type,
-                               character_coverage=character_coverage, input_sentence_size=input_sentence_size)
+                               character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+                               max_sentence_length=max_sentence_length)
   vocab = spm_lib.load_vocabulary(output)
   return {
       "output": os.path.abspath(output),
@@ -73,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--character_coverage", type=float, default=0.9995)
   p.add_argument("--input_sentence_size", type=int, default=2_000_000,
                  help="lines SentencePiece samples for training")
+  p.add_argument("--max_sentence_length", type=int, default=spm_lib.DEFAULT_MAX_SENTENCE_LENGTH,
+                 help="longest line in bytes used for training; longer lines are skipped (default %(default)s)")
   return p
 
 
@@ -83,7 +88,8 @@ def main(argv: List[str]) -> int:
   summary = train_vocabulary(args.corpus, args.output, args.vocab_size, args.model_type,
                              max_documents=args.max_documents, text_field=args.text_field, errors=args.errors,
                              data_dir=args.data_dir, character_coverage=args.character_coverage,
-                             input_sentence_size=args.input_sentence_size)
+                             input_sentence_size=args.input_sentence_size,
+                             max_sentence_length=args.max_sentence_length)
   json.dump(summary, sys.stdout, indent=2)
   print()
   return 0

@@ -20,13 +20,15 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import numpy as np
 
 from private_t5.errors import CheckpointError
 from private_t5.io import json_default
+from private_t5.train import run_lock
 
 PyTree = Any
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -74,6 +76,9 @@ class CheckpointManager:
       description, privacy mechanism); a directory holding checkpoints with another
       fingerprint is refused.
     async_save: write checkpoints in a background thread (the step loop continues).
+
+  The manager holds the exclusive lock of `model_dir` (`run_lock`) from construction until
+  `close`: a second process opening the same directory gets a CheckpointError naming the holder.
   """
 
   def __init__(self, model_dir: str, *, keep: int = 3, fingerprint: Optional[Dict[str, Any]] = None,
@@ -81,21 +86,38 @@ class CheckpointManager:
     if keep is not None and int(keep) < 1:
       raise CheckpointError(f"keep_checkpoints must be >= 1, got {keep}")
     check_writable(model_dir)
+    self._lock = run_lock.acquire(model_dir)
+    try:
+      self._open(model_dir, keep, fingerprint, async_save)
+    except BaseException:
+      run_lock.release(self._lock)
+      raise
+
+  def _open(self, model_dir, keep, fingerprint, async_save) -> None:
     ocp = _ocp()
     self.model_dir = model_dir
     self.directory = os.path.abspath(os.path.join(model_dir, CHECKPOINT_SUBDIR))
     self.fingerprint = fingerprint
+    self._pending: Optional[Tuple[int, Optional[Callable[[], None]]]] = None
     self._remove_unfinished()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-        cleanup_tmp_directories=True)
-    try:
-      self._manager = ocp.CheckpointManager(
-          self.directory, options=options, item_names=(STATE_ITEM, METADATA_ITEM))
-    except OSError as e:
-      raise CheckpointError(f"cannot open checkpoints in {self.directory}: {e}") from e
+        cleanup_tmp_directories=True,
+        # Step directories are created before `save` returns, so a failed save leaves no
+        # background work behind that could recreate its temporaries after the cleanup.
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+    self._options = options
+    self._manager = self._open_orbax()
     if fingerprint is not None:
       self.check_compatible(fingerprint)
+
+  def _open_orbax(self):
+    ocp = _ocp()
+    try:
+      return ocp.CheckpointManager(self.directory, options=self._options,
+                                   item_names=(STATE_ITEM, METADATA_ITEM))
+    except OSError as e:
+      raise CheckpointError(f"cannot open checkpoints in {self.directory}: {e}") from e
 
   def _remove_unfinished(self) -> None:
     """Deletes temporaries of saves interrupted by a crash (never complete steps)."""
@@ -140,31 +162,69 @@ class CheckpointManager:
 
   # -- save / restore ---------------------------------------------------------------------------
 
-  def save(self, step: int, state: PyTree, metadata: Dict[str, Any]) -> bool:
+  def save(self, step: int, state: PyTree, metadata: Dict[str, Any],
+           on_commit: Optional[Callable[[], None]] = None) -> bool:
     """Starts saving `state` and `metadata` (with the fingerprint) as checkpoint `step`.
 
+    The previous (background) save is completed and checked first. `on_commit` runs once this
+    checkpoint is complete on disk (in the next `save`, `wait`, `poll` or `close`), never before:
+    files that describe the checkpoint (the privacy report) must not run ahead of it.
+
     Raises:
-      CheckpointError: the directory is not writable or the disk is full; previously saved
-        checkpoints stay intact (the failed step never becomes visible).
+      CheckpointError: this save or the previous one failed (directory not writable, disk
+        full, ...): one line naming the step and the cause; the failed step never becomes
+        visible, its temporaries are removed, and earlier checkpoints stay intact.
     """
+    self.wait()
     ocp = _ocp()
     metadata = dict(metadata, step=int(step), fingerprint=self.fingerprint, format_version=FORMAT_VERSION)
     metadata = json.loads(json.dumps(metadata, default=json_default))
     try:
-      return self._manager.save(int(step), args=ocp.args.Composite(**{
+      saved = self._manager.save(int(step), args=ocp.args.Composite(**{
           STATE_ITEM: ocp.args.StandardSave(state), METADATA_ITEM: ocp.args.JsonSave(metadata)}),
           force=True)
-    except OSError as e:
-      raise CheckpointError(f"saving checkpoint {step} to {self.directory} failed: "
-                            f"{e.strerror or e}; earlier checkpoints are intact") from e
+    except Exception as e:  # pylint: disable=broad-except
+      self._failed(int(step), e)
+    self._pending = (int(step), on_commit)
+    return saved
 
-  def wait(self) -> None:
-    """Blocks until background saves are complete; surfaces their errors as CheckpointError."""
+  def _failed(self, step: Optional[int], error: BaseException) -> None:
+    """Cleans up after a failed save of `step` and raises its one-line CheckpointError."""
+    # Let orbax's background work of the failed save end, remove the step's temporaries and
+    # continue with a fresh orbax manager (the next start removes any temporaries left too).
     try:
       self._manager.wait_until_finished()
-    except OSError as e:
-      raise CheckpointError(f"saving a checkpoint to {self.directory} failed: {e.strerror or e}; "
-                            "earlier checkpoints are intact") from e
+    except Exception:  # pylint: disable=broad-except
+      pass  # the save's own error is the one reported
+    self._pending = None
+    for _ in range(5):  # writers of the other items may still be closing their files
+      self._remove_unfinished()
+      time.sleep(0.2)
+    self._remove_unfinished()
+    self._manager = self._open_orbax()
+    what = "a checkpoint" if step is None else f"checkpoint {step}"
+    raise CheckpointError(f"saving {what} to {self.directory} failed: {_cause(error)}; "
+                          "training stopped, earlier checkpoints are intact") from error
+
+  def wait(self) -> None:
+    """Blocks until the background save is complete, then runs its `on_commit`.
+
+    Raises:
+      CheckpointError: the background save failed (naming its step and the cause).
+    """
+    step, on_commit = self._pending if self._pending is not None else (None, None)
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      self._failed(step, e)
+    self._pending = None
+    if on_commit is not None:
+      on_commit()
+
+  def poll(self) -> None:
+    """Runs the pending `on_commit` if the background save has finished (never blocks long)."""
+    if self._pending is not None and not self._manager.is_saving_in_progress():
+      self.wait()
 
   def restore(self, abstract_state: PyTree, step: Optional[int] = None) -> Tuple[PyTree, Dict[str, Any]]:
     """(state, metadata) of checkpoint `step` (default: latest), placed as `abstract_state`."""
@@ -175,13 +235,53 @@ class CheckpointManager:
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
           STATE_ITEM: ocp.args.StandardRestore(abstract_state), METADATA_ITEM: ocp.args.JsonRestore()}))
-    except (FileNotFoundError, ValueError, KeyError) as e:
-      raise CheckpointError(f"checkpoint {step} in {self.directory} does not match this model: {e}") from e
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable or does not match "
+                            f"this model: {_cause(e)}") from e
     return restored[STATE_ITEM], dict(restored[METADATA_ITEM])
 
+  def set_aside(self, step: int) -> str:
+    """Moves unreadable checkpoint `step` out of the step sequence (kept for inspection).
+
+    It becomes `checkpoints/unreadable-<step>-<time>`, which orbax does not list, so the run
+    can fall back to an earlier step and later save `step` again. Returns the new path.
+    """
+    source = os.path.join(self.directory, str(int(step)))
+    target = os.path.join(self.directory, f"unreadable-{int(step)}-{int(time.time())}")
+    try:
+      os.rename(source, target)
+    except OSError as e:
+      raise CheckpointError(f"cannot move unreadable checkpoint {source} aside: {e.strerror or e}") from e
+    self._manager.reload()
+    return target
+
+  def __del__(self):
+    # A manager dropped without `close` (a query, an error path) gives its lock back.
+    lock = getattr(self, "_lock", None)
+    if lock is not None:
+      self._lock = None
+      try:
+        run_lock.release(lock)
+      except Exception:  # pylint: disable=broad-except
+        pass  # interpreter shutdown
+
   def close(self) -> None:
-    self.wait()
-    self._manager.close()
+    """Completes the pending save, closes orbax and releases the model directory's lock."""
+    try:
+      self.wait()
+      self._manager.close()
+    finally:
+      if self._lock is not None:
+        run_lock.release(self._lock)
+        self._lock = None
+
+
+def _cause(error: BaseException) -> str:
+  """One line: the OS reason of an OSError, else the exception's type and first line."""
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _lookup(tree: Any, dotted: Optional[str]) -> Any:
@@ -239,8 +339,10 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
         step_dir, args=ocp.args.PyTreeRestore(
             item={"params": params_meta}, restore_args={"params": restore_args},
             partial_restore=True))
-  except (FileNotFoundError, ValueError, KeyError) as e:
-    raise CheckpointError(f"cannot read checkpoint {step} in {directory}: {e}") from e
+  except CheckpointError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"cannot read checkpoint {step} in {directory}: {_cause(e)}") from e
   finally:
     manager.close()
   params = jax.tree.map(np.asarray, restored["params"])

@@ -5,11 +5,16 @@ Order of one step t (t = the state's step = the data position):
   state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
 Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
 a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
-rewritten at the same time. After a crash the run restarts from the latest complete
+rewritten only once that checkpoint is committed (complete on disk), so it never claims more
+steps than the latest checkpoint holds. A save that fails stops the run with one
+CheckpointError naming the step. An unreadable latest checkpoint is set aside with a warning
+and the run resumes from the newest readable one (state, seeds and ledger all from that one
+checkpoint). After a crash the run restarts from the latest complete
 checkpoint s and recomputes steps s+1, ... with the same batches and keys, producing the same
 updates (nothing new is released).
 """
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -18,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 import jax
 import numpy as np
 
+from private_t5 import io
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
 from private_t5.train import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
@@ -64,6 +70,32 @@ def _finite(x: Optional[float]) -> Optional[float]:
   return None if x is None or not math.isfinite(x) else float(x)
 
 
+def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstract_state, log):
+  """(step, state, metadata) of the newest readable checkpoint, or (None, None, None) if none.
+
+  Unreadable newer checkpoints (a truncated or emptied array file) are set aside with a
+  warning; if none is readable, the newest one's error is raised.
+  """
+  first_error = None
+  for step in reversed(manager.all_steps()):
+    try:
+      state, saved = manager.restore(abstract_state, step)
+    except checkpoints_lib.CheckpointError as e:
+      first_error = first_error or e
+      continue
+    if first_error is not None:
+      for bad in [s for s in manager.all_steps() if s > step]:
+        moved = manager.set_aside(bad)
+        message = (f"[train] WARNING: checkpoint {bad} in {manager.directory} is unreadable; moved to "
+                   f"{moved}; resuming from checkpoint {step}")
+        logging.warning(message)
+        log(message)
+    return step, state, saved
+  if first_error is not None:
+    raise first_error
+  return None, None, None
+
+
 def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, seeds: RunSeeds,
         manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
         initial_params_fn: Optional[Callable[[], Any]] = None,
@@ -75,9 +107,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   """
   model_dir = config.model_dir
   ledger: PrivacyLedger = privacy.ledger
-  start_step = manager.latest_step()
+  start_step, state, saved = _restore_latest_readable(manager, trainer.abstract_state(), log)
   if start_step is not None:
-    state, saved = manager.restore(trainer.abstract_state(), start_step)
     if RunSeeds.from_dict(saved["seeds"]) != seeds:
       raise checkpoints_lib.CheckpointError(
           f"checkpoint {start_step} in {model_dir} was written with other seeds; pass the seeds "
@@ -103,9 +134,12 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
     validation_batches = _validation_batches(validation_source, padded, config.eval_examples)
 
   def save(step: int, state) -> None:
+    report = ledger.report()
+    report_path = os.path.join(model_dir, REPORT_FILENAME)
+    # The report is written once the checkpoint it describes is committed, never before.
     manager.save(step, state, dict(metadata, seeds=seeds.to_dict(), ledger=ledger.to_dict(),
-                                   privacy_report=ledger.report()))
-    ledger.save(os.path.join(model_dir, REPORT_FILENAME))
+                                   privacy_report=report),
+                 on_commit=lambda: io.write_json_atomic(report_path, report))
 
   def run_eval(step: int, params) -> Dict[str, float]:
     result = evaluate(trainer, params, validation_batches)
@@ -159,6 +193,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       last_eval = run_eval(step, state.params)
     if step % config.checkpoint_every == 0 or step == config.train_steps:
       save(step, state)
+    else:
+      manager.poll()  # the report of a finished background save; raises if it failed
   elapsed = time.time() - t_start
   if step == start_step and manager.latest_step() is None:  # nothing trained, nothing saved yet
     save(step, state)
