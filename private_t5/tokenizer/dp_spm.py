@@ -365,8 +365,9 @@ def merge_public(private_kept: Dict[str, float],
   return sorted(((w, max(1, int(round(c)))) for w, c in merged.items()), key=lambda x: -x[1])
 
 
-def base_characters(extra_characters: str = "") -> str:
+def base_characters(extra_characters: Optional[str] = "") -> str:
   """The public base character set: printable ASCII plus `extra_characters` (no whitespace), each once."""
+  extra_characters = "" if extra_characters is None else extra_characters
   if not isinstance(extra_characters, str):
     raise ConfigError(f"extra_characters must be a string, got {extra_characters!r}")
   extra = "".join(c for c in extra_characters if not c.isspace() and c != WORD_BOUNDARY)
@@ -513,7 +514,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                         sensitivity: str = DEFAULT_SENSITIVITY, max_words_per_document: int = DEFAULT_MAX_WORDS,
                         insecure_seed: Optional[int] = None, num_workers: Optional[int] = None,
                         chunk_size: int = 256, allow_vocab_cap: bool = True, strict_vocab_size: bool = False,
-                        extra_characters: str = "", public_corpus: Union[None, str, Sequence[str]] = None,
+                        extra_characters: Optional[str] = "", public_corpus: Union[None, str, Sequence[str]] = None,
                         eval_corpus: Union[None, str, Sequence[str]] = None, eval_documents: int = 200,
                         nonprivate_baseline: bool = True,
                         character_coverage: float = 0.9995, max_documents: Optional[int] = None,
