@@ -234,14 +234,10 @@ def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
   for text in texts:
     ids = proc.encode(text)
     assert len(ids) > 10
-    # Pieces round-trip the text up to whitespace normalisation (characters outside the private
-    # vocabulary map to <unk> ids but keep their surface).
-    pieces = proc.encode(text, out_type=str)
-    assert " ".join("".join(pieces).replace("\u2581", " ").split()) == " ".join(text.split())
-    known = [i for i in ids if i != proc.unk_id()]
-    assert len(known) > 0.85 * len(ids)
-    text_known = proc.decode(known)
-    assert " ".join(proc.decode(proc.encode(text_known)).split()) == " ".join(text_known.split())
+    # Byte fallback: characters outside the private vocabulary become bytes, never <unk>, and
+    # decoding gives the text back exactly.
+    assert proc.unk_id() not in ids
+    assert proc.decode(ids) == text
   vocab = spm_lib.load_vocabulary(out)  # the data pipeline's loader accepts it (T5 layout + sentinels)
   assert vocab.vocab_size == 600 + 100
   # The training ledger composes the report.
@@ -256,7 +252,7 @@ def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
 def test_other_model_types_and_seeded_runs_are_deterministic(tmp_path, model_type):
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
-  kw = dict(vocab_size=40, model_type=model_type, delta=1e-4, target_epsilon=5.0, sensitivity="capped",
+  kw = dict(vocab_size=400, model_type=model_type, delta=1e-4, target_epsilon=5.0, sensitivity="capped",
             max_words_per_document=16, insecure_seed=3, num_workers=1, verbose=False)
   r1 = dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "a" / "m.model"), **kw)
   r2 = dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "b" / "m.model"), **kw)
@@ -277,7 +273,7 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
   out = str(tmp_path / "v" / "dp.model")
-  report = dp_spm.train_dp_vocabulary(corpus, out, vocab_size=40, delta=1e-4, target_epsilon=5.0,
+  report = dp_spm.train_dp_vocabulary(corpus, out, vocab_size=400, delta=1e-4, target_epsilon=5.0,
                                       sensitivity="capped", max_words_per_document=16, insecure_seed=3,
                                       num_workers=1, verbose=False)
   on_disk = json.load(open(report["report_path"]))
@@ -304,7 +300,7 @@ def test_vocab_cap_reported_or_refused(tmp_path):
 def test_every_word_dropped_names_the_knob(tmp_path):
   corpus = _write_jsonl(tmp_path / "c.jsonl", ["a few words here"] * 20)
   with pytest.raises(DataError, match="every word was dropped.*target_epsilon"):
-    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=20, delta=1e-4, target_epsilon=0.17,
+    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=400, delta=1e-4, target_epsilon=0.17,
                                num_workers=1, verbose=False)
 
 
@@ -319,7 +315,7 @@ def test_large_delta_warns(tmp_path):
   texts = [f"one two three four {i % 3}" for i in range(300)]
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
   with pytest.warns(UserWarning, match="meaningless"):
-    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=30, delta=0.01, target_epsilon=8.0,
+    dp_spm.train_dp_vocabulary(corpus, str(tmp_path / "m.model"), vocab_size=400, delta=0.01, target_epsilon=8.0,
                                sensitivity="capped", max_words_per_document=8, num_workers=1, verbose=False)
 
 
@@ -328,7 +324,7 @@ def test_cli_with_gin_and_flags(tmp_path, capsys):
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
   out = str(tmp_path / "v" / "dp.model")
   rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--gin.CORPUS={corpus}", f"--gin.OUTPUT={out}",
-                 "--vocab_size=30", "--sensitivity=capped", "--max_words=8", "--delta=1e-4", "--noise_std=2.0",
+                 "--vocab_size=400", "--sensitivity=capped", "--max_words=8", "--delta=1e-4", "--noise_std=2.0",
                  "--insecure_seed=1", "--num_workers=1"])
   assert rc == 0
   report = json.loads(capsys.readouterr().out)
@@ -342,3 +338,220 @@ def test_cli_with_gin_and_flags(tmp_path, capsys):
   assert rc == 2 and [l for l in err.splitlines() if l.startswith("error:")] == [f"error: corpus not found: {tmp_path}/missing.jsonl"]
   rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}", "--num_workers=1"])
   assert rc == 2 and "missing output" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte fallback and the public base character set: nothing is <unk>
+# ---------------------------------------------------------------------------------------------
+
+_UNRELATED = [
+    "Grüße aus Köln — naïve café, façade; Ελληνικά, русский текст, 中文字符, 日本語のテキスト, 한국어",
+    "emoji 😀🚀👩‍👩‍👧 and symbols ∑∫√≠ ©®™ € £ ¥",
+    "  leading and trailing spaces  ",
+    "tabs\tnew\nlines\r\nand   runs of   spaces",
+    "ＦＵＬＬＷＩＤＴＨ and ligatures ﬁ ﬂ and combining e\u0301",
+    "control \x00 \x07 \x1b characters, RTL \u202e mark, zero-width \u200b joiner",
+    "",
+    "x",
+]
+
+
+def _small_vocab(tmp_path, name, texts, **kw):
+  corpus = _write_jsonl(tmp_path / f"{name}.jsonl", texts)
+  args = dict(vocab_size=400, delta=1e-4, target_epsilon=8.0, max_words_per_document=16, insecure_seed=0,
+              num_workers=1, verbose=False)
+  args.update(kw)
+  out = str(tmp_path / name / "dp.model")
+  return out, dp_spm.train_dp_vocabulary(corpus, out, **args)
+
+
+def _data_independent_pieces(model_file):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  proc = spm.SentencePieceProcessor(model_file=model_file)
+  return {proc.id_to_piece(i) for i in range(proc.get_piece_size())
+          if proc.is_byte(i) or proc.is_control(i) or proc.is_unknown(i)
+          or proc.id_to_piece(i) in set(dp_spm.BASE_CHARACTERS) | {dp_spm.WORD_BOUNDARY}}
+
+
+def test_any_unicode_string_round_trips_without_unk(tmp_path):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
+  out, report = _small_vocab(tmp_path, "a", texts)
+  assert report["byte_fallback"] and report["base_characters"] == dp_spm.BASE_CHARACTERS
+  proc = spm.SentencePieceProcessor(model_file=out)
+  rng = np.random.default_rng(0)
+  random_texts = ["".join(chr(int(c)) for c in rng.integers(1, 0x2FFFF, size=int(rng.integers(1, 60)))
+                          if not 0xD800 <= int(c) <= 0xDFFF) for _ in range(200)]
+  for text in _UNRELATED + random_texts:
+    ids = proc.encode(text)
+    assert proc.unk_id() not in ids, text
+    assert proc.decode(ids) == text, text
+
+
+def test_data_independent_pieces_in_every_vocabulary(tmp_path):
+  a, ra = _small_vocab(tmp_path, "a", [f"alpha beta gamma delta {i % 5} epsilon" for i in range(400)])
+  b, rb = _small_vocab(tmp_path, "b", [f"Ωmega ψι χι φι {i % 3} υψιλον" for i in range(400)])
+  pa, pb = _data_independent_pieces(a), _data_independent_pieces(b)
+  assert pa == pb
+  assert len(pa) == dp_spm.min_vocab_size(dp_spm.BASE_CHARACTERS) == 3 + 256 + 1 + 94
+  assert {f"<0x{i:02X}>" for i in range(256)} <= pa and set(dp_spm.BASE_CHARACTERS) <= pa
+  for r in (ra, rb):
+    src = r["pieces_by_source"]
+    assert (src["special"], src["byte"], src["base_character"]) == (3, 256, 95)
+    assert src["other"] == 0 and src["public"] == 0 and sum(src.values()) == r["vocab_size"]
+
+
+def test_extra_characters_and_too_small_vocab(tmp_path):
+  texts = [f"alpha beta gamma {i % 5}" for i in range(300)]
+  out, report = _small_vocab(tmp_path, "a", texts, extra_characters="é ñ€é")
+  assert report["base_characters"] == dp_spm.BASE_CHARACTERS + "éñ€"
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  proc = spm.SentencePieceProcessor(model_file=out)
+  assert all(proc.piece_to_id(c) != proc.unk_id() for c in "éñ€")
+  with pytest.raises(ConfigError, match="vocab_size must be an integer >= 354"):
+    _small_vocab(tmp_path, "b", texts, vocab_size=353)
+
+
+def test_capped_is_the_default_sensitivity(tmp_path):
+  assert dp_spm.DEFAULT_SENSITIVITY == "capped" and dp_spm.ContributionBound().mode == "capped"
+  _, report = _small_vocab(tmp_path, "a", [f"alpha beta gamma {i % 5}" for i in range(300)])
+  assert report["sensitivity"]["mode"] == "capped"
+  _, report = _small_vocab(tmp_path, "b", [f"alpha beta gamma {i % 5}" for i in range(300)], sensitivity="paper",
+                           target_epsilon=50.0)
+  assert report["sensitivity"]["mode"] == "paper"
+  assert 'train_dp_vocabulary.sensitivity = "capped"' in open("configs/runs/dp_spm.gin").read()
+
+
+# ---------------------------------------------------------------------------------------------
+# A public corpus: exact counts merged after the private release
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bound", [PAPER, CAPPED])
+def test_sensitivity_holds_with_public_merge(bound):
+  docs = _adversarial_documents(np.random.default_rng(4))
+  public_docs = [" ".join(f"w{i}" for i in range(j, j + 300)) for j in range(0, 3000, 100)] + ["spam public"]
+  public, _ = dp_spm.build_histogram(public_docs, bound, num_workers=1)
+  full, _ = dp_spm.build_histogram(docs, bound, num_workers=1, chunk_size=7)
+  merged_full = dict(dp_spm.merge_public(full, public))
+  for i in range(0, len(docs), 7):
+    rest, _ = dp_spm.build_histogram(docs[:i] + docs[i + 1:], bound, num_workers=1, chunk_size=7)
+    # The public counts are computed without the private corpus: the same for both neighbours.
+    assert dp_spm.build_histogram(public_docs, bound, num_workers=1)[0] == public
+    merged_rest = dict(dp_spm.merge_public(rest, public))
+    diff = np.array([merged_full[w] - merged_rest.get(w, 0) for w in merged_full], dtype=float)
+    assert np.linalg.norm(diff) <= bound.l2 + 1e-9
+    assert np.abs(diff).max() <= bound.linf
+    assert sum(1 for w in merged_full if w not in merged_rest) <= bound.max_distinct
+
+
+def test_merge_public_sums_and_keeps_public_words():
+  merged = dp_spm.merge_public({"a": 10.4, "b": 3.0}, {"a": 2, "c": 1})
+  assert merged == [("a", 12), ("b", 3), ("c", 1)]
+  assert dp_spm.merge_public({"a": 0.2}) == [("a", 1)]
+
+
+def test_public_corpus_adds_pieces_without_touching_the_private_release(tmp_path):
+  texts = [f"alpha beta gamma delta {i % 5} epsilon zeta" for i in range(400)]
+  public = _write_jsonl(tmp_path / "public.jsonl",
+                        [f"the quick brown fox jumps over the lazy dog number{i % 50} again" for i in range(300)])
+  _, without = _small_vocab(tmp_path, "a", texts)
+  _, with_public = _small_vocab(tmp_path, "b", texts, public_corpus=public)
+  # Same noise seed: the private words that pass the noisy threshold are the same.
+  assert with_public["words_kept"] == without["words_kept"] and with_public["threshold"] == without["threshold"]
+  assert with_public["epsilon"] == without["epsilon"]
+  assert with_public["public_corpus"] == [public] and with_public["public_words"] == 59
+  src = with_public["pieces_by_source"]
+  assert src["public"] > 0 and src["private"] + src["private_and_public"] > 0
+  assert sum(src.values()) == with_public["vocab_size"] > without["vocab_size"]
+  # Only public words: still a vocabulary (nothing private passed the threshold).
+  _, only_public = _small_vocab(tmp_path, "c", ["a few words here"] * 20, target_epsilon=0.17, public_corpus=public)
+  assert only_public["words_kept"] == 0 and only_public["pieces_by_source"]["private"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A small vocabulary: one warning, or an error
+# ---------------------------------------------------------------------------------------------
+
+def test_small_vocabulary_warns_once_and_strict_fails(tmp_path, caplog, capsys):
+  texts = [f"one two three four {i % 3}" for i in range(300)]
+  with caplog.at_level("WARNING"):
+    _, r = _small_vocab(tmp_path, "a", texts, vocab_size=5000, max_words_per_document=8)
+  lines = [rec.getMessage() for rec in caplog.records if rec.levelname == "WARNING"]
+  assert len(lines) == 1 and "\n" not in lines[0]
+  assert f"only {r['vocab_size']} of the 5000 requested pieces" in lines[0]
+  for knob in ("ε=8", "sensitivity=capped", "W=8 words per document", "public corpus: none", "--public_corpus",
+               "--strict_vocab_size"):
+    assert knob in lines[0], knob
+  assert r["vocab_size_warning"] == lines[0] and r["vocab_size_capped"]
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    _, r = _small_vocab(tmp_path, "b", texts, vocab_size=r["vocab_size"], max_words_per_document=8)
+  assert not [rec for rec in caplog.records if rec.levelname == "WARNING"] and r["vocab_size_warning"] is None
+  with pytest.raises(DataError, match=r"at most \d+ pieces, fewer than vocab_size=5000 \(ε=8"):
+    _small_vocab(tmp_path, "c", texts, vocab_size=5000, max_words_per_document=8, strict_vocab_size=True)
+  assert not os.path.exists(tmp_path / "c" / "dp.model")
+  corpus = str(tmp_path / "a.jsonl")
+  rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}",
+                 f"--output={tmp_path}/d/dp.model", "--vocab_size=5000", "--max_words=8", "--delta=1e-4",
+                 "--epsilon=8", "--insecure_seed=0", "--num_workers=1", "--strict_vocab_size"])
+  err = capsys.readouterr().err
+  assert rc == 2 and len([l for l in err.splitlines() if l.startswith("error:")]) == 1
+  assert "fewer than vocab_size=5000" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Utility in the report
+# ---------------------------------------------------------------------------------------------
+
+def test_utility_report_with_and_without_eval_corpus(tmp_path, capsys):
+  texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta" for i in range(400)]
+  heldout = _write_jsonl(tmp_path / "heldout.jsonl", _UNRELATED[:4] * 5)
+  _, r = _small_vocab(tmp_path, "a", texts, eval_corpus=heldout, eval_documents=10)
+  u = r["utility"]
+  assert u["sample"]["source"] == "eval_corpus" and u["sample"]["dp_statistic"] and u["sample"]["documents"] == 10
+  assert u["dp_vocabulary"]["unk_rate"] == 0.0 and u["dp_vocabulary"]["exact_round_trip_fraction"] == 1.0
+  assert u["dp_vocabulary"]["tokens_per_word"] > 1 and u["dp_vocabulary"]["vocab_size"] == r["vocab_size"]
+  base = u["nonprivate_baseline"]
+  assert base["label"].startswith("non-private") and "never" in base["label"] and base["unk_rate"] == 0.0
+  assert "utility.nonprivate_baseline" in r["not_dp_fields"] and "utility.dp_vocabulary" not in r["not_dp_fields"]
+  on_disk = json.load(open(r["report_path"]))
+  assert on_disk["utility"] == u and on_disk["vocab_sha256"]
+  # Default: a sample of the training corpus, labelled as a non-private statistic; the stage's
+  # last lines give the numbers.
+  corpus = str(tmp_path / "a.jsonl")
+  rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}",
+                 f"--output={tmp_path}/b/dp.model", "--vocab_size=400", "--max_words=16", "--delta=1e-4",
+                 "--epsilon=8", "--insecure_seed=0", "--num_workers=1", "--eval_documents=50"])
+  out, err = capsys.readouterr()
+  assert rc == 0
+  r = json.loads(out)
+  assert r["utility"]["sample"]["source"] == "training_corpus" and not r["utility"]["sample"]["dp_statistic"]
+  assert {"utility.sample", "utility.dp_vocabulary", "utility.nonprivate_baseline"} <= set(r["not_dp_fields"])
+  last = err.strip().splitlines()[-3:]
+  assert "utility on 50 documents (training corpus, NOT a DP statistic): <unk> rate 0.00%" in last[0]
+  assert last[1].startswith("dp-spm: non-private SentencePiece (comparison only, never released)")
+  assert last[2].startswith("dp-spm: wrote")
+
+
+@pytest.mark.slow
+def test_unrelated_real_text_has_no_unk(tmp_path, shared_data):
+  """A vocabulary from fortunes tokenizes news and documentation it never saw: no <unk>, exact decode."""
+  import csv  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / "v" / "dp.model")
+  report = dp_spm.train_dp_vocabulary(_fortunes(shared_data), out, vocab_size=2000, delta=1e-8, target_epsilon=3.37,
+                                      max_documents=5000, insecure_seed=0, num_workers=2, eval_documents=0,
+                                      verbose=False)
+  assert report["sensitivity"]["mode"] == "capped" and report["utility"] is None
+  proc = spm.SentencePieceProcessor(model_file=out)
+  texts = []
+  with open(os.path.join(shared_data, "glue_like", "bbc_news", "test.tsv"), newline="") as f:
+    for row, _ in zip(csv.reader(f, delimiter="\t"), range(50)):
+      texts.append(max(row, key=len))
+  with gzip.open(os.path.join(shared_data, "pretrain", "python_docs.jsonl.gz"), "rt") as f:
+    for line, _ in zip(f, range(20)):
+      texts.append(json.loads(line)["text"])
+  u = dp_spm.tokenization_utility(out, texts + _UNRELATED)
+  assert u["unk_rate"] == 0.0 and u["exact_round_trip_fraction"] == 1.0 and u["tokens"] > 10_000
+  for text in texts:
+    assert proc.decode(proc.encode(text)) == text

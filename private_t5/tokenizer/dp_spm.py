@@ -11,7 +11,13 @@ Algorithm 1 of the seed paper, with each document's contribution bounded first:
      in the document): k = √W, m = 1, n = W.
 2. The histograms are summed (streaming, in parallel over chunks of documents).
 3. N(0, σ²) is added to every observed count; a word is kept when its noisy count ≥ T.
-4. SentencePiece is trained on the kept words only (`spm.train_from_word_counts`).
+4. SentencePiece is trained on the kept words only (`spm.train_from_word_counts`), optionally
+   merged with the exact word counts of a public corpus (`merge_public`), always with byte
+   fallback and a public base character set (`base_characters`): pieces that no private data
+   chose, so that no text ever becomes `<unk>` and they cost no privacy.
+
+The four steps are separate functions (`bounded_counts` → `build_histogram` →
+`private_histogram` → `merge_public`), so each can be run by another executor.
 
 Privacy (add/remove one document; Wilson et al. 2020, Hoory et al. 2021 Theorem 1): words
 already in the corpus form a Gaussian mechanism with L2 sensitivity k, (ε, δ_g)-DP; a word
@@ -31,6 +37,8 @@ formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε from `dp_a
 """
 import collections
 import dataclasses
+import itertools
+import logging
 import math
 import multiprocessing
 import os
@@ -47,8 +55,18 @@ from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import file_sha256, write_json_atomic
 
 SENSITIVITY_MODES = ("paper", "capped")
+DEFAULT_SENSITIVITY = "capped"
 MODEL_TYPES = ("unigram", "bpe", "char")
 DEFAULT_MAX_WORDS = 256
+# Pieces of every private vocabulary that do not depend on any data: pad/eos/unk, the 256 UTF-8
+# byte pieces (byte fallback), SentencePiece's word-boundary mark and the base characters.
+SPECIAL_PIECES = 3
+BYTE_PIECES = 256
+WORD_BOUNDARY = "\u2581"
+# Printable ASCII without whitespace (the space is the word-boundary piece).
+BASE_CHARACTERS = "".join(chr(c) for c in range(33, 127))
+NONPRIVATE_LABEL = ("non-private: a SentencePiece of the requested size trained without noise or threshold on "
+                    "the same bounded word histogram; for comparison only, never written or released")
 MECHANISM_NAME = "dp_sentencepiece"
 REPORT_FILENAME = "privacy_report.json"
 # Report fields computed from the raw corpus (diagnostics, not covered by the guarantee).
@@ -68,7 +86,7 @@ class ContributionBound:
       ≤ max_words distinct words).
     max_words: N (paper) or W (capped).
   """
-  mode: str = "paper"
+  mode: str = DEFAULT_SENSITIVITY
   max_words: int = DEFAULT_MAX_WORDS
 
   def __post_init__(self):
@@ -330,28 +348,128 @@ def private_histogram(histogram: Dict[str, int], noise_std: float, threshold: fl
   return {words[i]: float(noisy[i]) for i in keep}
 
 
+def merge_public(private_kept: Dict[str, float],
+                 public_counts: Optional[Dict[str, int]] = None) -> List[Tuple[str, int]]:
+  """The `(word, count)` list SentencePiece trains on, most frequent first.
+
+  `private_kept` is the output of `private_histogram` (only words whose noisy count passed the
+  threshold); `public_counts` are exact counts from a public corpus (same bound, no noise). A
+  word in both gets the sum. The public counts do not depend on the private corpus, so the
+  merge is post-processing of the private release: it costs no privacy.
+  """
+  merged = collections.Counter()
+  for word, count in private_kept.items():
+    merged[word] += count
+  for word, count in (public_counts or {}).items():
+    merged[word] += count
+  return sorted(((w, max(1, int(round(c)))) for w, c in merged.items()), key=lambda x: -x[1])
+
+
+def base_characters(extra_characters: Optional[str] = "") -> str:
+  """The public base character set: printable ASCII plus `extra_characters` (no whitespace), each once."""
+  extra_characters = "" if extra_characters is None else extra_characters
+  if not isinstance(extra_characters, str):
+    raise ConfigError(f"extra_characters must be a string, got {extra_characters!r}")
+  extra = "".join(c for c in extra_characters if not c.isspace() and c != WORD_BOUNDARY)
+  return "".join(dict.fromkeys(BASE_CHARACTERS + extra))
+
+
+def min_vocab_size(base: str) -> int:
+  """The smallest vocabulary holding the data-independent pieces (special, bytes, ▁, `base`)."""
+  return SPECIAL_PIECES + BYTE_PIECES + 1 + len(base)
+
+
+def piece_sources(model_file: str, private_words: Iterable[str], public_words: Iterable[str],
+                  base: str) -> Dict[str, int]:
+  """How many pieces of a vocabulary each source can have produced.
+
+  `special`, `byte` and `base_character` (incl. ▁) pieces are data-independent; a learned piece
+  counts as `private`, `public` or `private_and_public` by which words contain it (with the
+  word-boundary prefix); `other` should stay 0.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  proc = spm.SentencePieceProcessor(model_file=model_file)
+  out = dict.fromkeys(("special", "byte", "base_character", "private", "public", "private_and_public", "other"), 0)
+  learned = set()
+  base_set = set(base) | {WORD_BOUNDARY}
+  for i in range(proc.get_piece_size()):
+    piece = proc.id_to_piece(i)
+    if proc.is_control(i) or proc.is_unknown(i):
+      out["special"] += 1
+    elif proc.is_byte(i):
+      out["byte"] += 1
+    elif piece in base_set:
+      out["base_character"] += 1
+    else:
+      learned.add(piece)
+  longest = max((len(p) for p in learned), default=0)
+
+  def found(words):
+    hit = set()
+    for word in words:
+      s = WORD_BOUNDARY + word
+      for i in range(len(s)):
+        for j in range(i + 1, min(len(s), i + longest) + 1):
+          if s[i:j] in learned:
+            hit.add(s[i:j])
+    return hit
+
+  private, public = found(private_words), found(public_words)
+  for piece in learned:
+    key = ("private_and_public" if piece in public else "private") if piece in private else (
+        "public" if piece in public else "other")
+    out[key] += 1
+  return out
+
+
+def tokenization_utility(model_file: str, texts: Sequence[str]) -> Dict[str, Any]:
+  """`<unk>` rate (share of tokens), tokens per whitespace word and exact round trips on `texts`."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  proc = spm.SentencePieceProcessor(model_file=model_file)
+  tokens = unknown = words = exact = 0
+  for text in texts:
+    ids = proc.encode(text)
+    tokens += len(ids)
+    unknown += sum(1 for i in ids if i == proc.unk_id())
+    words += len(text.split())
+    exact += int(proc.decode(ids) == text)
+  return {"vocab_size": proc.get_piece_size(), "documents": len(texts), "words": words, "tokens": tokens,
+          "unk_rate": unknown / max(tokens, 1), "tokens_per_word": tokens / max(words, 1),
+          "exact_round_trip_fraction": exact / max(len(texts), 1)}
+
+
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 
 
+class _Unsupported(Exception):
+  """The training words support at most `cap` pieces, fewer than requested."""
+
+  def __init__(self, cap: int):
+    super().__init__(cap)
+    self.cap = cap
+
+
 def _train_capped(word_counts: List[Tuple[str, int]], model_path: str, vocab_size: int, model_type: str,
-                  allow_vocab_cap: bool, character_coverage: float) -> int:
-  """Trains SentencePiece; when the kept words cannot support `vocab_size`, caps it (or errors)."""
+                  allow_vocab_cap: bool, character_coverage: float, base: str) -> int:
+  """Trains SentencePiece (byte fallback, `base` characters, exact round trip); returns its size.
+
+  When the words cannot support `vocab_size`, trains the largest size SentencePiece accepts, or
+  raises `_Unsupported` when `allow_vocab_cap` is False.
+  """
   from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  options = dict(model_type=model_type, character_coverage=character_coverage, byte_fallback=True,
+                 required_chars=base, exact_round_trip=True)
   try:
-    spm_lib.train_from_word_counts(word_counts, model_path, vocab_size, model_type=model_type,
-                                   character_coverage=character_coverage)
+    spm_lib.train_from_word_counts(word_counts, model_path, vocab_size, **options)
     return vocab_size
   except DataError as e:
     match = _TOO_HIGH.search(str(e))
     if not match:
       raise
     cap = int(match.group(2))
-    if not allow_vocab_cap or cap < 8:
-      raise DataError(f"the {len(word_counts)} words that survived the threshold support at most {cap} "
-                      f"pieces, fewer than vocab_size={vocab_size}; lower vocab_size, raise epsilon, use "
-                      "sensitivity='capped', or allow an automatic cap (allow_vocab_cap=True)") from e
-    spm_lib.train_from_word_counts(word_counts, model_path, cap, model_type=model_type,
-                                   character_coverage=character_coverage)
+    if not allow_vocab_cap:
+      raise _Unsupported(cap) from e
+    spm_lib.train_from_word_counts(word_counts, model_path, cap, **options)
     return cap
 
 
@@ -367,31 +485,71 @@ def _iter_corpus_texts(corpus: Union[str, Sequence[str]], max_documents: Optiona
       yield doc.text
 
 
+def _knobs(params: Dict[str, Any], bound: ContributionBound, public_corpus) -> str:
+  words = "N" if bound.mode == "paper" else "W"
+  return (f"ε={params['epsilon']:.3g}, sensitivity={bound.mode}, {words}={bound.max_words} words per document, "
+          f"public corpus: {', '.join(public_corpus) if public_corpus else 'none'}")
+
+
+def _as_specs(value, name: str, required: bool) -> Optional[List[str]]:
+  if value is None or value == [] or value == ():
+    if required:
+      raise ConfigError(f"missing {name}: set a corpus spec (--{name} or --gin.{name.upper()})")
+    return None
+  if isinstance(value, str) and value:
+    return [value]
+  if isinstance(value, (list, tuple)) and all(isinstance(c, str) and c for c in value):
+    return list(value)
+  raise ConfigError(f"{name} must be a corpus spec or a list of them, got {value!r}")
+
+
+def _sample_texts(specs: List[str], documents: int, text_field: str, errors: str,
+                  data_dir: Optional[str]) -> List[str]:
+  return list(itertools.islice(_iter_corpus_texts(specs, documents, text_field, errors, data_dir), documents))
+
+
 def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab_size: int = 32000,
                         model_type: str = "unigram", delta: float = 1e-8,
                         target_epsilon: Optional[float] = None, noise_std: Optional[float] = None,
-                        sensitivity: str = "paper", max_words_per_document: int = DEFAULT_MAX_WORDS,
+                        sensitivity: str = DEFAULT_SENSITIVITY, max_words_per_document: int = DEFAULT_MAX_WORDS,
                         insecure_seed: Optional[int] = None, num_workers: Optional[int] = None,
-                        chunk_size: int = 256, allow_vocab_cap: bool = True,
+                        chunk_size: int = 256, allow_vocab_cap: bool = True, strict_vocab_size: bool = False,
+                        extra_characters: Optional[str] = "", public_corpus: Union[None, str, Sequence[str]] = None,
+                        eval_corpus: Union[None, str, Sequence[str]] = None, eval_documents: int = 200,
+                        nonprivate_baseline: bool = True,
                         character_coverage: float = 0.9995, max_documents: Optional[int] = None,
                         text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
                         report_path: Optional[str] = None, verbose: bool = True) -> Dict[str, Any]:
   """Trains a DP SentencePiece model at `output` and writes its privacy report beside it.
 
+  Every vocabulary has byte fallback (256 byte pieces) and the base characters (printable ASCII
+  plus `extra_characters`): no text becomes `<unk>`, and `decode(encode(text)) == text`. These
+  pieces are data-independent and count towards `vocab_size`.
+
   Args:
     corpus: a corpus spec (see `private_t5.data.corpora`) or a list of them.
     output: path of the `.model` file.
-    vocab_size: requested SentencePiece pieces (T5's 100 sentinels come on top, from seqio).
+    vocab_size: requested SentencePiece pieces, including the 3 special, 256 byte and base
+      character pieces (T5's 100 sentinels come on top, from seqio).
     model_type: "unigram" (default), "bpe" or "char".
     delta: total δ (half to the Gaussian counts, half to the threshold).
     target_epsilon: calibrate σ for this ε (tight accounting); or give `noise_std`.
     noise_std: σ of the Gaussian noise on each count.
-    sensitivity: "paper" (k = m = N) or "capped" (k = √W, m = 1).
+    sensitivity: "capped" (default; k = √W, m = 1) or "paper" (k = m = N).
     max_words_per_document: N (paper) or W (capped).
     insecure_seed: fixed noise seed, for deterministic tests only; default OS entropy.
     num_workers: histogram processes (default: all cores).
     allow_vocab_cap: when the kept words cannot support `vocab_size`, train the largest size
-      SentencePiece accepts (reported) instead of failing.
+      SentencePiece accepts (one warning, reported) instead of failing.
+    strict_vocab_size: fail (`DataError`) instead (same as `allow_vocab_cap=False`).
+    extra_characters: characters added to the public base character set.
+    public_corpus: optional public corpus spec(s): its words, counted exactly under the same
+      per-document bound, are merged with the private noisy histogram (no privacy cost).
+    eval_corpus: corpus spec(s) for the utility sample; default the training corpus (then the
+      utility numbers are statistics of the private corpus, not DP).
+    eval_documents: documents in the utility sample (0: no utility report).
+    nonprivate_baseline: also measure a non-private SentencePiece of the requested size trained
+      on the same bounded histogram (for comparison only; it is never written).
     report_path: default `privacy_report.json` in the model's folder.
 
   Returns:
@@ -400,13 +558,21 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   start = time.time()
   if not isinstance(output, str) or not output:
     raise ConfigError("missing output: set the .model path (--output or --gin.OUTPUT)")
-  if not (isinstance(corpus, str) and corpus) and not (
-      isinstance(corpus, (list, tuple)) and corpus and all(isinstance(c, str) for c in corpus)):
-    raise ConfigError("missing corpus: set a corpus spec (--corpus or --gin.CORPUS)")
+  corpus_specs = _as_specs(corpus, "corpus", required=True)
+  public_specs = _as_specs(public_corpus, "public_corpus", required=False)
+  eval_specs = _as_specs(eval_corpus, "eval_corpus", required=False)
   if model_type not in MODEL_TYPES:
     raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
   if not str(output).endswith(".model"):
     raise ConfigError(f"output must end with .model, got {output!r}")
+  if isinstance(eval_documents, bool) or not isinstance(eval_documents, int) or eval_documents < 0:
+    raise ConfigError(f"eval_documents must be an integer >= 0, got {eval_documents!r}")
+  base = base_characters(extra_characters)
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < min_vocab_size(base):
+    raise ConfigError(f"vocab_size must be an integer >= {min_vocab_size(base)} ({SPECIAL_PIECES} special + "
+                      f"{BYTE_PIECES} byte pieces + the word boundary + {len(base)} base characters), "
+                      f"got {vocab_size!r}")
+  allow_vocab_cap = bool(allow_vocab_cap) and not strict_vocab_size
   bound = ContributionBound(sensitivity, max_words_per_document)
   # Privacy parameters are fixed before the data is read (no data-dependent choices).
   params = privacy_parameters(delta, bound, sigma=noise_std, target_epsilon=target_epsilon)
@@ -414,7 +580,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
       f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
 
-  texts = _iter_corpus_texts(corpus, max_documents, text_field, errors, data_dir)
+  texts = _iter_corpus_texts(corpus_specs, max_documents, text_field, errors, data_dir)
   progress = lambda s: log(f"dp-spm: {s.documents} documents, {s.bytes / 1e6:.1f} MB, "
                            f"{s.bytes / 1e6 / max(s.seconds, 1e-9):.1f} MB/s")
   histogram, hstats = build_histogram(texts, bound, num_workers=num_workers, chunk_size=chunk_size,
@@ -433,17 +599,66 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   rng = noise_generator(insecure_seed)
   kept = private_histogram(histogram, params["noise_std"], params["threshold"], rng)
   words_total = len(histogram)
-  del histogram
-  if not kept:
+  public_counts, public_stats = None, None
+  if public_specs:
+    # Public text: counted exactly (no noise, no threshold) under the same bound, so that its
+    # counts are on the private histogram's scale.
+    public_counts, public_stats = build_histogram(
+        _iter_corpus_texts(public_specs, max_documents, text_field, errors, data_dir), bound,
+        num_workers=num_workers, chunk_size=chunk_size)
+    log(f"dp-spm: public corpus: {len(public_counts)} words from {public_stats.documents} documents")
+  if not kept and not public_counts:
+    hint = "" if bound.mode == "capped" else "sensitivity='capped', "
     raise DataError(
         f"every word was dropped: no noisy count reached the threshold {params['threshold']:.4g} "
         f"(σ={params['noise_std']:.4g}); raise the privacy budget (target_epsilon), use "
-        f"sensitivity='capped' or a smaller max_words_per_document, or use a larger corpus")
-  word_counts = sorted(((w, max(1, int(round(c)))) for w, c in kept.items()), key=lambda x: -x[1])
-  log(f"dp-spm: kept {len(kept)} of {words_total} words; training {model_type} SentencePiece")
-  trained_size = _train_capped(word_counts, output, vocab_size, model_type, allow_vocab_cap, character_coverage)
+        f"{hint}a smaller max_words_per_document, a public corpus (public_corpus) or a larger corpus")
+  word_counts = merge_public(kept, public_counts)
+  log(f"dp-spm: kept {len(kept)} of {words_total} words"
+      + (f" + {len(public_counts)} public words" if public_counts else "")
+      + f"; training {model_type} SentencePiece (byte fallback, {len(base)} base characters)")
+  try:
+    trained_size = _train_capped(word_counts, output, vocab_size, model_type, allow_vocab_cap,
+                                 character_coverage, base)
+  except _Unsupported as e:
+    raise DataError(f"the {len(word_counts)} training words support at most {e.cap} pieces, fewer than "
+                    f"vocab_size={vocab_size} ({_knobs(params, bound, public_specs)}); lower vocab_size, raise "
+                    "epsilon, use sensitivity='capped' or fewer words per document, add a public corpus, or "
+                    "allow a smaller vocabulary (drop --strict_vocab_size)") from None
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   actual_size = spm.SentencePieceProcessor(model_file=output).get_piece_size()
+  size_warning = None
+  if actual_size < vocab_size:
+    fix = "raise ε, " + ("use sensitivity=capped, " if bound.mode == "paper" else "") + (
+        "use fewer words per document, " + ("add more public text" if public_specs else "add --public_corpus"))
+    size_warning = (f"dp-spm: only {actual_size} of the {vocab_size} requested pieces: the kept words support "
+                    f"no more ({_knobs(params, bound, public_specs)}); {fix} (--strict_vocab_size makes this "
+                    "an error)")
+    logging.warning("%s", size_warning)
+  sources = piece_sources(output, kept, public_counts or (), base)
+
+  utility = None
+  not_dp = list(NOT_DP_FIELDS)
+  if eval_documents:
+    sample = _sample_texts(eval_specs or corpus_specs, eval_documents, text_field, errors, data_dir)
+    utility = {"sample": {
+        "source": "eval_corpus" if eval_specs else "training_corpus",
+        "corpus": eval_specs or corpus_specs,
+        "documents": len(sample),
+        "dp_statistic": bool(eval_specs),
+        "note": ("a sample of the private training corpus: these numbers are NOT differentially private"
+                 if not eval_specs else "statistics of the evaluation corpus"),
+    }, "dp_vocabulary": tokenization_utility(output, sample)}
+    if not eval_specs:
+      not_dp += ["utility.sample", "utility.dp_vocabulary"]
+    if nonprivate_baseline:
+      with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "nonprivate.model")
+        exact_counts = sorted(histogram.items(), key=lambda x: -x[1])
+        _train_capped(exact_counts, path, vocab_size, model_type, True, character_coverage, base)
+        utility["nonprivate_baseline"] = {**tokenization_utility(path, sample), "label": NONPRIVATE_LABEL}
+      not_dp.append("utility.nonprivate_baseline")
+  del histogram
 
   report = {
       "mechanism": MECHANISM_NAME,
@@ -458,6 +673,13 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       "vocab_size": actual_size,
       "vocab_size_requested": vocab_size,
       "vocab_size_capped": trained_size != vocab_size,
+      "vocab_size_warning": size_warning,
+      "byte_fallback": True,
+      "base_characters": base,
+      "public_corpus": public_specs,
+      "public_words": len(public_counts) if public_counts else 0,
+      "public_documents": public_stats.documents if public_stats else 0,
+      "pieces_by_source": sources,
       "model_type": model_type,
       "model": os.path.abspath(output),
       # The vocabulary this report describes, by content: training composes the report only
@@ -465,16 +687,28 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       "vocab_sha256": file_sha256(output),
       "corpus": corpus if isinstance(corpus, str) else list(corpus),
       "noise_seed": "insecure_fixed_seed" if insecure_seed is not None else "os_entropy",
+      "utility": utility,
       "seconds": round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with
       # the data owner, or drop these fields before publishing it (the model itself is DP).
-      "not_dp_fields": list(NOT_DP_FIELDS),
+      "not_dp_fields": not_dp,
   }
   if insecure_seed is not None:
     report["insecure_seed"] = int(insecure_seed)
   report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
   write_json_atomic(report_path, report, sort_keys=False)
   report["report_path"] = os.path.abspath(report_path)
+  log(f"dp-spm: pieces by source: {sources}")
+  if utility:
+    dp_u, label = utility["dp_vocabulary"], utility["sample"]["source"].replace("_", " ")
+    if not eval_specs:
+      label += ", NOT a DP statistic"
+    log(f"dp-spm: utility on {dp_u['documents']} documents ({label}): <unk> rate {dp_u['unk_rate']:.2%}, "
+        f"{dp_u['tokens_per_word']:.2f} tokens/word ({actual_size} pieces)")
+    base_u = utility.get("nonprivate_baseline")
+    if base_u:
+      log(f"dp-spm: non-private SentencePiece (comparison only, never released): <unk> rate "
+          f"{base_u['unk_rate']:.2%}, {base_u['tokens_per_word']:.2f} tokens/word ({base_u['vocab_size']} pieces)")
   log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s")
   return report
 

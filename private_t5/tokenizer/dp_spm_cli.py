@@ -3,7 +3,8 @@
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin \\
       --gin.CORPUS=corpus.jsonl.gz --gin.OUTPUT=vocab/dp_spm.model [--gin.NAME=VALUE ...]
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus=a.jsonl.gz --corpus=b.jsonl.gz \\
-      --output=vocab/dp_spm.model --epsilon=3.37 --delta=1e-8 --sensitivity=capped
+      --output=vocab/dp_spm.model --epsilon=3.37 --delta=1e-8 --sensitivity=paper \\
+      [--public_corpus=public.jsonl.gz] [--eval_corpus=heldout.jsonl.gz] [--strict_vocab_size]
 
 Plain flags override the Gin values. Writes the model and `privacy_report.json` beside it
 (atomically) and prints the report as JSON.
@@ -24,7 +25,9 @@ _FLAGS = {
     "model_type": ("model_type", str), "epsilon": ("target_epsilon", float), "noise_std": ("noise_std", float),
     "delta": ("delta", float), "sensitivity": ("sensitivity", str), "max_words": ("max_words_per_document", int),
     "insecure_seed": ("insecure_seed", int), "num_workers": ("num_workers", int),
-    "max_documents": ("max_documents", int),
+    "max_documents": ("max_documents", int), "public_corpus": ("public_corpus", str),
+    "extra_characters": ("extra_characters", str), "strict_vocab_size": ("strict_vocab_size", bool),
+    "eval_corpus": ("eval_corpus", str), "eval_documents": ("eval_documents", int),
 }
 
 
@@ -42,6 +45,14 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--insecure_seed", type=int, help="fixed noise seed: deterministic tests only, NOT private")
   p.add_argument("--num_workers", type=int, help="histogram processes (default: all cores)")
   p.add_argument("--max_documents", type=int, help="read at most this many documents per corpus")
+  p.add_argument("--public_corpus", action="append",
+                 help="public corpus spec whose exact word counts join the private noisy histogram (repeatable)")
+  p.add_argument("--extra_characters", help="characters added to the base set (printable ASCII) of every vocabulary")
+  p.add_argument("--strict_vocab_size", action="store_true", default=None,
+                 help="fail (exit 2) when the kept words support fewer pieces than --vocab_size")
+  p.add_argument("--eval_corpus", action="append",
+                 help="corpus spec for the utility sample (default: the training corpus, a non-private statistic)")
+  p.add_argument("--eval_documents", type=int, help="documents in the utility sample (0: none)")
   return p
 
 
@@ -56,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     value = getattr(args, flag)
     if value is None:
       continue
-    if flag == "corpus":
+    if flag in ("corpus", "public_corpus", "eval_corpus"):
       value = value[0] if len(value) == 1 else value
     overrides[param] = value
   if "target_epsilon" in overrides:

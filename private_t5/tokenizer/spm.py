@@ -117,13 +117,28 @@ def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: 
 
 def train_from_word_counts(word_counts: Iterable[Tuple[str, int]], model_path: str, vocab_size: int,
                            model_type: str = "unigram", character_coverage: float = 0.9995,
-                           seed_sentencepiece_size: Optional[int] = None) -> str:
+                           seed_sentencepiece_size: Optional[int] = None, *, byte_fallback: bool = False,
+                           required_chars: str = "", exact_round_trip: bool = False) -> str:
   """Trains from a word histogram (SentencePiece's TSV `word<TAB>count` input format).
 
   This is how DP-SentencePiece trains: only the (noised, thresholded) histogram reaches
   SentencePiece, never the documents.
+
+  Args:
+    byte_fallback: add the 256 byte pieces `<0x00>` … `<0xFF>`: a character without a piece is
+      encoded as its UTF-8 bytes instead of `<unk>`. They count towards `vocab_size`.
+    required_chars: characters that get a piece whatever the data (they count towards
+      `vocab_size` and need not occur in `word_counts`).
+    exact_round_trip: no normalisation (identity rule) and whitespace kept as it is, so that
+      `decode(encode(text)) == text` for every string (with `byte_fallback`).
   """
   args = _common_args(vocab_size, model_type, character_coverage, seed_sentencepiece_size)
+  if byte_fallback:
+    args["byte_fallback"] = True
+  if required_chars:
+    args["required_chars"] = required_chars
+  if exact_round_trip:
+    args.update(normalization_rule_name="identity", remove_extra_whitespaces=False)
   with tempfile.TemporaryDirectory() as tmpdir:
     tsv = os.path.join(tmpdir, "words.tsv")
     n = 0
