@@ -12,6 +12,7 @@ from private_t5 import cli
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.tokenizer import dp_spm
+from conftest import shared_or_fixture
 
 PAPER = dp_spm.ContributionBound("paper", 256)
 CAPPED = dp_spm.ContributionBound("capped", 256)
@@ -228,7 +229,7 @@ def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
   proc = spm.SentencePieceProcessor(model_file=out)
   assert (proc.pad_id(), proc.eos_id(), proc.unk_id(), proc.bos_id()) == (0, 1, 2, -1)
   texts = []
-  with gzip.open(os.path.join(shared_data, "pretrain", "linux_docs.jsonl.gz"), "rt") as f:
+  with gzip.open(shared_or_fixture("pretrain/linux_docs.jsonl.gz"), "rt") as f:
     for line, _ in zip(f, range(3)):
       texts.append(json.loads(line)["text"][:3000])
   for text in texts:
