@@ -24,7 +24,7 @@ def test_glue_like_tasks(shared_data):
   assert len(mrpc) == expected(1232, 120) and {"sentence1", "sentence2", "label", "idx"} <= set(mrpc[0])
   assert mrpc[0]["label"] in (0, 1) and mrpc[0]["#1 ID"]
   bbc = glue_readers.load_glue("bbc_news", "test", data_dir=root, max_examples=10)
-  assert len(bbc) == 10 and {ex["label"] for ex in bbc} <= {"business", "entertainment", "politics", "sport", "tech"}
+  assert len(bbc) == 10 and {ex["label"] for ex in bbc} <= {"business", "entertainment", "politics", "sports", "tech"}
 
 
 def test_official_layouts(tmp_path):
