@@ -81,7 +81,7 @@ def test_dp_finetuning_writes_a_ledger_over_the_finetuning_set(tmp_path, vocab, 
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
     report = json.load(f)
   assert report["privacy_unit"] == "example"
-  assert report["num_examples"] == train.num_examples == expected(10028, 1200)
+  assert report["num_examples"] == train.num_examples == expected(10028, 3000)
   assert report["steps"] == 4
   # The test vocabulary is trained on the fine-tuning set itself, without DP: total ε = ∞, and
   # DP-Adafactor's own ε is reported beside it.
@@ -124,7 +124,7 @@ def test_dp_finetune_gin_from_imported_hf_weights(tmp_path, vocab):
   assert rc == 0
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
     report = json.load(f)
-  assert report["dp"] and report["privacy_unit"] == "example" and report["num_examples"] == expected(10028, 1200)
+  assert report["dp"] and report["privacy_unit"] == "example" and report["num_examples"] == expected(10028, 3000)
   assert report["epsilon"] is None  # the vocabulary comes from the fine-tuning set, without DP
   assert math.isfinite(report["training_epsilon"]) and report["training_epsilon"] <= 8.0 + 1e-6
   params, _, info = checkpoints.restore_for_inference(model_dir)

@@ -17,7 +17,7 @@ def _write(path, text, bom=False):
 def test_glue_like_tasks(shared_data):
   root = os.path.join(shared_data, "glue_like")
   sst = glue_readers.load_glue("rotten_tomatoes", "train", data_dir=root)
-  assert len(sst) == expected(10028, 1200)
+  assert len(sst) == expected(10028, 3000)
   assert sst[0] == {"sentence": "A three-hour cinema master class.", "label": 1, "idx": 0}
   assert {ex["label"] for ex in sst} == {0, 1}
   mrpc = glue_readers.load_glue(os.path.join(root, "bible_paraphrase"), "validation")
