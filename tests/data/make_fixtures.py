@@ -1,6 +1,6 @@
 """Rebuilds the small real-text fixtures in tests/data from the full data set (../shared/data).
 
-  python tests/data/make_fixtures.py [--source=../shared/data]
+  PYTHONPATH=. python tests/data/make_fixtures.py [--source=../shared/data]
 
 Deterministic: the same source gives byte-identical files (gzip without a timestamp).
 """
@@ -63,9 +63,12 @@ def python_docs(source):
           out.append({"id": f"{d['id']}#{n}", "text": "\n\n".join(chunk)})
           break
         chunk, n = [], n + 1
-    if len(out) >= NUM_DOC_CHUNKS:
-      break
-  return out[:NUM_DOC_CHUNKS]
+  # No near-duplicates among the chunks (the tests plant their own): drop every flagged one.
+  from private_t5.data.corpora import Document  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import splits  # pylint: disable=g-import-not-at-top
+  result = splits.build_splits([Document(d["id"], d["text"]) for d in out], [], splits.SplitConfig(num_workers=1))
+  flagged = set(result.ids["train_dup"])
+  return [d for d in out if d["id"] not in flagged][:NUM_DOC_CHUNKS]
 
 
 def glue(source, task, split, rows):
