@@ -7,10 +7,11 @@ and registered only when a stage asks for it (`parse(..., entry=NAME)` registers
 """
 import importlib
 import io
+import logging
 import os
 import re
 import tokenize
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence, Union
 
 import gin
 from gin import config_parser
@@ -19,8 +20,27 @@ from private_t5 import errors
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_SEARCH_PATHS = (os.getcwd(), PROJECT_ROOT, os.path.join(PROJECT_ROOT, "private_t5"))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PROJECT_ROOT = os.path.dirname(PACKAGE_DIR)
+# The Gin files shipped inside the package (`configs` at the project root links here).
+PACKAGE_CONFIGS = os.path.join(PACKAGE_DIR, "configs")
+# Where a `--gin_file` name or a Gin `include` is looked up (T5X style), after the current
+# directory and any `--gin_search_paths`: the package's configs by name
+# (`models/t5_1_0_small.gin`, `runs/pretrain.gin`), then the package folder, for the
+# `configs/models/t5_1_0_small.gin` form. So every shipped file is found from any directory.
+CONFIG_SEARCH_PATHS = (PACKAGE_CONFIGS, PACKAGE_DIR)
+
+
+def search_paths(extra: Union[str, Sequence[str]] = ()) -> List[str]:
+  """The Gin search path, in order: the current directory, `extra`, CONFIG_SEARCH_PATHS.
+
+  Args:
+    extra: user folders (`--gin_search_paths`): a sequence, or one comma-separated string.
+  """
+  if isinstance(extra, str):
+    extra = extra.split(",")
+  paths = [os.getcwd()] + [os.path.abspath(os.path.expanduser(p.strip())) for p in extra if p.strip()]
+  return list(dict.fromkeys(paths + list(CONFIG_SEARCH_PATHS)))
 
 # Gin name -> "module:attribute" of the class or function it configures.
 CONFIGURABLES = {
@@ -137,14 +157,19 @@ def split_gin_args(argv: Sequence[str]):
   return rest, files, bindings
 
 
-def _resolve(path: str) -> str:
-  if os.path.isabs(path) and os.path.exists(path):
-    return path
-  for base in CONFIG_SEARCH_PATHS:
+def _resolve(path: str, paths: Optional[Sequence[str]] = None) -> str:
+  """The file a `--gin_file` names: absolute, or the first match along `paths` (search_paths())."""
+  path = os.path.expanduser(path)
+  if os.path.isabs(path):
+    if os.path.isfile(path):
+      return path
+    raise ConfigError(f"Gin file not found: {path!r}")
+  paths = search_paths() if paths is None else paths
+  for base in paths:
     candidate = os.path.join(base, path)
-    if os.path.exists(candidate):
+    if os.path.isfile(candidate):
       return candidate
-  raise ConfigError(f"Gin file not found: {path!r} (looked in {', '.join(CONFIG_SEARCH_PATHS)})")
+  raise ConfigError(f"Gin file not found: {path!r} (looked in {', '.join(paths)})")
 
 
 def _syntax_error(text: str, filename: Optional[str] = None) -> Optional[str]:
@@ -177,8 +202,13 @@ def check_syntax(files: Sequence[str], bindings: Sequence[str]) -> None:
       raise ConfigError(f"invalid Gin binding {binding!r} (from {flag}): {error}")
 
 
+def _quiet_include_lookups(record: logging.LogRecord) -> bool:
+  """Drops Gin's log lines for each search-path folder that lacks an included file."""
+  return not str(record.msg).startswith(("Path not found", "system_path_file_exists"))
+
+
 def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True,
-          entry: Optional[str] = None) -> None:
+          entry: Optional[str] = None, gin_search_paths: Union[str, Sequence[str]] = ()) -> None:
   """Parses layered Gin files then overrides; errors name the offending file or binding.
 
   Args:
@@ -187,24 +217,35 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     check_required: a macro left at `%gin.REQUIRED` is an error that names it.
     entry: the configurable the stage will call: only the names of its
       `STAGE_CONFIGURABLES` entry are registered. None: every name in `CONFIGURABLES`.
+    gin_search_paths: extra folders (`--gin_search_paths=a,b`) searched after the current
+      directory and before the package's configs, for the files and their `include`s.
   """
   register(STAGE_CONFIGURABLES[entry] if entry else None)
   gin.clear_config()
-  for base in CONFIG_SEARCH_PATHS:
+  paths = search_paths(gin_search_paths)
+  # Gin keeps its include search path across parses: rebuild it. The folders come before Gin's
+  # default "" so that an `include` is found as a file first: with "" first, Gin's package
+  # reader would take `configs/models` for a Python package name and can fail on it.
+  del gin.config._LOCATION_PREFIXES[:]  # pylint: disable=protected-access
+  for base in paths + [""]:
     gin.add_config_file_search_path(base)
   if not gin_files:
     raise ConfigError("at least one --gin_file is required")
-  files = [_resolve(f) for f in gin_files]
+  files = [_resolve(f, paths) for f in gin_files]
   # Gin wants string macros quoted; accept bare paths/words in overrides for convenience.
   bindings = [Binding(_quote_bare_value(b), getattr(b, "flag", "")) for b in gin_bindings]
   check_syntax(files, bindings)
+  root_logger = logging.getLogger()
+  root_logger.addFilter(_quiet_include_lookups)
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except SyntaxError as e:  # in an included file
     where = f" in {e.filename} (line {e.lineno})" if e.filename else ""
     raise ConfigError(f"invalid Gin syntax{where}: {_first_line(e)}") from e
-  except (ValueError, KeyError, IOError, tokenize.TokenError) as e:
+  except (ValueError, KeyError, IOError, TypeError, tokenize.TokenError) as e:
     raise ConfigError(f"invalid Gin configuration: {_first_line(e)}") from e
+  finally:
+    root_logger.removeFilter(_quiet_include_lookups)
   if check_required:
     check_required_macros()
 

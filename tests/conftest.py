@@ -1,4 +1,4 @@
-"""Shared test setup: quiet TensorFlow, 8 fake CPU devices for mesh tests, shared data paths."""
+"""Shared test setup: quiet TensorFlow, 8 fake CPU devices for mesh tests, real-text data paths."""
 import os
 import tempfile
 
@@ -11,12 +11,33 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import pytest  # pylint: disable=g-import-not-at-top
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The full data set, when a checkout has it beside the project (see tests/data/README.md).
 SHARED_DATA = os.path.abspath(os.path.join(PROJECT_ROOT, "..", "shared", "data"))
+# The small fixtures shipped in the repository: same formats, same layout, fewer rows.
+FIXTURE_DATA = os.path.join(PROJECT_ROOT, "tests", "data")
+USING_SHARED_DATA = os.path.isdir(SHARED_DATA)
+# Fixture files standing in for full-data files that are not shipped (licence or size).
+FIXTURE_FOR = {"pretrain/linux_docs.jsonl.gz": "pretrain/python_docs.jsonl.gz"}
+
+
+def data_root() -> str:
+  """The data folder the tests read: ../shared/data when present, otherwise tests/data."""
+  return SHARED_DATA if USING_SHARED_DATA else FIXTURE_DATA
+
+
+def shared_or_fixture(name: str) -> str:
+  """Path of data file `name` (e.g. "pretrain/fortunes.jsonl.gz") in ../shared/data or the fixtures."""
+  if USING_SHARED_DATA:
+    return os.path.join(SHARED_DATA, name)
+  return os.path.join(FIXTURE_DATA, FIXTURE_FOR.get(name, name))
+
+
+def expected(full: int, fixture: int) -> int:
+  """A count that depends on the data: `full` on ../shared/data, `fixture` on tests/data."""
+  return full if USING_SHARED_DATA else fixture
 
 
 @pytest.fixture(scope="session")
 def shared_data():
-  """Path to ../shared/data (real text: pretrain/*.jsonl.gz, glue_like/*)."""
-  if not os.path.isdir(SHARED_DATA):
-    pytest.fail(f"../shared/data not found at {SHARED_DATA}")
-  return SHARED_DATA
+  """Root of the real text (pretrain/*.jsonl.gz, glue_like/*): ../shared/data or tests/data."""
+  return data_root()

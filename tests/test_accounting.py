@@ -15,7 +15,7 @@ from private_t5.errors import PrivacyError
 N_PAPER = 5_240_387_307
 Q_PAPER = 8192 / N_PAPER
 DELTA_PAPER = 1.9082e-10  # just below 1/N
-# Seed paper, Appendix C, Table 5: batch 8192, 100K steps, RDP.
+# Ponomareva et al. 2022, Appendix C, Table 5: batch 8192, 100K steps, RDP.
 TABLE5 = [(0.40, 6.0573157), (0.35, 8.6898032), (0.30, 13.4586238), (0.20, 47.2630501), (0.10, 319.1941523)]
 
 

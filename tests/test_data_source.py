@@ -11,6 +11,7 @@ from private_t5.errors import ConfigError, DataError
 from private_t5.io import file_sha256
 from private_t5.tokenizer import spm as spm_lib
 from test_data_vocab import FORTUNES, LINUX_DOCS, small_vocab_path
+from conftest import shared_or_fixture
 
 BATCH = 16
 
@@ -33,7 +34,7 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def linux_sources(shared_data, vocab_path, cache_dir):
   """Both objectives over 200 kernel documents (long: windows are cut at random)."""
-  corpus = os.path.join(shared_data, LINUX_DOCS)
+  corpus = shared_or_fixture(LINUX_DOCS)
   return {obj: source_lib.make_source(corpus, vocab_path, objective=obj, cache_dir=cache_dir, max_documents=200,
                                       split="all")
           for obj in ("span_corruption", "prefix_lm")}
@@ -154,7 +155,7 @@ def test_any_index_set(linux_sources):
 
 
 def test_example_mode_chunks_documents(shared_data, vocab_path, cache_dir):
-  corpus = os.path.join(shared_data, LINUX_DOCS)
+  corpus = shared_or_fixture(LINUX_DOCS)
   src = source_lib.make_source(corpus, vocab_path, objective="prefix_lm", privacy_unit="example",
                                cache_dir=cache_dir, max_documents=200, split="all")
   raw = src.objective.raw_length

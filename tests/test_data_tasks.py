@@ -9,6 +9,7 @@ from private_t5.data import tasks
 from private_t5.errors import ConfigError
 from private_t5.tokenizer import spm as spm_lib
 from test_data_vocab import LINUX_DOCS, small_vocab_path
+from conftest import shared_or_fixture
 
 LENGTHS = {"inputs": 512, "targets": 114}
 
@@ -26,7 +27,7 @@ def _examples(task, split="train", seed=1):
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["span_corruption", "prefix_lm"])
 def test_document_mode_one_example_per_document(shared_data, vocab_path, objective):
-  corpus = os.path.join(shared_data, LINUX_DOCS)
+  corpus = shared_or_fixture(LINUX_DOCS)
   task = tasks.register_pretrain_task(f"test_{objective}", corpus, vocab_path, objective, LENGTHS, "document",
                                       max_documents=12)
   docs, _ = corpora.read_corpus(corpus, max_documents=12)
@@ -50,7 +51,7 @@ def test_document_mode_one_example_per_document(shared_data, vocab_path, objecti
 
 @pytest.mark.slow
 def test_example_mode_and_splits(shared_data, vocab_path):
-  corpus = os.path.join(shared_data, LINUX_DOCS)
+  corpus = shared_or_fixture(LINUX_DOCS)
   task = tasks.register_pretrain_task("test_chunks", corpus, vocab_path, "prefix_lm", LENGTHS, "example",
                                       max_documents=6, validation_fraction=0.5)
   train, val = _examples(task, "train"), _examples(task, "validation")
@@ -62,5 +63,5 @@ def test_example_mode_and_splits(shared_data, vocab_path):
 
 def test_user_unit_is_refused(shared_data, tmp_path):
   with pytest.raises(ConfigError, match="make_source"):
-    tasks.register_pretrain_task("test_users", os.path.join(shared_data, LINUX_DOCS), str(tmp_path / "v.model"),
+    tasks.register_pretrain_task("test_users", shared_or_fixture(LINUX_DOCS), str(tmp_path / "v.model"),
                                  privacy_unit="user")

@@ -5,6 +5,7 @@ import pytest
 
 from private_t5.errors import DataError
 from private_t5.tokenizer import spm as spm_lib
+from conftest import shared_or_fixture
 
 FORTUNES = "pretrain/fortunes.jsonl.gz"
 LINUX_DOCS = "pretrain/linux_docs.jsonl.gz"
@@ -20,7 +21,7 @@ def small_vocab_path(tmp_path_factory, shared_data) -> str:
     def lines():
       counts = {"lines": 0}
       for spec, n in ((FORTUNES, 3000), (LINUX_DOCS, 100)):
-        docs = corpora.iter_documents(os.path.join(shared_data, spec), max_documents=n)
+        docs = corpora.iter_documents(shared_or_fixture(spec), max_documents=n)
         yield from spm_cli.document_lines(docs, counts)
 
     spm_lib.train_from_sentences(lines(), path, vocab_size=2000, input_sentence_size=200_000)

@@ -1,4 +1,6 @@
 """The entry layer's Gin plumbing: one registry, syntax errors named in one line, clean errors."""
+import os
+
 import gin
 import pytest
 
@@ -95,3 +97,36 @@ def test_size_files_include_their_family_base():
     family, size = name.rsplit("_", 1)
     text = open(f"configs/models/{name}.gin").read()
     assert (f"include 'configs/models/{family}_base.gin'" in text) == (size != "base"), name
+
+
+def _model_from(cwd, files, **kwargs):
+  old = os.getcwd()
+  os.chdir(cwd)
+  try:
+    gin_utils.parse(files, check_required=False, entry="T5Config", **kwargs)
+    return gin_utils.configured("T5Config")().num_encoder_layers
+  finally:
+    os.chdir(old)
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("name", ["models/t5_1_0_small.gin", "configs/models/t5_1_0_small.gin",
+                                  os.path.join(gin_utils.PACKAGE_CONFIGS, "models", "t5_1_0_small.gin")])
+def test_shipped_configs_are_found_by_name_from_any_directory(tmp_path, name):
+  assert _model_from(str(tmp_path), [name]) == 6
+
+
+def test_gin_search_paths_come_after_the_current_directory_and_before_the_package(tmp_path):
+  user = tmp_path / "mine"
+  (user / "models").mkdir(parents=True)
+  # A user file that includes a shipped one by name, and shadows a shipped name.
+  (user / "deep.gin").write_text("include 'models/t5_1_0_small.gin'\nT5Config.num_encoder_layers = 9\n")
+  (user / "models" / "t5_1_0_tiny.gin").write_text("include 'configs/models/t5_1_0_base.gin'\n"
+                                                   "T5Config.num_encoder_layers = 3\n")
+  assert _model_from(str(tmp_path), ["deep.gin"], gin_search_paths=f"/nonexistent,{user}") == 9
+  assert _model_from(str(tmp_path), ["models/t5_1_0_tiny.gin"], gin_search_paths=[str(user)]) == 3
+  assert _model_from(str(tmp_path), ["models/t5_1_0_tiny.gin"]) == 2
+  with pytest.raises(ConfigError, match=r"Gin file not found: 'deep.gin' \(looked in "):
+    _model_from(str(tmp_path), ["deep.gin"])
+  with pytest.raises(ConfigError, match="Gin file not found"):
+    _model_from(str(tmp_path), [str(tmp_path / "absent.gin")])

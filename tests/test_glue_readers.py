@@ -5,6 +5,7 @@ import pytest
 
 from private_t5.data import glue_readers
 from private_t5.errors import ConfigError, DataError
+from conftest import expected
 
 
 def _write(path, text, bom=False):
@@ -16,14 +17,14 @@ def _write(path, text, bom=False):
 def test_glue_like_tasks(shared_data):
   root = os.path.join(shared_data, "glue_like")
   sst = glue_readers.load_glue("rotten_tomatoes", "train", data_dir=root)
-  assert len(sst) == 10028
+  assert len(sst) == expected(10028, 3000)
   assert sst[0] == {"sentence": "A three-hour cinema master class.", "label": 1, "idx": 0}
   assert {ex["label"] for ex in sst} == {0, 1}
   mrpc = glue_readers.load_glue(os.path.join(root, "bible_paraphrase"), "validation")
-  assert len(mrpc) == 1232 and {"sentence1", "sentence2", "label", "idx"} <= set(mrpc[0])
+  assert len(mrpc) == expected(1232, 120) and {"sentence1", "sentence2", "label", "idx"} <= set(mrpc[0])
   assert mrpc[0]["label"] in (0, 1) and mrpc[0]["#1 ID"]
   bbc = glue_readers.load_glue("bbc_news", "test", data_dir=root, max_examples=10)
-  assert len(bbc) == 10 and {ex["label"] for ex in bbc} <= {"business", "entertainment", "politics", "sport", "tech"}
+  assert len(bbc) == 10 and {ex["label"] for ex in bbc} <= {"business", "entertainment", "politics", "sports", "tech"}
 
 
 def test_official_layouts(tmp_path):

@@ -10,6 +10,7 @@ import sklearn.metrics
 from private_t5.data import glue_tasks
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import glue_metrics
+from conftest import expected
 
 LABEL_WORDS = ("positive negative equivalent not_equivalent acceptable unacceptable entailment "
                "not_entailment neutral contradiction business entertainment politics sports tech")
@@ -68,7 +69,7 @@ def test_glue_like_tasks_in_t5_text_to_text_form(shared_data):
     first = f.read().splitlines()[1].split("\t")
   assert ex["inputs"][0] == f"rotten_tomatoes sentence: {first[0]}"
   assert ex["targets"][0] == ("positive" if first[1] == "1" else "negative")
-  assert len(ex["inputs"]) == len(ex["labels"]) == 1366
+  assert len(ex["inputs"]) == len(ex["labels"]) == expected(1366, 300)
   para = glue_tasks.load_examples("bible_paraphrase", "validation")
   assert para["inputs"][0].startswith("bible_paraphrase sentence1: ")
   assert " sentence2: " in para["inputs"][0]
@@ -129,18 +130,20 @@ def test_register_local_tsv_task_for_a_user_task(tmp_path, vocab):
 def test_source_batches_follow_the_trainer_contract(vocab):
   src = glue_tasks.GlueSource("glue_like", "validation", vocab, {"inputs": 32, "targets": 8},
                               vocab_size=1024)
-  assert src.num_examples == 1366 + 1232 + 250
-  assert src.task_sizes == [1366, 1232, 250]
+  sizes = expected(1366, 300), expected(1232, 120), expected(250, 15)
+  assert src.num_examples == sum(sizes)
+  assert src.task_sizes == list(sizes)
   assert src.describe()["privacy_unit"] == "example"
-  assert src.task_slice("bbc_news") == slice(2598, 2848)
-  batch = src.get_batch([0, 1400, 2847], seed=7, batch_size=4)
+  assert src.task_slice("bbc_news") == slice(sizes[0] + sizes[1], sum(sizes))
+  rows = [0, sizes[0] + 34, sum(sizes) - 1]
+  batch = src.get_batch(rows, seed=7, batch_size=4)
   assert batch["encoder_input_tokens"].shape == (4, 32) and batch["encoder_input_tokens"].dtype == np.int32
   assert batch["decoder_target_tokens"].shape == (4, 8)
   np.testing.assert_array_equal(batch["decoder_input_tokens"][:, 1:], batch["decoder_target_tokens"][:, :-1])
   np.testing.assert_array_equal(batch["decoder_input_tokens"][:, 0], 0)
   np.testing.assert_array_equal(batch["example_weight"], [1, 1, 1, 0])
   np.testing.assert_array_equal(batch["is_padding"], [False, False, False, True])
-  np.testing.assert_array_equal(batch["example_index"], [0, 1400, 2847, -1])
+  np.testing.assert_array_equal(batch["example_index"], rows + [-1])
   assert np.all(batch["encoder_input_tokens"][3] == 0)
   # Every real row ends with EOS (kept after trimming, as T5's append_eos_after_trim).
   for row in batch["encoder_input_tokens"][:3]:

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import shared_or_fixture
 
 P, T = 16, 8
 NUM_TRAIN, NUM_UNSEEN = 8, 8
@@ -43,7 +44,7 @@ def overfit(shared_data, tmp_path_factory):
   fortunes = _read_jsonl(os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz"), 4000)
   vocab_path = spm.train_from_sentences((d["text"] for d in fortunes), str(tmp / "spm.model"), vocab_size=500)
   vocab = spm.load_vocabulary(vocab_path)
-  linux = _read_jsonl(os.path.join(shared_data, "pretrain", "linux_docs.jsonl.gz"), 200)
+  linux = _read_jsonl(shared_or_fixture("pretrain/linux_docs.jsonl.gz"), 200)
   docs = [Document(d["id"], d["text"]) for d in linux]
   tokens = memorization.tokenize_documents(vocab, [d.text for d in docs])
   # Documents long enough whose continuations differ (distinct first P+T tokens).

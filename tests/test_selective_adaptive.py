@@ -1,4 +1,4 @@
-"""Adaptive DP (seed 004): rho normalisation, gamma_B, the adaptive noise, the honest report."""
+"""Adaptive DP (Wu et al. 2022): rho normalisation, gamma_B, the adaptive noise, the honest report."""
 import gzip
 import json
 import math

@@ -9,6 +9,7 @@ from private_t5 import cli
 from private_t5.data import corpora
 from private_t5.errors import ConfigError
 from private_t5.selective import detectors, redaction
+from conftest import shared_or_fixture
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def fortunes(shared_data):
 
 @pytest.fixture(scope="module")
 def linux_docs(shared_data):
-  path = os.path.join(shared_data, "pretrain", "linux_docs.jsonl.gz")
+  path = shared_or_fixture("pretrain/linux_docs.jsonl.gz")
   return [d.text for d in corpora.iter_documents(path, max_documents=25)]
 
 

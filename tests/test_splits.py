@@ -10,6 +10,7 @@ import pytest
 
 from private_t5.errors import ConfigError
 from private_t5.eval import splits
+from conftest import shared_or_fixture
 
 Doc = collections.namedtuple("Doc", "id text")
 # Fast settings for tests: 1,280 permutations in 128 bands of 10 rows detect a pair of Jaccard
@@ -19,7 +20,7 @@ FAST = splits.SplitConfig(num_perm=1280, num_bands=128, num_workers=1)
 
 def _read(shared_data, name, limit=None):
   out = []
-  with gzip.open(os.path.join(shared_data, "pretrain", name), "rt", encoding="utf-8") as f:
+  with gzip.open(shared_or_fixture(f"pretrain/{name}"), "rt", encoding="utf-8") as f:
     for line in f:
       d = json.loads(line)
       out.append(Doc(d["id"], d["text"]))

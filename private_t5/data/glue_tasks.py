@@ -37,8 +37,11 @@ SPLITS = ("train", "validation", "test")
 EOS_ID = 1
 UNK_ID = 2
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# This project's GLUE-layout test data (not shipped with the package).
-DEFAULT_GLUE_LIKE_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "data", "glue_like")
+# This project's GLUE-layout test data (not shipped with the package): the full set beside a
+# checkout when present, otherwise the small copy in the repository's tests/data.
+_FULL_GLUE_LIKE_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "data", "glue_like")
+DEFAULT_GLUE_LIKE_DIR = (_FULL_GLUE_LIKE_DIR if os.path.isdir(_FULL_GLUE_LIKE_DIR)
+                         else os.path.join(PROJECT_ROOT, "tests", "data", "glue_like"))
 Column = Union[str, int]
 
 

@@ -2,7 +2,7 @@
 
 Both turn a window of document tokens (no EOS) into an `(inputs, targets)` pair of int32
 arrays ending in EOS, drawing their randomness from an explicit `np.random.Generator`, so that
-every draw of an example gets fresh noise from the step's seed (random access, DESIGN rule 2).
+every draw of an example gets fresh noise from the step's seed (random access, DP rule "sampling matches accounting").
 
 Why a NumPy port of `t5.data.preprocessors.random_spans_noise_mask` and
 `noise_span_to_unique_sentinel` instead of calling them in a `tf.function`: `get_batch` builds

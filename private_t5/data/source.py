@@ -1,4 +1,6 @@
-"""Random-access training examples with an explicit privacy unit (DESIGN rules 1 and 2).
+"""Random-access training examples with an explicit privacy unit.
+
+DP rules "privacy unit is explicit" and "sampling matches accounting" (docs/privacy.md).
 
 `ExampleSource.get_batch(indices, seed, batch_size)` builds the fixed-shape batch of the
 trainer contract (docs/architecture.md) for an arbitrary set of example indices, drawing the

@@ -7,7 +7,7 @@ Both aggregators share one call signature, used inside the jitted train step:
 * `MeanAggregator` (non-private): sum_i w_i grad l_i / sum_i w_i over the real rows of the
   batch (`example_weight` w_i is 1 for a real row and 0 for a padding row), one batched
   backward pass per microbatch.
-* `DPAggregator` (DP-SGD, Abadi et al. 2016, Alg. 1; seed 001 Sec. 3): each example's gradient
+* `DPAggregator` (DP-SGD, Abadi et al. 2016, Alg. 1; Ponomareva et al. 2022, Sec. 3): each example's gradient
   is clipped to L2 norm <= C, the clipped gradients are summed, N(0, sigma^2 C^2) noise is
   added to the SUM and the result is divided by the public expected batch size q N.
 
@@ -21,8 +21,9 @@ Why this module is written here rather than taken from a library:
 * `optax.contrib.differentially_private_aggregate` takes the per-example gradients of the
   whole batch at once (memory B x |params|, no microbatching), draws its noise from a key
   kept in the optimizer state rather than the explicit per-step key that a resumed run
-  continues (DP rule 4), and divides by the realised batch size instead of the public q N
-  (rule 3). `optax.per_example_global_norm_clip` returns only the clipped sum and count, not
+  continues (DP rule "noise keys are secret and never reused"), and divides by the realised
+  batch size instead of the public q N (DP rule "noise on the sum, divide by a public
+  constant"). `optax.per_example_global_norm_clip` returns only the clipped sum and count, not
   the per-example norms, and has no padding weights nor NaN guard, so the clip is written
   out (in `dp.clipping`, shared with ghost clipping) with the same formula and `optax.tree.norm`.
 * jax-privacy's `clipping.clipped_grad` does the same vmap / clip / sum (with the same
@@ -119,7 +120,8 @@ class DPAggregator:
     clip_norm: C, the L2 bound on each example's gradient (global norm over all params).
     noise_multiplier: sigma; the noise std on the sum is sigma * C. 0 disables the noise
       (tests only: no privacy).
-    expected_batch_size: the public q N the noisy sum is divided by (DP rule 3).
+    expected_batch_size: the public q N the noisy sum is divided by (DP rule "noise on the sum,
+      divide by a public constant").
     microbatch_size: examples per `lax.scan` step (memory knob; the result does not depend
       on it). None: the whole batch at once.
     spmd_axis_name: mesh axis that the examples are sharded over (e.g. "data"), passed to
@@ -180,8 +182,8 @@ class DPAggregator:
   def add_noise(self, grad_sum: PyTree, noise_rng: jax.Array) -> PyTree:
     """grad_sum + N(0, (sigma C)^2 I): one independent normal per coordinate.
 
-    `noise_rng` must be fresh for every step (DP rule 4): the trainer derives it from a
-    secret seed and the step number, never from a fixed constant.
+    `noise_rng` must be fresh for every step (DP rule "noise keys are secret and never
+    reused"): the trainer derives it from a secret seed and the step number, never from a fixed constant.
     """
     if self.noise_multiplier == 0:
       return grad_sum

@@ -23,7 +23,7 @@ Batch = Dict[str, jax.Array]
 LossFn = Callable[[PyTree, Batch, Optional[jax.Array]], jax.Array]
 
 # Metric names. Everything computed from the private batch is labelled "nondp/": it is not
-# covered by the privacy guarantee (DP rule 5) and must not be used to make training choices.
+# covered by the privacy guarantee (DP rule "nothing else leaks") and must not be used to make training choices.
 METRIC_LOSS = "nondp/loss"
 METRIC_BATCH_SIZE = "nondp/batch_size"
 METRIC_GRAD_NORM = "nondp/grad_norm_mean"
@@ -146,7 +146,7 @@ def add_stats(stats: Tuple[jax.Array, jax.Array, jax.Array], losses: jax.Array,
 
 def clipping_metrics(batch: Batch, loss_sum: jax.Array, norm_sum: jax.Array,
                      clipped_count: jax.Array) -> Dict[str, jax.Array]:
-  """The clipped-sum metrics, averaged over the batch's real rows (non-private, rule 5)."""
+  """The clipped-sum metrics, averaged over the batch's real rows (non-private: DP rule "nothing else leaks")."""
   realised = jnp.sum(batch["example_weight"].astype(jnp.float32))
   denominator = jnp.maximum(realised, 1.0)
   return {

@@ -1,4 +1,4 @@
-"""Ghost clipping for T5: DP-SGD clipped sums without per-example gradients (seed 003, Sec. 4).
+"""Ghost clipping for T5: DP-SGD clipped sums without per-example gradients (Li et al. 2022, Sec. 4).
 
 One forward pass of the per-example losses records, for every parameterised layer, its
 inputs `a_i` (activations or token ids); one backward pass of `sum_i loss_i` gives the
@@ -9,7 +9,7 @@ sum `sum_i c_i grad loss_i` then comes either from
 * "bookkeeping" (Bu et al. 2023, "Differentially private optimization on large model at
   small cost"): reuse the recorded `(a_i, g_i)` and form `sum_i c_i a_i^T g_i` per layer
   directly, no second backward pass; or
-* "second_pass" (seed 003, ghost clipping proper): a second backward pass of the reweighted
+* "second_pass" (Li et al. 2022, ghost clipping proper): a second backward pass of the reweighted
   loss `sum_i c_i loss_i` through the same forward (same activations, same dropout masks).
 
 How layers are recorded: the model is not modified. While the loss function is traced, a

@@ -6,7 +6,7 @@ summed per-example losses with respect to its output. Because example i's loss d
 example i's activations only, `g[i]` is exactly `d loss_i / d output_i`, and the per-example
 parameter gradient is a function of `(a[i], g[i])` alone.
 
-Dense layers over a sequence (seed 003, Sec. 4.2, eq. 2): with `a_i [T, d_in]` and
+Dense layers over a sequence (Li et al. 2022, Sec. 4.2, eq. 2): with `a_i [T, d_in]` and
 `g_i [T, d_out]` the per-example kernel gradient is `a_i^T g_i`, and
 
     ||a_i^T g_i||_F^2 = <a_i a_i^T, g_i g_i^T>     (the Gram identity),

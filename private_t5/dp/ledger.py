@@ -3,7 +3,7 @@
 A ledger covers ONE mechanism: fixed σ, q, C, δ, sampling scheme and privacy unit. Resuming
 adds steps; changing any of these on resume is refused. Other DP releases computed from the
 same data (e.g. the DP-SentencePiece vocabulary) are composed in as `components` by simple
-composition, summing ε and δ (seed paper, Appendix C).
+composition, summing ε and δ (Ponomareva et al. 2022, Appendix C).
 
 The vocabulary is always a component. Its DP-SentencePiece report is composed only when the
 report names this vocabulary by content hash (`vocab_sha256`) and its privacy unit is at least

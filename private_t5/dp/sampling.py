@@ -8,7 +8,7 @@ fixed shape (padding rows have `example_weight` 0), so XLA compiles the train st
 
 * `PoissonSampler` (for DP): each example joins each step independently with probability q;
   the privacy accounting (`accounting.make_dp_event`, PoissonSampled / TruncatedSubsampledGaussian
-  events) assumes exactly this (DP rule 2). Truncation probabilities and caps come from
+  events) assumes exactly this (DP rule "sampling matches accounting"). Truncation probabilities and caps come from
   `accounting` too (`truncation_probability`, `max_batch_size_for`).
 * `ShuffledBatchSampler` (non-private): an epoch-wise random permutation cut into fixed-size
   batches. It is NOT Poisson sampling: a DP run must refuse it, or account it as sampling

@@ -7,7 +7,7 @@ Each validation example is greedy-decoded, the text postprocessed as t5 does (la
 class id, STS-B string -> float), and scored with the task's GLUE metric
 (`eval.glue_metrics`). Beside it, the majority-class baseline (the most frequent training
 label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
-`MODEL_DIR/eval/results.md` (a table like seed 001's Table 2: one column per task + Avg).
+`MODEL_DIR/eval/results.md` (a table like Ponomareva et al.'s (2022) Table 2: one column per task + Avg).
 """
 import argparse
 import dataclasses

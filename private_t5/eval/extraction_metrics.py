@@ -1,4 +1,4 @@
-"""Extraction metrics of seed 001 Table 3: exact match, token accuracy, median edit distance.
+"""Extraction metrics of Ponomareva et al. 2022, Table 3: exact match, token accuracy, median edit distance.
 
 For each prompt the model generates T tokens that are compared with the true next T tokens:
 

@@ -2,7 +2,7 @@
 
 Predictions are decoded strings; they are mapped back to class ids (or STS-B scores) with
 t5's postprocessors (`string_label_to_class_id`, `string_to_float`): a string outside the
-label set becomes -1 and counts as wrong. Scores are in percent, as in T5 and seed 001:
+label set becomes -1 and counts as wrong. Scores are in percent, as in T5 and Ponomareva et al. 2022:
 
   cola: Matthews correlation   sst2, mnli_*, qnli, rte, wnli: accuracy
   mrpc, qqp: F1 and accuracy   stsb: Pearson and Spearman correlation
@@ -29,7 +29,7 @@ TASK_METRICS = {
     "wnli": ("accuracy",),
     "accuracy": ("accuracy",),
 }
-# Column titles of the results table (seed 001, Table 2).
+# Column titles of the results table (Ponomareva et al. 2022, Table 2).
 COLUMN_TITLES = {"mnli_matched": "mnli_m", "mnli_mismatched": "mnli_msm"}
 
 

@@ -1,4 +1,4 @@
-"""Training-data extraction (seed 001 §4 "Testing for memorization", Table 3).
+"""Training-data extraction (Ponomareva et al. 2022, §4 "Testing for memorization", Table 3).
 
 Prefix variant (Carlini et al. 2020; Lee et al. 2021): the encoder reads the first P tokens of a
 document (followed by EOS, as every training input ends in EOS), the decoder generates T
@@ -6,7 +6,7 @@ tokens greedily (optionally with beam search), and the generation is compared wi
 next T tokens (EM / TA / MED, see extraction_metrics.py). Documents shorter than P + T tokens
 are skipped and counted.
 
-Span-corruption variant (the alternative definition proposed in seed 001 §5.2): the first
+Span-corruption variant (the alternative definition proposed in Ponomareva et al. 2022, §5.2): the first
 `raw` tokens of a document (the window one span-corruption training example consumes for
 encoder length P) are corrupted with T5's random spans and sentinels, and the model must
 regenerate the masked spans (sentinels included) verbatim.

@@ -113,7 +113,7 @@ def plot_extraction(report: dict, path: str) -> Optional[str]:
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(SPLIT_NAMES))])
     ax.set_xticklabels([SPLIT_TITLES[n] for n in SPLIT_NAMES], rotation=15)
     ax.set_title(title)
-    # Memorization rates are often a few percent (seed 001 Table 3): scale to the data.
+    # Memorization rates are often a few percent (Ponomareva et al. 2022, Table 3): scale to the data.
     ax.set_ylim(0, min(100.0, max(1.0, 1.25 * top)))
   axes[0].legend()
   fig.suptitle(f"Extraction: {report.get('epsilon_text', '')}")

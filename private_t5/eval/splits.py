@@ -1,4 +1,4 @@
-"""The four memorization splits of Lee et al. (2021) and seed 001 (§4, Table 3).
+"""The four memorization splits of Lee et al. (2021) and Ponomareva et al. 2022 (§4, Table 3).
 
 * train dup: training documents with a near-duplicate elsewhere in the training set;
 * train unique: the other training documents;

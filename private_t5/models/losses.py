@@ -1,4 +1,4 @@
-"""Logits -> per-example losses (the unit that DP clips, seed 001, Sec. 3) and log likelihoods."""
+"""Logits -> per-example losses (the unit that DP clips, Ponomareva et al. 2022, Sec. 3) and log likelihoods."""
 from typing import Dict, Tuple
 
 import jax

@@ -1,1 +1,1 @@
-"""Selective DP (Just Fine-tune Twice, seed 002) and Adaptive DP (seed 004)."""
+"""Selective DP (Just Fine-tune Twice, Shi et al. 2022) and Adaptive DP (Wu et al. 2022)."""

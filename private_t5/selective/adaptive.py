@@ -1,6 +1,6 @@
-"""Adaptive DP (ADP, seed 004): noise scaled by the batch's estimated privacy probability.
+"""Adaptive DP (ADP, Wu et al. 2022): noise scaled by the batch's estimated privacy probability.
 
-1. Privacy probability (seed 004 Sec. 4.1, Eqs. 3-4): each training example s is scored by
+1. Privacy probability (Wu et al. 2022, Sec. 4.1, Eqs. 3-4): each training example s is scored by
    its perplexity P(s) = exp(mean token cross-entropy) under a public *reference* model (a
    private_t5 checkpoint trained on public data), and rho(s) = normalize(P(s)) in [0, 1]: text
    the reference model finds surprising is more likely to be private.
@@ -11,7 +11,7 @@
 
 Privacy: gamma_B is computed from the private batch, so the noise scale itself depends on the
 data. The mechanism is therefore NOT (epsilon, delta)-DP as stated for DP-SGD; its report gives
-the formal guarantee as none (epsilon = infinity in the ledger) and, as the seed does, the
+the formal guarantee as none (epsilon = infinity in the ledger) and, as Wu et al. (2022) do, the
 epsilon that the per-step effective noise multipliers sigma * gamma_t WOULD imply if they had
 been fixed in advance. That number is a heuristic summary, never a DP guarantee.
 """
@@ -43,15 +43,15 @@ FORMAL_GUARANTEE = (
 IMPLIED_EPSILON_NOTE = (
     "implied_epsilon composes, with the same accountant, one Poisson-sampled Gaussian step of "
     "noise multiplier sigma*gamma_t for every step t, as if each gamma_t had been fixed before "
-    "training (seed 004, Table 1). It is a heuristic comparison number, NOT a DP guarantee.")
+    "training (Wu et al. 2022, Table 1). It is a heuristic comparison number, NOT a DP guarantee.")
 
 
 # -- privacy probabilities (Eqs. 3-4) -------------------------------------------------------------
 
 def normalize(perplexities: np.ndarray, method: str = "max") -> np.ndarray:
-  """rho = normalize(P) in [0, 1] (seed 004 Eq. 4; the seed leaves the operator open).
+  """rho = normalize(P) in [0, 1] (Wu et al. 2022, Eq. 4; the paper leaves the operator open).
 
-  * "max":    rho = P / max P (proportional to P, as the seed's rho(s) ∝ P(s)).
+  * "max":    rho = P / max P (proportional to P, as Wu et al.'s rho(s) ∝ P(s)).
   * "minmax": rho = (P - min P) / (max P - min P).
   * "rank":   rho = empirical CDF of P (robust to a few extreme perplexities).
   """
@@ -230,7 +230,7 @@ class AdaptiveDPAggregator:
       noise = aggregator_lib.gaussian_like(noise_rng, leaves)
       std = gamma * self.dp.noise_std  # Eq. 6: z = gamma_B * N(0, sigma^2 C^2 I)
       grad_sum = jax.tree.unflatten(treedef, [g + std * n for g, n in zip(leaves, noise)])
-    # Same public divisor q N as DP-SGD (DESIGN rule 3).
+    # Same public divisor q N as DP-SGD (DP rule "noise on the sum, divide by a public constant").
     grads = jax.tree.map(lambda g: g / self.dp.expected_batch_size, grad_sum)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     metrics = dict(metrics)
@@ -274,12 +274,12 @@ def implied_epsilon(noise_multiplier: float, gammas: Sequence[float], sampling_r
 def adaptive_report(*, noise_multiplier: float, clip_norm: float, sampling_rate: float, delta: float,
                     accountant: str, gammas: np.ndarray, probabilities: PrivacyProbabilities,
                     privacy_unit: str, num_examples: int) -> Dict[str, Any]:
-  """The ADP privacy report: no formal guarantee, plus the seed's implied-epsilon number."""
+  """The ADP privacy report: no formal guarantee, plus Wu et al.'s (2022) implied-epsilon number."""
   steps = int(len(gammas))
   nominal = accounting.compute_epsilon(noise_multiplier, sampling_rate, steps, delta, accountant) if steps else 0.0
   implied = implied_epsilon(noise_multiplier, gammas, sampling_rate, delta, accountant)
   return {
-      "mechanism": "adaptive DP (seed 004): DP-SGD clip/sum/divide-by-qN with noise std sigma*gamma_B*C, "
+      "mechanism": "adaptive DP (Wu et al. 2022): DP-SGD clip/sum/divide-by-qN with noise std sigma*gamma_B*C, "
                    "gamma_B = mean privacy probability of the batch's real rows",
       "dp": False,
       "formal_guarantee": FORMAL_GUARANTEE,

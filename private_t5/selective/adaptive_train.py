@@ -1,11 +1,11 @@
-"""Adaptive-DP-Adafactor training (seed 004): the trainer with the adaptive aggregator.
+"""Adaptive-DP-Adafactor training (Wu et al. 2022): the trainer with the adaptive aggregator.
 
 The run is the ordinary DP-Adafactor run of `train.main.train` (same Poisson sampler, clip,
 divisor q N, Adafactor, checkpoints and resume) with two swaps: batches carry each row's
 privacy probability (`AdaptiveSource`) and the aggregator scales the noise by gamma_B
 (`AdaptiveDPAggregator`). Because that breaks the formal guarantee, the ledger in every
 checkpoint records epsilon = infinity, and `adaptive_dp_report.json` beside it gives the
-implied-epsilon number of the seed with its caveat.
+implied-epsilon number of Wu et al. 2022 with its caveat.
 """
 import os
 import sys

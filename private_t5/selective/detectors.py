@@ -1,8 +1,8 @@
-"""Secret detectors: the policy functions F of selective DP (seed 002, Definition 3).
+"""Secret detectors: the policy functions F of selective DP (Shi et al. 2022, Definition 3).
 
 A policy function maps a record to one bit per token: F(r)_i = 1 when token i is public and
 0 when it is private. The detectors below find private spans of a text at the four levels of
-the seed's table, each level containing the ones before it:
+Shi et al.'s (2022) table, each level containing the ones before it:
 
 * `pattern`: e-mail addresses, URLs, IP addresses, dates, phone numbers and ID / order /
   account / card numbers, found with the regular expressions of this module.
@@ -167,7 +167,7 @@ class Detection:
     text: the input.
     spans: private spans, sorted, non-overlapping.
     token_offsets: int32[T, 2], character [start, end) of each token (TOKEN_RE).
-    private_mask: bool[T], True for a private token (F(r)_i = 0 in seed 002's notation).
+    private_mask: bool[T], True for a private token (F(r)_i = 0 in Shi et al.'s (2022) notation).
   """
   text: str
   spans: List[Span]
@@ -176,7 +176,7 @@ class Detection:
 
   @property
   def public_mask(self) -> np.ndarray:
-    """F(r): 1 for a public token, 0 for a private one (seed 002, Definition 3)."""
+    """F(r): 1 for a public token, 0 for a private one (Shi et al. 2022, Definition 3)."""
     return ~self.private_mask
 
   @property
@@ -345,7 +345,7 @@ class SecretDetector:
     return Detection(text, spans, offsets, mask)
 
   def policy(self, text: str) -> np.ndarray:
-    """F(r) of seed 002: int8[T], 1 for a public token and 0 for a private one."""
+    """F(r) of Shi et al. 2022: int8[T], 1 for a public token and 0 for a private one."""
     return self.analyze(text).public_mask.astype(np.int8)
 
   def redact(self, text: str) -> str:
@@ -464,7 +464,7 @@ def levels_up_to(level: str) -> Tuple[str, ...]:
 
 
 def private_fraction(detector: SecretDetector, texts: Iterable[str]) -> Dict[str, float]:
-  """Fraction of tokens marked private over `texts` (seed 002's "Pct" column)."""
+  """Fraction of tokens marked private over `texts` (Shi et al.'s (2022) "Pct" column)."""
   private = total = 0
   for text in texts:
     d = detector.analyze(text)

@@ -1,4 +1,4 @@
-"""Just Fine-tune Twice (JFT, seed 002): selective DP in two training phases, one command.
+"""Just Fine-tune Twice (JFT, Shi et al. 2022): selective DP in two training phases, one command.
 
   private-t5 jft --gin_file=configs/models/t5_1_0_tiny.gin \
       --gin_file=configs/runs/pretrain.gin --gin_file=configs/runs/jft.gin \
@@ -13,7 +13,7 @@ with DP on the full private data D. MODEL_DIR/phase1_redacted and MODEL_DIR/phas
 ordinary training runs (each with its own ledger); MODEL_DIR/jft_privacy_report.json states
 the selective guarantee and its assumption.
 
-Guarantee (seed 002, Definitions 3-4): a secret caught by the policy function F never reaches
+Guarantee (Shi et al. 2022, Definitions 3-4): a secret caught by the policy function F never reaches
 phase 1, so with respect to F-neighbours (datasets differing in private tokens only) the
 release is (eps_2, delta_2)-selective-DP, eps_2 being phase 2's epsilon. This holds only if
 the detector missed nothing. A missed secret is protected by phase 2's DP plus phase 1's:
@@ -103,7 +103,7 @@ def jft_privacy_report(phase1: Dict[str, Any], phase2: Dict[str, Any], *, detect
   missed_eps = eps1 + eps2
   statement = (
       f"({eps2:.4g}, {delta2:.3g})-selective DP with respect to the policy function of level "
-      f"{detector_level!r} (seed 002): secrets the detector caught never reached phase 1. ASSUMPTION: the "
+      f"{detector_level!r} (Shi et al. 2022): secrets the detector caught never reached phase 1. ASSUMPTION: the "
       f"detector missed no secret in D'. ")
   if phase1_dp:
     statement += (f"A missed secret is still covered by ordinary DP over both phases: "
@@ -117,7 +117,7 @@ def jft_privacy_report(phase1: Dict[str, Any], phase2: Dict[str, Any], *, detect
     statement += (f" Measured miss rate on a hand-checked sample: {miss_rate['missed']}/{miss_rate['secrets']} "
                   f"= {miss_rate['miss_rate']:.2%} (95% CI {lo:.2%}–{hi:.2%}).")
   return {
-      "mechanism": "Just Fine-tune Twice (seed 002): phase 1 on the redacted corpus D', phase 2 DP on D",
+      "mechanism": "Just Fine-tune Twice (Shi et al. 2022): phase 1 on the redacted corpus D', phase 2 DP on D",
       "guarantee": "selective differential privacy",
       "epsilon_s": None if math.isinf(eps2) else eps2,
       "delta_s": delta2,

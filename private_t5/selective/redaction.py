@@ -3,7 +3,7 @@
 D' keeps every document's id (and user) with its private spans replaced by typed
 placeholders. A document left with no public word is counted and skipped: it carries nothing
 that phase 1 may learn. The report gives, for each detector level, the fraction of tokens
-marked private (seed 002's "Pct" column), the placeholder counts and the throughput, and names
+marked private (Shi et al.'s (2022) "Pct" column), the placeholder counts and the throughput, and names
 the backend of every level, so a missing NER model or POS tagger shows as the fallback used.
 """
 import collections
@@ -134,7 +134,7 @@ def redact_corpus(documents: Iterable, output_path: str, *, level: str = "entity
       "levels": {lvl: s.as_dict() for lvl, s in stats.items()},
       "documents_per_second": read / elapsed if elapsed > 0 else None,
       "wall_time_s": elapsed,
-      "note": ("pct is the fraction of word/punctuation tokens marked private (seed 002's Pct column); "
+      "note": ("pct is the fraction of word/punctuation tokens marked private (Shi et al.'s (2022) Pct column); "
                "the redacted corpus is public only if the detector missed no secret"),
   }
   report_path = report_path or default_report_path(output_path)

@@ -1,6 +1,6 @@
-"""DP-SentencePiece: a differentially private word histogram, then SentencePiece (seed 001 §3.1).
+"""DP-SentencePiece: a differentially private word histogram, then SentencePiece (Ponomareva et al. 2022, §3.1).
 
-Algorithm 1 of the seed paper, with each document's contribution bounded first:
+Algorithm 1 of Ponomareva et al. 2022, with each document's contribution bounded first:
 
 1. Every document (the privacy unit) becomes a word histogram (whitespace-separated words,
    unnormalised), bounded so that one document changes the summed histogram by at most
@@ -233,12 +233,12 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
 # ---------------------------------------------------------------------------------------------
 
 def paper_epsilon(sigma: float, delta: float, k: float) -> float:
-  """Hoory et al. Theorem 1 as printed in the seed paper: ε = (k/σ)·√(2 ln(2.5/δ))."""
+  """Hoory et al. Theorem 1 as printed in Ponomareva et al. 2022: ε = (k/σ)·√(2 ln(2.5/δ))."""
   return k / sigma * math.sqrt(2.0 * math.log(2.5 / delta))
 
 
 def paper_threshold(sigma: float, delta: float, m: float, n: int) -> float:
-  """The threshold as printed in the seed paper: C = m + σ·erf⁻¹(1 − δ/(2N))."""
+  """The threshold as printed in Ponomareva et al. 2022: C = m + σ·erf⁻¹(1 − δ/(2N))."""
   from scipy import special  # pylint: disable=g-import-not-at-top
   return m + sigma * float(special.erfinv(1.0 - delta / (2.0 * n)))
 

@@ -1,6 +1,6 @@
 """Training metrics: TensorBoard event files, the console progress line, summary.json.
 
-Labelling (DP rule 5): loss and token accuracy computed on the private training batches are
+Labelling (DP rule "nothing else leaks"): loss and token accuracy computed on the private training batches are
 not covered by the privacy guarantee. Their TensorBoard tags start with `nondp/` and the
 console shows them as "(train batch, not DP)". Validation metrics are computed on held-out
 documents of the same private corpus: the model never trains on them, but releasing the

@@ -6,7 +6,7 @@ resumed run continues it) to a learning rate:
 * `rsqrt_schedule(peak | base, warmup_steps)`: T5 / T5X's "constant * rsqrt_decay",
   lr(t) = base / sqrt(max(t, warmup)); given as the peak it starts at, base = peak *
   sqrt(warmup), so lr(t) = peak * min(1, sqrt(warmup / t)). The "warm-up" of T5's rsqrt
-  schedule is a constant plateau of `warmup_steps`, not a linear ramp. The seed paper (Sec. 4)
+  schedule is a constant plateau of `warmup_steps`, not a linear ramp. Ponomareva et al. 2022 (Sec. 4)
   uses "learning rate 0.5, warm-up 1000", which in T5X's terms is base 0.5: peak 0.0158.
 * `constant_schedule(lr)`.
 * `linear_warmup_schedule(peak, warmup_steps, decay)`: linear ramp from 0 to peak over
@@ -39,7 +39,7 @@ def rsqrt_schedule(peak_learning_rate: Optional[float] = None, warmup_steps: int
   """lr(t) = base * rsqrt(max(t, warmup)) = peak * min(1, sqrt(warmup / t)).
 
   Give the plateau value `peak_learning_rate`, or T5X's `base_learning_rate` (then
-  peak = base / sqrt(warmup)); exactly one of the two. The seed paper's "learning rate 0.5,
+  peak = base / sqrt(warmup)); exactly one of the two. Ponomareva et al.'s (2022) "learning rate 0.5,
   warm-up 1000, rsqrt decay" is T5X's `base_learning_rate=0.5`, i.e. a peak of
   0.5 / sqrt(1000) = 0.0158 (the order of T5's 0.01).
   """
@@ -92,7 +92,7 @@ def adafactor(learning_rate: Union[float, Schedule, None] = None, decay_rate: fl
               momentum: Optional[float] = None, multiply_by_parameter_scale: bool = True,
               min_dim_size_to_factor: int = 128,
               weight_decay_rate: Optional[float] = None) -> optax.GradientTransformation:
-  """`optax.adafactor` with T5's settings (seed 001 Sec. 4: decay rate 0.8, factored second
+  """`optax.adafactor` with T5's settings (Ponomareva et al. 2022, Sec. 4: decay rate 0.8, factored second
   moments, no momentum, update clipping threshold 1.0, relative step size scaled by the
   parameter RMS). `learning_rate` defaults to the paper's rsqrt schedule (base 0.5, 1000 steps).
   """

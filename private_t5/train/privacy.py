@@ -4,7 +4,7 @@ DP is one swapped component. `dp=None` gives the non-private baseline: `MeanAggr
 shuffled fixed batches, and a ledger that records steps with ε = ∞. A `DPConfig` gives
 DP-Adafactor: `DPAggregator` (clip, sum, noise, divide by q N), Poisson sampling with rate
 q = expected_batch_size / N truncated at `batch_size` rows, and a ledger whose accounting
-event is built from the same q, σ and truncation cap as the sampler (DP rule 2).
+event is built from the same q, σ and truncation cap as the sampler (DP rule "sampling matches accounting").
 
 Everything here runs before any compute: invalid privacy parameters, an unreachable target ε
 or a batch larger than the dataset fail at once with a PrivacyError.
@@ -31,7 +31,7 @@ DEFAULT_MAX_TRUNCATION_PROBABILITY = 1e-6
 
 @dataclasses.dataclass(frozen=True)
 class DPConfig:
-  """Differential privacy of a training run (all fixed before training: DP rule 5).
+  """Differential privacy of a training run (all fixed before training: DP rule "nothing else leaks").
 
   Attributes:
     clip_norm: C, the per-example gradient L2 bound.

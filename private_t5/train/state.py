@@ -4,7 +4,7 @@ All randomness of a run comes from one 64-bit root seed:
 
 * the parameter initialisation key,
 * the dropout and DP-noise base keys; the key of step t is `fold_in(base, t)`, so a resumed
-  run continues the sequence and never reuses a step's key (DP rule 4),
+  run continues the sequence and never reuses a step's key (DP rule "noise keys are secret and never reused"),
 * the sampler seed (which examples each step draws) and the data seed (the objective's
   random noise, e.g. which spans are corrupted, for step t).
 

@@ -3,7 +3,7 @@
 DP is one swapped component: the gradient aggregator. With `dp.aggregator.MeanAggregator`
 the step is ordinary (non-private) training; with `dp.aggregator.DPAggregator` (per-example
 clip, sum, Gaussian noise on the sum, divide by the public q N) followed by the same Adafactor
-it is DP-Adafactor (seed 001 Sec. 3.2). Nothing else in the step changes.
+it is DP-Adafactor (Ponomareva et al. 2022, Sec. 3.2). Nothing else in the step changes.
 
 Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
 derived inside the compiled step, so a resumed run continues the key sequence.

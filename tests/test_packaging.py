@@ -1,0 +1,37 @@
+"""`pip install .` of the committed tree ships the Gin configs, found by name from any directory."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PROJECT_ROOT
+
+
+def _run(args, **kwargs):
+  return subprocess.run(args, check=True, capture_output=True, text=True, **kwargs).stdout
+
+
+def test_configs_path_is_a_link_into_the_package():
+  mode = _run(["git", "ls-files", "-s", "configs"], cwd=PROJECT_ROOT).split()[0]
+  assert mode == "120000"  # a symbolic link in git
+  assert os.path.realpath(os.path.join(PROJECT_ROOT, "configs")) == os.path.join(PROJECT_ROOT, "private_t5", "configs")
+
+
+@pytest.mark.slow
+def test_pip_install_outside_the_repository_finds_configs_by_name(tmp_path):
+  clone = tmp_path / "src"
+  _run(["git", "clone", "--quiet", "--no-checkout", PROJECT_ROOT, str(clone)])
+  _run(["git", "checkout", "--quiet", _run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT).strip()], cwd=str(clone))
+  target = tmp_path / "site"
+  # No download: the dependencies are those of the running environment.
+  _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+        "--target", str(target), str(clone)], cwd=str(tmp_path))
+  shipped = sorted(p.name for p in (target / "private_t5" / "configs" / "models").iterdir())
+  assert "t5_1_0_small.gin" in shipped and "t5_1_1_base.gin" in shipped
+  env = dict(os.environ, PYTHONPATH=str(target), TF_CPP_MIN_LOG_LEVEL="2")
+  where = _run([sys.executable, "-c", "import private_t5, sys; sys.stdout.write(private_t5.__file__)"], cwd="/", env=env)
+  assert where.startswith(str(target))
+  for name in ("models/t5_1_0_small.gin", "configs/models/t5_1_0_small.gin"):
+    out = _run([sys.executable, "-m", "private_t5.cli", "info", f"--gin_file={name}"], cwd="/", env=env)
+    assert '"num_params": 60506624' in out, out[:300]
