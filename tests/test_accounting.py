@@ -154,14 +154,14 @@ def test_cli_paper_row(capsys):
 
 def test_cli_target_epsilon_and_sampling_rate(capsys):
   out = _cli_json(capsys, ["--target_epsilon=6.06", f"--sampling_rate={Q_PAPER!r}", "--steps=100000",
-                           "--delta=1.9082e-10"])
+                           "--delta=1.9082e-10", "--accountant=rdp"])
   assert out["noise_multiplier"] == pytest.approx(0.4, abs=1e-3)
   assert out["epsilon"] <= 6.06
 
 
 def test_cli_truncation_reported(capsys):
   out = _cli_json(capsys, ["--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=50",
-                           "--delta=1e-6", "--max_batch_size=140"])
+                           "--delta=1e-6", "--max_batch_size=140", "--accountant=rdp"])
   assert out["truncation_probability"] == pytest.approx(stats.binom.sf(140, 10_001, 0.01))
   assert out["total_delta"] == pytest.approx(
       1e-6 + (1 + math.exp(out["epsilon"])) * 50 * out["truncation_probability"])

@@ -50,8 +50,8 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   if not isinstance(dp, privacy.DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
-  if dp.sampling != "poisson":
-    raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}")
+  if dp.sampling not in privacy.DP_SAMPLING:
+    raise PrivacyError(f"DP training supports sampling in {privacy.DP_SAMPLING}, got {dp.sampling!r}")
   if dp.method not in aggregator.DP_METHODS:
     raise ConfigError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
@@ -64,7 +64,8 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
     raise PrivacyError(f"DPConfig.target_epsilon (ε) must be a finite number > 0, got {dp.target_epsilon!r}")
   if dp.expected_batch_size is not None:
     accounting.validate_privacy_params(batch_size=dp.expected_batch_size, num_examples=num_examples)
-    if batch_size is not None and dp.expected_batch_size > batch_size:
+    if (batch_size is not None and dp.sampling == privacy.POISSON_TRUNCATED
+        and dp.expected_batch_size > batch_size):
       raise PrivacyError(f"expected_batch_size={dp.expected_batch_size} exceeds the padded "
                          f"batch_size={batch_size}")
 
@@ -272,7 +273,7 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
     vocabulary = {"dp": "DP vocabulary included", "public": "vocabulary declared public, not counted",
                   "not private": "vocabulary NOT private"}.get(ledger.vocabulary_status(), "no vocabulary")
     training = (f"DP-Adafactor ε = {ledger.training_epsilon():.4g} at δ = {ledger.training_delta():.3g} "
-                f"({ledger.privacy_unit}-level, {ledger.accountant.upper()}, σ = {ledger.noise_multiplier:.4g}, "
+                f"({ledger.privacy_unit}-level, {(ledger.accountant_used() or ledger.accountant).upper()}, σ = {ledger.noise_multiplier:.4g}, "
                 f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps)")
     if summary["epsilon"] is None:
       log(f"  privacy: ε = ∞ ({vocabulary}: no DP-SentencePiece report names it; run dp-spm or set "
