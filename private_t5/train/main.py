@@ -265,6 +265,8 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
   log(f"  tensorboard:    {summary['tensorboard_dir']}")
   log(f"  summary:        {os.path.join(summary['model_dir'], 'summary.json')}")
   log(f"  privacy report: {summary['privacy_report']}")
+  if summary.get("real_row_fraction") is not None:
+    log(f"  real rows:      {100.0 * summary['real_row_fraction']:.1f}% of the rows computed (the rest padding)")
   validation = summary.get("validation_not_dp") or summary.get("validation")
   if validation:
     label = " (held-out private documents, not DP)" if summary.get("validation_not_dp") else ""

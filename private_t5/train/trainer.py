@@ -193,6 +193,15 @@ class Trainer:
     `microbatch_size` rows, possibly 0) runs as consecutive microbatches through the compiled
     accumulate step, then the noise is added once and the update applied. Needs a DP aggregator
     (`clipped_sum` and `finalize`); `state` is donated."""
+    acc = self.accumulate_microbatches(state.params, batch, microbatch_size, dropout_base_key, state.step)
+    with self._mesh_context():
+      return self._finalize(state, acc, dropout_base_key, noise_base_key)
+
+  def accumulate_microbatches(self, params: PyTree, batch: Dict[str, np.ndarray], microbatch_size: int,
+                              dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(noiseless float32 clipped sum over every row of `batch`, its non-DP sums), computed
+    microbatch by microbatch; row r of `batch` is row r of the step's sample whatever the
+    microbatch size (its dropout key is `fold_in(fold_in(dropout_base_key, step), r)`)."""
     rows = len(batch["example_weight"])
     if rows % microbatch_size:
       raise ValueError(f"a batch of {rows} rows is not a multiple of microbatch_size={microbatch_size}")
@@ -200,8 +209,8 @@ class Trainer:
       acc = self._zero_sum()
       for start in range(0, rows, microbatch_size):
         micro = self.place_batch({k: v[start:start + microbatch_size] for k, v in batch.items()})
-        acc = self._accumulate(state.params, acc, micro, dropout_base_key, state.step, np.int32(start))
-      return self._finalize(state, acc, dropout_base_key, noise_base_key)
+        acc = self._accumulate(params, acc, micro, dropout_base_key, step, np.int32(start))
+      return acc
 
   def eval_batch(self, params: PyTree, batch) -> Dict[str, float]:
     """Teacher-forced sums over the real rows: loss, examples, correct and target tokens."""
