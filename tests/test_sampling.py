@@ -187,7 +187,7 @@ def test_untruncated_sizes_are_exactly_binomial():
   assert abs(sizes.var() - var) < 0.1 * var
   assert sizes.max() > mean + 2 * math.sqrt(var)  # the upper tail is there: nothing is cut
   # Chi-square over bins of the Binomial pmf (tails pooled so every bin expects >= 5).
-  edges = np.arange(int(mean - 3.5 * math.sqrt(var)), int(mean + 3.5 * math.sqrt(var)) + 1)
+  edges = np.arange(int(mean - 2 * math.sqrt(var)), int(mean + 2 * math.sqrt(var)) + 1)
   cdf = scipy.stats.binom.cdf(edges, n, q)
   expected = np.diff(np.concatenate([[0.0], cdf[:-1], [1.0]])) * steps
   observed = np.array([np.sum(sizes <= edges[0])] +
