@@ -46,14 +46,14 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
   if dp is None:
     return
   from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import aggregator  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import factory  # pylint: disable=g-import-not-at-top
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   if not isinstance(dp, privacy.DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
   if dp.sampling not in privacy.DP_SAMPLING:
     raise PrivacyError(f"DP training supports sampling in {privacy.DP_SAMPLING}, got {dp.sampling!r}")
-  if dp.method not in aggregator.DP_METHODS:
-    raise ConfigError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
+  if dp.method not in factory.DP_METHODS:
+    raise ConfigError(f"DPConfig.method must be one of {factory.DP_METHODS}, got {dp.method!r}")
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
     raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                        f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
