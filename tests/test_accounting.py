@@ -154,14 +154,14 @@ def test_cli_paper_row(capsys):
 
 def test_cli_target_epsilon_and_sampling_rate(capsys):
   out = _cli_json(capsys, ["--target_epsilon=6.06", f"--sampling_rate={Q_PAPER!r}", "--steps=100000",
-                           "--delta=1.9082e-10"])
+                           "--delta=1.9082e-10", "--accountant=rdp"])
   assert out["noise_multiplier"] == pytest.approx(0.4, abs=1e-3)
   assert out["epsilon"] <= 6.06
 
 
 def test_cli_truncation_reported(capsys):
   out = _cli_json(capsys, ["--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=50",
-                           "--delta=1e-6", "--max_batch_size=140"])
+                           "--delta=1e-6", "--max_batch_size=140", "--accountant=rdp"])
   assert out["truncation_probability"] == pytest.approx(stats.binom.sf(140, 10_001, 0.01))
   assert out["total_delta"] == pytest.approx(
       1e-6 + (1 + math.exp(out["epsilon"])) * 50 * out["truncation_probability"])
@@ -185,3 +185,36 @@ def test_cli_warns_when_truncation_makes_delta_meaningless(capsys):
   captured = capsys.readouterr()
   assert json.loads(captured.out)["total_delta"] > 1e-4  # ≥ 1/N
   assert "WARNING" in captured.err and "meaningless" in captured.err
+
+
+@pytest.mark.parametrize("sigma, q, steps", [(0.8, 0.01, 300), (1.5, 0.05, 100), (0.6, 0.002, 2000)])
+def test_auto_is_the_smaller_of_rdp_and_pld(sigma, q, steps):
+  both = accounting.compute_epsilons(sigma, q, steps, 1e-6)
+  auto = accounting.compute_epsilon(sigma, q, steps, 1e-6, "auto")
+  assert set(both) == {"rdp", "pld"}
+  assert auto == min(both.values()) and auto <= both["rdp"] and auto <= both["pld"]
+  assert both["rdp"] == accounting.compute_epsilon(sigma, q, steps, 1e-6, "rdp")
+  assert both["pld"] == accounting.compute_epsilon(sigma, q, steps, 1e-6, "pld")
+
+
+def test_auto_calibration_takes_the_smaller_sigma():
+  q, steps, delta, target = 0.01, 500, 1e-6, 3.0
+  sigmas = {name: accounting.calibrate_noise(target, q, steps, delta, name) for name in ("rdp", "pld")}
+  auto = accounting.calibrate_noise(target, q, steps, delta, "auto")
+  assert auto == min(sigmas.values())
+  assert accounting.compute_epsilon(auto, q, steps, delta, "auto") <= target + 1e-6
+
+
+def test_cli_prints_both_accountants(capsys):
+  out = _cli_json(capsys, ["--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000",
+                           "--steps=200", "--delta=1e-6"])
+  assert out["accountant"] == "auto" and out["accountant_used"] in ("rdp", "pld")
+  assert out["epsilon"] == min(out["epsilon_rdp"], out["epsilon_pld"])
+
+
+def test_truncated_event_is_accounted_exactly_by_pld():
+  n, q, cap, steps = 10_000, 0.01, 120, 50
+  exact = accounting.compute_epsilon(1.0, q, steps, 1e-6, "pld", num_examples=n, max_batch_size=cap)
+  assert math.isfinite(exact) and exact > 0
+  both = accounting.compute_epsilons(1.0, q, steps, 1e-6, num_examples=n, max_batch_size=cap)
+  assert both["pld"] == exact

@@ -178,5 +178,13 @@ def test_kill_9_then_rerun_resumes_without_lost_or_repeated_steps(small_corpus_a
   assert info["privacy_report"]["epsilon"] == pytest.approx(ref_info["privacy_report"]["epsilon"])
   assert info["privacy_report"]["training_epsilon"] == pytest.approx(ref_info["privacy_report"]["training_epsilon"])
   assert info["privacy_report"]["training_epsilon"] > 0
+  # The default DP run: untruncated Poisson in microbatches, both accountants, the smaller used.
+  for key in ("epsilon_rdp", "epsilon_pld"):
+    assert info["privacy_report"][key] == pytest.approx(ref_info["privacy_report"][key])
+  report = info["privacy_report"]
+  assert report["truncation_delta"] == 0.0 and report["max_batch_size"] is None
+  assert report["training_epsilon"] == min(report["epsilon_rdp"], report["epsilon_pld"])
+  assert report["clipping_method"] == "ghost" and report["batch_size"] == 8
   summary = json.load(open(os.path.join(killed_dir, "summary.json")))
   assert summary["resumed_from_step"] == killed_at and summary["steps_this_run"] == steps - killed_at
+  assert summary["real_row_fraction"] is None or 0 < summary["real_row_fraction"] <= 1

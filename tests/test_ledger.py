@@ -158,3 +158,21 @@ def test_non_private_vocabulary_makes_the_total_infinite_and_survives_resume(tmp
   public.record_steps(100)
   public.add_vocabulary(str(vocab), public=True)
   assert public.total_epsilon() == public.training_epsilon() and public.report()["vocabulary"] == "public"
+
+
+def test_auto_ledger_reports_both_and_the_smaller(tmp_path):
+  ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-6, num_examples=10_000,
+                                batch_size=100, accountant="auto", configured_batch_size=64,
+                                clipping_method="ghost")
+  ledger.record_steps(300)
+  report = ledger.report()
+  assert report["epsilon_rdp"] == pytest.approx(accounting.compute_epsilon(1.0, 0.01, 300, 1e-6, "rdp"))
+  assert report["epsilon_pld"] == pytest.approx(accounting.compute_epsilon(1.0, 0.01, 300, 1e-6, "pld"))
+  assert report["training_epsilon"] == min(report["epsilon_rdp"], report["epsilon_pld"])
+  used = report["accountant_used"]
+  assert report["training_epsilon"] == report[f"epsilon_{used}"]
+  assert report["truncation_delta"] == 0.0 and report["batch_size"] == 64
+  assert report["expected_batch_size"] == pytest.approx(100) and report["clipping_method"] == "ghost"
+  path = str(tmp_path / "privacy_report.json")
+  ledger.save(path)
+  assert PrivacyLedger.load(path) == ledger

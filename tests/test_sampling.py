@@ -174,3 +174,50 @@ def test_shuffled_bad_sizes_are_refused():
     ShuffledBatchSampler(5, 6, seed=0)
   with pytest.raises(ConfigError, match="batch_size"):
     ShuffledBatchSampler(5, 0, seed=0)
+
+
+def test_untruncated_sizes_are_exactly_binomial():
+  """No cap: the sample sizes over many steps are Binomial(N, q) (mean, variance, chi-square)."""
+  n, q, steps = 500, 0.04, 4000
+  sampler = PoissonSampler(n, q, max_batch_size=None, seed=5, microbatch_size=8)
+  assert not sampler.truncated and sampler.truncation_probability == 0.0
+  sizes = np.array([len(sampler.indices_for_step(t)) for t in range(steps)])
+  mean, var = n * q, n * q * (1 - q)
+  assert abs(sizes.mean() - mean) < 5 * math.sqrt(var / steps)
+  assert abs(sizes.var() - var) < 0.1 * var
+  assert sizes.max() > mean + 2 * math.sqrt(var)  # the upper tail is there: nothing is cut
+  # Chi-square over bins of the Binomial pmf (tails pooled so every bin expects >= 5).
+  edges = np.arange(int(mean - 2 * math.sqrt(var)), int(mean + 2 * math.sqrt(var)) + 1)
+  cdf = scipy.stats.binom.cdf(edges, n, q)
+  expected = np.diff(np.concatenate([[0.0], cdf[:-1], [1.0]])) * steps
+  observed = np.array([np.sum(sizes <= edges[0])] +
+                      [np.sum((sizes > a) & (sizes <= b)) for a, b in zip(edges[:-2], edges[1:-1])] +
+                      [np.sum(sizes > edges[-2])])
+  assert expected.min() >= 5 and observed.sum() == steps
+  assert scipy.stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_every_sampled_example_runs_in_exactly_one_microbatch():
+  sampler = PoissonSampler(300, 0.05, max_batch_size=None, seed=2, microbatch_size=4)
+  for t in range(200):
+    indices = sampler.indices_for_step(t)
+    rows = sampler.padded_rows(len(indices))
+    assert rows % 4 == 0 and 0 <= rows - len(indices) <= 3  # at most m - 1 padding rows
+    slots = np.full(rows, -1)
+    slots[:len(indices)] = indices
+    chunks = [slots[i:i + 4] for i in range(0, rows, 4)]
+    seen = np.concatenate(chunks) if chunks else np.array([], int)
+    real = seen[seen >= 0]
+    assert sorted(real.tolist()) == sorted(indices.tolist()) and len(set(real.tolist())) == len(real)
+  assert sampler.padded_rows(0) == 0 and sampler.padded_batch_size == 4
+
+
+def test_untruncated_resume_draws_the_same_samples():
+  """The sample of step t is a function of (seed, t): a resumed sampler continues the sequence."""
+  a = PoissonSampler(1000, 0.02, max_batch_size=None, seed=9, microbatch_size=16)
+  first = [a.indices_for_step(t) for t in range(20)]
+  b = PoissonSampler(1000, 0.02, max_batch_size=None, seed=9, microbatch_size=4)  # other m, same draws
+  for t in range(10, 20):
+    np.testing.assert_array_equal(b.indices_for_step(t), first[t])
+  with pytest.raises(PrivacyError, match="microbatch_size"):
+    PoissonSampler(1000, 0.02, max_batch_size=None, seed=9)

@@ -88,7 +88,9 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   q = report["sampling_rate"]
   assert q == pytest.approx(0.5 / report["num_examples"])
   mechanism_delta = privacy.default_delta(report["num_examples"])  # min(1e-5, 1 / N^1.1)
-  expected_eps = accounting.compute_epsilon(1.0, q, 4, mechanism_delta, "rdp")
+  expected_eps = accounting.compute_epsilon(1.0, q, 4, mechanism_delta, "auto")
+  assert report["accountant_used"] in ("rdp", "pld")
+  assert expected_eps == pytest.approx(min(report["epsilon_rdp"], report["epsilon_pld"]))
   assert report["training_epsilon"] == pytest.approx(expected_eps)
   assert summary["training_epsilon"] == pytest.approx(expected_eps)
   # The vocabulary was trained on the same private corpus without DP: the total ε is ∞.
@@ -99,7 +101,10 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   assert "privacy: ε = ∞ (vocabulary NOT private" in out and "DP-Adafactor ε = " in out
   assert "validation token accuracy" in out and "not DP" in out
   assert summary["validation_not_dp"]["examples"] > 0 and "validation" not in summary
-  assert report["truncation_probability"] > 0 and report["max_batch_size"] == 8
+  # Untruncated Poisson sampling by default: no cap, no truncation term in δ.
+  assert report["truncation_probability"] == 0 and report["max_batch_size"] is None
+  assert report["truncation_delta"] == 0 and report["batch_size"] == 8
+  assert report["clipping_method"] == "ghost"
   # TensorBoard: private-batch and validation metrics carry the not-DP label, ε is logged.
   train_tags = metrics.read_scalars(os.path.join(model_dir, "tensorboard", "train"))
   assert {"nondp/loss", "nondp/token_accuracy", "privacy/training_epsilon"} <= set(train_tags)
@@ -124,7 +129,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   assert resumed["resumed_from_step"] == 4 and resumed["steps_this_run"] == 2 and resumed["final_step"] == 6
   report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
   assert report["steps"] == 6
-  assert report["training_epsilon"] == pytest.approx(accounting.compute_epsilon(1.0, q, 6, mechanism_delta, "rdp"))
+  assert report["training_epsilon"] == pytest.approx(accounting.compute_epsilon(1.0, q, 6, mechanism_delta, "auto"))
 
   # Another model in the same MODEL_DIR is refused, naming the difference.
   with pytest.raises(CheckpointError, match=r"another run \(first difference: .model_config\.d_"):

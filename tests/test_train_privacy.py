@@ -32,8 +32,12 @@ def test_non_private_baseline():
     _setup(None, num_examples=10)
 
 
+TRUNCATED = "poisson_truncated"
+
+
 def test_dp_pieces_share_one_mechanism():
-  setup = _setup(DPConfig(clip_norm=0.5, noise_multiplier=1.1, expected_batch_size=4, delta=1e-5))
+  setup = _setup(DPConfig(clip_norm=0.5, noise_multiplier=1.1, expected_batch_size=4, delta=1e-5,
+                          sampling=TRUNCATED))
   assert setup.private
   agg, sampler, ledger = setup.aggregator, setup.sampler, setup.ledger
   assert isinstance(agg, DPAggregator) and isinstance(sampler, PoissonSampler)
@@ -44,17 +48,38 @@ def test_dp_pieces_share_one_mechanism():
   assert ledger.max_batch_size == 32 and ledger.truncation_probability == pytest.approx(
       accounting.truncation_probability(1000, 0.004, 32))
   assert setup.mechanism()["noise_multiplier"] == 1.1 and setup.mechanism()["non_private"] is False
+  assert setup.microbatch_size is None
+
+
+def test_untruncated_poisson_is_the_default():
+  setup = _setup(DPConfig(noise_multiplier=1.1, delta=1e-5), microbatch_size=8)
+  sampler, ledger = setup.sampler, setup.ledger
+  assert not sampler.truncated and setup.microbatch_size == 8 and sampler.padded_batch_size == 8
+  # The expected batch defaults to the configured batch size; no cap, no truncation term.
+  assert sampler.expected_batch_size == pytest.approx(32) and setup.aggregator.expected_batch_size == 32
+  assert ledger.max_batch_size is None and ledger.truncation_probability == 0.0
+  assert setup.aggregator.__class__.__name__ == "GhostDPAggregator" and ledger.accountant == "auto"
+  ledger.record_steps(100)
+  report = ledger.report()
+  assert report["truncation_delta"] == 0.0 and report["batch_size"] == 32
+  assert report["expected_batch_size"] == pytest.approx(32) and report["clipping_method"] == "ghost"
+  assert report["training_epsilon"] == pytest.approx(min(report["epsilon_rdp"], report["epsilon_pld"]))
+  assert report["accountant_used"] in ("rdp", "pld")
+  # An expected batch above the configured batch size is a free choice when untruncated.
+  assert _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=64)).sampler.expected_batch_size == 64
+  assert _setup(DPConfig(noise_multiplier=1.0)).microbatch_size == 32  # m defaults to batch_size
 
 
 def test_default_expected_batch_size_bounds_truncation():
   e = accounting.max_expected_batch_size_for(1000, 32, 1e-6)
   assert accounting.truncation_probability(1000, e / 1000, 32) <= 1e-6
   assert accounting.truncation_probability(1000, (e + 1) / 1000, 32) > 1e-6
-  setup = _setup(DPConfig(noise_multiplier=1.0))
+  setup = _setup(DPConfig(noise_multiplier=1.0, sampling=TRUNCATED))
   assert setup.sampler.expected_batch_size <= e
   assert setup.ledger.delta == pytest.approx(1e-5)  # default δ = min(1e-5, 1 / N^1.1)
   # The derived batch keeps the truncation term (1 + e^ε)·T·p of δ within 10% of δ.
-  for dp in (DPConfig(noise_multiplier=1.0), DPConfig(target_epsilon=10.0)):
+  for dp in (DPConfig(noise_multiplier=1.0, sampling=TRUNCATED, accountant="rdp"),
+             DPConfig(target_epsilon=10.0, sampling=TRUNCATED, accountant="rdp")):
     setup = _setup(dp)
     ledger = setup.ledger
     ledger.record_steps(100)
@@ -64,10 +89,11 @@ def test_default_expected_batch_size_bounds_truncation():
 
 
 def test_target_epsilon_calibrates_sigma_before_training():
-  setup = _setup(DPConfig(target_epsilon=3.0, expected_batch_size=4, delta=1e-5))
-  sigma = setup.noise_multiplier
-  assert accounting.compute_epsilon(sigma, 0.004, 100, 1e-5) <= 3.0 + 1e-6
-  assert accounting.compute_epsilon(sigma * 0.98, 0.004, 100, 1e-5) > 3.0
+  for name in ("rdp", "auto"):
+    setup = _setup(DPConfig(target_epsilon=3.0, expected_batch_size=4, delta=1e-5, accountant=name))
+    sigma = setup.noise_multiplier
+    assert accounting.compute_epsilon(sigma, 0.004, 100, 1e-5, name) <= 3.0 + 1e-6
+    assert accounting.compute_epsilon(sigma * 0.98, 0.004, 100, 1e-5, name) > 3.0
 
 
 def _vocab_and_report(directory, content=b"a vocabulary", report_name="privacy_report.json", **fields):
@@ -169,12 +195,13 @@ def test_expected_batch_size_whose_truncation_breaks_delta_is_refused():
   # q·N = 16 capped at 32 rows: p_trunc ≈ 1e-4 per step, far above 10% of δ = 1e-5 over 100 steps.
   with pytest.raises(PrivacyError, match=r"batch truncation breaks δ: expected_batch_size=16 capped at "
                                          r"batch_size=32 .*lower expected_batch_size"):
-    _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=16))
+    _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=16, sampling=TRUNCATED))
   with pytest.raises(PrivacyError, match="batch truncation breaks δ"):
-    _setup(DPConfig(target_epsilon=3.0, expected_batch_size=16, delta=1e-5))
-  # The same batch with room to spare, or a smaller one, is accepted.
-  assert _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=16), batch_size=64).private
-  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4))
+    _setup(DPConfig(target_epsilon=3.0, expected_batch_size=16, delta=1e-5, sampling=TRUNCATED))
+  # The same batch with room to spare, or a smaller one, is accepted; untruncated, always.
+  assert _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=16, sampling=TRUNCATED), batch_size=64).private
+  assert _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=16)).private
+  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED, accountant="rdp"))
   ledger = setup.ledger
   ledger.record_steps(100)
   assert ledger.training_delta() - ledger.delta <= 0.1 * ledger.delta
@@ -186,7 +213,8 @@ def test_expected_batch_size_whose_truncation_breaks_delta_is_refused():
     (DPConfig(noise_multiplier=1.0, target_epsilon=2.0), "exactly one"),
     (DPConfig(), "exactly one"),
     (DPConfig(noise_multiplier=1.0, sampling="fixed"), "poisson"),
-    (DPConfig(noise_multiplier=1.0, expected_batch_size=64), "exceeds the padded batch_size"),
+    (DPConfig(noise_multiplier=1.0, expected_batch_size=64, sampling="poisson_truncated"),
+     "exceeds the padded batch_size"),
     (DPConfig(noise_multiplier=1.0, expected_batch_size=5000), "larger than the dataset"),
     (DPConfig(noise_multiplier=1.0, delta=1.5), "delta"),
     (DPConfig(target_epsilon=1e-9, expected_batch_size=16, delta=1e-6), "unreachable"),

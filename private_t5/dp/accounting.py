@@ -1,14 +1,21 @@
-"""Privacy accounting for DP training with `dp_accounting` (RDP by default, or PLD).
+"""Privacy accounting for DP training with `dp_accounting` (RDP, PLD, or "auto": the smaller).
 
 One step of DP training is a sampled Gaussian mechanism: every example joins the batch
 independently with probability q (Poisson sampling), the clipped per-example gradients are
 summed and N(0, σ²C²) is added. Its `DpEvent` is `PoissonSampledDpEvent(q, GaussianDpEvent(σ))`
 and a run is that event composed `steps` times (Abadi et al. 2016; Mironov 2017).
 
-Truncation: the trainer caps a Poisson batch at `max_batch_size` rows. The truncated mechanism
-differs from the untruncated one only when the Poisson draw exceeds the cap, so each step adds
-that probability to δ ("How to DP-fy ML", Ponomareva et al. 2023, §4.3; jax-privacy's batch
-truncation notes): δ_total = δ + steps · P[Binomial(N + 1, q) > max_batch_size].
+The trainer runs every sampled example (a sample of any size is cut into fixed-size
+microbatches), so the plain Poisson event above is exact. "auto" reports the smaller of the RDP
+(Mironov 2017) and PLD (Meiser and Mohammadi 2018; Doroshenko et al. 2022, "Connect the Dots")
+ε of that same event at the same δ; both are valid upper bounds, so the smaller one is too.
+
+Truncation (optional, `DPConfig.sampling="poisson_truncated"`): a Poisson batch is capped at
+`max_batch_size` rows. The PLD accountant accounts that mechanism exactly with
+`TruncatedSubsampledGaussianDpEvent` (no extra δ). RDP accounts the untruncated event, and the
+truncated mechanism differs from it only when the Poisson draw exceeds the cap, which adds
+(1 + e^ε) · steps · P[Binomial(N + 1, q) > max_batch_size] to δ (`total_delta`; "How to DP-fy
+ML", Ponomareva et al. 2023, §4.3).
 
 Fixed (shuffled) batches are a different mechanism (sampling without replacement); they are
 accounted as such under the replace-one neighbouring relation (RDP only), never as Poisson.
@@ -25,6 +32,9 @@ from dp_accounting import mechanism_calibration
 from private_t5.errors import PrivacyError
 
 ACCOUNTANTS = ("rdp", "pld")
+# What a run may ask for: one accountant, or "auto", the smaller ε of the two (`compute_epsilons`).
+AUTO = "auto"
+ACCOUNTANT_CHOICES = (AUTO,) + ACCOUNTANTS
 SAMPLING_SCHEMES = ("poisson", "fixed")
 # Noise multipliers searched when calibrating σ for a target ε.
 MIN_NOISE_MULTIPLIER = 1e-3
@@ -92,8 +102,8 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
     _check_number("batch_size", batch_size, low=0)
     if num_examples is not None and batch_size > num_examples:
       raise PrivacyError(f"batch_size {batch_size} is larger than the dataset ({num_examples} examples)")
-  if accountant is not None and accountant not in ACCOUNTANTS:
-    raise PrivacyError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+  if accountant is not None and accountant not in ACCOUNTANT_CHOICES:
+    raise PrivacyError(f"accountant must be one of {ACCOUNTANT_CHOICES}, got {accountant!r}")
   if sampling is not None and sampling not in SAMPLING_SCHEMES:
     raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
   if delta is not None and num_examples is not None and delta >= 1.0 / num_examples:
@@ -158,14 +168,39 @@ def make_accountant(accountant: str = "rdp", sampling: str = "poisson") -> dp_ac
 
 def compute_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float,
                     accountant: str = "rdp", *, sampling: str = "poisson",
-                    num_examples: Optional[int] = None) -> float:
-  """ε of `steps` sampled-Gaussian steps at `delta` (the paper's Table 5 with RDP)."""
+                    num_examples: Optional[int] = None, max_batch_size: Optional[int] = None) -> float:
+  """ε of `steps` sampled-Gaussian steps at `delta` (the paper's Table 5 with RDP).
+
+  `accountant="auto"`: the smaller of the RDP and PLD ε (`compute_epsilons`). With
+  `max_batch_size` (truncated Poisson), PLD accounts the truncated event exactly; RDP (which
+  cannot) the untruncated one, whose δ then grows by `total_delta`'s truncation term.
+  """
+  if accountant == AUTO:
+    return min(compute_epsilons(noise_multiplier, sampling_rate, steps, delta, sampling=sampling,
+                                num_examples=num_examples, max_batch_size=max_batch_size).values())
   validate_privacy_params(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps,
                           delta=delta, accountant=accountant, sampling=sampling)
   acc = make_accountant(accountant, sampling)
   acc.compose(make_dp_event(noise_multiplier, sampling_rate, steps, sampling=sampling,
-                            num_examples=num_examples))
+                            num_examples=num_examples,
+                            max_batch_size=max_batch_size if accountant == "pld" else None))
   return float(acc.get_epsilon(delta))
+
+
+def accountants_for(accountant: str, sampling: str = "poisson") -> tuple:
+  """The accountants `accountant` runs: both for "auto" (RDP only for fixed batches), else itself."""
+  if accountant != AUTO:
+    return (accountant,)
+  return ("rdp",) if sampling == "fixed" else ACCOUNTANTS
+
+
+def compute_epsilons(noise_multiplier: float, sampling_rate: float, steps: int, delta: float, *,
+                     sampling: str = "poisson", num_examples: Optional[int] = None,
+                     max_batch_size: Optional[int] = None, accountant: str = AUTO) -> dict:
+  """{accountant name: ε} for each accountant `accountant` runs (`accountants_for`)."""
+  return {name: compute_epsilon(noise_multiplier, sampling_rate, steps, delta, name, sampling=sampling,
+                                num_examples=num_examples, max_batch_size=max_batch_size)
+          for name in accountants_for(accountant, sampling)}
 
 
 def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, delta: float,
@@ -173,10 +208,17 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
                     num_examples: Optional[int] = None, tol: float = 1e-4) -> float:
   """The smallest σ (to `tol`) whose ε at `delta` is at most `target_epsilon`.
 
+  `accountant="auto"`: min(σ_rdp, σ_pld), each calibrated under its own accountant (the
+  accountant that gave the smaller σ then reports an ε within the target).
+
   Raises:
     PrivacyError: invalid parameters, or a target unreachable with σ in
       [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER].
   """
+  if accountant == AUTO:
+    return min(calibrate_noise(target_epsilon, sampling_rate, steps, delta, name, sampling=sampling,
+                               num_examples=num_examples, tol=tol)
+               for name in accountants_for(AUTO, sampling))
   _check_number("target_epsilon", target_epsilon, low=0)
   validate_privacy_params(sampling_rate=sampling_rate, steps=steps, delta=delta, accountant=accountant,
                           sampling=sampling)

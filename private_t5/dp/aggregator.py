@@ -194,13 +194,18 @@ class DPAggregator:
     noisy = [g + self.noise_std * n for g, n in zip(leaves, noise)]
     return jax.tree.unflatten(treedef, noisy)
 
-  def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,
-               noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
+  def finalize(self, params: PyTree, grad_sum: PyTree, noise_rng: Optional[jax.Array]) -> PyTree:
+    """The step's gradient from its clipped sum (over all its microbatches): noise added once
+    with the step's key, divided by the public q N, cast to the parameters' dtypes."""
     noisy_sum = self.add_noise(grad_sum, noise_rng)
     # Divide by the PUBLIC expected batch size q N, never by the realised (private) count.
     grads = jax.tree.map(lambda g: g / self.expected_batch_size, noisy_sum)
-    return _cast_like(grads, params), metrics
+    return _cast_like(grads, params)
+
+  def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,
+               noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
+    return self.finalize(params, grad_sum, noise_rng), metrics
 
 
 def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array]:

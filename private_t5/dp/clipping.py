@@ -28,6 +28,10 @@ METRIC_LOSS = "nondp/loss"
 METRIC_BATCH_SIZE = "nondp/batch_size"
 METRIC_GRAD_NORM = "nondp/grad_norm_mean"
 METRIC_FRACTION_CLIPPED = "nondp/fraction_clipped"
+# Optional int32[B] batch column: each row's position in the step's whole sample, when the
+# batch is one microbatch of a larger Poisson sample (dropout keys fold it in). Without it a
+# row's id is its position in the batch.
+ROW_ID = "row_id"
 
 
 def num_rows(batch: Batch) -> int:
@@ -74,11 +78,16 @@ def scan_microbatches(batch: Batch, microbatch_size: Optional[int], body: Callab
   """Folds `body(carry, (microbatch, row_ids)) -> (carry, None)` over the batch's microbatches.
 
   `lax.scan` keeps one microbatch's intermediates alive at a time (the memory knob); a single
-  microbatch runs directly. Row ids index the whole batch (dropout keys fold them in), so the
-  result does not depend on the microbatch size.
+  microbatch runs directly. Row ids index the whole batch, or the step's sample when the batch
+  carries a `ROW_ID` column (dropout keys fold them in), so the result does not depend on the
+  microbatch size. The `ROW_ID` column is not passed on to `body`.
   """
   num_micro, _ = _microbatch_layout(num_rows(batch), microbatch_size)
-  rows = jnp.arange(num_rows(batch), dtype=jnp.int32)
+  if ROW_ID in batch:
+    batch = dict(batch)
+    rows = batch.pop(ROW_ID).astype(jnp.int32)
+  else:
+    rows = jnp.arange(num_rows(batch), dtype=jnp.int32)
   xs = (_split_microbatches(batch, num_micro), _split_microbatches(rows, num_micro))
   if num_micro == 1:
     carry, _ = body(init, jax.tree.map(lambda x: x[0], xs))
@@ -146,8 +155,14 @@ def add_stats(stats: Tuple[jax.Array, jax.Array, jax.Array], losses: jax.Array,
 
 def clipping_metrics(batch: Batch, loss_sum: jax.Array, norm_sum: jax.Array,
                      clipped_count: jax.Array) -> Dict[str, jax.Array]:
-  """The clipped-sum metrics, averaged over the batch's real rows (non-private: DP rule "nothing else leaks")."""
-  realised = jnp.sum(batch["example_weight"].astype(jnp.float32))
+  """The clipped-sum metrics, averaged over the batch's real rows (non-private, DP rule "nothing else leaks")."""
+  return metrics_from_sums(jnp.sum(batch["example_weight"].astype(jnp.float32)), loss_sum, norm_sum,
+                           clipped_count)
+
+
+def metrics_from_sums(realised: jax.Array, loss_sum: jax.Array, norm_sum: jax.Array,
+                      clipped_count: jax.Array) -> Dict[str, jax.Array]:
+  """`clipping_metrics` from the sums over `realised` real rows (e.g. of several microbatches)."""
   denominator = jnp.maximum(realised, 1.0)
   return {
       METRIC_LOSS: loss_sum / denominator,
@@ -155,6 +170,20 @@ def clipping_metrics(batch: Batch, loss_sum: jax.Array, norm_sum: jax.Array,
       METRIC_GRAD_NORM: norm_sum / denominator,
       METRIC_FRACTION_CLIPPED: clipped_count.astype(jnp.float32) / denominator,
   }
+
+
+# The sums `sums_from_metrics` returns (the keyword arguments of `metrics_from_sums`).
+SUM_NAMES = ("realised", "loss_sum", "norm_sum", "clipped_count")
+
+
+def sums_from_metrics(metrics: Dict[str, jax.Array]) -> Dict[str, jax.Array]:
+  """The inverse of `metrics_from_sums`: (realised, loss_sum, norm_sum, clipped_count) as floats,
+  to be added over the microbatches of one step."""
+  realised = metrics[METRIC_BATCH_SIZE]
+  denominator = jnp.maximum(realised, 1.0)
+  return {"realised": realised, "loss_sum": metrics[METRIC_LOSS] * denominator,
+          "norm_sum": metrics[METRIC_GRAD_NORM] * denominator,
+          "clipped_count": metrics[METRIC_FRACTION_CLIPPED] * denominator}
 
 
 def zeros_like_f32(params: PyTree) -> PyTree:

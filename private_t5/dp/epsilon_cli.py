@@ -4,8 +4,11 @@
       --steps=100000 --delta=1.9082e-10 --accountant=rdp
   private-t5 epsilon --target_epsilon=6.06 --sampling_rate=1.5632e-6 --steps=100000 --delta=1e-10
 
-Prints one JSON object: {"epsilon", "delta", "noise_multiplier", "sampling_rate", "steps",
-"accountant", ...}; with --max_batch_size also the truncation probability and the total δ.
+Prints one JSON object: {"epsilon", "epsilon_rdp", "epsilon_pld", "accountant_used", "delta",
+"noise_multiplier", "sampling_rate", "steps", "accountant", ...}. The default --accountant=auto
+computes both RDP and PLD and reports the smaller ε (σ for a target ε: the smaller of the two
+calibrations); with --max_batch_size also the truncation probability and the total δ of the
+RDP bound (PLD accounts the truncated event itself).
 """
 import argparse
 import json
@@ -27,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--sampling_rate", type=float, help="q, instead of --batch_size/--num_examples")
   p.add_argument("--steps", type=int, required=True, help="number of training steps")
   p.add_argument("--delta", type=float, required=True, help="δ (use δ << 1/N)")
-  p.add_argument("--accountant", default="rdp", choices=accounting.ACCOUNTANTS)
+  p.add_argument("--accountant", default=accounting.AUTO, choices=accounting.ACCOUNTANT_CHOICES,
+                 help="auto (default): the smaller ε of rdp and pld")
   p.add_argument("--sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
                  help="poisson (default) or fixed shuffled batches (accounted without replacement)")
   p.add_argument("--max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
@@ -57,14 +61,19 @@ def run(args: argparse.Namespace) -> dict:
     out["target_epsilon"] = args.target_epsilon
   else:
     sigma = args.noise_multiplier
-  eps = accounting.compute_epsilon(sigma, q, args.steps, args.delta, args.accountant, **kw)
-  out.update(epsilon=eps, delta=args.delta, noise_multiplier=sigma, sampling_rate=q, steps=args.steps,
-             accountant=args.accountant, sampling=args.sampling)
+  eps_by = accounting.compute_epsilons(sigma, q, args.steps, args.delta, accountant=args.accountant,
+                                       max_batch_size=args.max_batch_size, **kw)
+  used = min(eps_by, key=lambda name: (eps_by[name], name))
+  eps = eps_by[used]
+  out.update(epsilon=eps, epsilon_rdp=eps_by.get("rdp"), epsilon_pld=eps_by.get("pld"),
+             accountant_used=used, delta=args.delta, noise_multiplier=sigma, sampling_rate=q,
+             steps=args.steps, accountant=args.accountant, sampling=args.sampling)
   if args.max_batch_size is not None:
     if args.num_examples is None:
       raise PrivacyError("--max_batch_size needs --num_examples")
     p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
-    delta_total = accounting.total_delta(args.delta, args.steps, p_trunc, eps)
+    delta_total = (args.delta if used == "pld" else
+                   accounting.total_delta(args.delta, args.steps, p_trunc, eps))
     out.update(max_batch_size=args.max_batch_size, truncation_probability=p_trunc, total_delta=delta_total)
     accounting.validate_privacy_params(delta=min(delta_total, 0.999999), num_examples=args.num_examples)
   return out

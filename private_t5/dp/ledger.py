@@ -60,8 +60,8 @@ class PrivacyLedger:
     noise_multiplier: σ (noise std = σ·C on the sum of clipped gradients).
     sampling_rate: q, the Poisson sampling rate (expected batch size / N).
     clip_norm: C, the per-example L2 clip norm.
-    delta: δ of the Gaussian steps (truncation adds to it, see `training_delta`).
-    accountant: "rdp" or "pld".
+    delta: δ of the Gaussian steps (truncation accounted by RDP adds to it, see `training_delta`).
+    accountant: "auto" (the smaller ε of RDP and PLD, `accountant_used`), "rdp" or "pld".
     privacy_unit: "document", "example" or "user".
     num_examples: N, the sampling population (units).
     expected_batch_size: q·N, the public divisor of the noisy sum.
@@ -73,6 +73,8 @@ class PrivacyLedger:
       matching DP report (`add_vocabulary`).
     non_private: True for a non-private baseline (ε = ∞).
     sampling: "poisson" or "fixed" (fixed batches, accounted without replacement).
+    configured_batch_size: the run's configured (padded) batch size, for the report.
+    clipping_method: how the clipped sum was computed ("ghost" or "vmap"), for the report.
   """
   noise_multiplier: float
   sampling_rate: float
@@ -88,8 +90,11 @@ class PrivacyLedger:
   components: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   non_private: bool = False
   sampling: str = "poisson"
+  configured_batch_size: Optional[int] = None
+  clipping_method: Optional[str] = None
 
   def __post_init__(self):
+    self._epsilon_cache: Dict[Any, Dict[str, float]] = {}
     if self.privacy_unit not in PRIVACY_UNITS:
       raise PrivacyError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
     if int(self.steps) != self.steps or self.steps < 0:
@@ -112,7 +117,9 @@ class PrivacyLedger:
   def create(cls, *, noise_multiplier: float, clip_norm: float, delta: float, num_examples: int,
              sampling_rate: Optional[float] = None, batch_size: Optional[float] = None,
              max_batch_size: Optional[int] = None, accountant: str = "rdp",
-             privacy_unit: str = "document", sampling: str = "poisson") -> "PrivacyLedger":
+             privacy_unit: str = "document", sampling: str = "poisson",
+             configured_batch_size: Optional[int] = None,
+             clipping_method: Optional[str] = None) -> "PrivacyLedger":
     """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N)."""
     if (sampling_rate is None) == (batch_size is None):
       raise PrivacyError("give exactly one of sampling_rate and batch_size")
@@ -122,7 +129,8 @@ class PrivacyLedger:
     return cls(noise_multiplier=float(noise_multiplier), sampling_rate=float(sampling_rate),
                clip_norm=float(clip_norm), delta=float(delta), accountant=accountant,
                privacy_unit=privacy_unit, num_examples=int(num_examples), max_batch_size=max_batch_size,
-               sampling=sampling)
+               sampling=sampling, configured_batch_size=configured_batch_size,
+               clipping_method=clipping_method)
 
   @classmethod
   def non_private_baseline(cls, *, num_examples: Optional[int] = None, privacy_unit: str = "document",
@@ -130,7 +138,8 @@ class PrivacyLedger:
     """A ledger for a non-private run: records steps, reports ε = ∞ (null in JSON)."""
     q = (batch_size / num_examples) if (batch_size and num_examples) else 0.0
     return cls(noise_multiplier=0.0, sampling_rate=q, clip_norm=0.0, delta=0.0, privacy_unit=privacy_unit,
-               num_examples=num_examples, expected_batch_size=batch_size, non_private=True)
+               num_examples=num_examples, expected_batch_size=batch_size, non_private=True,
+               configured_batch_size=batch_size)
 
   # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -256,19 +265,43 @@ class PrivacyLedger:
 
   # -- privacy spent ----------------------------------------------------------------------------
 
+  def epsilons(self) -> Dict[str, float]:
+    """{accountant: training ε at `delta`} for each accountant this ledger runs ("auto": RDP and
+    PLD); cached per step count (PLD takes seconds at long runs)."""
+    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate)
+    if key not in self._epsilon_cache:
+      self._epsilon_cache.clear()
+      self._epsilon_cache[key] = accounting.compute_epsilons(
+          self.noise_multiplier, self.sampling_rate, self.steps, self.delta, sampling=self.sampling,
+          num_examples=self.num_examples, max_batch_size=self.max_batch_size, accountant=self.accountant)
+    return dict(self._epsilon_cache[key])
+
+  def accountant_used(self) -> Optional[str]:
+    """The accountant whose ε is reported: the one asked for, or for "auto" the smaller ε's."""
+    if self.non_private:
+      return None
+    if self.accountant != accounting.AUTO:
+      return self.accountant
+    if self.steps == 0:
+      return accounting.accountants_for(self.accountant, self.sampling)[0]
+    eps = self.epsilons()
+    return min(eps, key=lambda name: (eps[name], name))
+
   def training_epsilon(self) -> float:
     """ε of the steps taken, at `delta` (∞ for a non-private run, 0 before the first step)."""
     if self.non_private:
       return math.inf
     if self.steps == 0:
       return 0.0
-    return accounting.compute_epsilon(self.noise_multiplier, self.sampling_rate, self.steps, self.delta,
-                                      self.accountant, sampling=self.sampling, num_examples=self.num_examples)
+    return self.epsilons()[self.accountant_used()]
 
   def training_delta(self) -> float:
-    """δ of training: δ + (1 + e^ε) · steps · p_trunc (see `accounting.total_delta`)."""
+    """δ of training: δ, plus (1 + e^ε) · steps · p_trunc when a truncated run is accounted by
+    RDP (`accounting.total_delta`); PLD accounts the truncated event itself."""
     if self.non_private:
       return 1.0
+    if self.accountant_used() == "pld":
+      return float(self.delta)
     return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
                                   self.training_epsilon())
 
@@ -299,8 +332,16 @@ class PrivacyLedger:
         total_epsilon=finite(self.total_epsilon()), total_delta=self.total_delta(),
         truncation_delta=(0.0 if self.non_private else self.training_delta() - self.delta),
         dp=not self.non_private, vocabulary=self.vocabulary_status(),
+        batch_size=self.max_batch_size if self.max_batch_size is not None else self.configured_batch_size,
+        epsilon_rdp=None, epsilon_pld=None, accountant_used=self.accountant_used(),
+        clipping_method=self.clipping_method,
         ledger=self.to_dict(),
     )
+    if not self.non_private and self.steps:
+      for name, eps in self.epsilons().items():
+        out[f"epsilon_{name}"] = eps
+    elif not self.non_private:
+      out.update(epsilon_rdp=0.0, epsilon_pld=0.0 if self.sampling != "fixed" else None)
     return out
 
   # -- serialisation ----------------------------------------------------------------------------

@@ -8,8 +8,11 @@ fixed shape (padding rows have `example_weight` 0), so XLA compiles the train st
 
 * `PoissonSampler` (for DP): each example joins each step independently with probability q;
   the privacy accounting (`accounting.make_dp_event`, PoissonSampled / TruncatedSubsampledGaussian
-  events) assumes exactly this (DP rule "sampling matches accounting"). Truncation probabilities and caps come from
-  `accounting` too (`truncation_probability`, `max_batch_size_for`).
+  events) assumes exactly this (DP rule "sampling matches accounting"). Untruncated (the default for DP training), a step's
+  sample of any size n runs as ceil(n / m) microbatches of m rows (`padded_rows`), so at most
+  m - 1 rows per step are padding and nothing is dropped; truncated, a sample is capped at
+  `max_batch_size` rows. Truncation probabilities and caps come from `accounting` too
+  (`truncation_probability`, `max_batch_size_for`).
 * `ShuffledBatchSampler` (non-private): an epoch-wise random permutation cut into fixed-size
   batches. It is NOT Poisson sampling: a DP run must refuse it, or account it as sampling
   without replacement / shuffling, never as Poisson.
@@ -94,7 +97,8 @@ def validate_sampling_rate(sampling_rate: float) -> float:
 
 
 class PoissonSampler:
-  """Poisson sampling with rate q, truncated at `max_batch_size` rows.
+  """Poisson sampling with rate q, untruncated (`max_batch_size=None`) or truncated at
+  `max_batch_size` rows.
 
   Each step, every one of the N examples is included independently with probability q.
   Drawing N Bernoulli(q) coins is O(N) per step (N is 5e9 in the paper), so the sample is
@@ -103,7 +107,9 @@ class PoissonSampler:
   sample is a uniform subset of that size (all subsets of size n have probability
   q^n (1-q)^(N-n)).
 
-  If n exceeds `max_batch_size`, a uniformly random subset of `max_batch_size` of the n is
+  Untruncated, every sampled example is returned; the trainer pads the n rows to
+  `padded_rows(n)` = ceil(n / m) m rows, m = `microbatch_size`. Truncated: if n exceeds
+  `max_batch_size`, a uniformly random subset of `max_batch_size` of the n is
   kept (truncated Poisson sampling; `accounting.make_dp_event(..., max_batch_size=...)` gives the
   matching `TruncatedSubsampledGaussianDpEvent`); `truncation_probability` is
   `accounting.truncation_probability`, the per-step δ cost of the cap.
@@ -111,16 +117,36 @@ class PoissonSampler:
 
   is_poisson = True
 
-  def __init__(self, num_examples: int, sampling_rate: float, max_batch_size: int, seed: int):
-    num_examples, max_batch_size = int(num_examples), int(max_batch_size)
+  def __init__(self, num_examples: int, sampling_rate: float, max_batch_size: Optional[int], seed: int,
+               microbatch_size: Optional[int] = None):
+    num_examples = int(num_examples)
     if num_examples <= 0:
       raise PrivacyError(f"num_examples (N) must be > 0, got {num_examples}")
     self.sampling_rate = validate_sampling_rate(sampling_rate)
-    if max_batch_size <= 0:
-      raise PrivacyError(f"max_batch_size must be > 0, got {max_batch_size}")
     self.num_examples = num_examples
-    self.max_batch_size = min(max_batch_size, num_examples)
+    if max_batch_size is None:
+      if microbatch_size is None or int(microbatch_size) <= 0:
+        raise PrivacyError(f"untruncated Poisson sampling needs a microbatch_size > 0, got {microbatch_size}")
+      self.max_batch_size = None
+    else:
+      if int(max_batch_size) <= 0:
+        raise PrivacyError(f"max_batch_size must be > 0, got {max_batch_size}")
+      self.max_batch_size = min(int(max_batch_size), num_examples)
+    self.microbatch_size = int(microbatch_size) if microbatch_size is not None else self.max_batch_size
     self.seed = int(seed)
+
+  @property
+  def truncated(self) -> bool:
+    """Whether a sample larger than `max_batch_size` is cut down (truncated Poisson sampling)."""
+    return self.max_batch_size is not None
+
+  def padded_rows(self, n: int) -> int:
+    """Rows a step with n sampled examples runs on: ceil(n / m) m, at most m - 1 of them padding
+    (0 for an empty sample); truncated, always `max_batch_size`."""
+    if self.truncated:
+      return self.max_batch_size
+    m = self.microbatch_size
+    return -(-int(n) // m) * m
 
   @classmethod
   def from_expected_batch_size(cls, num_examples: int, expected_batch_size: float,
@@ -138,8 +164,9 @@ class PoissonSampler:
 
   @property
   def padded_batch_size(self) -> int:
-    """Rows of every batch (the fixed shape the train step compiles for)."""
-    return self.max_batch_size
+    """Rows of every batch, or of every microbatch when untruncated (the fixed shape the train
+    step compiles for)."""
+    return self.max_batch_size if self.truncated else self.microbatch_size
 
   @property
   def expected_batch_size(self) -> float:
@@ -164,12 +191,13 @@ class PoissonSampler:
     return np.random.default_rng([_POISSON_STREAM, self.seed, _check_step(step)])
 
   def indices_for_step(self, step: int) -> np.ndarray:
-    """Sorted example indices (int64[n], n <= max_batch_size) of step `step`."""
+    """Sorted example indices (int64[n]; n <= max_batch_size when truncated) of step `step`."""
     rng = self._rng(step)
     count = int(rng.binomial(self.num_examples, self.sampling_rate))
     # Truncation keeps a uniform subset of the sample: drawing min(n, max) uniform indices
     # directly has the same distribution.
-    count = min(count, self.max_batch_size)
+    if self.truncated:
+      count = min(count, self.max_batch_size)
     if self.sampling_rate == 1.0 and count == self.num_examples:
       return np.arange(self.num_examples, dtype=np.int64)
     chosen = rng.choice(self.num_examples, size=count, replace=False)

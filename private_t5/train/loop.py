@@ -1,8 +1,11 @@
 """The training loop: resume, sample, step, log, evaluate, checkpoint, account.
 
 Order of one step t (t = the state's step = the data position):
-  indices = sampler.indices_for_step(t); batch = source.get_batch(indices, data_seed(t), B);
+  indices = sampler.indices_for_step(t); batch = source.get_batch(indices, data_seed(t), rows);
   state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
+`rows` is the fixed batch size B, or with untruncated Poisson sampling (`privacy.microbatch_size`
+= m) the n sampled examples padded to ceil(n / m) m rows, run as microbatches
+(`Trainer.train_step_microbatched`).
 Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
 a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
 rewritten only once that checkpoint is committed (complete on disk), so it never claims more
@@ -64,6 +67,20 @@ def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
     for k, v in trainer.eval_batch(params, batch).items():
       totals[k] = totals.get(k, 0.0) + v
   return summarize_eval(totals)
+
+
+def _step_rows(sampler, num_sampled: int, microbatched: bool) -> int:
+  """Rows of step's batch: the sampler's fixed size, or for an untruncated Poisson sample its
+  size rounded up to whole microbatches (at least one fixed batch when not microbatched)."""
+  if getattr(sampler, "truncated", True):  # fixed-size batches (shuffled, or truncated Poisson)
+    return sampler.padded_batch_size
+  rows = sampler.padded_rows(num_sampled)
+  return rows if microbatched else max(rows, sampler.padded_batch_size)
+
+
+def _host_chunks(batch: Dict[str, np.ndarray], size: int) -> List[Dict[str, np.ndarray]]:
+  rows = len(batch["example_weight"])
+  return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
 
 def _finite(x: Optional[float]) -> Optional[float]:
@@ -154,20 +171,35 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   last_eval: Optional[Dict[str, float]] = None
   t_start = time.time()
   examples_seen = 0.0
+  rows_run = 0
   step = start_step
   first_step_time = None
+  microbatch_size = getattr(privacy, "microbatch_size", None)
   while step < config.train_steps:
     indices = sampler.indices_for_step(step)
-    batch = source.get_batch(indices, seeds.data_seed(step), padded)
+    rows = _step_rows(sampler, len(indices), microbatch_size is not None)
+    batch = source.get_batch(indices, seeds.data_seed(step), rows)
     real_rows = float(np.sum(batch["example_weight"]))
+    rows_run += rows
     log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
     batch_accuracy = None
-    device_batch = trainer.place_batch(batch)
+    if microbatch_size is None:
+      device_batch = trainer.place_batch(batch)
+      eval_chunks = [device_batch]
+    else:
+      eval_chunks = _host_chunks(batch, microbatch_size)
     if log_now:  # accuracy before the update, like the loss the aggregator reports
-      sums = trainer.eval_batch(state.params, device_batch)
-      batch_accuracy = sums["correct_tokens"] / max(sums["target_tokens"], 1e-12)
+      sums: Dict[str, float] = {}
+      for chunk in eval_chunks:
+        for k, v in trainer.eval_batch(state.params, chunk).items():
+          sums[k] = sums.get(k, 0.0) + v
+      batch_accuracy = sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
     t0 = time.time()
-    state, step_metrics = trainer.train_step(state, device_batch, dropout_key, noise_key)
+    if microbatch_size is None:
+      state, step_metrics = trainer.train_step(state, device_batch, dropout_key, noise_key)
+    else:
+      state, step_metrics = trainer.train_step_microbatched(state, batch, microbatch_size, dropout_key,
+                                                            noise_key)
     step += 1
     ledger.record_steps(1)
     examples_seen += real_rows
@@ -203,6 +235,10 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
     last_eval = run_eval(step, state.params)
   writer.close()
   steps_run = step - start_step
+  real_fraction = examples_seen / rows_run if rows_run else None
+  if rows_run:
+    log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
+        f"({100.0 * real_fraction:.1f}% real, the rest padding)")
   timed = max(elapsed - (first_step_time or 0.0), 1e-9)
   summary = {
       "model_dir": os.path.abspath(model_dir),
@@ -212,6 +248,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       "wall_time_s": elapsed,
       "steps_per_second": (steps_run - 1) / timed if steps_run > 1 else None,
       "examples_per_second": examples_seen / elapsed if elapsed > 0 else None,
+      "real_row_fraction": real_fraction,
       "train_batch_metrics_not_dp" if privacy.private else "train_batch_metrics": last_train,
       metrics_lib.validation_key(privacy.private): last_eval,
       "private": privacy.private,

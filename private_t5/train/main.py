@@ -46,14 +46,14 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
   if dp is None:
     return
   from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import factory as aggregator  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import factory  # pylint: disable=g-import-not-at-top
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   if not isinstance(dp, privacy.DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
-  if dp.sampling != "poisson":
-    raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}")
-  if dp.method not in aggregator.DP_METHODS:
-    raise ConfigError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
+  if dp.sampling not in privacy.DP_SAMPLING:
+    raise PrivacyError(f"DP training supports sampling in {privacy.DP_SAMPLING}, got {dp.sampling!r}")
+  if dp.method not in factory.DP_METHODS:
+    raise ConfigError(f"DPConfig.method must be one of {factory.DP_METHODS}, got {dp.method!r}")
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
     raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                        f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
@@ -64,7 +64,8 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
     raise PrivacyError(f"DPConfig.target_epsilon (ε) must be a finite number > 0, got {dp.target_epsilon!r}")
   if dp.expected_batch_size is not None:
     accounting.validate_privacy_params(batch_size=dp.expected_batch_size, num_examples=num_examples)
-    if batch_size is not None and dp.expected_batch_size > batch_size:
+    if (batch_size is not None and dp.sampling == privacy.POISSON_TRUNCATED
+        and dp.expected_batch_size > batch_size):
       raise PrivacyError(f"expected_batch_size={dp.expected_batch_size} exceeds the padded "
                          f"batch_size={batch_size}")
 
@@ -264,6 +265,8 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
   log(f"  tensorboard:    {summary['tensorboard_dir']}")
   log(f"  summary:        {os.path.join(summary['model_dir'], 'summary.json')}")
   log(f"  privacy report: {summary['privacy_report']}")
+  if summary.get("real_row_fraction") is not None:
+    log(f"  real rows:      {100.0 * summary['real_row_fraction']:.1f}% of the rows computed (the rest padding)")
   validation = summary.get("validation_not_dp") or summary.get("validation")
   if validation:
     label = " (held-out private documents, not DP)" if summary.get("validation_not_dp") else ""
@@ -272,7 +275,7 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
     vocabulary = {"dp": "DP vocabulary included", "public": "vocabulary declared public, not counted",
                   "not private": "vocabulary NOT private"}.get(ledger.vocabulary_status(), "no vocabulary")
     training = (f"DP-Adafactor ε = {ledger.training_epsilon():.4g} at δ = {ledger.training_delta():.3g} "
-                f"({ledger.privacy_unit}-level, {ledger.accountant.upper()}, σ = {ledger.noise_multiplier:.4g}, "
+                f"({ledger.privacy_unit}-level, {(ledger.accountant_used() or ledger.accountant).upper()}, σ = {ledger.noise_multiplier:.4g}, "
                 f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps)")
     if summary["epsilon"] is None:
       log(f"  privacy: ε = ∞ ({vocabulary}: no DP-SentencePiece report names it; run dp-spm or set "

@@ -2,9 +2,13 @@
 
 DP is one swapped component. `dp=None` gives the non-private baseline: `MeanAggregator`,
 shuffled fixed batches, and a ledger that records steps with ε = ∞. A `DPConfig` gives
-DP-Adafactor: `DPAggregator` (clip, sum, noise, divide by q N), Poisson sampling with rate
-q = expected_batch_size / N truncated at `batch_size` rows, and a ledger whose accounting
-event is built from the same q, σ and truncation cap as the sampler (DP rule "sampling matches accounting").
+DP-Adafactor: a DP aggregator (clip, sum, noise, divide by q N; ghost clipping by default),
+Poisson sampling with rate q = expected_batch_size / N, and a ledger whose accounting event is
+built from the same q, σ (and truncation cap, if any) as the sampler (DP rule "sampling matches accounting"). By default
+the sample is not truncated: a step's sample of any size runs as ceil(n / m) microbatches of
+m = microbatch_size (or batch_size) rows, the noise is added once to their clipped sum, and the
+ledger accounts the plain Poisson subsampled Gaussian. `sampling="poisson_truncated"` caps a
+sample at `batch_size` rows instead.
 
 Everything here runs before any compute: invalid privacy parameters, an unreachable target ε
 or a batch larger than the dataset fail at once with a PrivacyError.
@@ -40,15 +44,18 @@ class DPConfig:
     target_epsilon: calibrate σ before training so that the run ends at this ε.
     delta: δ; None uses min(1e-5, 1 / N^1.1) (`default_delta`): well below 1/N, where a
       mechanism that publishes one random example would already satisfy the guarantee.
-    accountant: "rdp" (default, the paper's) or "pld".
+    accountant: "auto" (default: the smaller ε of RDP and PLD for the same event, and σ
+      calibrated by the same rule), "rdp" (the paper's) or "pld".
     expected_batch_size: q·N, the Poisson sample's expected size and the public divisor of the
-      noisy sum. None: the largest size whose truncation at the padded `batch_size` adds at
-      most 10% of δ over the run, (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6). An
-      explicit value whose truncation adds more than that is refused (PrivacyError).
-    sampling: "poisson" (only Poisson sampling is offered for DP training).
-    method: how the clipped sum is computed: "vmap" (per-example gradients) or "ghost"
-      (ghost norms and book-keeping, no per-example gradients; docs/ghost_clipping.md). Same
-      mechanism, same ledger.
+      noisy sum. None: `batch_size` (untruncated sampling); with truncation, the largest size
+      whose truncation at the padded `batch_size` adds at most 10% of δ over the run,
+      (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6); an explicit value whose truncation
+      adds more than that is refused (PrivacyError).
+    sampling: "poisson" (default: untruncated Poisson sampling run in microbatches) or
+      "poisson_truncated" (a sample is capped at `batch_size` rows).
+    method: how the clipped sum is computed: "ghost" (default: ghost norms and book-keeping,
+      no per-example gradients; docs/ghost_clipping.md) or "vmap" (per-example gradients, the
+      reference implementation). Same mechanism, same ledger.
     vocab_is_public: the vocabulary was built without the private data (Gin macro
       VOCAB_IS_PUBLIC). Without a DP-SentencePiece report that names the vocabulary, the total ε
       is ∞ unless this is set.
@@ -57,10 +64,10 @@ class DPConfig:
   noise_multiplier: Optional[float] = None
   target_epsilon: Optional[float] = None
   delta: Optional[float] = None
-  accountant: str = "rdp"
+  accountant: str = "auto"
   expected_batch_size: Optional[float] = None
   sampling: str = "poisson"
-  method: str = "vmap"
+  method: str = "ghost"
   vocab_is_public: bool = False
 
 
@@ -73,6 +80,9 @@ class PrivacySetup:
   private: bool
   noise_multiplier: Optional[float] = None
   dp_spm_report: Optional[str] = None
+  # Untruncated Poisson sampling: a step's sample runs as microbatches of this many rows
+  # (`Trainer.train_step_microbatched`); None: one fixed-size batch per step.
+  microbatch_size: Optional[int] = None
 
   def mechanism(self) -> Dict[str, Any]:
     """The ledger fields that define the mechanism (part of the checkpoint fingerprint)."""
@@ -81,6 +91,10 @@ class PrivacySetup:
                                   "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
 
 
+# DPConfig.sampling values: untruncated Poisson (microbatched), or truncated at batch_size.
+POISSON = "poisson"
+POISSON_TRUNCATED = "poisson_truncated"
+DP_SAMPLING = (POISSON, POISSON_TRUNCATED)
 # Share of δ the batch truncation may add over the run (a larger share is refused).
 TRUNCATION_DELTA_SHARE = 0.1
 # The default δ is min(DEFAULT_DELTA_CAP, 1 / N^DEFAULT_DELTA_EXPONENT).
@@ -108,7 +122,7 @@ def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int
     epsilon = dp.target_epsilon
   else:
     epsilon = accounting.compute_epsilon(dp.noise_multiplier, expected / num_examples, train_steps,
-                                         delta, dp.accountant)
+                                         delta, "rdp")
   bound = TRUNCATION_DELTA_SHARE * delta / (train_steps * (1.0 + math.exp(min(epsilon, 700.0))))
   if bound >= DEFAULT_MAX_TRUNCATION_PROBABILITY:
     return expected
@@ -119,7 +133,7 @@ def _check_truncation_delta(sigma: float, q: float, num_examples: int, batch_siz
                             delta: float, dp: "DPConfig") -> None:
   """Refuses a batch truncation that adds more than 10% of δ by the end of training."""
   epsilon = (dp.target_epsilon if dp.target_epsilon is not None else
-             accounting.compute_epsilon(sigma, q, train_steps, delta, dp.accountant))
+             accounting.compute_epsilon(sigma, q, train_steps, delta, "rdp"))
   p_trunc = accounting.truncation_probability(num_examples, q, batch_size)
   added = accounting.total_delta(delta, train_steps, p_trunc, epsilon) - delta
   if added > TRUNCATION_DELTA_SHARE * delta * (1 + 1e-9):  # (rounding of a derived batch)
@@ -173,9 +187,10 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
         private=False)
   if not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
-  if dp.sampling != "poisson":
-    raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}: fixed "
+  if dp.sampling not in DP_SAMPLING:
+    raise PrivacyError(f"DP training supports sampling in {DP_SAMPLING}, got {dp.sampling!r}: fixed "
                        "shuffled batches are a different mechanism and are not offered")
+  truncated = dp.sampling == POISSON_TRUNCATED
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
     raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                        f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
@@ -188,23 +203,29 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
                        "(use dp=None for a non-private run)")
   expected = dp.expected_batch_size
   if expected is None:
-    expected = _expected_batch_for_delta(dp, num_examples, batch_size, train_steps, delta)
+    expected = (_expected_batch_for_delta(dp, num_examples, batch_size, train_steps, delta) if truncated
+                else batch_size)
   accounting.validate_privacy_params(batch_size=expected, num_examples=num_examples)
-  if expected > batch_size:
+  if truncated and expected > batch_size:
     raise PrivacyError(f"expected_batch_size={expected} exceeds the padded batch_size={batch_size}")
   q = accounting.sampling_rate_from_batch(expected, num_examples)
-  sampler = sampling.PoissonSampler(num_examples, q, batch_size, sampler_seed)
+  rows = int(microbatch_size) if microbatch_size else batch_size
+  sampler = (sampling.PoissonSampler(num_examples, q, batch_size, sampler_seed) if truncated else
+             sampling.PoissonSampler(num_examples, q, None, sampler_seed, microbatch_size=rows))
   sigma = dp.noise_multiplier
   if sigma is None:
     sigma = accounting.calibrate_noise(dp.target_epsilon, q, train_steps, delta, dp.accountant)
     log(f"[privacy] calibrated noise_multiplier σ={sigma:.4f} for ε={dp.target_epsilon:g} at "
         f"δ={delta:.3g}, q={q:.4g}, {train_steps} steps ({dp.accountant})")
-  _check_truncation_delta(sigma, q, num_examples, batch_size, train_steps, delta, dp)
+  if truncated:
+    _check_truncation_delta(sigma, q, num_examples, batch_size, train_steps, delta, dp)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
     ledger = PrivacyLedger.create(noise_multiplier=sigma, clip_norm=dp.clip_norm, delta=delta,
-                                  num_examples=num_examples, sampling_rate=q, max_batch_size=batch_size,
-                                  accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson")
+                                  num_examples=num_examples, sampling_rate=q,
+                                  max_batch_size=batch_size if truncated else None,
+                                  accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
+                                  configured_batch_size=batch_size, clipping_method=dp.method)
   report = dp_spm_report_path(vocab_path)
   if vocab_path:
     component = ledger.add_vocabulary(vocab_path, report, public=dp.vocab_is_public)
@@ -222,9 +243,11 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
           "was built without the private data")
   aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples, microbatch_size,
                                          spmd_axis_name=spmd_axis_name, method=dp.method)
+  batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
+              if truncated else f"untruncated, run in microbatches of {rows} rows")
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
-      f"{q * num_examples:.1f}, padded {batch_size}, truncation probability/step "
-      f"{ledger.truncation_probability:.2e}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
+      f"{q * num_examples:.1f}, {batching}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
       f"clipped sum by {dp.method}")
   return PrivacySetup(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
-                      noise_multiplier=sigma, dp_spm_report=report)
+                      noise_multiplier=sigma, dp_spm_report=report,
+                      microbatch_size=None if truncated else rows)

@@ -5,6 +5,11 @@ the step is ordinary (non-private) training; with `dp.aggregator.DPAggregator` (
 clip, sum, Gaussian noise on the sum, divide by the public q N) followed by the same Adafactor
 it is DP-Adafactor (Ponomareva et al. 2022, Sec. 3.2). Nothing else in the step changes.
 
+Untruncated Poisson sampling (`train_step_microbatched`): a step's sample of any size n runs
+as ceil(n / m) calls of one compiled accumulate step (the clipped per-example sum of m rows,
+added to a float32 accumulator) and one compiled finalize step (Gaussian noise added once to
+the accumulated sum with the step's noise key, divided by the public q N, then Adafactor).
+
 Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
 derived inside the compiled step, so a resumed run continues the key sequence.
 """
@@ -17,6 +22,7 @@ import numpy as np
 import optax
 
 from private_t5 import models
+from private_t5.dp import clipping
 from private_t5.train import partitioning
 from private_t5.train.state import TrainState, step_keys
 
@@ -77,6 +83,20 @@ class Trainer:
         in_shardings=(self.state_shardings, self._batch_sharding, self._replicated, self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
+    # Untruncated Poisson sampling: accumulate microbatches, then noise and update once.
+    self._zero_sum = jax.jit(self._zero_sum_fn, out_shardings=(self.param_shardings, self._replicated))
+    self._accumulate = jax.jit(
+        self._accumulate_fn,
+        in_shardings=(self.param_shardings, (self.param_shardings, self._replicated), self._batch_sharding,
+                      self._replicated, self._replicated, self._replicated),
+        out_shardings=(self.param_shardings, self._replicated),
+        donate_argnums=(1,))
+    self._finalize = jax.jit(
+        self._finalize_fn,
+        in_shardings=(self.state_shardings, (self.param_shardings, self._replicated), self._replicated,
+                      self._replicated),
+        out_shardings=(self.state_shardings, self._replicated),
+        donate_argnums=(0, 1))
     self._eval_step = jax.jit(
         self._eval_step_fn, in_shardings=(self.param_shardings, self._batch_sharding),
         out_shardings=self._replicated)
@@ -96,6 +116,32 @@ class Trainer:
     grads, metrics = self.aggregator(state.params, batch,
                                      dropout_rng=dropout_rng if self.use_dropout else None,
                                      noise_rng=noise_rng)
+    return self._apply_fn(state, grads, metrics)
+
+  def _zero_sum_fn(self):
+    sums = {name: jnp.float32(0) for name in clipping.SUM_NAMES}
+    return clipping.zeros_like_f32(self._abstract.params), sums
+
+  def _accumulate_fn(self, params, acc, micro, dropout_base_key, step, row_offset):
+    """acc + the clipped per-example sum of one microbatch (rows `row_offset + [0, m)` of the
+    step's sample; their dropout keys fold in those positions, so m does not matter)."""
+    dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
+    rows = micro["example_weight"].shape[0]
+    micro = dict(micro)
+    micro[clipping.ROW_ID] = row_offset + jnp.arange(rows, dtype=jnp.int32)
+    grad_sum, metrics = self.aggregator.clipped_sum(params, micro, dropout_rng if self.use_dropout else None)
+    acc_sum, acc_stats = acc
+    sums = clipping.sums_from_metrics(metrics)
+    return (jax.tree.map(jnp.add, acc_sum, grad_sum),
+            {name: acc_stats[name] + sums[name] for name in clipping.SUM_NAMES})
+
+  def _finalize_fn(self, state: TrainState, acc, dropout_base_key, noise_base_key):
+    _, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
+    grad_sum, stats = acc
+    grads = self.aggregator.finalize(state.params, grad_sum, noise_rng)
+    return self._apply_fn(state, grads, clipping.metrics_from_sums(**stats))
+
+  def _apply_fn(self, state: TrainState, grads, metrics):
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
@@ -139,6 +185,32 @@ class Trainer:
       batch = self.place_batch(batch)
     with self._mesh_context():
       return self._train_step(state, batch, dropout_base_key, noise_base_key)
+
+  def train_step_microbatched(self, state: TrainState, batch: Dict[str, np.ndarray], microbatch_size: int,
+                              dropout_base_key: jax.Array, noise_base_key: jax.Array
+                              ) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """One optimizer step on a whole Poisson sample: `batch` (host arrays, a multiple of
+    `microbatch_size` rows, possibly 0) runs as consecutive microbatches through the compiled
+    accumulate step, then the noise is added once and the update applied. Needs a DP aggregator
+    (`clipped_sum` and `finalize`); `state` is donated."""
+    acc = self.accumulate_microbatches(state.params, batch, microbatch_size, dropout_base_key, state.step)
+    with self._mesh_context():
+      return self._finalize(state, acc, dropout_base_key, noise_base_key)
+
+  def accumulate_microbatches(self, params: PyTree, batch: Dict[str, np.ndarray], microbatch_size: int,
+                              dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(noiseless float32 clipped sum over every row of `batch`, its non-DP sums), computed
+    microbatch by microbatch; row r of `batch` is row r of the step's sample whatever the
+    microbatch size (its dropout key is `fold_in(fold_in(dropout_base_key, step), r)`)."""
+    rows = len(batch["example_weight"])
+    if rows % microbatch_size:
+      raise ValueError(f"a batch of {rows} rows is not a multiple of microbatch_size={microbatch_size}")
+    with self._mesh_context():
+      acc = self._zero_sum()
+      for start in range(0, rows, microbatch_size):
+        micro = self.place_batch({k: v[start:start + microbatch_size] for k, v in batch.items()})
+        acc = self._accumulate(params, acc, micro, dropout_base_key, step, np.int32(start))
+      return acc
 
   def eval_batch(self, params: PyTree, batch) -> Dict[str, float]:
     """Teacher-forced sums over the real rows: loss, examples, correct and target tokens."""

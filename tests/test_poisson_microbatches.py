@@ -1,0 +1,126 @@
+"""Untruncated Poisson sampling: a step's sample of any size runs as fixed-size microbatches.
+
+The step's result must not depend on the microbatch size m (same sample, same noise key), for
+both DP aggregators; the noise is added once; adding or removing one example moves the
+pre-noise sum by at most C for any sample size, including 0 and sizes that are not a multiple
+of m.
+"""
+import jax
+import numpy as np
+import pytest
+
+from private_t5 import models
+from private_t5.dp import factory
+from private_t5.train import optimizers, partitioning
+from private_t5.train.state import RunSeeds
+from private_t5.train.trainer import Trainer, make_loss_fn
+
+CONFIG = models.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+                         num_decoder_layers=1, dropout_rate=0.1)
+CLIP = 0.05  # small enough that every example is clipped: the bound is tight
+SIGMA = 1.5
+EXPECTED = 6.0
+
+
+def _examples(count=9, inputs=12, targets=6, seed=0):
+  rng = np.random.default_rng(seed)
+  tgt = rng.integers(3, CONFIG.vocab_size, (count, targets)).astype(np.int32)
+  return rng.integers(3, CONFIG.vocab_size, (count, inputs)).astype(np.int32), tgt
+
+
+def _batch(examples, indices, rows):
+  """Examples `indices` in rows 0..n-1 of a batch of `rows` rows (the rest padding)."""
+  enc_all, tgt_all = examples
+  n = len(indices)
+  enc = np.zeros((rows, enc_all.shape[1]), np.int32)
+  tgt = np.zeros((rows, tgt_all.shape[1]), np.int32)
+  enc[:n], tgt[:n] = enc_all[indices], tgt_all[indices]
+  dec = np.zeros_like(tgt)
+  dec[:, 1:] = tgt[:, :-1]
+  weight = (np.arange(rows) < n).astype(np.float32)
+  return {"encoder_input_tokens": enc, "decoder_input_tokens": dec, "decoder_target_tokens": tgt,
+          "decoder_loss_weights": (tgt > 0).astype(np.float32), "example_weight": weight}
+
+
+def _padded(n, m):
+  return -(-n // m) * m
+
+
+@pytest.fixture(scope="module", params=["vmap", "ghost"])
+def trainer(request):
+  aggregator = factory.make_dp_aggregator(make_loss_fn(CONFIG), CLIP, SIGMA, EXPECTED, method=request.param)
+  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  return Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+
+
+@pytest.fixture(scope="module")
+def seeds():
+  return RunSeeds.create(insecure_deterministic_seed=11)
+
+
+def _flat(tree):
+  return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(jax.device_get(tree))])
+
+
+def test_step_does_not_depend_on_microbatch_size(trainer, seeds):
+  examples = _examples()
+  sample = [0, 2, 3, 5, 8]  # n = 5: not a multiple of 2 or 4
+  results = {}
+  for m in (2, 4, 8):
+    state = trainer.init_state(seeds.init_key)
+    state, metrics = trainer.train_step_microbatched(state, _batch(examples, sample, _padded(5, m)), m,
+                                                     seeds.dropout_base_key, seeds.noise_base_key)
+    assert int(state.step) == 1 and float(metrics["nondp/batch_size"]) == 5.0
+    results[m] = (_flat(state.params), {k: float(v) for k, v in jax.device_get(metrics).items()})
+  # The fixed-batch step on the same 5 rows padded to 8 is the same computation.
+  state = trainer.init_state(seeds.init_key)
+  state, metrics = trainer.train_step(state, _batch(examples, sample, 8), seeds.dropout_base_key,
+                                      seeds.noise_base_key)
+  results["fixed"] = (_flat(state.params), {k: float(v) for k, v in jax.device_get(metrics).items()})
+  ref_params, ref_metrics = results[8]
+  for key, (params, metrics) in results.items():
+    np.testing.assert_allclose(params, ref_params, rtol=1e-5, atol=1e-6, err_msg=str(key))
+    for name in ("nondp/loss", "nondp/batch_size", "nondp/grad_norm_mean", "nondp/fraction_clipped"):
+      assert metrics[name] == pytest.approx(ref_metrics[name], rel=1e-5, abs=1e-6), (key, name)
+
+
+def test_accumulated_sum_does_not_depend_on_m_and_noise_is_added_once(trainer, seeds):
+  examples = _examples()
+  state = trainer.init_state(seeds.init_key)
+  sample = list(range(7))
+  sums = {m: trainer.accumulate_microbatches(state.params, _batch(examples, sample, _padded(7, m)), m,
+                                             seeds.dropout_base_key, state.step) for m in (2, 3, 7)}
+  for m in (2, 3):
+    np.testing.assert_allclose(_flat(sums[m][0]), _flat(sums[7][0]), rtol=1e-5, atol=1e-7)
+  # An empty sample: no microbatch runs; the step still adds the noise (once) and updates.
+  empty = trainer.accumulate_microbatches(state.params, _batch(examples, [], 0), 2, seeds.dropout_base_key,
+                                          state.step)
+  assert not np.any(_flat(empty[0]))
+  grads_std = []
+  for m in (2, 7):  # the finalized (noisy) step differs from the noiseless sum by sigma C noise once
+    acc = trainer.accumulate_microbatches(state.params, _batch(examples, sample, _padded(7, m)), m,
+                                          seeds.dropout_base_key, state.step)
+    _, noise_rng = jax.random.fold_in(seeds.dropout_base_key, 0), jax.random.fold_in(seeds.noise_base_key, 0)
+    grads = trainer.aggregator.finalize(state.params, acc[0], noise_rng)
+    noise = _flat(grads) * EXPECTED - _flat(acc[0])
+    grads_std.append(np.std(noise))
+  assert grads_std[0] == pytest.approx(SIGMA * CLIP, rel=0.05)
+  assert grads_std[0] == pytest.approx(grads_std[1], rel=1e-4)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5])
+def test_adding_or_removing_one_example_moves_the_sum_by_at_most_c(trainer, seeds, n):
+  examples = _examples()
+  m = 2
+  state = trainer.init_state(seeds.init_key)
+  base = list(range(n))
+  grown = base + [8]  # one more example (the neighbour with n + 1)
+
+  def clipped_sum(indices):
+    acc = trainer.accumulate_microbatches(state.params, _batch(examples, indices, _padded(len(indices), m)), m,
+                                          seeds.dropout_base_key, state.step)
+    return _flat(acc[0])
+
+  moved = np.linalg.norm(clipped_sum(grown) - clipped_sum(base))
+  assert moved <= CLIP * (1 + 1e-4)
+  assert moved >= 0.5 * CLIP  # the added example is clipped to exactly C: the bound is tight
