@@ -391,13 +391,14 @@ def _write(output_dir: str, report: Dict[str, Any]) -> None:
 
 def main(argv: Sequence[str]) -> int:
   """`private-t5 bench --gin_file=... [--gin.benchmark.NAME=VALUE ...]`."""
-  rest, files, bindings = gin_utils.split_gin_args(argv)
-  if any(a in ("-h", "--help") for a in rest):
-    print(USAGE)
-    return 0
-  if rest:
-    raise ConfigError(f"unknown arguments {rest}; use --gin_file and --gin.benchmark.NAME=VALUE")
-  gin_utils.parse(files, bindings, entry="benchmark")
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = flags.StageParser("bench", USAGE.split("\n\n", 1)[1].strip(), epilog=USAGE.split("\n")[0],
+                             gin_required=True)
+  parser.add_flag("output", gin="benchmark.output_dir", help="directory of bench.json and bench.md")
+  parser.add_flag("steps", gin="benchmark.steps", type=int, help="measured steps per method")
+  parser.add_flag("noise_multiplier", gin="benchmark.noise_multiplier", type=float, help="σ of the DP steps")
+  parsed = parser.parse_stage_args(argv)
+  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="benchmark")
   report = gin_utils.call_configured(gin_utils.configured("benchmark"))
   print(markdown(report))
   return 0

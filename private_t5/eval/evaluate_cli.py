@@ -9,7 +9,6 @@ class id, STS-B string -> float), and scored with the task's GLUE metric
 label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
 `MODEL_DIR/eval/results.md` (a table like seed 001's Table 2: one column per task + Avg).
 """
-import argparse
 import dataclasses
 import os
 import sys
@@ -179,20 +178,24 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   return results
 
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
-      prog="private-t5 evaluate",
-      description="Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
-      epilog="Configure with --gin_file=configs/runs/eval.gin and --gin.MODEL_DIR=... "
-             "--gin.MIXTURE_OR_TASK_NAME=... overrides.")
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = flags.StageParser(
+      "evaluate", "Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
+      epilog="Configure with --gin_file=configs/runs/eval.gin and --model_dir=... --task=... "
+             "(or --gin.MODEL_DIR=... --gin.MIXTURE_OR_TASK_NAME=...).", gin_required=True)
+  parser.add_flag("model_dir", gin="MODEL_DIR", help="model directory (a training run or `private-t5 import`)")
+  parser.add_flag("task", gin="MIXTURE_OR_TASK_NAME", help="task or mixture to evaluate")
+  parser.add_flag("vocab_path", gin="evaluate.vocab_path", help="SentencePiece model (default: the checkpoint's)")
+  parser.add_flag("output", gin="evaluate.output_dir", help="results directory (default: MODEL_DIR/eval)")
+  parser.add_flag("batch_size", gin="evaluate.batch_size", type=int, help="decoding batch size")
   return parser
 
 
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  rest, files, bindings = gin_utils.split_gin_args(argv)
-  _parser().parse_args(rest)
-  gin_utils.parse(files, bindings, entry="evaluate")
+  parsed = _parser().parse_stage_args(argv)
+  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="evaluate")
   gin_utils.call_configured(gin_utils.configured("evaluate"))
   return 0
 
