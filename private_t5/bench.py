@@ -21,18 +21,20 @@ ghost step the Markdown also breaks down the per-layer cost of the norm computat
 """
 import concurrent.futures
 import json
+import logging
 import multiprocessing
 import os
 import platform
 import resource
 import statistics
-import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5 import gin_utils
 from private_t5.errors import ConfigError
 from private_t5.io import write_text_atomic
+
+logger = logging.getLogger(__name__)
 
 USAGE = """usage: private-t5 bench --gin_file=configs/bench/<name>.gin [--gin.benchmark.NAME=VALUE ...]
 
@@ -49,7 +51,7 @@ GIB = 1024 ** 3
 
 
 def _log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
+  logger.info("%s", message)
 
 
 # --- one case, in its own process ---------------------------------------------------------------
@@ -222,9 +224,16 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   return result
 
 
+def _child_logging(level: int) -> None:
+  """The spawned case process logs its progress to stderr at the parent's level."""
+  logging.basicConfig(level=level, format="%(levelname).1s %(asctime)s %(name)s] %(message)s",
+                      datefmt="%H:%M:%S")
+
+
 def _run_isolated(case: Dict[str, Any]) -> Dict[str, Any]:
   ctx = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+  with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_child_logging,
+                                              initargs=(logging.getLogger().getEffectiveLevel(),)) as pool:
     return pool.submit(run_case, case).result()
 
 

@@ -23,6 +23,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from private_t5 import gin_utils
+from private_t5 import progress
 from private_t5.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -31,8 +32,7 @@ logger = logging.getLogger(__name__)
 VERBOSITY = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
              "error": logging.ERROR, "quiet": logging.WARNING}
 _ABSL_LEVELS = {1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING, -2: logging.ERROR}
-# Environment variable read by `private_t5.progress`: bars off when quiet.
-QUIET_ENV = "PRIVATE_T5_QUIET"
+QUIET_ENV = progress.QUIET_ENV  # progress bars off when quiet
 _GIN_HELP = ("--gin_file=FILE (repeatable; later files override earlier ones) and "
              "--gin.NAME=VALUE overrides (a macro such as --gin.MODEL_DIR=/tmp/run or a binding such "
              "as --gin.DPConfig.noise_multiplier=1.1), applied after the files")
@@ -73,7 +73,7 @@ def pop_verbosity(argv: Sequence[str]) -> Tuple[List[str], Optional[Tuple[int, b
   return rest, setting
 
 
-class _AccountantConvergenceFilter(logging.Filter):
+class AccountantConvergenceFilter(logging.Filter):
   """Drops dp_accounting's "_compute_log_a_frac failed to converge" warnings.
 
   The RDP accountant evaluates a grid of Rényi orders; for fractional orders at large σ·q
@@ -93,15 +93,15 @@ def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(name)s] %(message)s", "%H:%M:%S"))
     handler._private_t5 = True  # pylint: disable=protected-access
-    handler.addFilter(_AccountantConvergenceFilter())
+    handler.addFilter(AccountantConvergenceFilter())
     root.addHandler(handler)
   root.setLevel(level)
   for name in ("absl", "dp_accounting"):
-    logging.getLogger(name).addFilter(_AccountantConvergenceFilter())
+    logging.getLogger(name).addFilter(AccountantConvergenceFilter())
   # absl logs through its own handler once initialised; keep both at the same level.
   try:
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    absl_logging.get_absl_handler().addFilter(_AccountantConvergenceFilter())
+    absl_logging.get_absl_handler().addFilter(AccountantConvergenceFilter())
   except ImportError:  # absl is optional here
     pass
   if quiet:

@@ -97,7 +97,7 @@ def test_verbosity_values():
 def test_accountant_convergence_warning_is_filtered():
   record = logging.LogRecord("absl", logging.WARNING, __file__, 1,
                              "_compute_log_a_frac failed to converge after %d iterations", (5,), None)
-  assert not flags._AccountantConvergenceFilter().filter(record)  # pylint: disable=protected-access
+  assert not flags.AccountantConvergenceFilter().filter(record)
 
 
 def test_epsilon_alias_and_json(capsys):

@@ -12,7 +12,6 @@ label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
 import dataclasses
 import os
 import sys
-import time
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -53,14 +52,16 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
   decode = _decoder(source.vocab_path)
   n = source.num_examples if max_examples is None else min(max_examples, source.num_examples)
   length = source.feature_lengths["targets"]
-  texts, start = [], time.time()
+  texts = []
+  bar = progress_lib.bar(total=n, desc="[evaluate] decoding", unit="examples",
+                         disable=not (progress and progress_lib.enabled()))
   for begin in range(0, n, batch_size):
     indices = np.arange(begin, min(begin + batch_size, n))
     batch = source.get_batch(indices, 0, batch_size)
     out = np.asarray(model.predict_batch(params, batch["encoder_input_tokens"], max_decode_length=length))
     texts.extend(decode(row) for row in out[:len(indices)])
-    if progress and (begin // batch_size) % 10 == 0:
-      print(f"[evaluate] decoded {len(texts)}/{n} ({time.time() - start:.0f}s)", file=sys.stderr)
+    bar.update(len(indices))
+  bar.close()
   return texts
 
 
@@ -112,8 +113,8 @@ def evaluate_params(params, model_config, task_or_mixture: str, vocab_path: str,
                           "prediction": texts[i]} for i in range(min(5, len(texts)))]
     results["tasks"][task.name] = entry
     if progress:
-      print(f"[evaluate] {task.name}: {entry['metrics']} (majority {entry['majority_baseline']['score']:.1f})",
-            file=sys.stderr)
+      logger.info("[evaluate] %s: %s (majority %.1f)", task.name, entry["metrics"],
+                  entry["majority_baseline"]["score"])
   tasks = results["tasks"]
   results["average"] = glue_metrics.average({t: e["score"] for t, e in tasks.items()})
   results["majority_average"] = glue_metrics.average(

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from private_t5 import gin_utils
+from private_t5 import progress as progress_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import file_sha256
 from private_t5.eval import memorization
@@ -269,7 +270,7 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
   evaluator = exposure.ExposureEvaluator(
       memorization.make_scorer(model.params, model.model_config), encoder, batch_size=batch_size,
       max_exact=max_exact, num_samples=num_samples, seed=seed,
-      progress=memorization.Progress("canary candidates", 0, "candidates").update_to)
+      progress=progress_lib.callback("canary candidates", "candidates"))
   results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
   for r in results:
     log(f"[memorization] canary {r['id']} x{r['repetitions']}: rank {r['rank']:.4g}, exposure "
