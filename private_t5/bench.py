@@ -226,7 +226,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
 def _child_logging(level: int) -> None:
   """The spawned case process logs its progress to stderr at the parent's level."""
-  logging.basicConfig(level=level, format="%(levelname).1s %(asctime)s %(name)s] %(message)s",
+  logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       datefmt="%H:%M:%S")
 
 

@@ -86,12 +86,30 @@ class AccountantConvergenceFilter(logging.Filter):
     return "failed to converge" not in record.getMessage()
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _StderrHandler(logging.StreamHandler):
+  """Writes to the current `sys.stderr` (not the one at set-up time)."""
+
+  def __init__(self):
+    super().__init__(sys.stderr)
+
+  @property
+  def stream(self):
+    return sys.stderr
+
+  @stream.setter
+  def stream(self, value):  # StreamHandler.__init__ assigns it
+    pass
+
+
 def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
   """Sets up stdlib logging once for a command-line run (stderr, absl-style one-letter level)."""
   root = logging.getLogger()
   if not any(getattr(h, "_private_t5", False) for h in root.handlers):
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(name)s] %(message)s", "%H:%M:%S"))
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
     handler._private_t5 = True  # pylint: disable=protected-access
     handler.addFilter(AccountantConvergenceFilter())
     root.addHandler(handler)
@@ -217,7 +235,8 @@ class StageParser(argparse.ArgumentParser):
                             given: set) -> None:
     """Fills unset plain flags from the Gin files' macros (CORPUS -> --corpus)."""
     import gin  # pylint: disable=g-import-not-at-top
-    gin_utils.parse(files, bindings, check_required=False, entry="macros")
+    # Only macros are read: register the smallest set of configurables (the model's).
+    gin_utils.parse(files, bindings, check_required=False, entry="T5Config")
     for name, kind in self._macro_flags.items():
       if given.intersection(self._options[name]):
         continue

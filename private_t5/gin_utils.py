@@ -62,7 +62,6 @@ STAGE_CONFIGURABLES = {
     "evaluate": _MODEL + ("evaluate",),
     "train_dp_vocabulary": ("train_dp_vocabulary",),
     "benchmark": ("benchmark",),
-    "macros": (),  # plain-argument stages read only macros (see private_t5.flags)
 }
 
 # name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.
