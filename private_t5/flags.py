@@ -113,7 +113,9 @@ def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
     handler._private_t5 = True  # pylint: disable=protected-access
     handler.addFilter(AccountantConvergenceFilter())
     root.addHandler(handler)
-  root.setLevel(level)
+  # Other libraries (JAX, TensorFlow, orbax, absl) speak at WARNING and above unless --verbosity=debug.
+  root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
+  logging.getLogger("private_t5").setLevel(level)
   for name in ("absl", "dp_accounting"):
     logging.getLogger(name).addFilter(AccountantConvergenceFilter())
   # absl logs through its own handler once initialised; keep both at the same level.
