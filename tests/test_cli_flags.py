@@ -103,3 +103,21 @@ def test_accountant_convergence_warning_is_filtered():
 def test_epsilon_alias_and_json(capsys):
   assert cli.main(["epsilon", "--epsilon=3", "--sampling_rate=0.01", "--steps=100", "--delta=1e-5", "-q"]) == 0
   assert '"target_epsilon": 3.0' in capsys.readouterr().out
+
+
+def test_progress_bars_off_when_quiet_or_not_a_terminal(monkeypatch):
+  from private_t5 import progress  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv(progress.QUIET_ENV, raising=False)
+  assert not progress.enabled()  # pytest's stderr is not a terminal
+  assert progress.bar(total=3).disable
+  monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+  monkeypatch.setenv(progress.QUIET_ENV, "1")
+  assert not progress.enabled()
+  monkeypatch.delenv(progress.QUIET_ENV)
+  assert progress.enabled()
+  seen = []
+  update = progress.callback("x")
+  for done in (2, 5):
+    update(done, 5)
+    seen.append(done)
+  assert seen == [2, 5]
