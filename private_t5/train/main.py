@@ -46,7 +46,7 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
   if dp is None:
     return
   from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import aggregator  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import factory as aggregator  # pylint: disable=g-import-not-at-top
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   if not isinstance(dp, privacy.DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
