@@ -86,6 +86,7 @@ class AccountantConvergenceFilter(logging.Filter):
     return "failed to converge" not in record.getMessage()
 
 
+_CONVERGENCE_FILTER = AccountantConvergenceFilter()
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -105,25 +106,27 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
-  """Sets up stdlib logging once for a command-line run (stderr, absl-style one-letter level)."""
+  """Sets up stdlib logging for a command-line run: one stderr handler, `level` for this package."""
   root = logging.getLogger()
   if not any(getattr(h, "_private_t5", False) for h in root.handlers):
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
     handler._private_t5 = True  # pylint: disable=protected-access
-    handler.addFilter(AccountantConvergenceFilter())
+    handler.addFilter(_CONVERGENCE_FILTER)
     root.addHandler(handler)
   # Other libraries (JAX, TensorFlow, orbax, absl) speak at WARNING and above unless --verbosity=debug.
   root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
   logging.getLogger("private_t5").setLevel(level)
-  for name in ("absl", "dp_accounting"):
-    logging.getLogger(name).addFilter(AccountantConvergenceFilter())
-  # absl logs through its own handler once initialised; keep both at the same level.
+  # dp_accounting logs through absl (logger "absl", and absl's own handler once initialised).
+  loggers = [logging.getLogger("absl"), logging.getLogger("dp_accounting")]
   try:
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    absl_logging.get_absl_handler().addFilter(AccountantConvergenceFilter())
+    loggers.append(absl_logging.get_absl_handler())
   except ImportError:  # absl is optional here
     pass
+  for target in loggers:
+    if _CONVERGENCE_FILTER not in target.filters:
+      target.addFilter(_CONVERGENCE_FILTER)
   if quiet:
     os.environ[QUIET_ENV] = "1"
   else:
