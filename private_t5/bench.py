@@ -21,18 +21,20 @@ ghost step the Markdown also breaks down the per-layer cost of the norm computat
 """
 import concurrent.futures
 import json
+import logging
 import multiprocessing
 import os
 import platform
 import resource
 import statistics
-import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5 import gin_utils
 from private_t5.errors import ConfigError
 from private_t5.io import write_text_atomic
+
+logger = logging.getLogger(__name__)
 
 USAGE = """usage: private-t5 bench --gin_file=configs/bench/<name>.gin [--gin.benchmark.NAME=VALUE ...]
 
@@ -49,7 +51,7 @@ GIB = 1024 ** 3
 
 
 def _log(message: str) -> None:
-  print(message, file=sys.stderr, flush=True)
+  logger.info("%s", message)
 
 
 # --- one case, in its own process ---------------------------------------------------------------
@@ -222,9 +224,16 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   return result
 
 
+def _child_logging(level: int) -> None:
+  """The spawned case process logs its progress to stderr at the parent's level."""
+  logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                      datefmt="%H:%M:%S")
+
+
 def _run_isolated(case: Dict[str, Any]) -> Dict[str, Any]:
   ctx = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+  with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_child_logging,
+                                              initargs=(logging.getLogger().getEffectiveLevel(),)) as pool:
     return pool.submit(run_case, case).result()
 
 
@@ -391,13 +400,14 @@ def _write(output_dir: str, report: Dict[str, Any]) -> None:
 
 def main(argv: Sequence[str]) -> int:
   """`private-t5 bench --gin_file=... [--gin.benchmark.NAME=VALUE ...]`."""
-  rest, files, bindings = gin_utils.split_gin_args(argv)
-  if any(a in ("-h", "--help") for a in rest):
-    print(USAGE)
-    return 0
-  if rest:
-    raise ConfigError(f"unknown arguments {rest}; use --gin_file and --gin.benchmark.NAME=VALUE")
-  gin_utils.parse(files, bindings, entry="benchmark")
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = flags.StageParser("bench", USAGE.split("\n\n", 1)[1].strip(), epilog=USAGE.split("\n")[0],
+                             gin_required=True)
+  parser.add_flag("output", gin="benchmark.output_dir", help="directory of bench.json and bench.md")
+  parser.add_flag("steps", gin="benchmark.steps", type=int, help="measured steps per method")
+  parser.add_flag("noise_multiplier", gin="benchmark.noise_multiplier", type=float, help="σ of the DP steps")
+  parsed = parser.parse_stage_args(argv)
+  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="benchmark")
   report = gin_utils.call_configured(gin_utils.configured("benchmark"))
   print(markdown(report))
   return 0

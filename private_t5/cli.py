@@ -5,10 +5,15 @@ imported lazily so that `private-t5 epsilon` does not pay for importing TensorFl
 """
 import importlib
 import importlib.util
+import logging
 import os
 import sys
+import warnings
 
-from private_t5.errors import PrivateT5Error
+# Before anything imports TensorFlow: its C++ INFO/WARNING lines are not for users.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from private_t5.errors import PrivateT5Error  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # stage name -> (module, one-line help)
 STAGES = {
@@ -24,6 +29,8 @@ STAGES = {
     "redact": ("private_t5.selective.redact_cli", "detect secrets and write a redacted corpus"),
     "jft": ("private_t5.selective.jft", "selective DP: Just Fine-tune Twice (redacted phase, then DP phase)"),
     "adaptive": ("private_t5.selective.adaptive_train", "adaptive-noise DP training (no formal guarantee)"),
+    "import": ("private_t5.models.import_cli", "import a Hugging Face T5 directory as a model directory"),
+    "export": ("private_t5.models.export_cli", "export a model directory to the Hugging Face T5 format"),
 }
 
 
@@ -56,8 +63,13 @@ def main(argv=None) -> int:
   if name not in stages:
     print(f"error: unknown stage {name!r}\n\n{_usage(stages)}", file=sys.stderr)
     return 2
-  module = importlib.import_module(stages[name][0])
   try:
+    from private_t5 import flags  # pylint: disable=g-import-not-at-top
+    rest, setting = flags.pop_verbosity(rest)
+    flags.configure_logging(*(setting or (logging.INFO, False)))
+    # The RDP accountant's Python warnings for orders it leaves out (see flags.configure_logging).
+    warnings.filterwarnings("ignore", message=".*failed to converge.*")
+    module = importlib.import_module(stages[name][0])
     return int(module.main(rest) or 0)
   except PrivateT5Error as e:
     from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top

@@ -39,7 +39,7 @@ if [[ ! -f "$VOCAB" ]]; then
   # Capped sensitivity (each word once, at most 64 words per document) keeps more words.
   echo "[quickstart] training a $VOCAB_SIZE-piece SentencePiece vocabulary on $CORPUS (DP-SentencePiece, ε = $VOCAB_EPSILON)"
   "$PT5" dp-spm --gin_file=configs/runs/dp_spm.gin --corpus="$CORPUS" --vocab_size="$VOCAB_SIZE" \
-    --output="$VOCAB" --epsilon="$VOCAB_EPSILON" --sensitivity=capped --max_words=64 > /dev/null
+    --output="$VOCAB" --target_epsilon="$VOCAB_EPSILON" --sensitivity=capped --max_words=64 > /dev/null
   echo "[quickstart] privacy report of the vocabulary: $(dirname "$VOCAB")/privacy_report.json"
 else
   echo "[quickstart] reusing vocabulary $VOCAB"

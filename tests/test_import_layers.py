@@ -24,6 +24,7 @@ PACKAGE = "private_t5"
 ENTRY_MODULES = {
     "private_t5.cli", "private_t5.gin_utils", "private_t5.bench", "private_t5.train.main",
     "private_t5.selective.jft", "private_t5.selective.adaptive_train", "private_t5.models.info",
+    "private_t5.flags",
 }
 PACKAGE_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "eval": 3,
                  "selective": 3}

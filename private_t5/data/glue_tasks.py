@@ -21,6 +21,7 @@ mixing (Raffel et al. 2020, Sec. 3.5.2) without a cap, and keeps the DP populati
 import csv
 import dataclasses
 import functools
+import logging
 import os
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -32,6 +33,8 @@ from private_t5.data import source as source_lib
 from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import file_sha256
+
+logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
 EOS_ID = 1
@@ -469,7 +472,7 @@ class GlueSource:
       labels.append(ex["labels"])
       sources.append(ex["source"])
       if progress:
-        print(f"[glue] {task.name}/{split}: {len(e)} examples from {ex['source']}", file=sys.stderr)
+        logger.info("[glue] %s/%s: %d examples from %s", task.name, split, len(e), ex["source"])
     self._enc = np.concatenate(enc)
     self._tgt = np.concatenate(tgt)
     self.task_ids = np.concatenate(task_ids)

@@ -19,6 +19,7 @@ under `cache_dir` and reused by later runs.
 """
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -29,10 +30,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
 from private_t5.errors import DataError
 from private_t5.io import file_sha256, write_json_atomic
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.int32"
@@ -40,7 +44,6 @@ OFFSETS_FILE = "offsets.int64"
 DOCUMENTS_FILE = "documents.json"
 MANIFEST_FILE = "manifest.json"
 _ENCODE_CHUNK = 512  # documents per batched SentencePiece call
-_PROGRESS_SECONDS = 10.0
 
 
 def default_cache_dir() -> str:
@@ -176,7 +179,7 @@ def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None
                 num_threads: Optional[int] = None, progress: bool = True) -> DocumentStore:
   """Tokenizes `corpus` with `vocab_path` into a cached store (or opens the cached one).
 
-  Progress goes to stderr while building (every 10 s, and a summary line) unless
+  While building, a progress bar (documents) on a terminal and a summary log line, unless
   `progress=False`.
 
   Raises:
@@ -220,7 +223,7 @@ def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -
   docs = corpora.iter_documents(corpus, stats=stats, **reader_options)
   ids, users, offsets = [], [], [0]
   seen = set()
-  last_report = start
+  bar = progress_lib.bar(desc="[store] tokenizing", unit="docs", disable=not (progress and progress_lib.enabled()))
   threads = num_threads or os.cpu_count() or 1
 
   def flush(batch, f):
@@ -241,15 +244,13 @@ def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -
       batch.append(doc)
       if len(batch) == _ENCODE_CHUNK:
         flush(batch, f)
+        bar.update(len(batch))
         batch = []
-        if progress and time.time() - last_report >= _PROGRESS_SECONDS:
-          last_report = time.time()
-          print(f"[store] tokenized {len(ids)} documents, {offsets[-1]} tokens, {last_report - start:.0f}s",
-                file=sys.stderr, flush=True)
     flush(batch, f)
+  bar.close()
   if progress:
-    print(f"[store] {corpus}: {len(ids)} documents, {offsets[-1]} tokens in {time.time() - start:.1f}s "
-          f"({stats.blank_skipped} blank skipped)", file=sys.stderr, flush=True)
+    logger.info("[store] %s: %d documents, %d tokens in %.1fs (%d blank skipped)", corpus, len(ids),
+                offsets[-1], time.time() - start, stats.blank_skipped)
   np.asarray(offsets, dtype=np.int64).tofile(os.path.join(out_dir, OFFSETS_FILE))
   has_users = reader_options["user_field"] is not None
   if has_users and any(u is None for u in users):

@@ -12,6 +12,7 @@ RDP bound (PLD accounts the truncated event itself).
 """
 import argparse
 import json
+import logging
 import sys
 import warnings
 from typing import List, Optional
@@ -20,21 +21,22 @@ from private_t5.dp import accounting
 from private_t5.errors import PrivacyError
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="private-t5 epsilon", description=__doc__.split("\n\n")[0])
-  noise = p.add_mutually_exclusive_group(required=True)
-  noise.add_argument("--noise_multiplier", type=float, help="σ: noise std / clip norm")
-  noise.add_argument("--target_epsilon", type=float, help="calibrate σ for this ε instead")
-  p.add_argument("--batch_size", type=float, help="expected batch size (with --num_examples)")
-  p.add_argument("--num_examples", type=int, help="N, the number of privacy units sampled from")
-  p.add_argument("--sampling_rate", type=float, help="q, instead of --batch_size/--num_examples")
-  p.add_argument("--steps", type=int, required=True, help="number of training steps")
-  p.add_argument("--delta", type=float, required=True, help="δ (use δ << 1/N)")
-  p.add_argument("--accountant", default=accounting.AUTO, choices=accounting.ACCOUNTANT_CHOICES,
-                 help="auto (default): the smaller ε of rdp and pld")
-  p.add_argument("--sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
-                 help="poisson (default) or fixed shuffled batches (accounted without replacement)")
-  p.add_argument("--max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  p = flags.StageParser("epsilon", __doc__.split("\n\n")[0])
+  p.add_flag("noise_multiplier", type=float, help="σ: noise std / clip norm")
+  p.add_flag("target_epsilon", aliases=("epsilon",), type=float,
+             help="calibrate σ for this ε instead (exclusive with --noise_multiplier)")
+  p.add_flag("batch_size", type=float, help="expected batch size (with --num_examples)")
+  p.add_flag("num_examples", type=int, help="N, the number of privacy units sampled from")
+  p.add_flag("sampling_rate", type=float, help="q, instead of --batch_size/--num_examples")
+  p.add_flag("steps", type=int, help="number of training steps (required)")
+  p.add_flag("delta", type=float, help="δ (use δ << 1/N) (required)")
+  p.add_flag("accountant", default=accounting.AUTO, choices=accounting.ACCOUNTANT_CHOICES,
+             help="auto (default): the smaller ε of rdp and pld")
+  p.add_flag("sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
+             help="poisson (default) or fixed shuffled batches (accounted without replacement)")
+  p.add_flag("max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
   return p
 
 
@@ -80,12 +82,17 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = _parser()
+  args = parser.parse_stage_args(sys.argv[1:] if argv is None else argv).args
+  if (args.noise_multiplier is None) == (args.target_epsilon is None):
+    raise PrivacyError("give exactly one of --noise_multiplier and --target_epsilon")
+  flags.check_required(parser, args, ("steps", "delta"))
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", accounting.MeaninglessGuaranteeWarning)
     out = run(args)
   for w in caught:
-    print(f"WARNING: {w.message}", file=sys.stderr)
+    logging.warning("%s", w.message)
   print(json.dumps(out))
   return 0
 

@@ -1,13 +1,12 @@
 """`private-t5 canaries`: insert random canaries into a training corpus and record them.
 
-  private-t5 canaries --input=/path/train.jsonl.gz --output=/path/train_canaries.jsonl.gz \
+  private-t5 canaries --corpus=/path/train.jsonl.gz --output=/path/train_canaries.jsonl.gz \
       --template="My ID is {secret}" --secret_length=6 --repetitions=1,10,100
 
 writes the new corpus (JSONL, gzip when the name ends in .gz) and, next to it,
 `train_canaries.canaries.json` with the format, the secrets, their repetitions and the seed.
 Give that record to `private-t5 memorization` (--gin.CANARIES=...) to measure exposure.
 """
-import argparse
 import itertools
 import os
 import string
@@ -16,44 +15,48 @@ import sys
 from private_t5.errors import ConfigError, DataError
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="private-t5 canaries", description=__doc__.split("\n\n")[0])
-  p.add_argument("--input", required=True, help="corpus spec of the training corpus")
-  p.add_argument("--output", required=True, help="path of the new corpus (.jsonl or .jsonl.gz)")
-  p.add_argument("--template", default="My ID is {secret}", help="canary format with one {secret}")
-  p.add_argument("--secret_length", type=int, default=6, help="symbols in a secret (default 6)")
-  p.add_argument("--alphabet", default=string.digits, help="symbols of the secret (default digits)")
-  p.add_argument("--repetitions", default="1,10,100", help="copies of each canary, comma-separated")
-  p.add_argument("--per_repetition", type=int, default=1, help="canaries for each repetition count")
-  p.add_argument("--num_reference", type=int, default=1, help="never-inserted reference canaries")
-  p.add_argument("--seed", type=int, default=None, help="secret/position seed (default: OS entropy)")
-  p.add_argument("--text_field", default="text", help="JSONL/TSV field of the text")
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  p = flags.StageParser("canaries", __doc__.split("\n\n")[0])
+  p.add_flag("corpus", aliases=("input",), help="corpus spec of the training corpus (required)")
+  p.add_flag("output", help="path of the new corpus (.jsonl or .jsonl.gz) (required)")
+  p.add_flag("template", default="My ID is {secret}", help="canary format with one {secret}")
+  p.add_flag("secret_length", type=int, default=6, help="symbols in a secret (default 6)")
+  p.add_flag("alphabet", default=string.digits, help="symbols of the secret (default digits)")
+  p.add_flag("repetitions", default="1,10,100", help="copies of each canary, comma-separated")
+  p.add_flag("per_repetition", type=int, default=1, help="canaries for each repetition count")
+  p.add_flag("num_reference", type=int, default=1, help="never-inserted reference canaries")
+  p.add_flag("seed", type=int, default=None, help="secret/position seed (default: OS entropy)")
+  p.add_flag("text_field", default="text", help="JSONL/TSV field of the text")
   return p
 
 
 def main(argv) -> int:
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.eval import canaries as canaries_lib  # pylint: disable=g-import-not-at-top
-  args = _parser().parse_args(argv)
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = _parser()
+  args = parser.parse_stage_args(argv).args
+  flags.check_required(parser, args, ("corpus", "output"))
   try:
     repetitions = [int(x) for x in args.repetitions.split(",") if x.strip()]
   except ValueError:
     raise ConfigError(f"--repetitions must be comma-separated integers, got {args.repetitions!r}") from None
   if not args.output.endswith((".jsonl", ".jsonl.gz")):
     raise ConfigError(f"--output must end in .jsonl or .jsonl.gz, got {args.output!r}")
-  if os.path.exists(args.output) and os.path.exists(args.input) and os.path.samefile(args.input, args.output):
+  if os.path.exists(args.output) and os.path.exists(args.corpus) and os.path.samefile(args.corpus, args.output):
     raise ConfigError(f"--output {args.output!r} is the input corpus; write the corpus with canaries "
                       "to a new file")
   fmt = canaries_lib.CanaryFormat(template=args.template, alphabet=args.alphabet,
                                   length=args.secret_length).validate()
   canaries, seed = canaries_lib.make_canaries(fmt, repetitions, args.per_repetition, args.num_reference,
                                               args.seed)
-  docs = corpora.iter_documents(args.input, text_field=args.text_field)
+  docs = corpora.iter_documents(args.corpus, text_field=args.text_field)
   first = next(docs, None)  # an empty or unreadable corpus is refused before anything is written
   if first is None:
-    raise DataError(f"corpus {args.input} has no documents; nothing written")
+    raise DataError(f"corpus {args.corpus} has no documents; nothing written")
   docs = itertools.chain([first], docs)
-  corpus, record, n = canaries_lib.write_canary_corpus(docs, args.output, fmt, canaries, seed, source=args.input)
+  corpus, record, n = canaries_lib.write_canary_corpus(docs, args.output, fmt, canaries, seed, source=args.corpus)
   copies = sum(c.repetitions for c in canaries)
   print(f"[canaries] wrote {corpus}: {n} documents ({copies} canary copies of {len(canaries)} canaries, "
         f"|R| = {fmt.space_size})")

@@ -9,11 +9,9 @@ class id, STS-B string -> float), and scored with the task's GLUE metric
 label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
 `MODEL_DIR/eval/results.md` (a table like Ponomareva et al.'s (2022) Table 2: one column per task + Avg).
 """
-import argparse
 import dataclasses
 import os
 import sys
-import time
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -54,14 +52,16 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
   decode = _decoder(source.vocab_path)
   n = source.num_examples if max_examples is None else min(max_examples, source.num_examples)
   length = source.feature_lengths["targets"]
-  texts, start = [], time.time()
+  texts = []
+  bar = progress_lib.bar(total=n, desc="[evaluate] decoding", unit="examples",
+                         disable=not (progress and progress_lib.enabled()))
   for begin in range(0, n, batch_size):
     indices = np.arange(begin, min(begin + batch_size, n))
     batch = source.get_batch(indices, 0, batch_size)
     out = np.asarray(model.predict_batch(params, batch["encoder_input_tokens"], max_decode_length=length))
     texts.extend(decode(row) for row in out[:len(indices)])
-    if progress and (begin // batch_size) % 10 == 0:
-      print(f"[evaluate] decoded {len(texts)}/{n} ({time.time() - start:.0f}s)", file=sys.stderr)
+    bar.update(len(indices))
+  bar.close()
   return texts
 
 
@@ -113,8 +113,8 @@ def evaluate_params(params, model_config, task_or_mixture: str, vocab_path: str,
                           "prediction": texts[i]} for i in range(min(5, len(texts)))]
     results["tasks"][task.name] = entry
     if progress:
-      print(f"[evaluate] {task.name}: {entry['metrics']} (majority {entry['majority_baseline']['score']:.1f})",
-            file=sys.stderr)
+      logger.info("[evaluate] %s: %s (majority %.1f)", task.name, entry["metrics"],
+                  entry["majority_baseline"]["score"])
   tasks = results["tasks"]
   results["average"] = glue_metrics.average({t: e["score"] for t, e in tasks.items()})
   results["majority_average"] = glue_metrics.average(
@@ -179,20 +179,24 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   return results
 
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
-      prog="private-t5 evaluate",
-      description="Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
-      epilog="Configure with --gin_file=configs/runs/eval.gin and --gin.MODEL_DIR=... "
-             "--gin.MIXTURE_OR_TASK_NAME=... overrides.")
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = flags.StageParser(
+      "evaluate", "Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
+      epilog="Configure with --gin_file=configs/runs/eval.gin and --model_dir=... --task=... "
+             "(or --gin.MODEL_DIR=... --gin.MIXTURE_OR_TASK_NAME=...).", gin_required=True)
+  parser.add_flag("model_dir", gin="MODEL_DIR", help="model directory (a training run or `private-t5 import`)")
+  parser.add_flag("task", gin="MIXTURE_OR_TASK_NAME", help="task or mixture to evaluate")
+  parser.add_flag("vocab_path", gin="evaluate.vocab_path", help="SentencePiece model (default: the checkpoint's)")
+  parser.add_flag("output", gin="evaluate.output_dir", help="results directory (default: MODEL_DIR/eval)")
+  parser.add_flag("batch_size", gin="evaluate.batch_size", type=int, help="decoding batch size")
   return parser
 
 
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  rest, files, bindings = gin_utils.split_gin_args(argv)
-  _parser().parse_args(rest)
-  gin_utils.parse(files, bindings, entry="evaluate")
+  parsed = _parser().parse_stage_args(argv)
+  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="evaluate")
   gin_utils.call_configured(gin_utils.configured("evaluate"))
   return 0
 

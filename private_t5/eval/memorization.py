@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from private_t5 import progress as progress_lib
 from private_t5.errors import CheckpointError, ConfigError
 from private_t5.eval import extraction_metrics
 
@@ -73,36 +74,6 @@ class ExtractionExamples:
   targets: List[np.ndarray]  # each int32 [<= max target length], no EOS
   skipped: int
   max_target_length: int
-
-
-class Progress:
-  """A one-line progress bar on stderr (no dependency), updated at most twice a second."""
-
-  def __init__(self, label: str, total: int, unit: str = "prompts", stream=None):
-    self.label, self.total, self.unit = label, total, unit
-    self.stream = stream or sys.stderr
-    self.done = 0
-    self.start = time.time()
-    self._last = 0.0
-
-  def update_to(self, done: int, total: int) -> None:
-    """Sets the absolute position (for callbacks that report `(done, total)`)."""
-    self.total = total
-    self.update(done - self.done)
-
-  def update(self, n: int, extra: str = "") -> None:
-    self.done += n
-    now = time.time()
-    if now - self._last < 0.5 and self.done < self.total:
-      return
-    self._last = now
-    frac = self.done / self.total if self.total else 1.0
-    bar = "#" * int(frac * 24)
-    self.stream.write(f"\r{self.label}: [{bar:<24}] {self.done}/{self.total} {self.unit} "
-                      f"({now - self.start:.0f}s){' ' + extra if extra else ''}")
-    if self.done >= self.total:
-      self.stream.write("\n")
-    self.stream.flush()
 
 
 def tokenize_documents(vocab, texts: Sequence[str]) -> List[np.ndarray]:
@@ -193,7 +164,7 @@ class DecodeStats:
 
 
 def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, cfg: ExtractionConfig,
-             method: str = GREEDY, progress: Optional[Progress] = None) -> Tuple[np.ndarray, DecodeStats]:
+             method: str = GREEDY, progress=None) -> Tuple[np.ndarray, DecodeStats]:
   """Decodes every row of `inputs` in fixed-size batches.
 
   Returns:
@@ -225,7 +196,8 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
     stats.generated_tokens += rows * max_decode_length
     if progress:
       elapsed = time.time() - start
-      progress.update(rows, f"{stats.generated_tokens / max(elapsed, 1e-9):.0f} tok/s")
+      progress.set_postfix_str(f"{stats.generated_tokens / max(elapsed, 1e-9):.0f} tok/s", refresh=False)
+      progress.update(rows)
   stats.seconds = time.time() - start
   return out, stats
 
@@ -236,9 +208,13 @@ def evaluate_split(params, model_config, examples: ExtractionExamples, cfg: Extr
   n = len(examples.ids)
   if n == 0:
     return extraction_metrics.aggregate([], [], skipped=examples.skipped), DecodeStats(), []
-  progress = Progress(f"{label} {method}".strip(), n) if verbose else None
-  preds, stats = generate(params, model_config, examples.inputs, examples.max_target_length, cfg,
-                          method=method, progress=progress)
+  progress = progress_lib.bar(total=n, desc=f"{label} {method}".strip(), unit="prompts") if verbose else None
+  try:
+    preds, stats = generate(params, model_config, examples.inputs, examples.max_target_length, cfg,
+                            method=method, progress=progress)
+  finally:
+    if progress is not None:
+      progress.close()
   metrics = extraction_metrics.aggregate(list(preds), examples.targets, skipped=examples.skipped)
   return metrics, stats, preds
 

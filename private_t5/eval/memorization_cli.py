@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from private_t5 import gin_utils
+from private_t5 import progress as progress_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import file_sha256
 from private_t5.eval import memorization
@@ -269,7 +270,7 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
   evaluator = exposure.ExposureEvaluator(
       memorization.make_scorer(model.params, model.model_config), encoder, batch_size=batch_size,
       max_exact=max_exact, num_samples=num_samples, seed=seed,
-      progress=memorization.Progress("canary candidates", 0, "candidates").update_to)
+      progress=progress_lib.callback("canary candidates", "candidates"))
   results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
   for r in results:
     log(f"[memorization] canary {r['id']} x{r['repetitions']}: rank {r['rank']:.4g}, exposure "
@@ -285,14 +286,26 @@ def write_report(report: dict, output_dir: str, log: Callable[[str], None] = pri
   return report
 
 
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  p = flags.StageParser("memorization", "Measure training-data extraction and canary exposure.",
+                        epilog=USAGE, gin_required=True)
+  p.add_flag("model_dir", gin="MODEL_DIR", help="model directory (a training run or `private-t5 import`)")
+  p.add_flag("train_corpus", gin="TRAIN_CORPUS", help="corpus the model was trained on")
+  p.add_flag("valid_corpus", gin="VALID_CORPUS", help="held-out corpus of the same distribution")
+  p.add_flag("output", gin="OUTPUT_DIR", help="report directory")
+  p.add_flag("vocab_path", gin="VOCAB_PATH", help="SentencePiece model (default: the checkpoint's)")
+  p.add_flag("canaries", gin="CANARIES", help="canary record written by `private-t5 canaries`")
+  p.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="decoding batch size")
+  return p
+
+
 def main(argv) -> int:
-  rest, files, bindings = gin_utils.split_gin_args(argv)
-  if any(a in ("-h", "--help") for a in rest) or not files:
-    print(USAGE, file=sys.stdout if rest else sys.stderr)
-    return 0 if rest else 2
-  if rest:
-    raise ConfigError(f"unknown arguments {rest}; use --gin.NAME=VALUE (see --help)")
-  gin_utils.parse(files, bindings, entry="run_memorization")
+  if not argv:
+    print(USAGE, file=sys.stderr)
+    return 2
+  parsed = _parser().parse_stage_args(argv)
+  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="run_memorization")
   fn = gin_utils.configured("run_memorization")
   gin_utils.call_configured(fn)
   return 0

@@ -22,16 +22,19 @@ stays at `num_bands` integers a document.
 import dataclasses
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
-import sys
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError
 from private_t5.io import write_json_atomic
+
+logger = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("train_dup", "train_unique", "valid_in_train", "valid_unique")
 SPLITS_FORMAT_VERSION = 1
@@ -356,21 +359,6 @@ def _exact_substring_dups(train_tokens, valid_tokens, window: int):
   return train_found, valid_found
 
 
-def _stderr_progress(label: str):
-  state = {"last": 0.0, "start": time.time()}
-
-  def report(done: int, total: int):
-    now = time.time()
-    if now - state["last"] >= 1.0 or done == total:
-      state["last"] = now
-      sys.stderr.write(f"\r{label}: {done}/{total} documents ({now - state['start']:.0f}s)")
-      if done == total:
-        sys.stderr.write("\n")
-      sys.stderr.flush()
-
-  return report
-
-
 def build_splits(train_docs: Sequence, valid_docs: Sequence, cfg: SplitConfig = SplitConfig(),
                  tokenize: Optional[Callable[[str], Sequence[int]]] = None,
                  verbose: bool = False) -> Splits:
@@ -391,12 +379,12 @@ def build_splits(train_docs: Sequence, valid_docs: Sequence, cfg: SplitConfig = 
   t0 = time.time()
   train_texts = [d.text for d in train_docs]
   valid_texts = [d.text for d in valid_docs]
-  say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+  say = logger.info if verbose else (lambda msg: None)
   say(f"splits: MinHash ({cfg.num_perm} permutations, {cfg.num_bands} bands x "
       f"{cfg.rows_per_band}, {cfg.ngram}-grams) over {len(train_texts)} train + "
       f"{len(valid_texts)} validation documents")
   keys = compute_band_keys(train_texts + valid_texts, cfg,
-                           progress=_stderr_progress("minhash") if verbose else None)
+                           progress=progress_lib.callback("minhash", "documents") if verbose else None)
   train_keys, valid_keys = keys[:len(train_texts)], keys[len(train_texts):]
   t_minhash = time.time() - t0
 
@@ -480,7 +468,7 @@ def load_or_build_splits(out_dir: str, train_docs: Sequence, valid_docs: Sequenc
         data = json.load(f)
       if data.get("key") == key and set(data.get("splits", {})) == set(SPLIT_NAMES):
         if verbose:
-          print(f"splits: reusing {path}", file=sys.stderr, flush=True)
+          logger.info("splits: reusing %s", path)
         return Splits(ids=data["splits"], stats=data.get("stats", {})), path, True
     except (OSError, ValueError):
       pass  # unreadable: rebuild below

@@ -2,7 +2,6 @@
 
 Shapes come from `jax.eval_shape`, so even the large presets are never allocated.
 """
-import argparse
 import dataclasses
 import json
 import sys
@@ -41,13 +40,14 @@ def summarize(config) -> dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  rest, gin_files, gin_bindings = gin_utils.split_gin_args(argv)
-  parser = argparse.ArgumentParser(
-      prog="private-t5 info",
-      description="Print a T5 model's summary (parameter count, shapes) as JSON. "
-                  "Flags: --gin_file=configs/models/<preset>.gin (repeatable), --gin.NAME=VALUE.")
-  parser.add_argument("--indent", type=int, default=2, help="JSON indentation (0 for one line)")
-  args = parser.parse_args(rest)
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = flags.StageParser(
+      "info", "Print a T5 model's summary (parameter count, shapes) as JSON. "
+              "Flags: --gin_file=configs/models/<preset>.gin (repeatable), --gin.NAME=VALUE.")
+  parser.add_flag("vocab_size", gin="T5Config.vocab_size", type=int, help="vocabulary size of the model")
+  parser.add_flag("indent", type=int, default=2, macro=False, help="JSON indentation (0 for one line)")
+  parsed = parser.parse_stage_args(argv)
+  args, gin_files, gin_bindings = parsed.args, parsed.gin_files, parsed.gin_bindings
   if not gin_files:
     raise ConfigError("info needs --gin_file=configs/models/<preset>.gin")
   gin_utils.parse(gin_files, gin_bindings, check_required=False, entry="T5Config")  # only the model is read

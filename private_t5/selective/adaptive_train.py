@@ -111,8 +111,8 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """`private-t5 adaptive --gin_file=... [--gin.NAME=VALUE ...]` (see configs/runs/adaptive.gin)."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ("-h", "--help"):
+  if not argv:
     print(__doc__ + "\n" + USAGE)
     return 0
-  train_main.run_from_args(argv, entry="train_adaptive")
+  train_main.run_from_args(argv, entry="train_adaptive", stage="adaptive", description=__doc__ + "\n" + USAGE)
   return 0

@@ -209,12 +209,12 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
 
 def run_from_args(argv: Sequence[str]) -> Dict[str, Any]:
   """Parses Gin flags (layered like `private-t5 train`) and runs the configured JFT."""
-  return train_main.run_from_args(argv, entry="just_fine_tune_twice")
+  return train_main.run_from_args(argv, entry="just_fine_tune_twice", stage="jft", description=__doc__)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ("-h", "--help"):
+  if not argv:
     print(__doc__)
     return 0
   run_from_args(argv)

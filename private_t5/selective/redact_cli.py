@@ -9,35 +9,38 @@ placeholders such as <PERSON>, <PHONE>, <EMAIL>, <ID>, <DATE>, <URL>) and, besid
 documents skipped because nothing public was left, and the detector backend of each level
 (naming the heuristic fallback when no NER model or POS tagger is installed).
 """
-import argparse
 import sys
 
 from private_t5.errors import ConfigError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser():
   from private_t5.selective import detectors  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(prog="private-t5 redact", description=__doc__.split("\n\n")[0])
-  p.add_argument("--corpus", required=True, help="corpus spec (see private_t5.data.corpora)")
-  p.add_argument("--output", required=True, help="redacted corpus path (.jsonl or .jsonl.gz)")
-  p.add_argument("--level", default="entity", choices=detectors.LEVELS, help="detector level written")
-  p.add_argument("--report_levels", default=None,
-                 help="levels whose private-token fraction is reported: comma-separated or 'all' "
-                      "(default: pattern up to --level)")
-  p.add_argument("--backend", default="auto", choices=detectors.BACKENDS,
-                 help="auto: NER model / POS tagger when installed, else the named heuristics; heuristic: never; spacy: required")
-  p.add_argument("--report", default=None, help="report path (default: OUTPUT stem + .report.json)")
-  p.add_argument("--max_documents", type=int, default=None, help="read at most this many documents")
-  p.add_argument("--text_field", default="text", help="JSONL/TSV field of the text")
-  p.add_argument("--user_field", default=None, help="JSONL/TSV field of the user, kept in D'")
-  p.add_argument("--progress_every", type=int, default=1000, help="progress line every N documents")
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  p = flags.StageParser("redact", __doc__.split("\n\n")[0])
+  p.add_flag("corpus", help="corpus spec (see private_t5.data.corpora)")
+  p.add_flag("output", help="redacted corpus path (.jsonl or .jsonl.gz)")
+  p.add_flag("level", default="entity", choices=detectors.LEVELS, help="detector level written")
+  p.add_flag("report_levels", default=None,
+             help="levels whose private-token fraction is reported: comma-separated or 'all' "
+                  "(default: pattern up to --level)")
+  p.add_flag("backend", default="auto", choices=detectors.BACKENDS,
+             help="auto: NER model / POS tagger when installed, else the named heuristics; heuristic: never; spacy: required")
+  p.add_flag("report", default=None, help="report path (default: OUTPUT stem + .report.json)")
+  p.add_flag("max_documents", type=int, default=None, help="read at most this many documents")
+  p.add_flag("text_field", default="text", help="JSONL/TSV field of the text")
+  p.add_flag("user_field", default=None, help="JSONL/TSV field of the user, kept in D'")
+  p.add_flag("progress_every", type=int, default=1000, help="progress line every N documents")
   return p
 
 
 def main(argv) -> int:
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.selective import detectors, redaction  # pylint: disable=g-import-not-at-top
-  args = _parser().parse_args(argv)
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = _parser()
+  args = parser.parse_stage_args(argv).args
+  flags.check_required(parser, args, ("corpus", "output"))
   if not args.output.endswith((".jsonl", ".jsonl.gz")):
     raise ConfigError(f"--output must end in .jsonl or .jsonl.gz, got {args.output!r}")
   levels = None

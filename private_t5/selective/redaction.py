@@ -9,14 +9,16 @@ the backend of every level, so a missing NER model or POS tagger shows as the fa
 import collections
 import gzip
 import json
+import logging
 import os
-import sys
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from private_t5.errors import DataError
 from private_t5.io import atomic_open_text, write_json_atomic
 from private_t5.selective import detectors as detectors_lib
+
+logger = logging.getLogger(__name__)
 
 REPORT_SUFFIX = ".report.json"
 MAX_LISTED_IDS = 20
@@ -153,5 +155,5 @@ def read_redacted(path: str) -> List[Dict[str, str]]:
 
 
 def log_to_stderr(msg: str) -> None:
-  """Progress output that does not mix with the summary on stdout."""
-  print(msg, file=sys.stderr, flush=True)
+  """Progress output that does not mix with the summary on stdout (the `logging` INFO level)."""
+  logger.info("%s", msg)

@@ -54,6 +54,8 @@ import numpy as np
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import file_sha256, write_json_atomic
 
+logger = logging.getLogger(__name__)
+
 SENSITIVITY_MODES = ("paper", "capped")
 DEFAULT_SENSITIVITY = "capped"
 MODEL_TYPES = ("unigram", "bpe", "char")
@@ -576,7 +578,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   bound = ContributionBound(sensitivity, max_words_per_document)
   # Privacy parameters are fixed before the data is read (no data-dependent choices).
   params = privacy_parameters(delta, bound, sigma=noise_std, target_epsilon=target_epsilon)
-  log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+  log = logger.info if verbose else (lambda msg: None)
   log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
       f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
 
@@ -592,7 +594,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     warnings.warn(f"delta={delta:g} >= 1/number of documents={1.0 / hstats.documents:g}: the (ε, δ) "
                   "guarantee is meaningless; use δ << 1/number of documents", MeaninglessGuaranteeWarning,
                   stacklevel=2)
-    log(f"WARNING: delta={delta:g} >= 1/{hstats.documents} documents: meaningless guarantee")
+    logger.warning("delta=%g >= 1/%d documents: meaningless guarantee", delta, hstats.documents)
   log(f"dp-spm: histogram of {len(histogram)} words from {hstats.documents} documents "
       f"({hstats.bytes / 1e6:.1f} MB in {hstats.seconds:.1f} s)")
 

@@ -3,7 +3,7 @@
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin \\
       --gin.CORPUS=corpus.jsonl.gz --gin.OUTPUT=vocab/dp_spm.model [--gin.NAME=VALUE ...]
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus=a.jsonl.gz --corpus=b.jsonl.gz \\
-      --output=vocab/dp_spm.model --epsilon=3.37 --delta=1e-8 --sensitivity=paper \\
+      --output=vocab/dp_spm.model --target_epsilon=3.37 --delta=1e-8 --sensitivity=capped \\
       [--public_corpus=public.jsonl.gz] [--eval_corpus=heldout.jsonl.gz] [--strict_vocab_size]
 
 Plain flags override the Gin values. Writes the model and `privacy_report.json` beside it
@@ -14,6 +14,7 @@ import json
 import sys
 from typing import List, Optional
 
+from private_t5 import flags
 from private_t5 import gin_utils
 from private_t5.tokenizer import dp_spm
 
@@ -22,7 +23,7 @@ _GIN_NAME = "train_dp_vocabulary"
 # flag -> (parameter of train_dp_vocabulary, type)
 _FLAGS = {
     "corpus": ("corpus", str), "output": ("output", str), "vocab_size": ("vocab_size", int),
-    "model_type": ("model_type", str), "epsilon": ("target_epsilon", float), "noise_std": ("noise_std", float),
+    "model_type": ("model_type", str), "target_epsilon": ("target_epsilon", float), "noise_std": ("noise_std", float),
     "delta": ("delta", float), "sensitivity": ("sensitivity", str), "max_words": ("max_words_per_document", int),
     "insecure_seed": ("insecure_seed", int), "num_workers": ("num_workers", int),
     "max_documents": ("max_documents", int), "public_corpus": ("public_corpus", str),
@@ -32,12 +33,13 @@ _FLAGS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="private-t5 dp-spm", description=__doc__.split("\n\n")[0])
+  p = flags.StageParser("dp-spm", __doc__.split("\n\n")[0])
   p.add_argument("--corpus", action="append", help="corpus spec (repeat for several corpora)")
   p.add_argument("--output", help="path of the .model file to write")
   p.add_argument("--vocab_size", type=int)
   p.add_argument("--model_type", choices=dp_spm.MODEL_TYPES)
-  p.add_argument("--epsilon", type=float, help="target ε (σ calibrated); exclusive with --noise_std")
+  p.add_flag("target_epsilon", aliases=("epsilon",), macro=False, type=float,
+             help="target ε (σ calibrated); exclusive with --noise_std")
   p.add_argument("--noise_std", type=float, help="σ of the count noise; exclusive with --epsilon")
   p.add_argument("--delta", type=float, help="total δ (<< 1/number of documents)")
   p.add_argument("--sensitivity", choices=dp_spm.SENSITIVITY_MODES)
@@ -58,8 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  rest, gin_files, bindings = gin_utils.split_gin_args(argv)
-  args = _parser().parse_args(rest)
+  args, gin_files, bindings = _parser().parse_stage_args(argv)
   # Flags such as --corpus/--output may fill the Gin file's required macros: checked below.
   gin_utils.parse(gin_files, bindings, check_required=False, entry=_GIN_NAME)
   overrides = {}

@@ -9,7 +9,6 @@ Documents are fed line by line (SentencePiece skips "sentences" longer than its
 The output is written atomically; `private_t5.tokenizer.spm.load_vocabulary` reads it with
 T5's 100 sentinels.
 """
-import argparse
 import json
 import os
 import sys
@@ -62,27 +61,31 @@ def train_vocabulary(corpus: str, output: str, vocab_size: int, model_type: str 
   }
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="private-t5 spm", description=__doc__.split("\n\n")[0])
-  p.add_argument("--corpus", required=True, help="corpus spec: file.txt, folder, file.jsonl[.gz], file.tsv, "
-                 "tfds:NAME[:SPLIT], builtin:python_docs")
-  p.add_argument("--vocab_size", type=int, required=True, help="number of SentencePiece pieces (sentinels extra)")
-  p.add_argument("--model_type", default="unigram", choices=("unigram", "bpe", "char", "word"))
-  p.add_argument("--output", required=True, help="path of the .model file to write")
-  p.add_argument("--max_documents", type=int, default=None)
-  p.add_argument("--text_field", default="text")
-  p.add_argument("--errors", default="strict", choices=corpora.ERROR_MODES)
-  p.add_argument("--data_dir", default=None, help="TFDS data dir for tfds: corpora")
-  p.add_argument("--character_coverage", type=float, default=0.9995)
-  p.add_argument("--input_sentence_size", type=int, default=2_000_000,
-                 help="lines SentencePiece samples for training")
-  p.add_argument("--max_sentence_length", type=int, default=spm_lib.DEFAULT_MAX_SENTENCE_LENGTH,
-                 help="longest line in bytes used for training; longer lines are skipped (default %(default)s)")
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  p = flags.StageParser("spm", __doc__.split("\n\n")[0])
+  p.add_flag("corpus", aliases=("input",), help="corpus spec: file.txt, folder, file.jsonl[.gz], file.tsv, "
+             "tfds:NAME[:SPLIT], builtin:python_docs")
+  p.add_flag("vocab_size", type=int, help="number of SentencePiece pieces (sentinels extra)")
+  p.add_flag("model_type", default="unigram", choices=("unigram", "bpe", "char", "word"))
+  p.add_flag("output", help="path of the .model file to write")
+  p.add_flag("max_documents", type=int, default=None)
+  p.add_flag("text_field", default="text")
+  p.add_flag("errors", default="strict", choices=corpora.ERROR_MODES)
+  p.add_flag("data_dir", default=None, help="TFDS data dir for tfds: corpora")
+  p.add_flag("character_coverage", type=float, default=0.9995)
+  p.add_flag("input_sentence_size", type=int, default=2_000_000,
+             help="lines SentencePiece samples for training")
+  p.add_flag("max_sentence_length", type=int, default=spm_lib.DEFAULT_MAX_SENTENCE_LENGTH,
+             help="longest line in bytes used for training; longer lines are skipped (default %(default)s)")
   return p
 
 
 def main(argv: List[str]) -> int:
-  args = _parser().parse_args(argv)
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = _parser()
+  args = parser.parse_stage_args(argv).args
+  flags.check_required(parser, args, ("corpus", "vocab_size", "output"))
   if not args.output.endswith(".model"):
     raise ConfigError(f"--output must end with .model, got {args.output!r}")
   summary = train_vocabulary(args.corpus, args.output, args.vocab_size, args.model_type,

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from private_t5 import io
+from private_t5 import progress as progress_lib
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
 from private_t5.train import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
@@ -146,6 +147,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
 
   writer = metrics_lib.SummaryWriter(model_dir)
   printer = metrics_lib.ProgressPrinter(config.train_steps, start_step)
+  bar = progress_lib.bar(total=config.train_steps, initial=start_step, desc="[train]", unit="step")
   validation_batches = None
   if validation_source is not None and config.eval_examples > 0:
     validation_batches = _validation_batches(validation_source, padded, config.eval_examples)
@@ -204,6 +206,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
     ledger.record_steps(1)
     examples_seen += real_rows
     printer.add_examples(real_rows)
+    bar.update(1)
     if first_step_time is None:
       jax.block_until_ready(state.step)
       first_step_time = time.time() - t0
@@ -219,6 +222,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
         tb["privacy/epsilon"] = _finite(epsilon)
         tb["privacy/training_epsilon"] = ledger.training_epsilon()
       writer.scalars("train", step, tb)
+      bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
+                                    + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
       log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=privacy.private,
                        learning_rate=values.get("learning_rate")))
     if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
@@ -227,6 +232,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       save(step, state)
     else:
       manager.poll()  # the report of a finished background save; raises if it failed
+  bar.close()
   elapsed = time.time() - t_start
   if step == start_step and manager.latest_step() is None:  # nothing trained, nothing saved yet
     save(step, state)

@@ -288,24 +288,44 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
     log("  privacy: NON-PRIVATE baseline (ε = ∞)")
 
 
-def run_from_args(argv: Sequence[str], entry: str = "train") -> dict:
-  """Parses Gin flags and runs the configured `entry` (default `train()`); returns its result.
+def add_training_flags(parser) -> None:
+  """The plain flags of every training stage (train, jft, adaptive); each sets a Gin macro/binding."""
+  parser.add_flag("model_dir", gin="MODEL_DIR", help="run directory (checkpoints, summary)")
+  parser.add_flag("corpus", gin="CORPUS", help="training corpus spec (pretraining)")
+  parser.add_flag("vocab_path", gin="VOCAB_PATH", help="SentencePiece model")
+  parser.add_flag("train_steps", gin="TRAIN_STEPS", type=int, help="number of training steps")
+  parser.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="batch size")
+  parser.add_flag("initial_checkpoint", gin="INITIAL_CHECKPOINT",
+                  help="model directory to start from (fine-tuning; e.g. from `private-t5 import`)")
+  parser.add_flag("target_epsilon", gin="DPConfig.target_epsilon", type=float,
+                  help="ε the DP run ends at (σ calibrated)")
+  parser.add_flag("noise_multiplier", gin="DPConfig.noise_multiplier", type=float,
+                  help="σ instead of --target_epsilon")
+  parser.add_flag("delta", gin="DPConfig.delta", type=float, help="δ of the DP run")
+
+
+def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train",
+                  description: str = USAGE) -> dict:
+  """Parses the stage's flags and runs the configured `entry` (default `train()`); returns its result.
 
   The other training entry points (`just_fine_tune_twice`, `train_adaptive`) come through
   here, so they parse and check Gin exactly as `train` does.
   """
-  rest, gin_files, gin_bindings = gin_utils.split_gin_args(argv)
-  if rest:
-    raise ConfigError(f"unknown flag(s) {rest}; this stage takes --gin_file and --gin.NAME=VALUE only")
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  parser = flags.StageParser(stage, description, gin_required=True)
+  add_training_flags(parser)
+  parsed = parser.parse_stage_args(argv)
+  if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
+    parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()  # multi-host only; before any other JAX call
-  gin_utils.parse(gin_files, gin_bindings, entry=entry)
+  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry=entry)
   return gin_utils.call_configured(gin_utils.configured(entry))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv or argv[0] in ("-h", "--help"):
+  if not argv:
     print(USAGE)
     return 0
   run_from_args(argv)

@@ -1,0 +1,270 @@
+"""One command-line style for every stage: Gin files, Gin overrides, plain flags, verbosity.
+
+Every stage accepts
+
+  --gin_file=FILE (repeatable)   --gin.NAME=VALUE (repeatable)   --verbosity=LEVEL / -v / -q
+
+plus a few plain flags for its common settings, named the same in every stage that has them
+(`--corpus`, `--output`, `--model_dir`, `--target_epsilon`, `--delta`, `--vocab_size`, ...).
+A stage declares each plain flag in one line with `StageParser.add_flag`:
+
+  * a Gin-configured stage names the binding the flag sets (`gin="MODEL_DIR"`): the flag is
+    the same as `--gin.MODEL_DIR=VALUE`, applied after the other overrides;
+  * a plain-argument stage reads its defaults from the Gin files' macros named after the flag
+    in capitals (`CORPUS = "a.txt"` in a .gin file is `--corpus=a.txt`); the flag wins.
+
+Old flag names stay accepted as aliases (`aliases=("input",)`) and log a deprecation warning.
+"""
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from private_t5 import gin_utils
+from private_t5 import progress
+from private_t5.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# --verbosity values: names or absl-style integers (1 debug, 0 info, -1 warning, -2 error).
+VERBOSITY = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+             "error": logging.ERROR, "quiet": logging.WARNING}
+_ABSL_LEVELS = {1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING, -2: logging.ERROR}
+QUIET_ENV = progress.QUIET_ENV  # progress bars off when quiet
+_GIN_HELP = ("--gin_file=FILE (repeatable; later files override earlier ones) and "
+             "--gin.NAME=VALUE overrides (a macro such as --gin.MODEL_DIR=/tmp/run or a binding such "
+             "as --gin.DPConfig.noise_multiplier=1.1), applied after the files")
+
+
+def parse_verbosity(value: str) -> Tuple[int, bool]:
+  """(logging level, quiet) of a --verbosity value; quiet turns progress bars off."""
+  text = str(value).strip().lower()
+  if text in VERBOSITY:
+    return VERBOSITY[text], text == "quiet"
+  try:
+    number = int(text)
+  except ValueError:
+    raise ConfigError(f"--verbosity={value!r}: use one of {', '.join(VERBOSITY)} "
+                                "or an integer (1 debug, 0 info, -1 warning, -2 error)") from None
+  level = _ABSL_LEVELS.get(max(-2, min(1, number)))
+  return level, level >= logging.WARNING
+
+
+def pop_verbosity(argv: Sequence[str]) -> Tuple[List[str], Optional[Tuple[int, bool]]]:
+  """Removes --verbosity=LEVEL / --verbosity LEVEL / -v / -q from argv; returns (rest, setting)."""
+  rest, setting = [], None
+  it = iter(argv)
+  for arg in it:
+    if arg.startswith("--verbosity="):
+      setting = parse_verbosity(arg.split("=", 1)[1])
+    elif arg == "--verbosity":
+      value = next(it, None)
+      if value is None:
+        raise ConfigError("--verbosity needs a value")
+      setting = parse_verbosity(value)
+    elif arg in ("-v", "--verbose"):
+      setting = (logging.DEBUG, False)
+    elif arg in ("-q", "--quiet"):
+      setting = (logging.WARNING, True)
+    else:
+      rest.append(arg)
+  return rest, setting
+
+
+class AccountantConvergenceFilter(logging.Filter):
+  """Drops dp_accounting's "_compute_log_a_frac failed to converge" warnings.
+
+  The RDP accountant evaluates a grid of Rényi orders; for fractional orders at large σ·q
+  the series may not converge and dp_accounting then leaves that order out of the minimum.
+  Excluding those orders is a known property of the RDP computation (the bound stays valid,
+  computed from the remaining orders), not a problem a user can act on.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "failed to converge" not in record.getMessage()
+
+
+_CONVERGENCE_FILTER = AccountantConvergenceFilter()
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _StderrHandler(logging.StreamHandler):
+  """Writes to the current `sys.stderr` (not the one at set-up time)."""
+
+  def __init__(self):
+    super().__init__(sys.stderr)
+
+  @property
+  def stream(self):
+    return sys.stderr
+
+  @stream.setter
+  def stream(self, value):  # StreamHandler.__init__ assigns it
+    pass
+
+
+def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
+  """Sets up stdlib logging for a command-line run: one stderr handler, `level` for this package."""
+  root = logging.getLogger()
+  if not any(getattr(h, "_private_t5", False) for h in root.handlers):
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
+    handler._private_t5 = True  # pylint: disable=protected-access
+    handler.addFilter(_CONVERGENCE_FILTER)
+    root.addHandler(handler)
+  # Other libraries (JAX, TensorFlow, orbax, absl) speak at WARNING and above unless --verbosity=debug.
+  root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
+  logging.getLogger("private_t5").setLevel(level)
+  # dp_accounting logs through absl (logger "absl", and absl's own handler once initialised).
+  loggers = [logging.getLogger("absl"), logging.getLogger("dp_accounting")]
+  try:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    loggers.append(absl_logging.get_absl_handler())
+  except ImportError:  # absl is optional here
+    pass
+  for target in loggers:
+    if _CONVERGENCE_FILTER not in target.filters:
+      target.addFilter(_CONVERGENCE_FILTER)
+  if quiet:
+    os.environ[QUIET_ENV] = "1"
+  else:
+    os.environ.pop(QUIET_ENV, None)
+
+
+@dataclasses.dataclass
+class StageArgs:
+  """A stage's parsed command line."""
+  args: argparse.Namespace
+  gin_files: List[str]
+  gin_bindings: List[gin_utils.Binding]
+
+  def __iter__(self):  # args, gin_files, gin_bindings = parser.parse_stage_args(argv)
+    return iter((self.args, self.gin_files, self.gin_bindings))
+
+
+class StageParser(argparse.ArgumentParser):
+  """argparse with the common flags of every stage (Gin, verbosity) and declared plain flags."""
+
+  def __init__(self, stage: str, description: str, epilog: Optional[str] = None, gin_required: bool = False):
+    super().__init__(prog=f"private-t5 {stage}", description=description, epilog=epilog,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    self.stage = stage
+    self.gin_required = gin_required
+    self._aliases: Dict[str, str] = {}    # "--input" -> "--corpus"
+    self._gin_names: Dict[str, str] = {}  # dest -> Gin binding the flag sets
+    self._macro_flags: Dict[str, Any] = {}  # dest -> type, for flags read from Gin macros
+    self._options: Dict[str, List[str]] = {}  # dest -> its option strings
+    gin = self.add_argument_group("Gin configuration", _GIN_HELP)
+    gin.add_argument("--gin_file", action="append", metavar="FILE",
+                     help="Gin file (a path, or a name found in the config search path)"
+                     + (" (required)" if gin_required else ""))
+    gin.add_argument("--gin.NAME=VALUE", dest="_gin_override_help", action="append", metavar="",
+                     help="override a Gin macro or binding")
+    logs = self.add_argument_group("logging")
+    logs.add_argument("--verbosity", metavar="LEVEL",
+                      help=f"{', '.join(VERBOSITY)} or an integer (1 debug .. -2 error); default info")
+    logs.add_argument("-v", "--verbose", action="store_true", help="same as --verbosity=debug")
+    logs.add_argument("-q", "--quiet", action="store_true",
+                      help="warnings only, no progress bars (same as --verbosity=quiet)")
+    self.flag_group = self.add_argument_group("common settings")
+
+  def add_flag(self, name: str, *, gin: Optional[str] = None, aliases: Sequence[str] = (),
+               macro: bool = True, **kwargs) -> None:
+    """Declares `--name` (plus deprecated `--alias` names).
+
+    Args:
+      name: the flag's name without dashes.
+      gin: the Gin binding the flag sets (a macro `MODEL_DIR` or `configurable.param`).
+      aliases: old names still accepted, with a deprecation warning.
+      macro: without `gin`, a value the Gin files give macro NAME.upper() is the default.
+      **kwargs: `argparse.add_argument` keywords (type, help, choices, action, ...).
+    """
+    for alias in aliases:
+      self._aliases["--" + alias] = "--" + name
+    if aliases:
+      kwargs["help"] = (kwargs.get("help") or "") + f" (old name{'s' if len(aliases) > 1 else ''}: " \
+          + ", ".join("--" + a for a in aliases) + ", deprecated)"
+    if gin:
+      kwargs["help"] = (kwargs.get("help") or "") + f" [Gin: {gin}]"
+      self._gin_names[name] = gin
+    elif macro:
+      kwargs["help"] = (kwargs.get("help") or "") + f" [Gin macro: {name.upper()}]"
+      self._macro_flags[name] = kwargs.get("type", str)
+    kwargs.setdefault("dest", name)
+    self._options[name] = ["--" + name] + ["--" + a for a in aliases]
+    self.flag_group.add_argument("--" + name, *["--" + a for a in aliases], **kwargs)
+
+  def error(self, message: str):
+    """A bad command line is a ConfigError (one line, exit status 2), not argparse's SystemExit."""
+    if message.startswith("unrecognized arguments:"):
+      message = "unknown flag(s)" + message[len("unrecognized arguments"):] + " (see --help)"
+    raise ConfigError(f"{self.prog}: {message}")
+
+  def _warn_aliases(self, argv: Sequence[str]) -> None:
+    for arg in argv:
+      option = arg.split("=", 1)[0]
+      if option in self._aliases:
+        logger.warning("%s %s is deprecated; use %s", self.prog, option, self._aliases[option])
+
+  def parse_stage_args(self, argv: Sequence[str]) -> StageArgs:
+    """Parses argv: Gin files and overrides, verbosity, plain flags (as Gin bindings or args)."""
+    argv = list(argv)
+    rest, files, bindings = gin_utils.split_gin_args(argv)
+    self._warn_aliases(rest)
+    args = self.parse_args(rest)
+    setting = None
+    if args.verbosity is not None:
+      setting = parse_verbosity(args.verbosity)
+    elif args.verbose:
+      setting = (logging.DEBUG, False)
+    elif args.quiet:
+      setting = (logging.WARNING, True)
+    if setting is not None:
+      configure_logging(*setting)
+    for attr in ("verbosity", "verbose", "quiet", "gin_file", "_gin_override_help"):
+      delattr(args, attr)
+    if self.gin_required and not files:
+      raise ConfigError(f"{self.prog} needs --gin_file=... (see --help)")
+    for name, gin_name in self._gin_names.items():
+      value = getattr(args, name)
+      if value is not None:
+        bindings.append(gin_utils.Binding(f"{gin_name}={_gin_literal(value)}", f"--{name}={value}"))
+    if self._macro_flags and files:
+      given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
+      self._defaults_from_macros(args, files, bindings, given)
+    return StageArgs(args, files, bindings)
+
+  def _defaults_from_macros(self, args: argparse.Namespace, files: List[str], bindings: List[str],
+                            given: set) -> None:
+    """Fills unset plain flags from the Gin files' macros (CORPUS -> --corpus)."""
+    import gin  # pylint: disable=g-import-not-at-top
+    # Only macros are read: register the smallest set of configurables (the model's).
+    gin_utils.parse(files, bindings, check_required=False, entry="T5Config")
+    for name, kind in self._macro_flags.items():
+      if given.intersection(self._options[name]):
+        continue
+      try:
+        value = gin.query_parameter(f"{name.upper()}/gin.macro.value")
+      except ValueError:
+        continue
+      if value is not None and not isinstance(value, (list, tuple)) and callable(kind):
+        value = kind(value)
+      setattr(args, name, value)
+
+
+def _gin_literal(value: Any) -> str:
+  """A Python value as Gin text (strings quoted)."""
+  if isinstance(value, (list, tuple)):
+    return "[" + ", ".join(_gin_literal(v) for v in value) + "]"
+  return repr(value)
+
+
+def check_required(parser: StageParser, args: argparse.Namespace, names: Sequence[str]) -> None:
+  """ConfigError naming the plain flags still unset (neither on the command line nor in Gin)."""
+  missing = [n for n in names if getattr(args, n) is None]
+  if missing:
+    raise ConfigError(
+        f"{parser.prog}: missing {', '.join('--' + n for n in missing)} (or Gin macro(s) "
+        f"{', '.join(n.upper() for n in missing)})")

@@ -1,0 +1,117 @@
+"""`private-t5 export`: a model directory in the Hugging Face T5 format.
+
+  private-t5 export --model_dir=/tmp/run --output=/tmp/run_hf --format=hf
+
+writes OUTPUT/config.json, OUTPUT/model.safetensors (float32), OUTPUT/spiece.model (the
+model's SentencePiece vocabulary) and OUTPUT/privacy_report.json (the privacy report of the
+exported checkpoint: what (ε, δ) covers these weights and their vocabulary). The directory
+loads with `transformers.T5ForConditionalGeneration.from_pretrained(OUTPUT)` and gives the
+same logits; `private-t5 import --hf_dir=OUTPUT` reads it back. Nothing is written unless the
+whole export succeeds.
+"""
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional
+
+from private_t5 import flags
+from private_t5 import io as io_lib
+from private_t5.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("hf",)
+VOCAB_FILE = "spiece.model"
+PRIVACY_REPORT_FILE = "privacy_report.json"
+
+
+def _privacy_report(model_dir: str, info: Dict[str, Any]) -> Dict[str, Any]:
+  """The report of the exported checkpoint (its own step), else the run's file, else "no guarantee"."""
+  report = info.get("privacy_report")
+  if report:
+    return dict(report)
+  path = os.path.join(model_dir, PRIVACY_REPORT_FILE)
+  if os.path.isfile(path):
+    import json  # pylint: disable=g-import-not-at-top
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  return {"private": False, "epsilon": None,
+          "statement": "no privacy report: these weights carry no differential-privacy guarantee (ε = ∞)"}
+
+
+def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Optional[int] = None,
+                     vocab_path: Optional[str] = None) -> str:
+  """Exports the checkpoint of `model_dir` (latest, or `step`) to `output`; returns `output`.
+
+  Raises:
+    ConfigError: an unknown format, or an `output` that already holds files.
+    CheckpointError: no readable checkpoint, or no vocabulary file to ship.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  if fmt not in FORMATS:
+    raise ConfigError(f"--format={fmt!r} is not supported (formats: {', '.join(FORMATS)})")
+  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
+  params, config, info = checkpoints.restore_for_inference(model_dir, step)
+  vocab_path = vocab_path or info.get("vocab_path")
+  if not vocab_path or not os.path.isfile(vocab_path):
+    raise CheckpointError(f"the vocabulary of {model_dir!r} ({vocab_path!r}) is missing; "
+                          "give --vocab_path=FILE.model")
+  tensors, hf_config = hf_export.export_hf_t5(_to_numpy(params, np), config)
+  report = _privacy_report(model_dir, info)
+  report = dict(report, exported_from={"model_dir": os.path.abspath(model_dir), "step": info.get("step"),
+                                       "vocabulary_sha256": io_lib.file_sha256(vocab_path)})
+  parent = os.path.dirname(os.path.abspath(output)) or "."
+  os.makedirs(parent, exist_ok=True)
+  tmp_dir = tempfile.mkdtemp(dir=parent, prefix=".export_hf_")
+  try:
+    io_lib.write_json_atomic(os.path.join(tmp_dir, "config.json"), hf_config)
+    io_lib.write_bytes_atomic(os.path.join(tmp_dir, "model.safetensors"),
+                              st_numpy.save(tensors, metadata={"format": "pt"}))
+    shutil.copyfile(vocab_path, os.path.join(tmp_dir, VOCAB_FILE))
+    io_lib.write_json_atomic(os.path.join(tmp_dir, PRIVACY_REPORT_FILE), report)
+    if os.path.isdir(output):
+      os.rmdir(output)  # empty (checked above)
+    os.replace(tmp_dir, output)
+  finally:
+    if os.path.isdir(tmp_dir):
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+  logger.info("exported %s (step %s) to %s", model_dir, info.get("step"), output)
+  return output
+
+
+def _to_numpy(tree, np):
+  """A nested dict of arrays as numpy float32 arrays."""
+  if isinstance(tree, dict):
+    return {k: _to_numpy(v, np) for k, v in tree.items()}
+  return np.asarray(tree, dtype=np.float32)
+
+
+def _parser() -> flags.StageParser:
+  p = flags.StageParser("export", __doc__.split("\n\n")[0])
+  p.add_flag("model_dir", help="model directory (a training run or `private-t5 import`) (required)")
+  p.add_flag("output", help="new directory to write (required)")
+  p.add_flag("format", default="hf", choices=FORMATS, help="output format (hf: Hugging Face T5)")
+  p.add_flag("step", type=int, help="checkpoint step (default: the latest)")
+  p.add_flag("vocab_path", help="SentencePiece model to ship (default: the checkpoint's)")
+  return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = _parser()
+  args = parser.parse_stage_args(sys.argv[1:] if argv is None else argv).args
+  flags.check_required(parser, args, ("model_dir", "output"))
+  out = export_model_dir(args.model_dir, args.output, fmt=args.format, step=args.step,
+                         vocab_path=args.vocab_path)
+  print(f"exported {args.model_dir} to {out} (config.json, model.safetensors, {VOCAB_FILE}, "
+        f"{PRIVACY_REPORT_FILE})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

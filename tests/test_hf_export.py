@@ -1,0 +1,106 @@
+"""`private-t5 export --format=hf`: transformers loads the export and gives the same logits."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from private_t5 import cli  # pylint: disable=g-import-not-at-top
+from private_t5 import models  # pylint: disable=g-import-not-at-top
+from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
+from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
+
+SPM_MODEL = None
+
+
+def _tiny_hf(path, feed_forward, tie):
+  torch.manual_seed(0)
+  hf_config = transformers.T5Config(
+      vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4,
+      feed_forward_proj=feed_forward, tie_word_embeddings=tie, relative_attention_num_buckets=8,
+      relative_attention_max_distance=20, dropout_rate=0.0)
+  model = transformers.T5ForConditionalGeneration(hf_config).eval()
+  with torch.no_grad():
+    for n, p in model.named_parameters():
+      if "layer_norm" in n:
+        p.uniform_(0.5, 1.5)
+  model.save_pretrained(path)
+  return model
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  enc = rng.integers(2, 96, size=(3, 11)).astype(np.int32)
+  enc[1, 7:] = 0
+  dec = rng.integers(2, 96, size=(3, 6)).astype(np.int32)
+  dec[:, 0] = 0
+  return enc, dec
+
+
+def _hf_logits(model, enc, dec):
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(enc, dtype=torch.long),
+                 attention_mask=torch.tensor(enc > 0, dtype=torch.long),
+                 decoder_input_ids=torch.tensor(dec, dtype=torch.long)).logits.numpy()
+
+
+def _vocab(tmp_path):
+  path = tmp_path / "vocab.model"
+  path.write_bytes(b"not a real sentencepiece model, shipped byte for byte")
+  return str(path)
+
+
+@pytest.mark.parametrize("feed_forward,tie", [("relu", True), ("gated-gelu", False)])
+def test_export_round_trip(tmp_path, feed_forward, tie):
+  """HF -> import -> export -> HF: same logits (1e-4) and identical weights; report beside them."""
+  original = _tiny_hf(str(tmp_path / "hf"), feed_forward, tie)
+  model_dir, out = str(tmp_path / "model"), str(tmp_path / "export")
+  assert cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--model_dir={model_dir}",
+                   f"--vocab_path={_vocab(tmp_path)}"]) == 0
+  assert cli.main(["export", f"--model_dir={model_dir}", f"--output={out}", "--format=hf"]) == 0
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "privacy_report.json", "spiece.model"]
+  with open(os.path.join(out, "privacy_report.json")) as f:
+    report = json.load(f)
+  assert report["exported_from"]["step"] == 0 and "ε = ∞" in report["statement"]
+
+  exported = transformers.T5ForConditionalGeneration.from_pretrained(out).eval()
+  enc, dec = _inputs()
+  np.testing.assert_allclose(_hf_logits(exported, enc, dec), _hf_logits(original, enc, dec), rtol=1e-4, atol=1e-4)
+  ours, config = hf_convert.import_hf_t5(out)
+  np.testing.assert_allclose(np.asarray(models.Transformer(config).apply({"params": ours}, enc, dec)),
+                             _hf_logits(original, enc, dec), rtol=1e-4, atol=1e-4)
+  a, b = original.state_dict(), exported.state_dict()
+  assert set(a) == set(b)
+  for name in a:
+    assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_ours_to_hf_to_ours_is_identity(tie):
+  import jax  # pylint: disable=g-import-not-at-top
+  config = models.T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32, num_encoder_layers=2,
+                           num_decoder_layers=1, feed_forward="relu" if tie else "gated-gelu",
+                           tie_embeddings=tie, relative_attention_num_buckets=8)
+  enc, dec = np.ones((1, 4), np.int32), np.ones((1, 3), np.int32)
+  params = models.Transformer(config).init(jax.random.PRNGKey(0), enc, dec)["params"]
+  import flax  # pylint: disable=g-import-not-at-top
+  params = jax.tree.map(np.asarray, flax.core.meta.unbox(params))
+  tensors, hf = hf_export.export_hf_t5(params, config)
+  back, back_config = hf_convert.params_from_hf(tensors, hf)
+  assert back_config == config.replace(dropout_rate=back_config.dropout_rate)
+  for (path, x), (_, y) in zip(jax.tree_util.tree_flatten_with_path(params)[0],
+                               jax.tree_util.tree_flatten_with_path(back)[0]):
+    np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+
+
+def test_export_refuses_a_non_empty_output(tmp_path, capsys):
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "x").write_text("x")
+  assert cli.main(["export", f"--model_dir={tmp_path}", f"--output={tmp_path / 'out'}"]) == 2
+  assert "already exists" in capsys.readouterr().err
+  assert cli.main(["export", f"--model_dir={tmp_path}", f"--output={tmp_path / 'new'}"]) == 2
+  assert "no checkpoints" in capsys.readouterr().err
+  assert not (tmp_path / "new").exists()
