@@ -4,6 +4,12 @@
       --gin.CORPUS=corpus.jsonl.gz --gin.OUTPUT=vocab/dp_spm.model [--gin.NAME=VALUE ...]
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus=a.jsonl.gz --corpus=b.jsonl.gz \\
       --output=vocab/dp_spm.model --epsilon=3.37 --delta=1e-8 --sensitivity=capped
+  private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus='c4/train-*.jsonl.gz' \\
+      --output=vocab/dp_spm.model --runner=DataflowRunner --beam_options="--project=P --region=R \\
+      --temp_location=gs://B/tmp"
+
+`--runner` other than `local` builds the noiseless histogram on Apache Beam (see
+`private_t5.data.beam_io`); noise and threshold are applied once, here, either way.
 
 Plain flags override the Gin values. Writes the model and `privacy_report.json` beside it
 (atomically) and prints the report as JSON.
@@ -14,6 +20,7 @@ import sys
 from typing import List, Optional
 
 from private_t5 import gin_utils
+from private_t5.data import beam_io
 from private_t5.tokenizer import dp_spm
 
 _GIN_NAME = "train_dp_vocabulary"
@@ -42,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--insecure_seed", type=int, help="fixed noise seed: deterministic tests only, NOT private")
   p.add_argument("--num_workers", type=int, help="histogram processes (default: all cores)")
   p.add_argument("--max_documents", type=int, help="read at most this many documents per corpus")
+  beam_io.add_runner_flags(p)
   return p
 
 
@@ -63,6 +71,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides.setdefault("noise_std", None)
   elif "noise_std" in overrides:
     overrides["target_epsilon"] = None
+  if beam_io.is_beam(args.runner):
+    from private_t5.tokenizer import dp_spm_beam  # pylint: disable=g-import-not-at-top
+    beam_io.log_to_stderr_once()
+    overrides["histogram_fn"] = dp_spm_beam.beam_histogram_fn(args.runner, args.beam_options,
+                                                              skip_bad_lines=args.skip_bad_lines)
   fn = gin_utils.configured(_GIN_NAME)
   report = gin_utils.call_configured(fn, **overrides)
   json.dump(report, sys.stdout, indent=2)
