@@ -206,3 +206,44 @@ def test_splits_stage_two_workers_writes_the_local_file(tmp_path, shared_data, c
   reused = splits.load_or_build_splits(os.path.dirname(local["output"]), corpora.read_corpus(train)[0],
                                        corpora.read_corpus(valid)[0], cfg)
   assert reused[2] and reused[1] == local["output"]
+
+
+def _tiny_tfds_builder():
+  """A small TFDS builder (module level, so that workers unpickle it by reference)."""
+  global _TINY_BUILDER  # pylint: disable=global-statement
+  if _TINY_BUILDER is None:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+    class PrivateT5TinyBeamCorpus(tfds.core.GeneratorBasedBuilder):
+      """Three documents with a text and a url feature, like C4."""
+      VERSION = tfds.core.Version("1.0.0")
+
+      def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+            {"text": tfds.features.Text(), "url": tfds.features.Text()}))
+
+      def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(3)}
+
+      def _generate_examples(self, n):
+        for i in range(n):
+          yield i, {"text": f"Document number {i}." if i != 1 else "  ", "url": f"http://example.org/{i}"}
+
+    _TINY_BUILDER = PrivateT5TinyBeamCorpus
+  return _TINY_BUILDER
+
+
+_TINY_BUILDER = None
+
+
+@pytest.mark.slow
+def test_tfds_dataset_read_on_beam(tmp_path):
+  from apache_beam.testing.util import assert_that, equal_to  # pylint: disable=g-import-not-at-top
+  builder = _tiny_tfds_builder()(data_dir=str(tmp_path))
+  builder.download_and_prepare()
+  beam = beam_io.import_beam()
+  with beam.Pipeline(options=beam_io.pipeline_options("DirectRunner")) as p:
+    # A prepared dataset by its folder, as `tfds:c4/en:train` is read by name.
+    docs = beam_io.read_documents(p, f"tfds:{builder.data_dir}:train", id_field="url")
+    assert_that(docs | beam.Map(lambda kv: kv[1]), equal_to([("http://example.org/0", "Document number 0."),
+                                                             ("http://example.org/2", "Document number 2.")]))

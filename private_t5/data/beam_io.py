@@ -24,6 +24,7 @@ counted (`bad_lines`) and skipped. Beam metrics (documents read, bad lines, ...)
 when the pipeline ends.
 """
 import csv
+import hashlib
 import json
 import logging
 import os
@@ -353,16 +354,17 @@ def _read_tfds(pipeline, beam, spec, c, step, text_field, id_field, errors, data
     return doc_id, text
 
   def keyed(ex):
+    ex = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in dict(ex).items()}
     doc_id, text = to_doc(ex)
     if not text.strip():
       return []
-    # Records carry no global number: order by id (TFDS ids are unique).
-    return [((c, 0, str(doc_id)), (str(doc_id) if doc_id is not None else f"{name}:{split}:{hash(text)}", text))]
+    if doc_id is None:  # records carry no global number: a content id, the same in every worker
+      doc_id = f"{name}:{split}:{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
+    return [((c, 0, str(doc_id)), (str(doc_id), text))]
 
   return (pipeline
           | f"{step} tfds" >> tfds.beam.ReadFromTFDS(builder, split=split)
-          | f"{step} docs" >> beam.FlatMap(lambda ex: keyed(tfds.as_numpy(ex) if not isinstance(ex, dict)
-                                                             else ex)))
+          | f"{step} docs" >> beam.FlatMap(keyed))
 
 
 def log_to_stderr_once() -> None:
