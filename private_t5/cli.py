@@ -22,6 +22,7 @@ STAGES = {
     "dp-spm": ("private_t5.tokenizer.dp_spm_cli", "train a differentially private SentencePiece vocabulary"),
     "train": ("private_t5.train.main", "pretrain or fine-tune a T5 model from Gin configs (DP or not)"),
     "epsilon": ("private_t5.dp.epsilon_cli", "compute epsilon for a DP run, or the noise for a target epsilon"),
+    "splits": ("private_t5.eval.splits_cli", "find the memorization splits (near-duplicates) of train/validation"),
     "memorization": ("private_t5.eval.memorization_cli", "measure training-data extraction and canary exposure"),
     "canaries": ("private_t5.eval.canaries_cli", "insert random canaries into a corpus and record them"),
     "evaluate": ("private_t5.eval.evaluate_cli", "evaluate a checkpoint on GLUE-style tasks"),

@@ -23,6 +23,10 @@ echo "[install] creating/updating environment in $VENV (about 3 minutes on a fre
 # t5's declared dependencies pull duplicate nightlies (seqio-nightly, tfds-nightly),
 # mesh-tensorflow and transformers; its real runtime needs are in requirements.txt.
 "$VENV/bin/python" -m pip install --quiet --no-deps t5==0.9.4
+# Apache Beam (corpus-scale stages) declares protobuf<7, which sentencepiece 0.2.3's generated
+# code cannot import with; Beam runs on protobuf 7, so it goes in without its declared
+# dependencies, which requirements.txt lists.
+"$VENV/bin/python" -m pip install --quiet --no-deps apache-beam==2.77.0
 "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT"
 if [[ "${INSTALL_TEST_DEPS:-0}" == "1" ]]; then
   "$VENV/bin/python" -m pip install --quiet -r "$ROOT/requirements-test.txt"

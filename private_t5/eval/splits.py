@@ -26,7 +26,7 @@ import logging
 import multiprocessing
 import os
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -100,6 +100,15 @@ class Splits:
 
   def sizes(self) -> Dict[str, int]:
     return {name: len(self.ids.get(name, [])) for name in SPLIT_NAMES}
+
+
+def word_token_ids(text: str) -> List[int]:
+  """Whitespace words as stable 63-bit ids (the exact-substring test without a vocabulary).
+
+  Stable across processes (unlike `hash`), so that parallel workers agree.
+  """
+  return [int.from_bytes(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest(), "little")
+          & 0x7FFFFFFFFFFFFFFF for w in text.split()]
 
 
 def words(text: str) -> List[str]:
@@ -238,6 +247,36 @@ def edit_similarity(a: Sequence, b: Sequence) -> float:
   return 1.0 - editdistance.eval(a, b) / longest
 
 
+def check_pair(a: Sequence, b: Sequence, threshold: float) -> Tuple[bool, bool]:
+  """(checked, near duplicate) for two word lists.
+
+  Pairs whose length ratio is below `threshold` are rejected without computing the edit
+  distance (edit similarity <= length ratio) and do not count as checked.
+  """
+  longest, shortest = max(len(a), len(b)), min(len(a), len(b))
+  if longest and shortest / longest < threshold:
+    return False, False
+  return True, edit_similarity(a, b) >= threshold
+
+
+def bucket_candidates(members: Sequence[int], max_candidates: int) -> Iterator[Tuple[int, int]]:
+  """(i, j) candidate pairs of one LSH bucket (sorted distinct members, at least two).
+
+  Every member is paired with the bucket's first `max_candidates + 1` members (itself
+  excluded): a bucket of n documents gives O(n) pairs, however large it is.
+  """
+  head = members[:max_candidates + 1]
+  for i in members:
+    for j in head:
+      if j != i:
+        yield i, j
+
+
+def rank_candidates(shared: Dict[int, int], max_candidates: int) -> List[int]:
+  """Candidates by shared buckets (most first), ties by document number; at most max_candidates."""
+  return sorted(shared, key=lambda j: (-shared[j], j))[:max_candidates]
+
+
 class _Verifier:
   """Edit-similarity check of candidate pairs, with cached word lists."""
 
@@ -258,13 +297,9 @@ class _Verifier:
 
   def __call__(self, i: int, other: "_Verifier", j: int) -> bool:
     """Whether document i of this corpus and document j of `other` are near-duplicates."""
-    a = self._words(i)
-    b = other._words(j)
-    longest, shortest = max(len(a), len(b)), min(len(a), len(b))
-    if longest and shortest / longest < self._threshold:
-      return False  # edit similarity <= length ratio
-    self.checked += 1
-    return edit_similarity(a, b) >= self._threshold
+    checked, dup = check_pair(self._words(i), other._words(j), self._threshold)
+    self.checked += checked
+    return dup
 
 
 def _bucket_index(keys: np.ndarray):
@@ -277,7 +312,13 @@ def _bucket_index(keys: np.ndarray):
 
 
 def _near_dups_within(keys: np.ndarray, verify: _Verifier, max_candidates: int) -> np.ndarray:
-  """Bool[n]: documents with a verified LSH near-duplicate among the others."""
+  """Bool[n]: documents with a verified LSH near-duplicate among the others.
+
+  Each document i, independently of the others: its candidates (`bucket_candidates` over every
+  bucket it is in) ranked by `rank_candidates` are verified in turn; the first verified j
+  marks i and j. The result does not depend on the order of the documents or buckets, so a
+  parallel run (eval/splits_beam.py) finds the same documents.
+  """
   n = keys.shape[0]
   found = np.zeros(n, dtype=bool)
   if n < 2:
@@ -286,19 +327,16 @@ def _near_dups_within(keys: np.ndarray, verify: _Verifier, max_candidates: int) 
   starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
   ends = np.r_[starts[1:], len(sorted_keys)]
   multi = (ends - starts) > 1
-  candidates: Dict[int, set] = {}
+  shared: Dict[int, Dict[int, int]] = {}
   for s, e in zip(starts[multi], ends[multi]):
     members = np.unique(sorted_docs[s:e])
     if len(members) < 2:
       continue
-    for i in members:
-      bucket = candidates.setdefault(int(i), set())
-      if len(bucket) < max_candidates:
-        bucket.update(int(j) for j in members[:max_candidates + 1] if j != i)
-  for i, cands in candidates.items():
-    if found[i]:
-      continue
-    for j in sorted(cands)[:max_candidates]:
+    for i, j in bucket_candidates(members.tolist(), max_candidates):
+      counts = shared.setdefault(i, {})
+      counts[j] = counts.get(j, 0) + 1
+  for i in sorted(shared):
+    for j in rank_candidates(shared[i], max_candidates):
       if verify(i, verify, j):
         found[i] = found[j] = True
         break
@@ -396,7 +434,7 @@ def build_splits(train_docs: Sequence, valid_docs: Sequence, cfg: SplitConfig = 
   t_lsh = time.time() - t0 - t_minhash
 
   if cfg.exact_substring_tokens:
-    tok = tokenize or (lambda text: [hash(w) & 0x7FFFFFFFFFFFFFFF for w in text.split()])
+    tok = tokenize or word_token_ids
     say(f"splits: exact substrings of >= {cfg.exact_substring_tokens} "
         f"{'tokens' if tokenize else 'words'}")
     exact_train, exact_valid = _exact_substring_dups([tok(t) for t in train_texts],
@@ -440,10 +478,17 @@ def corpus_fingerprint(docs: Iterable) -> str:
 
 def splits_key(train_docs, valid_docs, cfg: SplitConfig, tokenizer_id: Optional[str]) -> str:
   """Cache key of a split file: corpus contents + settings + the tokenizer used."""
+  return splits_key_from_fingerprints(corpus_fingerprint(train_docs), corpus_fingerprint(valid_docs), cfg,
+                                      tokenizer_id)
+
+
+def splits_key_from_fingerprints(train_fingerprint: str, valid_fingerprint: str, cfg: SplitConfig,
+                                 tokenizer_id: Optional[str]) -> str:
+  """`splits_key` from the two `corpus_fingerprint`s (computed while streaming a corpus)."""
   payload = json.dumps({
       "version": SPLITS_FORMAT_VERSION,
-      "train": corpus_fingerprint(train_docs),
-      "valid": corpus_fingerprint(valid_docs),
+      "train": train_fingerprint,
+      "valid": valid_fingerprint,
       "config": cfg.key_fields(),
       "tokenizer": tokenizer_id,
   }, sort_keys=True)
@@ -473,10 +518,15 @@ def load_or_build_splits(out_dir: str, train_docs: Sequence, valid_docs: Sequenc
     except (OSError, ValueError):
       pass  # unreadable: rebuild below
   splits = build_splits(train_docs, valid_docs, cfg, tokenize=tokenize, verbose=verbose)
-  data = {"key": key, "specs": specs or {}, "config": cfg.key_fields(), "tokenizer": tokenizer_id,
-          "sizes": splits.sizes(), "stats": splits.stats, "splits": splits.ids}
-  write_json_atomic(path, data, indent=None, sort_keys=False)
+  write_json_atomic(path, splits_file_content(splits, key, cfg, tokenizer_id, specs), indent=None, sort_keys=False)
   return splits, path, False
+
+
+def splits_file_content(splits: Splits, key: str, cfg: SplitConfig, tokenizer_id: Optional[str],
+                        specs: Optional[dict] = None) -> dict:
+  """The JSON object of a split file (what `load_or_build_splits` reads back)."""
+  return {"key": key, "specs": specs or {}, "config": cfg.key_fields(), "tokenizer": tokenizer_id,
+          "sizes": splits.sizes(), "stats": splits.stats, "splits": splits.ids}
 
 
 def check_nonempty(splits: Splits) -> List[str]:

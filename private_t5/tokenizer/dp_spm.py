@@ -521,7 +521,9 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                         nonprivate_baseline: bool = True,
                         character_coverage: float = 0.9995, max_documents: Optional[int] = None,
                         text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
-                        report_path: Optional[str] = None, verbose: bool = True) -> Dict[str, Any]:
+                        report_path: Optional[str] = None, verbose: bool = True,
+                        histogram_fn: Optional[Callable[..., Tuple[Dict[str, int], HistogramStats]]] = None
+                        ) -> Dict[str, Any]:
   """Trains a DP SentencePiece model at `output` and writes its privacy report beside it.
 
   Every vocabulary has byte fallback (256 byte pieces) and the base characters (printable ASCII
@@ -553,6 +555,10 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     nonprivate_baseline: also measure a non-private SentencePiece of the requested size trained
       on the same bounded histogram (for comparison only; it is never written).
     report_path: default `privacy_report.json` in the model's folder.
+    histogram_fn: builds the noiseless bounded histogram elsewhere (e.g. on Apache Beam,
+      `dp_spm_beam.beam_histogram_fn`): called as `histogram_fn(corpus, bound, text_field=...,
+      errors=..., data_dir=..., max_documents=...)`, returns (histogram, HistogramStats) as
+      `build_histogram` does. Noise and threshold are still applied here, once.
 
   Returns:
     The privacy report (also written as JSON).
@@ -582,11 +588,15 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
       f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
 
-  texts = _iter_corpus_texts(corpus_specs, max_documents, text_field, errors, data_dir)
-  progress = lambda s: log(f"dp-spm: {s.documents} documents, {s.bytes / 1e6:.1f} MB, "
-                           f"{s.bytes / 1e6 / max(s.seconds, 1e-9):.1f} MB/s")
-  histogram, hstats = build_histogram(texts, bound, num_workers=num_workers, chunk_size=chunk_size,
-                                      progress=progress)
+  if histogram_fn is not None:
+    histogram, hstats = histogram_fn(corpus_specs, bound, text_field=text_field, errors=errors, data_dir=data_dir,
+                                     max_documents=max_documents)
+  else:
+    texts = _iter_corpus_texts(corpus_specs, max_documents, text_field, errors, data_dir)
+    progress = lambda s: log(f"dp-spm: {s.documents} documents, {s.bytes / 1e6:.1f} MB, "
+                             f"{s.bytes / 1e6 / max(s.seconds, 1e-9):.1f} MB/s")
+    histogram, hstats = build_histogram(texts, bound, num_workers=num_workers, chunk_size=chunk_size,
+                                        progress=progress)
   if hstats.documents == 0 or not histogram:
     raise DataError(f"corpus {corpus!r} has no words")
   if delta >= 1.0 / hstats.documents:

@@ -5,6 +5,12 @@
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus=a.jsonl.gz --corpus=b.jsonl.gz \\
       --output=vocab/dp_spm.model --target_epsilon=3.37 --delta=1e-8 --sensitivity=capped \\
       [--public_corpus=public.jsonl.gz] [--eval_corpus=heldout.jsonl.gz] [--strict_vocab_size]
+  private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus='c4/train-*.jsonl.gz' \\
+      --output=vocab/dp_spm.model --runner=DataflowRunner --beam_options="--project=P --region=R \\
+      --temp_location=gs://B/tmp"
+
+`--runner` other than `local` builds the noiseless histogram on Apache Beam (see
+`private_t5.data.beam_io`); noise and threshold are applied once, here, either way.
 
 Plain flags override the Gin values. Writes the model and `privacy_report.json` beside it
 (atomically) and prints the report as JSON.
@@ -16,6 +22,7 @@ from typing import List, Optional
 
 from private_t5 import flags
 from private_t5 import gin_utils
+from private_t5.data import beam_io
 from private_t5.tokenizer import dp_spm
 
 _GIN_NAME = "train_dp_vocabulary"
@@ -55,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--eval_corpus", action="append",
                  help="corpus spec for the utility sample (default: the training corpus, a non-private statistic)")
   p.add_argument("--eval_documents", type=int, help="documents in the utility sample (0: none)")
+  beam_io.add_runner_flags(p)
   return p
 
 
@@ -75,6 +83,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides.setdefault("noise_std", None)
   elif "noise_std" in overrides:
     overrides["target_epsilon"] = None
+  if beam_io.is_beam(args.runner):
+    from private_t5.tokenizer import dp_spm_beam  # pylint: disable=g-import-not-at-top
+    beam_io.log_to_stderr_once()
+    overrides["histogram_fn"] = dp_spm_beam.beam_histogram_fn(args.runner, args.beam_options,
+                                                              skip_bad_lines=args.skip_bad_lines)
   fn = gin_utils.configured(_GIN_NAME)
   report = gin_utils.call_configured(fn, **overrides)
   json.dump(report, sys.stdout, indent=2)

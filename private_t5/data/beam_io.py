@@ -1,0 +1,374 @@
+"""The runner switch of the corpus-wide stages, and corpus reading on Apache Beam.
+
+Every corpus-wide stage (the DP-SentencePiece histogram, the memorization splits) takes
+
+  --runner=local                 the in-process path (default; fast for small corpora), or
+  --runner=DirectRunner|DataflowRunner|FlinkRunner|SparkRunner|...   an Apache Beam runner,
+  --beam_options="--direct_num_workers=2 --direct_running_mode=multi_processing"
+                                 passed to `PipelineOptions` unchanged.
+
+Beam is imported only when a Beam runner is chosen. Corpora on Beam:
+
+* a file pattern (`train-*.jsonl.gz`, `gs://bucket/c4-*.jsonl.gz`, `*.txt`, `*.tsv`), matched
+  and read with Beam's file IO (`fileio.MatchFiles`, `ReadMatches`; compression from the
+  extension), one worker per file, streaming line by line. Formats and document ids follow
+  `private_t5.data.corpora`: JSONL `{"id", "text"}` (id `FILE:LINE` when absent), text one
+  document a line (`FILE:LINE`), TSV with a header row.
+* `tfds:NAME[:SPLIT]`: a prepared TFDS dataset read shard by shard (`tfds.beam.ReadFromTFDS`),
+  never loaded whole.
+* anything else `corpora.iter_documents` reads (a folder, `builtin:`): read by the launching
+  process and handed to the pipeline (small corpora only).
+
+A malformed line is a `DataError` naming the file and line; with `skip_bad_lines` it is
+counted (`bad_lines`) and skipped. Beam metrics (documents read, bad lines, ...) are logged
+when the pipeline ends.
+"""
+import csv
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from private_t5.errors import ConfigError, DataError
+
+LOCAL_RUNNER = "local"
+BEAM_RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
+                "PortableRunner", "SwitchingDirectRunner")
+RUNNERS = (LOCAL_RUNNER,) + BEAM_RUNNERS
+METRICS_NAMESPACE = "private_t5"
+TFDS_PREFIX = "tfds:"
+_JSONL = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+_TSV = (".tsv", ".tsv.gz")
+_TXT = (".txt", ".txt.gz")
+
+
+def check_runner(runner: str) -> str:
+  """Returns `runner` when it is `local` or a known Beam runner; else one-line ConfigError."""
+  if runner not in RUNNERS:
+    raise ConfigError(f"unknown runner {runner!r}: use one of {', '.join(RUNNERS)}")
+  return runner
+
+
+def is_beam(runner: Optional[str]) -> bool:
+  """True when `runner` names a Beam runner (not the in-process path)."""
+  return check_runner(runner or LOCAL_RUNNER) != LOCAL_RUNNER
+
+
+def add_runner_flags(parser) -> None:
+  """Adds --runner, --beam_options and --skip_bad_lines to an argparse parser."""
+  parser.add_argument("--runner", default=LOCAL_RUNNER,
+                      help=f"'{LOCAL_RUNNER}' (in-process, default) or a Beam runner: {', '.join(BEAM_RUNNERS)}")
+  parser.add_argument("--beam_options", default="",
+                      help="Beam pipeline flags, passed to PipelineOptions unchanged "
+                           "(e.g. \"--direct_num_workers=2 --direct_running_mode=multi_processing\")")
+  parser.add_argument("--skip_bad_lines", action="store_true",
+                      help="Beam runners: count and skip malformed lines instead of stopping")
+
+
+def import_beam():
+  """`apache_beam`, or a one-line ConfigError when it is not importable."""
+  try:
+    import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError(f"a Beam runner needs Apache Beam, which is not importable ({e}); install "
+                      "apache-beam (requirements.txt) or use --runner=local") from None
+  return beam
+
+
+def pipeline_options(runner: str, beam_options: Union[str, Sequence[str], None] = ""):
+  """`PipelineOptions` from the flag string (unchanged) plus the runner name."""
+  check_runner(runner)
+  if runner == LOCAL_RUNNER:
+    raise ConfigError("the local runner builds no Beam pipeline")
+  import_beam()
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  flags = shlex.split(beam_options) if isinstance(beam_options, str) else list(beam_options or [])
+  if any(f == "--runner" or f.startswith("--runner=") for f in flags):
+    raise ConfigError("give the runner with --runner, not inside --beam_options")
+  return PipelineOptions(flags=flags + [f"--runner={runner}"])
+
+
+_ERROR_IN_WORKER = re.compile(r"private_t5\.errors\.(\w*Error): ([^\n]*)|\b(DataError|ConfigError): ([^\n]*)")
+
+
+def run_pipeline(pipeline) -> Dict[str, int]:
+  """Runs a built pipeline to the end; returns (and logs) its counters.
+
+  An error raised inside a worker comes back wrapped in the runner's traceback: a package
+  error in it is re-raised as that one line.
+  """
+  from private_t5 import errors  # pylint: disable=g-import-not-at-top
+  try:
+    result = pipeline.run()
+    result.wait_until_finish()
+  except errors.PrivateT5Error:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    match = _ERROR_IN_WORKER.search(str(e))
+    if match:
+      name = match.group(1) or match.group(3)
+      message = match.group(2) or match.group(4)
+      raise getattr(errors, name, DataError)(message.strip()) from None
+    raise
+  counters = pipeline_counters(result)
+  if counters:
+    logging.info("beam counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+  return counters
+
+
+def pipeline_counters(result) -> Dict[str, int]:
+  """The committed (or attempted) counters of this package's metric namespace."""
+  try:
+    from apache_beam.metrics.metric import MetricsFilter  # pylint: disable=g-import-not-at-top
+    found = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+  except Exception:  # pylint: disable=broad-except
+    return {}  # a runner without metrics support
+  out = {}
+  for c in found:
+    value = c.committed if c.committed is not None else c.attempted
+    out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing one file's lines (shared by every worker)
+# ---------------------------------------------------------------------------------------------
+
+def file_format(path: str) -> str:
+  """'jsonl', 'tsv' or 'txt' from the file name; DataError for anything else."""
+  lower = path.lower()
+  if lower.endswith(_JSONL):
+    return "jsonl"
+  if lower.endswith(_TSV):
+    return "tsv"
+  if lower.endswith(_TXT):
+    return "txt"
+  raise DataError(f"unsupported corpus file for a Beam runner: {path} (expected .jsonl[.gz], .tsv[.gz], "
+                  ".txt[.gz] or tfds:NAME[:SPLIT])")
+
+
+class BadLine(DataError):
+  """A malformed line; the message names the file and the line."""
+
+
+def iter_file_documents(path: str, lines, *, text_field: str = "text", id_field: str = "id",
+                        errors: str = "strict") -> Iterator[Tuple[int, Any]]:
+  """Yields (line number, (id, text)) per non-blank document, or (line number, BadLine).
+
+  `lines` yields raw byte lines of `path` (decompressed). Ids follow `corpora`.
+  """
+  fmt = file_format(path)
+  name = os.path.basename(path)
+  header = text_col = id_col = None
+  for lineno, raw in enumerate(lines, start=1):
+    where = f"{path}: line {lineno}"
+    try:
+      line = raw.decode("utf-8", errors="strict" if errors == "strict" else "replace")
+    except UnicodeDecodeError as e:
+      yield lineno, BadLine(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); "
+                            "pass errors='replace' to substitute U+FFFD")
+      continue
+    if fmt == "txt":
+      text = line.rstrip("\r\n")
+      if text.strip():
+        yield lineno, (f"{name}:{lineno}", text)
+      continue
+    if fmt == "tsv":
+      row = next(csv.reader([line.rstrip("\r\n")], delimiter="\t", quoting=csv.QUOTE_NONE), [])
+      if header is None:
+        header = row
+        if text_field not in header:
+          yield lineno, BadLine(f"{path}: header has no text column {text_field!r} (columns: {header})")
+          return
+        text_col = header.index(text_field)
+        id_col = header.index(id_field) if id_field and id_field in header else None
+        continue
+      text = row[text_col] if text_col < len(row) else ""
+      doc_id = row[id_col] if id_col is not None and id_col < len(row) else None
+      if text.strip():
+        yield lineno, (doc_id or f"{name}:{lineno}", text)
+      continue
+    line = line.strip()
+    if not line:
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      yield lineno, BadLine(f"{where}: not valid JSON ({e.msg})")
+      continue
+    if not isinstance(record, dict):
+      yield lineno, BadLine(f"{where}: expected a JSON object, got {type(record).__name__}")
+      continue
+    if text_field not in record:
+      yield lineno, BadLine(f"{where}: no text field {text_field!r} (fields: {sorted(record)})")
+      continue
+    text, doc_id = record[text_field], record.get(id_field) if id_field else None
+    if not isinstance(text, (str, int, float, type(None))) or not isinstance(doc_id, (str, int, float, type(None))):
+      yield lineno, BadLine(f"{where}: fields {text_field!r} and {id_field!r} must be strings")
+      continue
+    text = str(text) if text is not None else ""
+    if text.strip():
+      yield lineno, (str(doc_id) if doc_id is not None else f"{name}:{lineno}", text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading corpora into a pipeline
+# ---------------------------------------------------------------------------------------------
+
+def _is_pattern_or_file(spec: str) -> bool:
+  if spec.startswith(TFDS_PREFIX) or ":" in spec.split("/")[0] and "://" not in spec:
+    return False
+  if "://" in spec:
+    return True
+  if any(ch in spec for ch in "*?["):
+    return True
+  return os.path.isfile(os.path.expanduser(spec))
+
+
+def read_documents(pipeline, specs: Union[str, Sequence[str]], *, label: str = "corpus",
+                   text_field: str = "text", id_field: str = "id", errors: str = "strict",
+                   data_dir: Optional[str] = None, skip_bad_lines: bool = False):
+  """A PCollection of `(order, (id, text))` for the non-blank documents of `specs`.
+
+  `order` is `(corpus index, file index, line or record number)`: sorting by it gives the
+  order in which the local path reads the same corpora (files of a pattern in name order).
+  """
+  beam = import_beam()
+  specs = [specs] if isinstance(specs, str) else list(specs)
+  if not specs or not all(isinstance(s, str) and s for s in specs):
+    raise ConfigError(f"missing corpus for {label}: give at least one file pattern or corpus spec")
+  parts = []
+  for c, spec in enumerate(specs):
+    step = f"{label}[{c}]"
+    if spec.startswith(TFDS_PREFIX):
+      parts.append(_read_tfds(pipeline, beam, spec, c, step, text_field, id_field, errors, data_dir))
+    elif _is_pattern_or_file(spec):
+      paths = match_files(os.path.expanduser(spec))
+      for path in paths:
+        file_format(path)  # unsupported formats fail before the pipeline starts
+      parts.append(
+          pipeline
+          | f"{step} files" >> beam.Create(list(enumerate(paths)))
+          | f"{step} reshuffle" >> beam.Reshuffle()
+          | f"{step} read" >> beam.FlatMap(_read_file, c, text_field, id_field, errors, skip_bad_lines))
+    else:
+      from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+      docs = [((c, 0, i), (d.id, d.text)) for i, d in enumerate(corpora.iter_documents(
+          spec, text_field=text_field, id_field=id_field, errors=errors, data_dir=data_dir))]
+      parts.append(pipeline | f"{step} create" >> beam.Create(docs))
+  if len(parts) == 1:
+    return parts[0]
+  return tuple(parts) | f"{label} flatten" >> beam.Flatten()
+
+
+def stream_documents(specs: Union[str, Sequence[str]], *, text_field: str = "text", id_field: str = "id",
+                     errors: str = "strict", data_dir: Optional[str] = None,
+                     skip_bad_lines: bool = False) -> Iterator[Tuple[str, str]]:
+  """(id, text) of every document of `specs` in corpus order, read by this process, streaming.
+
+  For what must see the whole corpus in order (a content fingerprint); the same documents
+  `read_documents` gives a pipeline.
+  """
+  import_beam()
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  for spec in ([specs] if isinstance(specs, str) else list(specs)):
+    if spec.startswith(TFDS_PREFIX) or not _is_pattern_or_file(spec):
+      from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+      for d in corpora.iter_documents(spec, text_field=text_field, id_field=id_field, errors=errors,
+                                      data_dir=data_dir):
+        yield d.id, d.text
+      continue
+    for path in match_files(os.path.expanduser(spec)):
+      with FileSystems.open(path) as f:
+        for _, doc in iter_file_documents(path, iter(f.readline, b""), text_field=text_field,
+                                          id_field=id_field, errors=errors):
+          if isinstance(doc, BadLine):
+            if not skip_bad_lines:
+              raise DataError(f"{doc} (pass --skip_bad_lines to count and skip it)")
+            continue
+          yield doc
+
+
+def match_files(pattern: str) -> List[str]:
+  """The files a pattern matches (Beam's file systems), sorted; DataError when none."""
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  try:
+    results = FileSystems.match([pattern])
+  except Exception as e:  # pylint: disable=broad-except
+    raise DataError(f"corpus pattern {pattern!r} matches no file ({str(e).splitlines()[0]})") from None
+  paths = sorted(m.path for r in results for m in r.metadata_list)
+  if not paths:
+    raise DataError(f"corpus pattern {pattern!r} matches no file")
+  return paths
+
+
+def counter(name: str):
+  """A Beam counter in this package's metrics namespace (inside a worker)."""
+  from apache_beam.metrics.metric import Metrics  # pylint: disable=g-import-not-at-top
+  return Metrics.counter(METRICS_NAMESPACE, name)
+
+
+def _read_file(element, corpus_index: int, text_field: str, id_field: str, errors: str,
+               skip_bad_lines: bool):
+  """(file index, path) -> (order, (id, text)) per document of that file, streamed."""
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  index, path = element
+  docs, bad = counter("documents_read"), counter("bad_lines")
+  with FileSystems.open(path) as f:
+    lines = iter(f.readline, b"")
+    for lineno, doc in iter_file_documents(path, lines, text_field=text_field, id_field=id_field, errors=errors):
+      if isinstance(doc, BadLine):
+        if not skip_bad_lines:
+          raise DataError(f"{doc} (pass --skip_bad_lines to count and skip it)")
+        bad.inc()
+        logging.warning("skipped: %s", doc)
+        continue
+      docs.inc()
+      yield (corpus_index, index, lineno), doc
+
+
+def _read_tfds(pipeline, beam, spec, c, step, text_field, id_field, errors, data_dir):
+  from private_t5.data import tfds as tfds_lib  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  body = spec[len(TFDS_PREFIX):]
+  name, split = body, "train"
+  if ":" in body:
+    head, tail = body.rsplit(":", 1)
+    if tail and "/" not in tail:
+      name, split = head, tail
+  builder = tfds_lib.prepared_builder(name, data_dir)
+  keys = list(builder.info.features.keys())
+  if text_field not in keys:
+    raise DataError(f"TFDS dataset {name!r} has no text feature {text_field!r} (features: {keys})")
+
+  def to_doc(ex):
+    text = ex[text_field]
+    text = text.decode("utf-8", errors="strict" if errors == "strict" else "replace") if isinstance(
+        text, bytes) else str(text)
+    doc_id = ex.get(id_field) if id_field else None
+    doc_id = doc_id.decode("utf-8", "replace") if isinstance(doc_id, bytes) else doc_id
+    return doc_id, text
+
+  def keyed(ex):
+    ex = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in dict(ex).items()}
+    doc_id, text = to_doc(ex)
+    if not text.strip():
+      return []
+    if doc_id is None:  # records carry no global number: a content id, the same in every worker
+      doc_id = f"{name}:{split}:{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
+    return [((c, 0, str(doc_id)), (str(doc_id), text))]
+
+  return (pipeline
+          | f"{step} tfds" >> tfds.beam.ReadFromTFDS(builder, split=split)
+          | f"{step} docs" >> beam.FlatMap(keyed))
+
+
+def log_to_stderr_once() -> None:
+  """Makes `logging.info` visible on stderr when nothing configured logging (CLI runs)."""
+  root = logging.getLogger()
+  if not root.handlers:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

@@ -1,0 +1,148 @@
+"""The DP-SentencePiece word histogram as an Apache Beam pipeline (any runner).
+
+  read documents (file patterns or TFDS, `beam_io.read_documents`)
+    -> per document: `dp_spm.bounded_counts(text.split(), bound)`   (the contribution bound,
+       the same function as the local path, applied before any aggregation)
+    -> CombinePerKey(sum)                                              (the summed histogram)
+    -> written as JSON lines, read back by the launching process.
+
+The sensitivity argument of `dp_spm` holds unchanged: each document enters the sum only
+through its bounded histogram. Noise and threshold are NOT applied here: the launching
+process applies them once, with `dp_spm.private_histogram` and OS-entropy keys, exactly as on
+the local path (`train_dp_vocabulary(..., histogram_fn=beam_histogram_fn(...))`). The noiseless
+histogram is the same as the local path's for the same corpus and bound.
+"""
+import collections
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+
+from private_t5.data import beam_io
+from private_t5.errors import ConfigError, DataError
+from private_t5.tokenizer import dp_spm
+
+_STATS_FIELDS = ("documents", "bytes", "words_raw", "words_counted")
+
+
+def _bounded_batch(batch, mode: str, max_words: int):
+  """Documents -> the sum of their bounded histograms as (word, count) pairs; stats on `stats`.
+
+  Each document is bounded on its own (`dp_spm.bounded_counts`, as the local path does it)
+  before it is added to the batch's sum, so the sum has the local path's sensitivity.
+  """
+  from apache_beam import pvalue  # pylint: disable=g-import-not-at-top
+  bound = dp_spm.ContributionBound(mode, max_words)
+  total = collections.Counter()
+  n_bytes = n_raw = n_counted = 0
+  for _, (_, text) in batch:
+    words = text.split()
+    hist = dp_spm.bounded_counts(words, bound)
+    n_bytes += len(text.encode("utf-8"))
+    n_raw += len(words)
+    n_counted += sum(hist.values())
+    total.update(hist)
+  beam_io.counter("words_counted").inc(n_counted)
+  yield pvalue.TaggedOutput("stats", (len(batch), n_bytes, n_raw, n_counted))
+  yield from total.items()
+
+
+def _sum_tuples(rows):
+  out = [0] * len(_STATS_FIELDS)
+  for row in rows:
+    for i, v in enumerate(row):
+      out[i] += v
+  return tuple(out)
+
+
+def _work_dir(options, work_dir: Optional[str]) -> Tuple[str, bool]:
+  """Where the pipeline writes its result (the launching process reads it back)."""
+  if work_dir:
+    return work_dir.rstrip("/") + f"/dp_spm_histogram-{uuid.uuid4().hex[:12]}", False
+  from apache_beam.options.pipeline_options import GoogleCloudOptions  # pylint: disable=g-import-not-at-top
+  temp = options.view_as(GoogleCloudOptions).temp_location
+  if temp:
+    return temp.rstrip("/") + f"/dp_spm_histogram-{uuid.uuid4().hex[:12]}", False
+  return tempfile.mkdtemp(prefix="dp_spm_histogram-"), True
+
+
+def _read_lines(prefix: str):
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  for path in sorted(m.path for r in FileSystems.match([prefix + "*"]) for m in r.metadata_list):
+    with FileSystems.open(path) as f:
+      for raw in iter(f.readline, b""):
+        if raw.strip():
+          yield json.loads(raw)
+
+
+def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.ContributionBound, *,
+                   runner: str = "DirectRunner", beam_options: Union[str, Sequence[str]] = "",
+                   text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
+                   max_documents: Optional[int] = None, skip_bad_lines: bool = False,
+                   work_dir: Optional[str] = None) -> Tuple[collections.Counter, dp_spm.HistogramStats]:
+  """The summed bounded histogram of `corpus` (noiseless) and its stats, computed on Beam.
+
+  Args:
+    corpus: file pattern(s) / corpus spec(s) (see `beam_io.read_documents`).
+    bound: the per-document contribution bound.
+    runner: a Beam runner name.
+    beam_options: flags for `PipelineOptions`, unchanged.
+    work_dir: where workers write the histogram (default: the options' `temp_location`, else
+      a local temporary folder); removed afterwards when local.
+
+  Returns:
+    (histogram, stats), as `dp_spm.build_histogram` returns them.
+  """
+  if not beam_io.is_beam(runner):
+    raise ConfigError("beam_histogram needs a Beam runner, not 'local'")
+  if max_documents is not None:
+    raise ConfigError("max_documents applies to --runner=local only; give a smaller file pattern instead")
+  beam = beam_io.import_beam()
+  options = beam_io.pipeline_options(runner, beam_options)
+  out_dir, local_tmp = _work_dir(options, work_dir)
+  start = time.time()
+  try:
+    pipeline = beam.Pipeline(options=options)
+    docs = beam_io.read_documents(pipeline, corpus, label="corpus", text_field=text_field, errors=errors,
+                                  data_dir=data_dir, skip_bad_lines=skip_bad_lines)
+    bounded = (docs
+               | "batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=4096)
+               | "bound per document" >> beam.FlatMap(_bounded_batch, bound.mode, bound.max_words).with_outputs(
+                   "stats", main="counts"))
+    (bounded.counts
+     | "sum counts" >> beam.CombinePerKey(sum)
+     | "encode counts" >> beam.Map(lambda kv: json.dumps(kv, ensure_ascii=False))
+     | "write counts" >> beam.io.WriteToText(out_dir + "/counts"))
+    (bounded.stats
+     | "sum stats" >> beam.CombineGlobally(_sum_tuples)
+     | "encode stats" >> beam.Map(json.dumps)
+     | "write stats" >> beam.io.WriteToText(out_dir + "/stats"))
+    counters = beam_io.run_pipeline(pipeline)
+    histogram = collections.Counter()
+    for word, count in _read_lines(out_dir + "/counts"):
+      histogram[word] = count
+    totals = list(_read_lines(out_dir + "/stats")) or [[0] * len(_STATS_FIELDS)]
+  finally:
+    if local_tmp:
+      shutil.rmtree(out_dir, ignore_errors=True)
+  stats = dp_spm.HistogramStats(**dict(zip(_STATS_FIELDS, totals[0])))
+  stats.seconds = time.time() - start
+  logging.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; counters %s", runner,
+               stats.documents, stats.bytes / 1e6, len(histogram), stats.seconds, counters)
+  if stats.documents == 0:
+    raise DataError(f"corpus {corpus!r} has no documents")
+  return histogram, stats
+
+
+def beam_histogram_fn(runner: str, beam_options: Union[str, Sequence[str]] = "", *, skip_bad_lines: bool = False,
+                      work_dir: Optional[str] = None) -> Callable:
+  """A `histogram_fn` for `dp_spm.train_dp_vocabulary` that builds the histogram on Beam."""
+  beam_io.check_runner(runner)
+  beam_io.import_beam()
+  return functools.partial(beam_histogram, runner=runner, beam_options=beam_options,
+                           skip_bad_lines=skip_bad_lines, work_dir=work_dir)
