@@ -187,6 +187,10 @@ class DPAggregator:
       return grad_sum
     if noise_rng is None:
       raise PrivacyError("DPAggregator needs a noise_rng when noise_multiplier > 0")
+    # The draw does not depend on the gradients, so XLA would schedule it (and its random
+    # bits, several times the parameter count in bytes) while the backward pass's activations
+    # are still alive, raising the step's peak memory; the barrier orders it after the sum.
+    grad_sum, noise_rng = jax.lax.optimization_barrier((grad_sum, noise_rng))
     leaves, treedef = jax.tree.flatten(grad_sum)
     noise = gaussian_like(noise_rng, leaves)
     noisy = [g + self.noise_std * n for g, n in zip(leaves, noise)]
