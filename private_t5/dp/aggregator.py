@@ -190,6 +190,7 @@ class DPAggregator:
     if noise_rng is None:
       raise PrivacyError("DPAggregator needs a noise_rng when noise_multiplier > 0")
     leaves, treedef = jax.tree.flatten(grad_sum)
+    noise_rng = _key_after(noise_rng, leaves[-1])
     noise = gaussian_like(noise_rng, leaves)
     noisy = [g + self.noise_std * n for g, n in zip(leaves, noise)]
     return jax.tree.unflatten(treedef, noisy)
@@ -206,6 +207,22 @@ class DPAggregator:
                noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
     grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
     return self.finalize(params, grad_sum, noise_rng), metrics
+
+
+def _key_after(key: jax.Array, value: jax.Array) -> jax.Array:
+  """`key` itself, computed after `value`: the noise draw then waits for the clipped sum.
+
+  The draw does not depend on the gradients, so XLA schedules it (and its random bits,
+  several times the parameter count in bytes) early, while the backward pass's activations
+  are alive, which raises the step's peak memory (XLA's CPU pipeline drops an
+  `optimization_barrier` here). `min(k, k | f) = k` for unsigned k and any f: the key is
+  unchanged, bit for bit, but it is now data-dependent on `value`.
+  """
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  data = jax.random.key_data(key) if typed else key
+  bits = jax.lax.bitcast_convert_type(jnp.sum(value.astype(jnp.float32)), jnp.uint32)
+  data = jnp.minimum(data, data | bits.astype(data.dtype))
+  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)) if typed else data
 
 
 def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array]:
