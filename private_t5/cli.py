@@ -24,6 +24,7 @@ STAGES = {
     "redact": ("private_t5.selective.redact_cli", "detect secrets and write a redacted corpus"),
     "jft": ("private_t5.selective.jft", "selective DP: Just Fine-tune Twice (redacted phase, then DP phase)"),
     "adaptive": ("private_t5.selective.adaptive_train", "adaptive-noise DP training (no formal guarantee)"),
+    "launch": ("private_t5.launch_cli", "run a stage as N cooperating JAX processes on this machine"),
 }
 
 

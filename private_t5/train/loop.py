@@ -8,6 +8,11 @@ a checkpoint at step s holds a ledger of exactly s steps; the privacy report in 
 rewritten at the same time. After a crash the run restarts from the latest complete
 checkpoint s and recomputes steps s+1, ... with the same batches and keys, producing the same
 updates (nothing new is released).
+
+Several processes (multi-host): every process draws the same indices (same sampler seed), builds
+only its own rows of the batch (`trainer.local_rows`) and the global batch is assembled on the
+devices; the run's files (privacy report, summary, TensorBoard) are written by process 0 only,
+checkpoints by orbax on all processes together.
 """
 import dataclasses
 import math
@@ -41,13 +46,16 @@ class LoopConfig:
   log_every: int = 50
 
 
-def _validation_batches(source, batch_size: int, eval_examples: int) -> List[Dict[str, np.ndarray]]:
+def _validation_batches(source, batch_size: int, eval_examples: int,
+                        rows: Optional[range] = None) -> List[Dict[str, np.ndarray]]:
+  """The fixed validation batches; `rows`: this process's rows of each (default: all)."""
   n = min(int(eval_examples), source.num_examples)
   # A fixed random subset, not the first n: validation files may be ordered (GLUE dev sets
   # sorted by label, corpora by source), and the first n would be a biased sample.
   indices = np.sort(np.random.default_rng(VALIDATION_SEED).permutation(source.num_examples)[:n])
   indices = indices.astype(np.int64)
-  return [source.get_batch(indices[i:i + batch_size], VALIDATION_SEED, batch_size)
+  rows = range(batch_size) if rows is None else rows
+  return [source.get_batch(indices[i:i + batch_size][rows.start:rows.stop], VALIDATION_SEED, len(rows))
           for i in range(0, n, batch_size)]
 
 
@@ -95,17 +103,20 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
   sampler = privacy.sampler
   padded = sampler.padded_batch_size
+  rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
+  primary = jax.process_index() == 0  # the one process that writes the run's files
 
-  writer = metrics_lib.SummaryWriter(model_dir)
+  writer = metrics_lib.SummaryWriter(model_dir, enabled=primary)
   printer = metrics_lib.ProgressPrinter(config.train_steps, start_step)
   validation_batches = None
   if validation_source is not None and config.eval_examples > 0:
-    validation_batches = _validation_batches(validation_source, padded, config.eval_examples)
+    validation_batches = _validation_batches(validation_source, padded, config.eval_examples, rows)
 
   def save(step: int, state) -> None:
     manager.save(step, state, dict(metadata, seeds=seeds.to_dict(), ledger=ledger.to_dict(),
                                    privacy_report=ledger.report()))
-    ledger.save(os.path.join(model_dir, REPORT_FILENAME))
+    if primary:
+      ledger.save(os.path.join(model_dir, REPORT_FILENAME))
 
   def run_eval(step: int, params) -> Dict[str, float]:
     result = evaluate(trainer, params, validation_batches)
@@ -124,8 +135,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   first_step_time = None
   while step < config.train_steps:
     indices = sampler.indices_for_step(step)
-    batch = source.get_batch(indices, seeds.data_seed(step), padded)
-    real_rows = float(np.sum(batch["example_weight"]))
+    batch = source.get_batch(indices[rows.start:rows.stop], seeds.data_seed(step), len(rows))
+    real_rows = float(min(len(indices), padded))
     log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
     batch_accuracy = None
     device_batch = trainer.place_batch(batch)
@@ -189,5 +200,6 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       "tensorboard_dir": os.path.abspath(writer.log_dir),
       "deterministic_seed": seeds.deterministic,
   }
-  metrics_lib.write_summary(model_dir, summary)
+  if primary:
+    metrics_lib.write_summary(model_dir, summary)
   return summary

@@ -46,14 +46,14 @@ def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Opt
   if dp is None:
     return
   from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import aggregator  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import factory  # pylint: disable=g-import-not-at-top
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   if not isinstance(dp, privacy.DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
   if dp.sampling != "poisson":
     raise PrivacyError(f"DP training supports sampling='poisson' only, got {dp.sampling!r}")
-  if dp.method not in aggregator.DP_METHODS:
-    raise ConfigError(f"DPConfig.method must be one of {aggregator.DP_METHODS}, got {dp.method!r}")
+  if dp.method not in factory.DP_METHODS:
+    raise ConfigError(f"DPConfig.method must be one of {factory.DP_METHODS}, got {dp.method!r}")
   if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
     raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                        f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
@@ -107,11 +107,16 @@ def build_mesh(mesh_shape: Sequence[int], batch_size: int):
 
 
 def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
-  """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed)."""
+  """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed).
+
+  With several processes the seeds of process 0 are sent to all the others before the first
+  step, so that every process samples the same batches and draws the same noise key.
+  """
   from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
   from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   saved = checkpoints.saved_seeds(manager)
-  return RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+  seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+  return seeds.shared_across_processes()
 
 
 def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], extra: Mapping[str, Any],
@@ -228,7 +233,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint)
-    gin_utils.save_operative_config(model_dir)
+    if partitioning.is_primary():
+      gin_utils.save_operative_config(model_dir)
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate)
     trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
@@ -251,7 +257,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
                  config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
                  noise_multiplier=setup.noise_multiplier)
-  metrics.write_summary(model_dir, summary)
+  if partitioning.is_primary():
+    metrics.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
 
