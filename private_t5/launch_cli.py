@@ -143,8 +143,18 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
 
 
 def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[str], *,
-           port: Optional[int] = None, out: TextIO = sys.stdout, grace_s: float = STOP_GRACE_S) -> int:
-  """Runs the cluster to completion; returns 0, or the first failing process's status (1 if killed)."""
+           port: Optional[int] = None, out: TextIO = sys.stdout, grace_s: float = STOP_GRACE_S,
+           command: Optional[Sequence[str]] = None) -> int:
+  """Runs the cluster to completion; returns 0, or the first failing process's status (1 if killed).
+
+  Args:
+    num_processes, devices_per_process: the cluster's shape.
+    stage_argv: `<stage> [its flags]`, run as `python -m private_t5.cli <stage> [its flags]`.
+    port: the coordinator's port (default: a free one); refused if in use.
+    out: where the prefixed output of the processes goes.
+    grace_s: seconds between SIGTERM and SIGKILL when stopping the others after a failure.
+    command: the program run before `stage_argv` (default `python -m private_t5.cli`).
+  """
   if port is None:
     port = free_port()
   else:
@@ -159,9 +169,12 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
     for i in range(num_processes):
       env = process_env(os.environ, process_id=i, num_processes=num_processes,
                         devices_per_process=devices_per_process, port=port)
-      p = subprocess.Popen([sys.executable, "-m", "private_t5.cli", *stage_argv], env=env,
+      program = list(command) if command is not None else [sys.executable, "-m", "private_t5.cli"]
+      p = subprocess.Popen([*program, *stage_argv], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
       procs.append(p)
+      with lock:
+        print(f"[launch] process {i} of {num_processes}: pid {p.pid}", file=sys.stderr, flush=True)
       t = threading.Thread(target=_stream, args=(f"[p{i}]", p.stdout, out, lock), daemon=True)
       t.start()
       threads.append(t)
@@ -179,8 +192,8 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
       i, code = failed
       others = [p for j, p in enumerate(procs) if j != i and p.poll() is None]
       with lock:
-        print(f"error: process {i} {_describe_exit(code)}; stopping the other {len(others)} running "
-              f"process(es)", file=sys.stderr, flush=True)
+        stopping = f"; stopping the other {len(others)} running process(es)" if others else ""
+        print(f"error: process {i} {_describe_exit(code)}{stopping}", file=sys.stderr, flush=True)
       _stop(others, grace_s)
   except KeyboardInterrupt:
     _stop(procs, grace_s)
