@@ -14,7 +14,7 @@ import pytest
 
 from private_t5 import launch_cli
 from private_t5.errors import ConfigError
-from private_t5.train import checkpoints, partitioning
+from private_t5.train import checkpoints, loop, partitioning
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
@@ -117,6 +117,38 @@ def test_one_process_owns_every_row():
   assert partitioning.local_data_positions(mesh) == 4
   with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
     partitioning.local_rows(mesh, 6)
+
+
+class _IndexSource:
+  """get_batch of the trainer contract whose token rows name the example (tracks reads)."""
+
+  def __init__(self):
+    self.reads = 0
+
+  def get_batch(self, indices, seed, batch_size):
+    from private_t5.data.source import assemble_batch
+    indices = np.asarray(indices, np.int64)
+    self.reads += len(indices)
+    enc = np.zeros((batch_size, 2), np.int32)
+    enc[:len(indices), 0] = indices + 1
+    enc[:len(indices), 1] = seed
+    return assemble_batch(enc, enc.copy(), indices)
+
+
+def test_processes_read_only_their_rows_and_real_rows_are_spread():
+  indices = np.array([11, 12, 13, 14, 15, 16], np.int64)  # 6 real rows of a padded batch of 16
+  whole_source = _IndexSource()
+  whole = loop.local_batch(whole_source, indices, 7, 16, 4, range(0, 16))
+  assert whole_source.reads == 6
+  # Data position p (4 rows) holds indices p, p + 4, ... then padding.
+  assert whole["example_index"].tolist() == [11, 15, -1, -1, 12, 16, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1]
+  parts = []
+  for rows in (range(0, 8), range(8, 16)):  # process 0 and 1 of a 2 x 2 cluster
+    source = _IndexSource()
+    parts.append(loop.local_batch(source, indices, 7, 16, 4, rows))
+    assert source.reads == 4 if rows.start == 0 else source.reads == 2
+  for key, value in whole.items():
+    np.testing.assert_array_equal(np.concatenate([parts[0][key], parts[1][key]]), value)
 
 
 # -- 2 processes x 2 devices == 1 process x 4 devices (slow: real runs) ---------------------------

@@ -10,8 +10,8 @@ checkpoint s and recomputes steps s+1, ... with the same batches and keys, produ
 updates (nothing new is released).
 
 Several processes (multi-host): every process draws the same indices (same sampler seed), builds
-only its own rows of the batch (`trainer.local_rows`) and the global batch is assembled on the
-devices; the run's files (privacy report, summary, TensorBoard) are written by process 0 only,
+only its own rows of the batch (`trainer.local_rows`; the real rows spread round-robin over the
+`data` axis, `local_batch`) and the global batch is assembled on the devices; the run's files (privacy report, summary, TensorBoard) are written by process 0 only,
 checkpoints by orbax on all processes together.
 """
 import dataclasses
@@ -26,6 +26,7 @@ import numpy as np
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
 from private_t5.train import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
+from private_t5.train import partitioning
 from private_t5.train.privacy import PrivacySetup
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, summarize_eval
@@ -57,6 +58,19 @@ def _validation_batches(source, batch_size: int, eval_examples: int,
   rows = range(batch_size) if rows is None else rows
   return [source.get_batch(indices[i:i + batch_size][rows.start:rows.stop], VALIDATION_SEED, len(rows))
           for i in range(0, n, batch_size)]
+
+
+def local_batch(source, indices: np.ndarray, seed: int, batch_size: int, data_size: int,
+                rows: range) -> Dict[str, np.ndarray]:
+  """This process's `rows` of the global batch of `indices`, real rows spread over the data axis.
+
+  Position p of the `data` axis holds indices p, p + D, p + 2D, ... then padding
+  (`partitioning.spread_over_data`); only the examples of this process's positions are read.
+  """
+  per = batch_size // data_size
+  blocks = partitioning.spread_over_data(indices, data_size)
+  parts = [source.get_batch(blocks[p], seed, per) for p in range(rows.start // per, rows.stop // per)]
+  return parts[0] if len(parts) == 1 else {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
 
 def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
@@ -104,6 +118,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   sampler = privacy.sampler
   padded = sampler.padded_batch_size
   rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
+  data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
   primary = jax.process_index() == 0  # the one process that writes the run's files
 
   writer = metrics_lib.SummaryWriter(model_dir, enabled=primary)
@@ -135,7 +150,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   first_step_time = None
   while step < config.train_steps:
     indices = sampler.indices_for_step(step)
-    batch = source.get_batch(indices[rows.start:rows.stop], seeds.data_seed(step), len(rows))
+    batch = local_batch(source, indices, seeds.data_seed(step), padded, data_size, rows)
     real_rows = float(min(len(indices), padded))
     log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
     batch_accuracy = None

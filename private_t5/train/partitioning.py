@@ -16,7 +16,7 @@ of the global batch owned by its own devices on the `data` axis (`local_rows`) a
 """
 import math
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -168,6 +168,18 @@ def local_rows(mesh: Mesh, batch_size: int) -> Tuple[int, int]:
     raise ConfigError(f"the rows of this process's devices on the data axis are not contiguous "
                       f"(mesh {dict(mesh.shape)}); order the mesh's devices by process")
   return start, stop
+
+
+def spread_over_data(indices: np.ndarray, data_size: int) -> List[np.ndarray]:
+  """The example indices of each `data`-axis position: the k-th index goes to position k mod D.
+
+  A Poisson-sampled batch has fewer real rows than its padded size; spread round-robin, the
+  real rows (and the corpus reads) are balanced over the data axis and so over the processes,
+  instead of filling the first positions and leaving the padding to the last ones. Each
+  position's rows are its real rows, then its padding.
+  """
+  indices = np.asarray(indices)
+  return [indices[p::data_size] for p in range(data_size)]
 
 
 def local_data_positions(mesh: Mesh) -> int:
