@@ -11,8 +11,9 @@ updates (nothing new is released).
 
 Several processes (multi-host): every process draws the same indices (same sampler seed), builds
 only its own rows of the batch (`trainer.local_rows`; the real rows spread round-robin over the
-`data` axis, `local_batch`) and the global batch is assembled on the devices; the run's files (privacy report, summary, TensorBoard) are written by process 0 only,
-checkpoints by orbax on all processes together.
+`data` axis, `local_batch`) and the global batch is assembled on the devices; the run's files
+(privacy report, summary, TensorBoard) are written by process 0 only, checkpoints by orbax on
+all processes together.
 """
 import dataclasses
 import math
@@ -119,7 +120,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   padded = sampler.padded_batch_size
   rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
   data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
-  primary = jax.process_index() == 0  # the one process that writes the run's files
+  primary = partitioning.is_primary()  # the one process that writes the run's files
 
   writer = metrics_lib.SummaryWriter(model_dir, enabled=primary)
   printer = metrics_lib.ProgressPrinter(config.train_steps, start_step)
