@@ -32,6 +32,7 @@ STAGES = {
     "adaptive": ("private_t5.selective.adaptive_train", "adaptive-noise DP training (no formal guarantee)"),
     "import": ("private_t5.models.import_cli", "import a Hugging Face T5 directory as a model directory"),
     "export": ("private_t5.models.export_cli", "export a model directory to the Hugging Face T5 format"),
+    "launch": ("private_t5.launch_cli", "run a stage as N cooperating JAX processes on this machine"),
 }
 
 

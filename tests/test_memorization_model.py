@@ -244,3 +244,36 @@ def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
   capsys.readouterr()
   assert cli.main(args + [f"--gin.VOCAB_PATH={other}"]) == 2
   assert "differs from the one the checkpoint was trained with" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
+  """`private-t5 launch`: 2 processes x 2 devices split the prompts and report what 1 x 4 does."""
+  import subprocess
+  import sys
+  from private_t5.eval import canaries as canaries_lib
+  o = overfit
+  model_dir = tmp_path / "run"
+  _save_checkpoint(o, model_dir)
+  train_path = str(tmp_path / "train.jsonl")
+  canaries_lib.write_canary_corpus(o["train_docs"], train_path, o["fmt"], o["canaries"], seed=3)
+  valid_path = tmp_path / "valid.jsonl"
+  valid_path.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in o["unseen_docs"]))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+  reports = {}
+  for procs, devices in ((1, 4), (2, 2)):
+    out_dir = tmp_path / f"memorization_{procs}x{devices}"
+    done = subprocess.run(
+        [sys.executable, "-m", "private_t5.cli", "launch", f"--num_processes={procs}",
+         f"--devices_per_process={devices}", "--", "memorization", "--gin_file=configs/runs/memorization.gin",
+         f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_CORPUS={train_path}", f"--gin.VALID_CORPUS={valid_path}",
+         f"--gin.OUTPUT_DIR={out_dir}", f"--gin.PROMPT_LENGTH={P}", f"--gin.GENERATION_LENGTH={T}",
+         "--gin.BATCH_SIZE=4", "--gin.SplitConfig.num_perm=900", "--gin.SplitConfig.num_bands=90",
+         "--gin.SplitConfig.num_workers=1"], cwd=root, env=env, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.count("[memorization] wrote") == 1  # written once, by process 0
+    reports[procs] = json.loads((out_dir / "report.json").read_text())
+  one, two = reports[1]["extraction"]["greedy"], reports[2]["extraction"]["greedy"]
+  assert one == two
+  assert two["train_unique"]["n"] == NUM_TRAIN and two["valid_unique"]["n"] == NUM_UNSEEN

@@ -44,25 +44,37 @@ def _decoder(vocab_path: str):
 
 def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int = 64,
             max_examples: Optional[int] = None, progress: bool = True) -> list:
-  """Greedy-decoded text for the first `max_examples` examples of `source` (all by default)."""
+  """Greedy-decoded text for the first `max_examples` examples of `source` (all by default).
+
+  With several JAX processes each decodes its share of the examples
+  (`memorization.process_rows`) and the decoded tokens are gathered on every process.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import memorization  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(model_config)
   params = jax.tree.map(jax.numpy.asarray, params)
   decode = _decoder(source.vocab_path)
   n = source.num_examples if max_examples is None else min(max_examples, source.num_examples)
   length = source.feature_lengths["targets"]
-  texts = []
-  bar = progress_lib.bar(total=n, desc="[evaluate] decoding", unit="examples",
+  first, last, per = memorization.process_rows(n)
+  rows = [np.zeros((0, length), np.int32)]
+  bar = progress_lib.bar(total=last - first, desc="[evaluate] decoding", unit="examples",
                          disable=not (progress and progress_lib.enabled()))
-  for begin in range(0, n, batch_size):
-    indices = np.arange(begin, min(begin + batch_size, n))
+  for begin in range(first, last, batch_size):
+    indices = np.arange(begin, min(begin + batch_size, last))
     batch = source.get_batch(indices, 0, batch_size)
     out = np.asarray(model.predict_batch(params, batch["encoder_input_tokens"], max_decode_length=length))
-    texts.extend(decode(row) for row in out[:len(indices)])
+    rows.append(out[:len(indices)].astype(np.int32))
     bar.update(len(indices))
   bar.close()
-  return texts
+  tokens = np.concatenate(rows)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    share = np.zeros((per, length), np.int32)
+    share[:len(tokens)] = tokens
+    tokens = np.asarray(multihost_utils.process_allgather(share)).reshape(-1, length)[:n]
+  return [decode(row) for row in tokens]
 
 
 def _majority(task: glue_tasks.GlueTask, eval_labels, glue_dir, tfds_data_dir):
@@ -171,6 +183,9 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   name = f"{os.path.basename(os.path.abspath(model_dir))} (step {info.get('step')})"
   results["table_markdown"] = results_table(results, name)
   output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() != 0:  # several processes: the results are written once
+    return results
   os.makedirs(output_dir, exist_ok=True)
   write_json_atomic(os.path.join(output_dir, "results.json"), results)
   write_text_atomic(os.path.join(output_dir, "results.md"),
@@ -196,6 +211,8 @@ def _parser():
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parsed = _parser().parse_stage_args(argv)
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  partitioning.initialize_distributed()  # several processes only; before any other JAX call
   gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="evaluate")
   gin_utils.call_configured(gin_utils.configured("evaluate"))
   return 0

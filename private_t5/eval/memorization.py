@@ -163,9 +163,25 @@ class DecodeStats:
             "tokens_per_second": round(self.tokens_per_second, 1)}
 
 
+def process_rows(n: int) -> Tuple[int, int, int]:
+  """(start, stop, rows per process) of this process's share of `n` prompts.
+
+  With several JAX processes the prompts are split into equal contiguous shares (the last
+  ones padded); with one process it is every row.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  count, index = jax.process_count(), jax.process_index()
+  per = -(-n // count)
+  return min(index * per, n), min((index + 1) * per, n), per
+
+
 def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, cfg: ExtractionConfig,
              method: str = GREEDY, progress=None) -> Tuple[np.ndarray, DecodeStats]:
   """Decodes every row of `inputs` in fixed-size batches.
+
+  With several JAX processes each decodes its share of the rows (`process_rows`) and the
+  predictions are gathered, so that every process returns all of them (decoding is row by row
+  independent: the result equals the single-process one).
 
   Returns:
     (tokens int32 [n, max_decode_length] with zeros after the first EOS, DecodeStats). For beam
@@ -176,6 +192,9 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
   if method not in (GREEDY, BEAM):
     raise ConfigError(f"decoding method must be {GREEDY!r} or {BEAM!r}, got {method!r}")
   model = models.EncoderDecoderModel(model_config)
+  total = inputs.shape[0]
+  first, last, per = process_rows(total)
+  inputs = inputs[first:last]
   n, width = inputs.shape
   b = cfg.batch_size
   out = np.zeros((n, max_decode_length), dtype=np.int32)
@@ -199,6 +218,11 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
       progress.set_postfix_str(f"{stats.generated_tokens / max(elapsed, 1e-9):.0f} tok/s", refresh=False)
       progress.update(rows)
   stats.seconds = time.time() - start
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    share = np.zeros((per, max_decode_length), dtype=np.int32)
+    share[:n] = out
+    out = np.asarray(multihost_utils.process_allgather(share)).reshape(-1, max_decode_length)[:total]
   return out, stats
 
 

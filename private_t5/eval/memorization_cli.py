@@ -281,6 +281,9 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
 def write_report(report: dict, output_dir: str, log: Callable[[str], None] = print) -> dict:
   """Writes report.json, report.md and the plots to `output_dir`; returns the report."""
   from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() != 0:  # several processes: the report is written once
+    return report
   paths = report_lib.write_report(report, output_dir)
   log(f"[memorization] wrote {', '.join(paths)} in {report['wall_seconds']:.1f} s")
   return report
@@ -305,6 +308,8 @@ def main(argv) -> int:
     print(USAGE, file=sys.stderr)
     return 2
   parsed = _parser().parse_stage_args(argv)
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  partitioning.initialize_distributed()  # several processes only; before any other JAX call
   gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="run_memorization")
   fn = gin_utils.configured("run_memorization")
   gin_utils.call_configured(fn)

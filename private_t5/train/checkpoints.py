@@ -78,7 +78,8 @@ class CheckpointManager:
     async_save: write checkpoints in a background thread (the step loop continues).
 
   The manager holds the exclusive lock of `model_dir` (`run_lock`) from construction until
-  `close`: a second process opening the same directory gets a CheckpointError naming the holder.
+  `close`: a second run opening the same directory gets a CheckpointError naming the holder
+  (in a multi-process run, process 0 holds the lock for the run).
   """
 
   def __init__(self, model_dir: str, *, keep: int = 3, fingerprint: Optional[Dict[str, Any]] = None,
@@ -86,11 +87,13 @@ class CheckpointManager:
     if keep is not None and int(keep) < 1:
       raise CheckpointError(f"keep_checkpoints must be >= 1, got {keep}")
     check_writable(model_dir)
-    self._lock = run_lock.acquire(model_dir)
+    # One lock per run: in a multi-process run process 0 holds it for all of them.
+    self._lock = run_lock.acquire(model_dir) if jax.process_index() == 0 else None
     try:
       self._open(model_dir, keep, fingerprint, async_save)
     except BaseException:
-      run_lock.release(self._lock)
+      if self._lock is not None:
+        run_lock.release(self._lock)
       raise
 
   def _open(self, model_dir, keep, fingerprint, async_save) -> None:

@@ -15,6 +15,12 @@ and the run resumes from the newest readable one (state, seeds and ledger all fr
 checkpoint). After a crash the run restarts from the latest complete
 checkpoint s and recomputes steps s+1, ... with the same batches and keys, producing the same
 updates (nothing new is released).
+
+Several processes (multi-host): every process draws the same indices (same sampler seed), builds
+only its own rows of the batch (`trainer.local_rows`; the real rows spread round-robin over the
+`data` axis, `local_batch`) and the global batch is assembled on the devices; the run's files
+(privacy report, summary, TensorBoard) are written by process 0 only, checkpoints by orbax on
+all processes together.
 """
 import dataclasses
 import logging
@@ -29,8 +35,10 @@ import numpy as np
 from private_t5 import io
 from private_t5 import progress as progress_lib
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
+from private_t5.errors import ConfigError
 from private_t5.train import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
+from private_t5.train import partitioning
 from private_t5.train.privacy import PrivacySetup
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, summarize_eval
@@ -51,14 +59,30 @@ class LoopConfig:
   log_every: int = 50
 
 
-def _validation_batches(source, batch_size: int, eval_examples: int) -> List[Dict[str, np.ndarray]]:
+def _validation_batches(source, batch_size: int, eval_examples: int,
+                        rows: Optional[range] = None) -> List[Dict[str, np.ndarray]]:
+  """The fixed validation batches; `rows`: this process's rows of each (default: all)."""
   n = min(int(eval_examples), source.num_examples)
   # A fixed random subset, not the first n: validation files may be ordered (GLUE dev sets
   # sorted by label, corpora by source), and the first n would be a biased sample.
   indices = np.sort(np.random.default_rng(VALIDATION_SEED).permutation(source.num_examples)[:n])
   indices = indices.astype(np.int64)
-  return [source.get_batch(indices[i:i + batch_size], VALIDATION_SEED, batch_size)
+  rows = range(batch_size) if rows is None else rows
+  return [source.get_batch(indices[i:i + batch_size][rows.start:rows.stop], VALIDATION_SEED, len(rows))
           for i in range(0, n, batch_size)]
+
+
+def local_batch(source, indices: np.ndarray, seed: int, batch_size: int, data_size: int,
+                rows: range) -> Dict[str, np.ndarray]:
+  """This process's `rows` of the global batch of `indices`, real rows spread over the data axis.
+
+  Position p of the `data` axis holds indices p, p + D, p + 2D, ... then padding
+  (`partitioning.spread_over_data`); only the examples of this process's positions are read.
+  """
+  per = batch_size // data_size
+  blocks = partitioning.spread_over_data(indices, data_size)
+  parts = [source.get_batch(blocks[p], seed, per) for p in range(rows.start // per, rows.stop // per)]
+  return parts[0] if len(parts) == 1 else {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
 
 def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
@@ -144,13 +168,16 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
   sampler = privacy.sampler
   padded = sampler.padded_batch_size
+  rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
+  data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
+  primary = partitioning.is_primary()  # the one process that writes the run's files
 
-  writer = metrics_lib.SummaryWriter(model_dir)
+  writer = metrics_lib.SummaryWriter(model_dir, enabled=primary)
   printer = metrics_lib.ProgressPrinter(config.train_steps, start_step)
   bar = progress_lib.bar(total=config.train_steps, initial=start_step, desc="[train]", unit="step")
   validation_batches = None
   if validation_source is not None and config.eval_examples > 0:
-    validation_batches = _validation_batches(validation_source, padded, config.eval_examples)
+    validation_batches = _validation_batches(validation_source, padded, config.eval_examples, rows)
 
   def save(step: int, state) -> None:
     report = ledger.report()
@@ -158,7 +185,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
     # The report is written once the checkpoint it describes is committed, never before.
     manager.save(step, state, dict(metadata, seeds=seeds.to_dict(), ledger=ledger.to_dict(),
                                    privacy_report=report),
-                 on_commit=lambda: io.write_json_atomic(report_path, report))
+                 on_commit=(lambda: io.write_json_atomic(report_path, report)) if primary else None)
 
   def run_eval(step: int, params) -> Dict[str, float]:
     result = evaluate(trainer, params, validation_batches)
@@ -177,12 +204,20 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   step = start_step
   first_step_time = None
   microbatch_size = getattr(privacy, "microbatch_size", None)
+  if microbatch_size is not None and jax.process_count() > 1:
+    raise ConfigError("microbatched DP steps (train.microbatch_size) run on one process only for now; "
+                      "on several processes leave microbatch_size unset (each step then runs as one "
+                      "batch of a multiple of batch_size rows)")
   while step < config.train_steps:
     indices = sampler.indices_for_step(step)
-    rows = _step_rows(sampler, len(indices), microbatch_size is not None)
-    batch = source.get_batch(indices, seeds.data_seed(step), rows)
-    real_rows = float(np.sum(batch["example_weight"]))
-    rows_run += rows
+    step_rows = _step_rows(sampler, len(indices), microbatch_size is not None)
+    if microbatch_size is None:  # rows spread over the data axis; each process reads its own
+      batch = local_batch(source, indices, seeds.data_seed(step), step_rows, data_size,
+                          range(*trainer.local_rows(step_rows)))
+    else:  # one process (checked above): the whole sample, cut into microbatches by the trainer
+      batch = source.get_batch(indices, seeds.data_seed(step), step_rows)
+    real_rows = float(min(len(indices), step_rows))
+    rows_run += step_rows
     log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
     batch_accuracy = None
     if microbatch_size is None:
@@ -268,5 +303,6 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       "tensorboard_dir": os.path.abspath(writer.log_dir),
       "deterministic_seed": seeds.deterministic,
   }
-  metrics_lib.write_summary(model_dir, summary)
+  if primary:
+    metrics_lib.write_summary(model_dir, summary)
   return summary

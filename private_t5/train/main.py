@@ -108,11 +108,16 @@ def build_mesh(mesh_shape: Sequence[int], batch_size: int):
 
 
 def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
-  """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed)."""
+  """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed).
+
+  With several processes the seeds of process 0 are sent to all the others before the first
+  step, so that every process samples the same batches and draws the same noise key.
+  """
   from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
   from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   saved = checkpoints.saved_seeds(manager)
-  return RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+  seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+  return seeds.shared_across_processes()
 
 
 def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], extra: Mapping[str, Any],
@@ -229,7 +234,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint)
-    gin_utils.save_operative_config(model_dir)
+    if partitioning.is_primary():
+      gin_utils.save_operative_config(model_dir)
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate)
     trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
@@ -252,7 +258,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
                  config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
                  noise_multiplier=setup.noise_multiplier)
-  metrics.write_summary(model_dir, summary)
+  if partitioning.is_primary():
+    metrics.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
 

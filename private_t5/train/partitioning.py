@@ -6,15 +6,17 @@ logical axis names (`models.param_logical_axes`: `vocab`, `embed`, `mlp`, `heads
 `joined_kv`, ...); `LOGICAL_AXIS_RULES` maps each logical name to a mesh axis or to None
 (replicated), T5X's default 1-D model-parallel rules.
 
-Multi-host (TPU pods, GPU clusters): every host runs the same command; `initialize_distributed`
-calls `jax.distributed.initialize()` (which reads the coordinator address, process count and
-process id from the cluster environment, e.g. TPU metadata or SLURM) before any other JAX call,
-and the mesh then spans the devices of all hosts (`jax.devices()`). Each host feeds its own
-slice of the global batch. Here (one process) it is a no-op.
+Multi-host (TPU pods, GPU clusters, `private-t5 launch` on one machine): every process runs
+the same command; `initialize_distributed` calls `jax.distributed.initialize()` before any
+other JAX call (with the coordinator, process count and id of `private-t5 launch`'s
+environment variables, else auto-detected from the cluster: TPU metadata, SLURM), and the mesh
+then spans the devices of all processes (`jax.devices()`). Each process builds only the rows
+of the global batch owned by its own devices on the `data` axis (`local_rows`) and
+`shard_batch` assembles the global array from them. With one process it is a no-op.
 """
 import math
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -40,16 +42,45 @@ LOGICAL_AXIS_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
 )
 
 
+# Environment of one process of a local cluster (set by `private-t5 launch`).
+COORDINATOR_ENV = "PRIVATE_T5_COORDINATOR"
+NUM_PROCESSES_ENV = "PRIVATE_T5_NUM_PROCESSES"
+PROCESS_ID_ENV = "PRIVATE_T5_PROCESS_ID"
+# Seconds a process waits for the others to join the cluster.
+INITIALIZATION_TIMEOUT_S = 120
+
+
 def initialize_distributed() -> bool:
   """Starts multi-host JAX when launched as one of several processes; returns True if so.
 
-  Triggered by `JAX_COORDINATOR_ADDRESS` (or a cluster environment that jax auto-detects
-  when `PRIVATE_T5_MULTIHOST=1`); must run before any other JAX computation.
+  Triggered by `PRIVATE_T5_COORDINATOR` (+ `PRIVATE_T5_NUM_PROCESSES`, `PRIVATE_T5_PROCESS_ID`:
+  a local cluster of CPU processes, collectives through gloo), by `JAX_COORDINATOR_ADDRESS`, or by
+  `PRIVATE_T5_MULTIHOST=1` (a TPU pod or SLURM job that jax auto-detects); must run before any
+  other JAX computation. Idempotent.
   """
+  if jax.distributed.is_initialized():
+    return True
+  coordinator = os.environ.get(COORDINATOR_ENV)
+  if coordinator:
+    try:
+      num_processes = int(os.environ[NUM_PROCESSES_ENV])
+      process_id = int(os.environ[PROCESS_ID_ENV])
+    except (KeyError, ValueError) as e:
+      raise ConfigError(f"{COORDINATOR_ENV} is set but {NUM_PROCESSES_ENV}/{PROCESS_ID_ENV} are "
+                        f"missing or not integers: {e}") from e
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id, initialization_timeout=INITIALIZATION_TIMEOUT_S)
+    return True
   if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("PRIVATE_T5_MULTIHOST") == "1":
     jax.distributed.initialize()
     return True
   return False
+
+
+def is_primary() -> bool:
+  """True on the process that writes the run's files (process 0; the only one single-host)."""
+  return jax.process_index() == 0
 
 
 def create_mesh(mesh_shape: Sequence[int] = (-1, 1), devices: Optional[Sequence[Any]] = None) -> Mesh:
@@ -121,7 +152,58 @@ def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
                       f"({mesh.shape[DATA_AXIS]} devices)")
 
 
-def shard_batch(batch: Dict[str, np.ndarray], mesh: Mesh) -> Dict[str, jax.Array]:
-  """Places a host batch on the mesh, rows split over `data` (single-process)."""
+def local_rows(mesh: Mesh, batch_size: int) -> Tuple[int, int]:
+  """[start, stop) of the rows of a global batch this process's devices hold (`data` axis).
+
+  Every row is held by exactly one data-axis position; the positions of one process are
+  contiguous for meshes built by `create_mesh` (devices in process order). One process: all rows.
+  """
+  check_batch_divisible(batch_size, mesh)
+  index_map = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
+  starts = sorted({idx[0].start or 0 for idx in index_map.values()})
+  stops = sorted({batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()})
+  start, stop = starts[0], stops[-1]
+  per_position = batch_size // mesh.shape[DATA_AXIS]
+  if (stop - start) != per_position * len(starts):
+    raise ConfigError(f"the rows of this process's devices on the data axis are not contiguous "
+                      f"(mesh {dict(mesh.shape)}); order the mesh's devices by process")
+  return start, stop
+
+
+def spread_over_data(indices: np.ndarray, data_size: int) -> List[np.ndarray]:
+  """The example indices of each `data`-axis position: the k-th index goes to position k mod D.
+
+  A Poisson-sampled batch has fewer real rows than its padded size; spread round-robin, the
+  real rows (and the corpus reads) are balanced over the data axis and so over the processes,
+  instead of filling the first positions and leaving the padding to the last ones. Each
+  position's rows are its real rows, then its padding.
+  """
+  indices = np.asarray(indices)
+  return [indices[p::data_size] for p in range(data_size)]
+
+
+def local_data_positions(mesh: Mesh) -> int:
+  """How many positions of the `data` axis this process's devices occupy."""
+  axis = mesh.axis_names.index(DATA_AXIS)
+  local = {d.id for d in jax.local_devices()}
+  return len({idx[axis] for idx, d in np.ndenumerate(mesh.devices) if d.id in local})
+
+
+def shard_batch(batch: Dict[str, np.ndarray], mesh: Mesh,
+                global_batch_size: Optional[int] = None) -> Dict[str, jax.Array]:
+  """Places this process's rows of a batch on the mesh, rows split over `data`.
+
+  With one process `batch` is the whole batch; with several it holds the rows `local_rows`
+  names and the global array (of `global_batch_size` rows, by default inferred from the
+  local rows and the data positions this process holds) is assembled from every process's
+  part (`jax.make_array_from_process_local_data`).
+  """
   sharding = batch_sharding(mesh)
-  return {k: jax.device_put(v, sharding) for k, v in batch.items()}
+  if jax.process_count() == 1:
+    return {k: jax.device_put(v, sharding) for k, v in batch.items()}
+  if global_batch_size is None:
+    rows = len(next(iter(batch.values())))
+    global_batch_size = rows // local_data_positions(mesh) * mesh.shape[DATA_AXIS]
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
+                                                    (global_batch_size,) + np.shape(v)[1:])
+          for k, v in batch.items()}

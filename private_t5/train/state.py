@@ -61,6 +61,19 @@ class RunSeeds:
       return cls(root_seed=secrets.randbits(64), deterministic=False)
     return cls(root_seed=int(insecure_deterministic_seed) % (1 << 64), deterministic=True)
 
+  def shared_across_processes(self) -> "RunSeeds":
+    """The seeds of process 0 on every process (itself with one process).
+
+    Several processes must agree on the root seed (same Poisson samples, same noise key): the
+    one process 0 drew (OS entropy) or restored is broadcast to the others.
+    """
+    if jax.process_count() == 1:
+      return self
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    words = np.asarray([self.root_seed >> 32, self.root_seed & 0xFFFFFFFF, int(self.deterministic)], np.uint32)
+    words = np.asarray(multihost_utils.broadcast_one_to_all(words))
+    return RunSeeds(root_seed=int(words[0]) << 32 | int(words[1]), deterministic=bool(words[2]))
+
   def _stream_key(self, stream: int) -> jax.Array:
     # A raw threefry key from all 64 bits of the seed (PRNGKey(int) keeps only 32 bits
     # without x64), then one fold_in per stream.

@@ -174,8 +174,16 @@ class Trainer:
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         self._abstract, self.state_shardings)
 
+  def local_rows(self, batch_size: int) -> Tuple[int, int]:
+    """[start, stop) of the rows of a global batch this process builds (all of them single-host)."""
+    return partitioning.local_rows(self.mesh, batch_size)
+
   def place_batch(self, batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
-    """Host batch -> device arrays, rows split over the mesh's `data` axis."""
+    """Host batch -> device arrays, rows split over the mesh's `data` axis.
+
+    With several processes `batch` holds this process's rows (`local_rows`) only; the global
+    array is assembled from every process's rows.
+    """
     return partitioning.shard_batch(device_features(batch), self.mesh)
 
   def train_step(self, state: TrainState, batch, dropout_base_key: jax.Array,

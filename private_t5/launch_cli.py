@@ -1,0 +1,220 @@
+"""`private-t5 launch`: run a stage as N cooperating JAX processes on this machine.
+
+  private-t5 launch --num_processes=2 --devices_per_process=2 -- train --gin_file=... ...
+
+Starts N copies of `private-t5 <stage> <flags>` that form one JAX cluster: process 0 hosts the
+coordinator on localhost:PORT, each process sees M CPU devices
+(`--xla_force_host_platform_device_count=M`) and the collectives between processes go through
+gloo (`train.partitioning.initialize_distributed` reads `PRIVATE_T5_COORDINATOR`,
+`PRIVATE_T5_NUM_PROCESSES` and `PRIVATE_T5_PROCESS_ID`). Their output is streamed line by line
+with a `[p0]`, `[p1]`, ... prefix. If any process fails (an error, or killed), the others are
+stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero: no process
+waits for a collective whose partner is gone.
+
+The same stage code runs unchanged on a TPU pod or a SLURM cluster, where the cluster
+environment replaces this launcher (docs/training.md, "Multi-host").
+"""
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence, TextIO, Tuple
+
+from private_t5.errors import ConfigError
+from private_t5.train.partitioning import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV
+
+USAGE = """usage: private-t5 launch --num_processes=N --devices_per_process=M [--port=P] -- <stage> [its flags]
+
+Runs `private-t5 <stage> [its flags]` as N local JAX processes with M CPU devices each (one
+cluster of N*M devices; gloo collectives). Output is prefixed [p0], [p1], ...; if one process
+fails, the others are stopped and the exit status is non-zero. --port: the coordinator's port
+(default: a free one)."""
+
+# Seconds between SIGTERM and SIGKILL when stopping the remaining processes.
+STOP_GRACE_S = 10.0
+_POLL_S = 0.2
+_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
+
+
+def _int_flag(name: str, value: str, minimum: int) -> int:
+  try:
+    number = int(value)
+  except ValueError:
+    raise ConfigError(f"--{name} must be an integer >= {minimum}, got {value!r}") from None
+  if number < minimum:
+    raise ConfigError(f"--{name} must be an integer >= {minimum}, got {number}")
+  return number
+
+
+def parse_args(argv: Sequence[str]) -> Tuple[int, int, Optional[int], List[str]]:
+  """(num_processes, devices_per_process, port or None, stage argv); raises ConfigError."""
+  argv = list(argv)
+  if "--" not in argv:
+    raise ConfigError("launch needs `-- <stage> [its flags]` after its own flags")
+  split = argv.index("--")
+  own, stage = argv[:split], argv[split + 1:]
+  values = {"num_processes": None, "devices_per_process": "1", "port": None}
+  for arg in own:
+    name, eq, value = arg.partition("=")
+    key = name[2:] if name.startswith("--") else None
+    if key not in values or not eq:
+      raise ConfigError(f"unknown launch flag {arg!r} (expected --num_processes=N, --devices_per_process=M, "
+                        "--port=P)")
+    values[key] = value
+  if values["num_processes"] is None:
+    raise ConfigError("launch needs --num_processes=N")
+  num_processes = _int_flag("num_processes", values["num_processes"], 1)
+  devices = _int_flag("devices_per_process", values["devices_per_process"], 1)
+  port = None if values["port"] is None else _int_flag("port", values["port"], 1)
+  if port is not None and port > 65535:
+    raise ConfigError(f"--port must be at most 65535, got {port}")
+  if not stage or stage[0].startswith("-"):
+    raise ConfigError("launch needs a stage after `--` (e.g. `-- train --gin_file=...`)")
+  if stage[0] == "launch":
+    raise ConfigError("launch cannot launch itself")
+  return num_processes, devices, port, stage
+
+
+def free_port() -> int:
+  """A TCP port on localhost that is free now (the OS picks it)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+  """Raises ConfigError if localhost:`port` cannot be bound (already in use)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    try:
+      s.bind(("localhost", port))
+    except OSError as e:
+      raise ConfigError(f"--port={port} is already in use on localhost ({e.strerror or e}); "
+                        "choose another or leave --port out") from None
+
+
+def process_env(base: dict, *, process_id: int, num_processes: int, devices_per_process: int,
+                port: int) -> dict:
+  """The environment of process `process_id` of the local cluster."""
+  env = dict(base)
+  flags = _DEVICE_COUNT_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+  env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices_per_process}".strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  env[COORDINATOR_ENV] = f"localhost:{port}"
+  env[NUM_PROCESSES_ENV] = str(num_processes)
+  env[PROCESS_ID_ENV] = str(process_id)
+  env["PYTHONUNBUFFERED"] = "1"
+  return env
+
+
+def _stream(prefix: str, pipe, out: TextIO, lock: threading.Lock) -> None:
+  for line in iter(pipe.readline, ""):
+    with lock:
+      out.write(f"{prefix} {line}" if line.endswith("\n") else f"{prefix} {line}\n")
+      out.flush()
+  pipe.close()
+
+
+def _describe_exit(code: int) -> str:
+  if code < 0:
+    try:
+      return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"was killed by signal {-code}"
+  return f"exited with status {code}"
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+  """SIGTERM to every running process, SIGKILL to those still running after `grace_s`."""
+  for p in procs:
+    if p.poll() is None:
+      p.terminate()
+  deadline = time.monotonic() + grace_s
+  for p in procs:
+    try:
+      p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+
+
+def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[str], *,
+           port: Optional[int] = None, out: TextIO = sys.stdout, grace_s: float = STOP_GRACE_S,
+           command: Optional[Sequence[str]] = None) -> int:
+  """Runs the cluster to completion; returns 0, or the first failing process's status (1 if killed).
+
+  Args:
+    num_processes, devices_per_process: the cluster's shape.
+    stage_argv: `<stage> [its flags]`, run as `python -m private_t5.cli <stage> [its flags]`.
+    port: the coordinator's port (default: a free one); refused if in use.
+    out: where the prefixed output of the processes goes.
+    grace_s: seconds between SIGTERM and SIGKILL when stopping the others after a failure.
+    command: the program run before `stage_argv` (default `python -m private_t5.cli`).
+  """
+  if port is None:
+    port = free_port()
+  else:
+    check_port_free(port)
+  logging.info("launching %d processes x %d devices, coordinator localhost:%d: %s", num_processes,
+               devices_per_process, port, " ".join(stage_argv))
+  lock = threading.Lock()
+  procs: List[subprocess.Popen] = []
+  threads: List[threading.Thread] = []
+  failed: Optional[Tuple[int, int]] = None
+  try:
+    for i in range(num_processes):
+      env = process_env(os.environ, process_id=i, num_processes=num_processes,
+                        devices_per_process=devices_per_process, port=port)
+      program = list(command) if command is not None else [sys.executable, "-m", "private_t5.cli"]
+      p = subprocess.Popen([*program, *stage_argv], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+      procs.append(p)
+      with lock:
+        print(f"[launch] process {i} of {num_processes}: pid {p.pid}", file=sys.stderr, flush=True)
+      t = threading.Thread(target=_stream, args=(f"[p{i}]", p.stdout, out, lock), daemon=True)
+      t.start()
+      threads.append(t)
+    while failed is None and any(p.poll() is None for p in procs):
+      for i, p in enumerate(procs):
+        code = p.poll()
+        if code is not None and code != 0:
+          failed = (i, code)
+          break
+      else:
+        time.sleep(_POLL_S)
+    if failed is None:
+      failed = next(((i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0), None)
+    if failed is not None:
+      i, code = failed
+      others = [p for j, p in enumerate(procs) if j != i and p.poll() is None]
+      with lock:
+        stopping = f"; stopping the other {len(others)} running process(es)" if others else ""
+        print(f"error: process {i} {_describe_exit(code)}{stopping}", file=sys.stderr, flush=True)
+      _stop(others, grace_s)
+  except KeyboardInterrupt:
+    _stop(procs, grace_s)
+    failed = (-1, 130)
+  finally:
+    _stop(procs, grace_s)
+    for t in threads:
+      t.join(timeout=5)
+  if failed is None:
+    return 0
+  return failed[1] if failed[1] > 0 else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(USAGE)
+    return 0
+  num_processes, devices, port, stage = parse_args(argv)
+  return launch(num_processes, devices, stage, port=port)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,249 @@
+"""Multi-host: `private-t5 launch` (a local cluster of JAX processes), each process's rows of the
+batch, and 2 processes x 2 devices training exactly like 1 process x 4 devices."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from private_t5 import launch_cli
+from private_t5.errors import ConfigError
+from private_t5.train import checkpoints, loop, partitioning
+
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- launcher: flags and bad input --------------------------------------------------------------
+
+def test_parse_args():
+  assert launch_cli.parse_args(["--num_processes=2", "--devices_per_process=3", "--", "train", "--x=1"]) == (
+      2, 3, None, ["train", "--x=1"])
+  assert launch_cli.parse_args(["--num_processes=1", "--port=1234", "--", "evaluate"])[2] == 1234
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--num_processes=0", "--", "train"], "num_processes must be an integer >= 1"),
+    (["--num_processes=two", "--", "train"], "num_processes must be an integer >= 1"),
+    (["--num_processes=2", "--devices_per_process=0", "--", "train"], "devices_per_process"),
+    (["--num_processes=2", "train"], "needs `-- <stage>"),
+    (["--num_processes=2", "--"], "needs a stage"),
+    (["--devices_per_process=2", "--", "train"], "needs --num_processes"),
+    (["--num_procs=2", "--", "train"], "unknown launch flag"),
+    (["--num_processes=2", "--", "launch"], "cannot launch itself"),
+])
+def test_bad_flags_are_one_clear_error(argv, message):
+  with pytest.raises(ConfigError, match=message):
+    launch_cli.parse_args(argv)
+
+
+def test_port_in_use_is_refused_before_anything_starts(capsys):
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+    busy.bind(("localhost", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    with pytest.raises(ConfigError, match=f"--port={port} is already in use"):
+      launch_cli.launch(2, 1, ["train"], port=port)
+  assert "[launch] process" not in capsys.readouterr().err  # nothing started
+
+
+def test_process_env_replaces_the_device_count():
+  env = launch_cli.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}, process_id=1,
+                               num_processes=2, devices_per_process=3, port=999)
+  assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=3"
+  assert env[partitioning.COORDINATOR_ENV] == "localhost:999"
+  assert env[partitioning.NUM_PROCESSES_ENV] == "2" and env[partitioning.PROCESS_ID_ENV] == "1"
+
+
+# -- launcher: output and faults (stand-in processes, no JAX) -------------------------------------
+
+_WORKER = """
+import os, signal, sys, time
+i = int(os.environ["PRIVATE_T5_PROCESS_ID"])
+print("hello from", i, os.environ["XLA_FLAGS"], flush=True)
+mode = sys.argv[1]
+if mode == "die" and i == 1:
+  time.sleep(0.5)
+  os.kill(os.getpid(), signal.SIGKILL)
+if mode == "fail" and i == 0:
+  sys.exit(3)
+if mode != "ok":
+  time.sleep(600)  # a process waiting for a collective whose partner is gone
+"""
+
+
+class _Lines:
+  def __init__(self):
+    self.text = ""
+
+  def write(self, s):
+    self.text += s
+
+  def flush(self):
+    pass
+
+
+def test_output_is_prefixed_and_success_is_zero():
+  out = _Lines()
+  code = launch_cli.launch(3, 2, ["ok"], out=out, command=[sys.executable, "-c", _WORKER])
+  assert code == 0
+  for i in range(3):
+    assert f"[p{i}] hello from {i} --xla_force_host_platform_device_count=2" in out.text
+
+
+@pytest.mark.parametrize("mode,status,message", [("die", 1, "process 1 was killed by SIGKILL"),
+                                                 ("fail", 3, "process 0 exited with status 3")])
+def test_one_failing_process_stops_the_others(mode, status, message, capsys):
+  t0 = time.monotonic()
+  code = launch_cli.launch(2, 1, [mode], out=_Lines(), grace_s=2.0, command=[sys.executable, "-c", _WORKER])
+  assert code == status
+  assert time.monotonic() - t0 < 30  # not the 600 s the survivor would wait
+  err = capsys.readouterr().err
+  assert message in err and "stopping the other 1 running process(es)" in err
+
+
+# -- rows of each process -------------------------------------------------------------------------
+
+def test_one_process_owns_every_row():
+  mesh = partitioning.create_mesh((4, 2))
+  assert partitioning.local_rows(mesh, 16) == (0, 16)
+  assert partitioning.local_data_positions(mesh) == 4
+  with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
+    partitioning.local_rows(mesh, 6)
+
+
+class _IndexSource:
+  """get_batch of the trainer contract whose token rows name the example (tracks reads)."""
+
+  def __init__(self):
+    self.reads = 0
+
+  def get_batch(self, indices, seed, batch_size):
+    from private_t5.data.source import assemble_batch
+    indices = np.asarray(indices, np.int64)
+    self.reads += len(indices)
+    enc = np.zeros((batch_size, 2), np.int32)
+    enc[:len(indices), 0] = indices + 1
+    enc[:len(indices), 1] = seed
+    return assemble_batch(enc, enc.copy(), indices)
+
+
+def test_processes_read_only_their_rows_and_real_rows_are_spread():
+  indices = np.array([11, 12, 13, 14, 15, 16], np.int64)  # 6 real rows of a padded batch of 16
+  whole_source = _IndexSource()
+  whole = loop.local_batch(whole_source, indices, 7, 16, 4, range(0, 16))
+  assert whole_source.reads == 6
+  # Data position p (4 rows) holds indices p, p + 4, ... then padding.
+  assert whole["example_index"].tolist() == [11, 15, -1, -1, 12, 16, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1]
+  parts = []
+  for rows in (range(0, 8), range(8, 16)):  # process 0 and 1 of a 2 x 2 cluster
+    source = _IndexSource()
+    parts.append(loop.local_batch(source, indices, 7, 16, 4, rows))
+    assert source.reads == 4 if rows.start == 0 else source.reads == 2
+  for key, value in whole.items():
+    np.testing.assert_array_equal(np.concatenate([parts[0][key], parts[1][key]]), value)
+
+
+# -- 2 processes x 2 devices == 1 process x 4 devices (slow: real runs) ---------------------------
+
+@pytest.fixture(scope="module")
+def corpus_and_vocab(shared_data, tmp_path_factory):
+  return fortunes_corpus_and_vocab(shared_data, str(tmp_path_factory.mktemp("vocab")))
+
+
+def _train_args(model_dir, corpus, vocab, steps, *extra):
+  return ["train", "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
+          f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", f"--gin.TRAIN_STEPS={steps}",
+          f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache", *MICRO_TRAIN_ARGS,
+          "--gin.BATCH_SIZE=16", "--gin.DPConfig.expected_batch_size=2", "--gin.train.log_every=1",
+          "--gin.train.eval_examples=16", *extra]
+
+
+def _launch(num_processes, devices, args, timeout=1500):
+  """`python -m private_t5.cli launch ...` in a fresh process: the CompletedProcess."""
+  env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run([sys.executable, "-m", "private_t5.cli", "launch", f"--num_processes={num_processes}",
+                         f"--devices_per_process={devices}", "--", *args],
+                        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _params_and_report(model_dir):
+  params, _, _ = checkpoints.restore_for_inference(model_dir)
+  with open(os.path.join(model_dir, "privacy_report.json")) as f:
+    return params, json.load(f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,extra", [
+    ("dp_vmap", ["--gin.DPConfig.method='vmap'", "--gin.train.mesh_shape=(4, 1)"]),
+    ("dp_ghost", ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(4, 1)"]),
+    ("nonprivate", ["--gin.DP=None", "--gin.train.mesh_shape=(2, 2)"]),
+])
+def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
+  corpus, vocab = corpus_and_vocab
+  results = {}
+  for procs, devices in ((1, 4), (2, 2)):
+    model_dir = str(tmp_path / f"{name}_{procs}x{devices}")
+    done = _launch(procs, devices, _train_args(model_dir, corpus, vocab, 3, *extra))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "[p0] [train] done: step 3" in done.stdout
+    if procs == 2:
+      assert "[p1] [train] done: step 3" in done.stdout
+    results[procs] = _params_and_report(model_dir)
+  (p1, r1), (p2, r2) = results[1], results[2]
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  assert r1 == r2 and r2["steps"] == 3
+
+
+@pytest.mark.slow
+def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vocab, tmp_path):
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "run")
+  args = _train_args(model_dir, corpus, vocab, 40, "--gin.train.mesh_shape=(4, 1)",
+                     "--gin.train.checkpoint_every=1", "--gin.train.eval_examples=0")
+  env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  launcher = subprocess.Popen([sys.executable, "-m", "private_t5.cli", "launch", "--num_processes=2",
+                               "--devices_per_process=2", "--", *args], cwd=PROJECT_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    ckpt = os.path.join(model_dir, "checkpoints", "1")
+    deadline = time.monotonic() + 1200
+    while not os.path.isdir(ckpt) and time.monotonic() < deadline and launcher.poll() is None:
+      time.sleep(1)
+    assert os.path.isdir(ckpt), "no checkpoint was written"
+    pids = {}
+    with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+      children = [int(x) for x in f.read().split()]
+    for pid in children:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        environ = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+      pids[int(environ[partitioning.PROCESS_ID_ENV.encode()])] = pid
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    out, err = launcher.communicate(timeout=60)
+    assert time.monotonic() - t0 < 60
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert launcher.returncode != 0
+  assert "process 1 was killed by SIGKILL" in err
+  for pid in pids.values():
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+  saved = checkpoints.CheckpointManager(model_dir, async_save=False)
+  last = saved.latest_step()
+  saved.close()
+  assert last is not None and last >= 1
+  # The same launch resumes from the last complete checkpoint, with the same ledger.
+  done = _launch(2, 2, args)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+  assert f"[p0] [train] resuming from checkpoint step {last}" in done.stdout
+  with open(os.path.join(model_dir, "privacy_report.json")) as f:
+    assert json.load(f)["steps"] == 40
