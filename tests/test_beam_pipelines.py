@@ -141,7 +141,7 @@ def test_dp_spm_cli_on_beam(tmp_path, capsys):
   corpus = _write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts])
   out = str(tmp_path / "v" / "dp.model")
   rc = cli.main(["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}", f"--output={out}",
-                 "--vocab_size=30", "--sensitivity=capped", "--max_words=8", "--delta=1e-4", "--noise_std=2.0",
+                 "--vocab_size=400", "--sensitivity=capped", "--max_words=8", "--delta=1e-4", "--noise_std=2.0",
                  "--runner=DirectRunner"])
   assert rc == 0
   report = json.loads(capsys.readouterr().out)

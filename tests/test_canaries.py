@@ -137,7 +137,7 @@ def test_canaries_cli_refuses_empty_input_and_input_as_output(tmp_path, capsys):
   from private_t5 import cli
   empty = tmp_path / "empty.jsonl"
   empty.write_text("")
-  assert cli.main(["canaries", f"--input={empty}", f"--output={tmp_path / 'out.jsonl.gz'}", "--seed=1"]) == 2
+  assert cli.main(["canaries", f"--corpus={empty}", f"--output={tmp_path / 'out.jsonl.gz'}", "--seed=1"]) == 2
   err = capsys.readouterr().err
   assert "empty" in err and len(err.strip().splitlines()) == 1
   assert os.listdir(tmp_path) == ["empty.jsonl"]  # no corpus, no record, no .tmp
@@ -146,7 +146,7 @@ def test_canaries_cli_refuses_empty_input_and_input_as_output(tmp_path, capsys):
   text = "".join(json.dumps({"id": str(i), "text": f"document {i}"}) + "\n" for i in range(5))
   corpus.write_text(text)
   for output in (str(corpus), os.path.join(str(tmp_path), ".", "corpus.jsonl")):
-    assert cli.main(["canaries", f"--input={corpus}", f"--output={output}", "--seed=1"]) == 2
+    assert cli.main(["canaries", f"--corpus={corpus}", f"--output={output}", "--seed=1"]) == 2
     err = capsys.readouterr().err
     assert "is the input corpus" in err and len(err.strip().splitlines()) == 1
   assert corpus.read_text() == text

@@ -33,8 +33,13 @@ def _run(argv):
     return e.code or 0
 
 
+# Stages with their own argument style so far: `launch` wraps another stage's command line;
+# `splits` takes argparse flags only (no Gin file yet).
+OWN_STYLE = {"launch", "splits"}
+
+
 def test_every_stage_is_covered():
-  assert set(COMMON_FLAGS) == set(cli.STAGES)
+  assert set(COMMON_FLAGS) == set(cli.STAGES) - OWN_STYLE
 
 
 @pytest.mark.parametrize("stage", sorted(COMMON_FLAGS))

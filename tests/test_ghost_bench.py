@@ -46,7 +46,7 @@ def test_invalid_configuration_raises_config_error(kwargs, match, tmp_path):
 
 
 def test_cli_rejects_unknown_flags():
-  with pytest.raises(ConfigError, match="unknown arguments"):
+  with pytest.raises(ConfigError, match="unknown flag"):
     bench.main(["--gin_file=configs/bench/quick.gin", "--fast"])
 
 

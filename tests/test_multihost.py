@@ -162,7 +162,7 @@ def _train_args(model_dir, corpus, vocab, steps, *extra):
   return ["train", "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
           f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", f"--gin.TRAIN_STEPS={steps}",
           f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache", *MICRO_TRAIN_ARGS,
-          "--gin.BATCH_SIZE=16", "--gin.DPConfig.expected_batch_size=2", "--gin.train.log_every=1",
+          "--gin.BATCH_SIZE=16", "--gin.train.microbatch_size=None", "--gin.DPConfig.expected_batch_size=2", "--gin.train.log_every=1",
           "--gin.train.eval_examples=16", *extra]
 
 

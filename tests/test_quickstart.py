@@ -9,7 +9,6 @@ import gin
 import pytest
 
 from private_t5 import gin_utils
-from private_t5.train import main
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(PROJECT_ROOT, "scripts", "quickstart.sh")
@@ -17,7 +16,6 @@ SCRIPT = os.path.join(PROJECT_ROOT, "scripts", "quickstart.sh")
 
 def test_script_is_valid_bash_and_config_is_private_by_default():
   subprocess.run(["bash", "-n", SCRIPT], check=True)
-  main._register()  # pylint: disable=protected-access
   gin_utils.parse(["configs/experiments/quickstart.gin"], [], check_required=False)
   assert gin.query_parameter("DP/macro.value") is not None  # DP-Adafactor unless --gin.DP=None
   assert gin.query_parameter("OBJECTIVE/macro.value") == "span_corruption"

@@ -17,6 +17,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from private_t5 import gin_utils
+from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
 from private_t5.errors import DataError

@@ -263,6 +263,9 @@ def implied_epsilon(noise_multiplier: float, gammas: Sequence[float], sampling_r
     return 0.0
   if np.any(gammas <= 0):
     return math.inf
+  if accountant == accounting.AUTO:  # the smaller ε of the two accountants for the same events
+    return min(implied_epsilon(noise_multiplier, gammas, sampling_rate, delta, a, resolution=resolution)
+               for a in accounting.ACCOUNTANTS)
   values, counts = np.unique(gammas, return_counts=True)
   acc = accounting.make_accountant(accountant)
   for g, c in zip(values, counts):
