@@ -10,6 +10,7 @@ label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
 `MODEL_DIR/eval/results.md` (a table like Ponomareva et al.'s (2022) Table 2: one column per task + Avg).
 """
 import dataclasses
+import logging
 import os
 import sys
 from typing import Any, Dict, Mapping, Optional
@@ -23,6 +24,8 @@ from private_t5.data import glue_tasks
 from private_t5.errors import DataError
 from private_t5.io import write_json_atomic, write_text_atomic
 from private_t5.eval import glue_metrics
+
+logger = logging.getLogger(__name__)
 
 EVAL_SUBDIR = "eval"
 

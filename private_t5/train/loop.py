@@ -204,10 +204,13 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   step = start_step
   first_step_time = None
   microbatch_size = getattr(privacy, "microbatch_size", None)
-  if microbatch_size is not None and jax.process_count() > 1:
-    raise ConfigError("microbatched DP steps (train.microbatch_size) run on one process only for now; "
-                      "on several processes leave microbatch_size unset (each step then runs as one "
-                      "batch of a multiple of batch_size rows)")
+  if jax.process_count() > 1:
+    # Several processes: each step runs as one batch of a multiple of batch_size rows (the
+    # sample's microbatches side by side), split over the processes' data positions.
+    if microbatch_size not in (None, padded):
+      raise ConfigError("microbatch_size smaller than batch_size runs on one process only for now; "
+                        "on several processes leave train.microbatch_size unset")
+    microbatch_size = None
   while step < config.train_steps:
     indices = sampler.indices_for_step(step)
     step_rows = _step_rows(sampler, len(indices), microbatch_size is not None)
