@@ -225,6 +225,50 @@ def test_privacy_report_is_written_after_its_checkpoint_commits(corpus_and_vocab
   assert all(report_steps <= committed for report_steps, committed in seen), seen
 
 
+def _report_and_committed(model_dir):
+  """(steps claimed by privacy_report.json or 0, newest committed checkpoint step or 0)."""
+  report = os.path.join(model_dir, "privacy_report.json")
+  claimed = json.load(open(report))["steps"] if os.path.exists(report) else 0
+  ckpt_dir = os.path.join(model_dir, "checkpoints")
+  names = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+  return claimed, max((int(n) for n in names if n.isdigit()), default=0)
+
+
+@pytest.mark.slow
+def test_privacy_report_is_never_ahead_of_the_checkpoints_under_kill_9(corpus_and_vocab, tmp_path):
+  """SIGKILL at random moments of a run that checkpoints every step; after each kill the report
+  claims no step that no committed checkpoint holds, and the run finishes on relaunch."""
+  import random  # pylint: disable=g-import-not-at-top
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "run")
+  steps = 30
+  command = [sys.executable, "-m", "private_t5.cli", "train", *_args(model_dir, corpus, vocab, steps)]
+  rng = random.Random(1234)
+  kills = 0
+  for _ in range(3):
+    proc = subprocess.Popen(command, cwd=PROJECT_ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+      start = _report_and_committed(model_dir)[1]
+      deadline = time.monotonic() + 600
+      while _report_and_committed(model_dir)[1] <= start and proc.poll() is None:
+        assert time.monotonic() < deadline, "no new checkpoint in time"
+        time.sleep(0.01)
+      time.sleep(rng.uniform(0.0, 1.5))  # somewhere in the following steps and saves
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        kills += 1
+    finally:
+      proc.kill()
+      proc.wait()
+    claimed, committed = _report_and_committed(model_dir)
+    assert claimed <= committed, (claimed, committed)
+  assert kills >= 2
+  done = subprocess.run(command, cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert _report_and_committed(model_dir) == (steps, steps)
+
+
 # -- an unreadable latest checkpoint --------------------------------------------------------------
 
 @pytest.mark.slow

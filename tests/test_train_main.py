@@ -198,6 +198,27 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
 
 
+def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, tmp_path, monkeypatch):
+  """An error only σ calibration can find (an unreachable target ε) undoes the failed start."""
+  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  corpus, vocab = corpus_and_vocab
+
+  def unreachable(*args, **kwargs):
+    raise PrivacyError("target_epsilon=0.001 is unreachable")
+
+  monkeypatch.setattr(privacy, "setup_privacy", unreachable)
+  model_dir = tmp_path / "run"
+  with pytest.raises(PrivacyError, match="unreachable"):
+    main.run_from_args(_args(str(model_dir), corpus, vocab, 2))
+  assert not model_dir.exists()
+  existing = tmp_path / "existing"  # a directory that held something before is kept as it was
+  existing.mkdir()
+  (existing / "notes.txt").write_text("mine")
+  with pytest.raises(PrivacyError, match="unreachable"):
+    main.run_from_args(_args(str(existing), corpus, vocab, 2))
+  assert sorted(os.listdir(existing)) == [".lock", "notes.txt"]
+
+
 def _cli_train(args, cwd):
   """`python -m private_t5.cli train ARGS` in a fresh process: (exit code, stderr)."""
   import subprocess  # pylint: disable=g-import-not-at-top

@@ -86,6 +86,9 @@ class CheckpointManager:
                async_save: bool = True):
     if keep is not None and int(keep) < 1:
       raise CheckpointError(f"keep_checkpoints must be >= 1, got {keep}")
+    # What this manager creates, removed again by `close(discard_if_unused=True)`.
+    self._created_model_dir = not os.path.exists(model_dir)
+    self._created_checkpoints = not os.path.exists(os.path.join(model_dir, CHECKPOINT_SUBDIR))
     check_writable(model_dir)
     # One lock per run: in a multi-process run process 0 holds it for all of them.
     self._lock = run_lock.acquire(model_dir) if jax.process_index() == 0 else None
@@ -268,15 +271,33 @@ class CheckpointManager:
       except Exception:  # pylint: disable=broad-except
         pass  # interpreter shutdown
 
-  def close(self) -> None:
-    """Completes the pending save, closes orbax and releases the model directory's lock."""
+  def close(self, discard_if_unused: bool = False) -> None:
+    """Completes the pending save, closes orbax and releases the model directory's lock.
+
+    `discard_if_unused=True` (a run that failed before its first save): also removes what
+    opening created, if it is still empty: `checkpoints/`, and MODEL_DIR with its `.lock` when
+    this manager created it. A directory that held anything before is never touched.
+    """
     try:
       self.wait()
       self._manager.close()
     finally:
-      if self._lock is not None:
-        run_lock.release(self._lock)
-        self._lock = None
+      lock, self._lock = self._lock, None
+      if lock is not None:
+        run_lock.release(lock)
+      if discard_if_unused and lock is not None:
+        self._discard_if_unused()
+
+  def _discard_if_unused(self) -> None:
+    try:
+      if self._created_checkpoints and os.path.isdir(self.directory) and not os.listdir(self.directory):
+        os.rmdir(self.directory)
+      lock_file = os.path.join(self.model_dir, run_lock.LOCK_FILENAME)
+      if self._created_model_dir and os.listdir(self.model_dir) == [run_lock.LOCK_FILENAME]:
+        os.remove(lock_file)
+        os.rmdir(self.model_dir)
+    except OSError:
+      pass  # best effort: leftovers are empty and harmless
 
 
 def _cause(error: BaseException) -> str:

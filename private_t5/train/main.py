@@ -220,6 +220,7 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
         "(tests and reproductions only; the DP guarantee does not hold)")
   mesh = build_mesh(mesh_shape, batch_size)
   manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
+  failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:
     seeds = build_seeds(manager, insecure_deterministic_seed)
     setup = privacy.setup_privacy(
@@ -253,8 +254,9 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
         config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
                                eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
         metadata=metadata, initial_params_fn=initial_params_loader(initial_checkpoint, model_config), log=log)
+    failed = False
   finally:
-    manager.close()
+    manager.close(discard_if_unused=failed)
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
                  config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
                  noise_multiplier=setup.noise_multiplier)
