@@ -162,6 +162,9 @@ class StageParser(argparse.ArgumentParser):
                      + (" (required)" if gin_required else ""))
     gin.add_argument("--gin.NAME=VALUE", dest="_gin_override_help", action="append", metavar="",
                      help="override a Gin macro or binding")
+    gin.add_argument("--gin_search_paths", metavar="DIR1,DIR2",
+                     help="folders where Gin file names and includes are looked up, after the "
+                     "current directory and before the configs shipped in the package")
     logs = self.add_argument_group("logging")
     logs.add_argument("--verbosity", metavar="LEVEL",
                       help=f"{', '.join(VERBOSITY)} or an integer (1 debug .. -2 error); default info")
@@ -223,7 +226,8 @@ class StageParser(argparse.ArgumentParser):
       setting = (logging.WARNING, True)
     if setting is not None:
       configure_logging(*setting)
-    for attr in ("verbosity", "verbose", "quiet", "gin_file", "_gin_override_help"):
+    gin_utils.set_search_paths(args.gin_search_paths)
+    for attr in ("verbosity", "verbose", "quiet", "gin_file", "_gin_override_help", "gin_search_paths"):
       delattr(args, attr)
     if self.gin_required and not files:
       raise ConfigError(f"{self.prog} needs --gin_file=... (see --help)")

@@ -31,12 +31,26 @@ PACKAGE_CONFIGS = os.path.join(PACKAGE_DIR, "configs")
 CONFIG_SEARCH_PATHS = (PACKAGE_CONFIGS, PACKAGE_DIR)
 
 
-def search_paths(extra: Union[str, Sequence[str]] = ()) -> List[str]:
+# The user folders of the stage's `--gin_search_paths` flag (set once per command line).
+_USER_SEARCH_PATHS: List[str] = []
+
+
+def set_search_paths(extra: Union[None, str, Sequence[str]]) -> None:
+  """Sets the user folders (`--gin_search_paths=a,b`) that every later `parse` searches."""
+  if isinstance(extra, str):
+    extra = extra.split(",")
+  _USER_SEARCH_PATHS[:] = [p for p in (extra or ()) if p.strip()]
+
+
+def search_paths(extra: Union[None, str, Sequence[str]] = None) -> List[str]:
   """The Gin search path, in order: the current directory, `extra`, CONFIG_SEARCH_PATHS.
 
   Args:
-    extra: user folders (`--gin_search_paths`): a sequence, or one comma-separated string.
+    extra: user folders: a sequence, or one comma-separated string; None: those of the
+      command line's `--gin_search_paths` (`set_search_paths`).
   """
+  if extra is None:
+    extra = _USER_SEARCH_PATHS
   if isinstance(extra, str):
     extra = extra.split(",")
   paths = [os.getcwd()] + [os.path.abspath(os.path.expanduser(p.strip())) for p in extra if p.strip()]
@@ -208,7 +222,7 @@ def _quiet_include_lookups(record: logging.LogRecord) -> bool:
 
 
 def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True,
-          entry: Optional[str] = None, gin_search_paths: Union[str, Sequence[str]] = ()) -> None:
+          entry: Optional[str] = None, gin_search_paths: Union[None, str, Sequence[str]] = None) -> None:
   """Parses layered Gin files then overrides; errors name the offending file or binding.
 
   Args:
@@ -217,8 +231,9 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     check_required: a macro left at `%gin.REQUIRED` is an error that names it.
     entry: the configurable the stage will call: only the names of its
       `STAGE_CONFIGURABLES` entry are registered. None: every name in `CONFIGURABLES`.
-    gin_search_paths: extra folders (`--gin_search_paths=a,b`) searched after the current
-      directory and before the package's configs, for the files and their `include`s.
+    gin_search_paths: extra folders searched after the current directory and before the
+      package's configs, for the files and their `include`s; None: the command line's
+      `--gin_search_paths=a,b` (`set_search_paths`).
   """
   register(STAGE_CONFIGURABLES[entry] if entry else None)
   gin.clear_config()

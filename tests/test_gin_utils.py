@@ -130,3 +130,21 @@ def test_gin_search_paths_come_after_the_current_directory_and_before_the_packag
     _model_from(str(tmp_path), ["deep.gin"])
   with pytest.raises(ConfigError, match="Gin file not found"):
     _model_from(str(tmp_path), [str(tmp_path / "absent.gin")])
+
+
+def test_every_stage_takes_gin_search_paths_on_its_command_line(tmp_path, capsys):
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  user = tmp_path / "mine"
+  user.mkdir()
+  (user / "deep.gin").write_text("include 'models/t5_1_0_small.gin'\nT5Config.num_encoder_layers = 9\n")
+  old = os.getcwd()
+  os.chdir(tmp_path)
+  try:
+    assert cli.main(["info", f"--gin_search_paths={user}", "--gin_file=deep.gin"]) == 0
+    assert '"num_encoder_layers": 9' in capsys.readouterr().out
+    assert cli.main(["info", "--gin_file=deep.gin"]) == 2  # not searched without the flag
+    assert "Gin file not found: 'deep.gin'" in capsys.readouterr().err
+  finally:
+    os.chdir(old)
+    gin_utils.set_search_paths(None)
+    gin.clear_config()
