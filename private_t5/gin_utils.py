@@ -222,7 +222,8 @@ def _quiet_include_lookups(record: logging.LogRecord) -> bool:
 
 
 def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True,
-          entry: Optional[str] = None, gin_search_paths: Union[None, str, Sequence[str]] = None) -> None:
+          entry: Optional[str] = None, gin_search_paths: Union[None, str, Sequence[str]] = None,
+          files_required: bool = True) -> None:
   """Parses layered Gin files then overrides; errors name the offending file or binding.
 
   Args:
@@ -234,6 +235,7 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     gin_search_paths: extra folders searched after the current directory and before the
       package's configs, for the files and their `include`s; None: the command line's
       `--gin_search_paths=a,b` (`set_search_paths`).
+    files_required: False for stages whose Gin files are optional (bindings alone are parsed).
   """
   register(STAGE_CONFIGURABLES[entry] if entry else None)
   gin.clear_config()
@@ -244,7 +246,7 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
   del gin.config._LOCATION_PREFIXES[:]  # pylint: disable=protected-access
   for base in paths + [""]:
     gin.add_config_file_search_path(base)
-  if not gin_files:
+  if not gin_files and files_required:
     raise ConfigError("at least one --gin_file is required")
   files = [_resolve(f, paths) for f in gin_files]
   # Gin wants string macros quoted; accept bare paths/words in overrides for convenience.

@@ -1,9 +1,9 @@
 """`private-t5 splits`: the four memorization splits of a train/validation corpus pair.
 
   private-t5 splits --train_corpus=train.jsonl.gz --valid_corpus=valid.jsonl.gz \\
-      --output=runs/mem/ [--vocab=vocab/spm.model] [--runner=local]
+      --output=runs/mem/ [--vocab_path=vocab/spm.model] [--runner=local]
   private-t5 splits --train_corpus='gs://B/c4/train-*.jsonl.gz' --valid_corpus='gs://B/c4/valid-*.jsonl.gz' \\
-      --vocab=gs://B/vocab/spm.model --output=runs/mem/ --runner=DataflowRunner \\
+      --vocab_path=gs://B/vocab/spm.model --output=runs/mem/ --runner=DataflowRunner \\
       --beam_options="--project=P --region=R --temp_location=gs://B/tmp"
 
 Finds near-duplicates (MinHash LSH + edit similarity, and shared 50-token windows; see
@@ -13,36 +13,61 @@ path, or a folder that receives `splits_<key>.json`: the name the memorization s
 for, so `private-t5 memorization` with that folder as its output_dir and the same corpora,
 settings and vocabulary reuses the file instead of recomputing it. Prints a JSON summary.
 """
-import argparse
-import dataclasses
 import json
 import os
 import sys
 from typing import List, Optional
 
+from private_t5 import flags, gin_utils
 from private_t5.data import beam_io
 from private_t5.documents import Document
 from private_t5.errors import ConfigError
 from private_t5.eval import splits as splits_lib
 from private_t5.io import file_sha256, write_json_atomic
 
-_CONFIG_FLAGS = {f.name: f.type for f in dataclasses.fields(splits_lib.SplitConfig)}
+# Plain flag -> the Gin macro of configs/runs/memorization.gin that gives its default.
+_MACROS = {"train_corpus": "TRAIN_CORPUS", "valid_corpus": "VALID_CORPUS", "vocab_path": "VOCAB_PATH"}
 
 
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="private-t5 splits", description=__doc__.split("\n\n")[0])
-  p.add_argument("--train_corpus", action="append", required=True, help="training corpus (pattern or spec)")
-  p.add_argument("--valid_corpus", action="append", required=True, help="validation corpus (pattern or spec)")
-  p.add_argument("--output", required=True, help="split file (.json) or folder for splits_<key>.json")
-  p.add_argument("--vocab", help="SentencePiece model for the exact-substring test (default: words)")
-  p.add_argument("--text_field", default="text")
-  defaults = splits_lib.SplitConfig()
+def _parser() -> flags.StageParser:
+  p = flags.StageParser("splits", __doc__.split("\n\n")[0], epilog=(
+      "With --gin_file (e.g. runs/memorization.gin) the corpora and vocabulary default to its "
+      "TRAIN_CORPUS, VALID_CORPUS and VOCAB_PATH, and its SplitConfig bindings apply; "
+      "--gin.SplitConfig.NAME=VALUE sets one detection setting."))
+  p.add_flag("train_corpus", action="append", macro=False,
+             help="training corpus (pattern or spec; repeatable) [Gin macro: TRAIN_CORPUS]")
+  p.add_flag("valid_corpus", action="append", macro=False,
+             help="validation corpus (pattern or spec; repeatable) [Gin macro: VALID_CORPUS]")
+  p.add_flag("output", macro=False, help="split file (.json) or folder for splits_<key>.json")
+  p.add_flag("vocab_path", aliases=("vocab",), macro=False,
+             help="SentencePiece model for the exact-substring test (default: words) [Gin macro: VOCAB_PATH]")
+  p.add_flag("text_field", default="text", macro=False)
   for name in ("ngram", "num_perm", "num_bands", "exact_substring_tokens", "seed", "max_candidates_per_doc",
                "num_workers"):
-    p.add_argument(f"--{name}", type=int, default=getattr(defaults, name))
-  p.add_argument("--min_edit_similarity", type=float, default=defaults.min_edit_similarity)
-  beam_io.add_runner_flags(p)
+    p.add_flag(name, type=int, gin=f"SplitConfig.{name}")
+  p.add_flag("min_edit_similarity", type=float, gin="SplitConfig.min_edit_similarity")
+  beam_io.add_runner_flags(p.flag_group)
   return p
+
+
+def _settings(argv: List[str]):
+  """(args, SplitConfig): plain flags, then Gin files and bindings for what they leave unset."""
+  args, files, bindings = _parser().parse_stage_args(argv)
+  cfg = splits_lib.SplitConfig()
+  if files or bindings:
+    import gin  # pylint: disable=g-import-not-at-top
+    gin_utils.parse(files, bindings, check_required=False, entry="run_memorization", files_required=False)
+    cfg = gin_utils.configured("SplitConfig")()
+    for name, macro in _MACROS.items():
+      if getattr(args, name) is None:
+        try:
+          value = gin.query_parameter(f"{macro}/gin.macro.value")
+        except ValueError:
+          continue
+        if value is not None and str(value) != "%gin.REQUIRED":
+          setattr(args, name, [value] if name.endswith("corpus") and isinstance(value, str) else value)
+  flags.check_required(_parser(), args, ("train_corpus", "valid_corpus", "output"))
+  return args, cfg.validate()
 
 
 def _fingerprint(pairs) -> str:
@@ -50,18 +75,17 @@ def _fingerprint(pairs) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-  cfg = splits_lib.SplitConfig(**{name: getattr(args, name) for name in _CONFIG_FLAGS}).validate()
+  args, cfg = _settings(list(sys.argv[1:] if argv is None else argv))
   beam = beam_io.is_beam(args.runner)
-  if args.vocab and not os.path.isfile(args.vocab) and "://" not in args.vocab:
-    raise ConfigError(f"vocabulary not found: {args.vocab}")
-  tokenizer_id = file_sha256(args.vocab) if args.vocab and os.path.isfile(args.vocab) else args.vocab
+  if args.vocab_path and not os.path.isfile(args.vocab_path) and "://" not in args.vocab_path:
+    raise ConfigError(f"vocabulary not found: {args.vocab_path}")
+  tokenizer_id = file_sha256(args.vocab_path) if args.vocab_path and os.path.isfile(args.vocab_path) else args.vocab_path
   specs = {"train": _one(args.train_corpus), "valid": _one(args.valid_corpus)}
   if beam:
     from private_t5.eval import splits_beam  # pylint: disable=g-import-not-at-top
     beam_io.log_to_stderr_once()
     splits = splits_beam.build_splits_beam(args.train_corpus, args.valid_corpus, cfg, runner=args.runner,
-                                           beam_options=args.beam_options, vocab_path=args.vocab,
+                                           beam_options=args.beam_options, vocab_path=args.vocab_path,
                                            text_field=args.text_field, skip_bad_lines=args.skip_bad_lines)
     # The cache key names the corpus contents: one streaming pass here, in corpus order.
     read = dict(text_field=args.text_field, skip_bad_lines=args.skip_bad_lines)
@@ -72,19 +96,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     train_docs = [d for s in args.train_corpus for d in corpora.read_corpus(s, text_field=args.text_field)[0]]
     valid_docs = [d for s in args.valid_corpus for d in corpora.read_corpus(s, text_field=args.text_field)[0]]
     tokenize = None
-    if args.vocab:
+    if args.vocab_path:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-      sp = spm.SentencePieceProcessor(model_file=args.vocab)
+      sp = spm.SentencePieceProcessor(model_file=args.vocab_path)
       tokenize = lambda text: sp.encode(text)
     splits = splits_lib.build_splits(train_docs, valid_docs, cfg, tokenize=tokenize, verbose=True)
     train_fp, valid_fp = splits_lib.corpus_fingerprint(train_docs), splits_lib.corpus_fingerprint(valid_docs)
-  key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, cfg, tokenizer_id if args.vocab else None)
+  key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, cfg, tokenizer_id if args.vocab_path else None)
   output = args.output
   if output.endswith(os.sep) or os.path.isdir(output):
     output = os.path.join(output, f"splits_{key}.json")
   elif not output.endswith(".json"):
     raise ConfigError(f"--output must be a .json file or a folder, got {output!r}")
-  content = splits_lib.splits_file_content(splits, key, cfg, tokenizer_id if args.vocab else None, specs)
+  content = splits_lib.splits_file_content(splits, key, cfg, tokenizer_id if args.vocab_path else None, specs)
   write_json_atomic(output, content, indent=None, sort_keys=False)
   json.dump({"output": os.path.abspath(output), "key": key, "runner": args.runner, "sizes": splits.sizes(),
              "stats": splits.stats}, sys.stdout, indent=2)
