@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import numpy as np
 
+from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import file_sha256, write_json_atomic
 
@@ -196,10 +197,12 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
   total = collections.Counter()
   stats = HistogramStats()
   start = last_report = time.time()
+  bar = progress_lib.bar(desc="dp-spm histogram", unit=" docs")
 
   def merge(result):
     nonlocal last_report
     hist, docs, n_bytes, n_raw, n_counted = result
+    bar.update(docs)
     total.update(hist)
     stats.documents += docs
     stats.bytes += n_bytes
@@ -226,6 +229,7 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
           merge(in_flight.popleft().get())
       while in_flight:
         merge(in_flight.popleft().get())
+  bar.close()
   stats.seconds = time.time() - start
   return total, stats
 
