@@ -23,23 +23,27 @@ from private_t5.errors import ConfigError
 
 # Plain flag -> the Gin macro of configs/runs/pretrain.gin that gives its default.
 _MACROS = {"corpus": "CORPUS", "vocab_path": "VOCAB_PATH", "cache_dir": "DATA_CACHE_DIR"}
+# Reader options: their defaults (make_source's), or the Gin files' `make_source.NAME` bindings.
+_READER_DEFAULTS = {"text_field": "text", "id_field": "id", "user_field": None, "errors": "strict",
+                    "max_documents": None, "data_dir": None}
 
 
 def _parser() -> flags.StageParser:
   p = flags.StageParser("store", __doc__.split("\n\n")[0], epilog=(
       "With --gin_file (e.g. runs/pretrain.gin plus the run's overrides) the corpus, vocabulary and "
-      "cache folder default to its CORPUS, VOCAB_PATH and DATA_CACHE_DIR."))
+      "cache folder default to its CORPUS, VOCAB_PATH and DATA_CACHE_DIR, and the reader options to its "
+      "make_source bindings, so the store lands in the cache entry that run's training looks up."))
   p.add_flag("corpus", macro=False, help="corpus spec or file pattern (train-*.jsonl.gz) [Gin macro: CORPUS]")
   p.add_flag("vocab_path", aliases=("vocab",), macro=False,
              help="SentencePiece model (T5 layout) [Gin macro: VOCAB_PATH]")
   p.add_flag("cache_dir", macro=False,
              help="store cache folder (default $PRIVATE_T5_CACHE/stores or ~/.cache/private_t5/stores) "
                   "[Gin macro: DATA_CACHE_DIR]")
-  p.add_flag("text_field", default="text", macro=False, help="field / column holding the text")
-  p.add_flag("id_field", default="id", macro=False, help="field holding the document id")
+  p.add_flag("text_field", macro=False, help="field / column holding the text (default text)")
+  p.add_flag("id_field", macro=False, help="field holding the document id (default id)")
   p.add_flag("user_field", macro=False, help="field holding the user id (user-level DP)")
-  p.add_flag("errors", default="strict", choices=("strict", "replace"), macro=False,
-             help="invalid UTF-8: stop (strict) or substitute U+FFFD (replace)")
+  p.add_flag("errors", choices=("strict", "replace"), macro=False,
+             help="invalid UTF-8: stop (strict, default) or substitute U+FFFD (replace)")
   p.add_flag("max_documents", type=int, macro=False, help="read at most this many documents (local runner)")
   p.add_flag("data_dir", macro=False, help="TFDS data directory for tfds: specs")
   p.add_flag("num_threads", type=int, macro=False,
@@ -53,7 +57,7 @@ def _settings(argv: List[str]):
   if files or bindings:
     import gin  # pylint: disable=g-import-not-at-top
     from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
-    gin_utils.parse(files, bindings, check_required=False, entry="T5Config", files_required=False)
+    gin_utils.parse(files, bindings, check_required=False, entry="train", files_required=False)
     for name, macro in _MACROS.items():
       if getattr(args, name) is None:
         try:
@@ -62,6 +66,15 @@ def _settings(argv: List[str]):
           continue
         if value is not None and str(value) != "%gin.REQUIRED":
           setattr(args, name, value)
+    for name in _READER_DEFAULTS:
+      if getattr(args, name) is None:
+        try:
+          setattr(args, name, gin.query_parameter(f"make_source.{name}"))
+        except ValueError:
+          pass
+  for name, default in _READER_DEFAULTS.items():
+    if getattr(args, name) is None:
+      setattr(args, name, default)
   flags.check_required(_parser(), args, ("corpus", "vocab_path"))
   if args.skip_bad_lines:
     raise ConfigError("private-t5 store: --skip_bad_lines is not supported (the store keeps every document "
