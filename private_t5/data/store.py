@@ -47,7 +47,7 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
