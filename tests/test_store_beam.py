@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from private_t5 import cli
+from private_t5.data import source as source_lib
 from private_t5.data import store as store_lib
 from private_t5.data import store_beam
 from private_t5.errors import DataError
@@ -128,6 +129,11 @@ def test_store_stage_fills_the_training_cache(tmp_path, shared_data, vocab_path,
   # What training does (make_source -> build_store) finds the same entry.
   again = store_lib.build_store(pattern, vocab_path, cache_dir=cache)
   assert again.path == summary["path"] and again.num_documents == summary["documents"]
+  source = source_lib.make_source(pattern, vocab_path, objective="prefix_lm", cache_dir=cache, split="all",
+                                  feature_lengths={"inputs": 32, "targets": 16}, progress=False)
+  assert source.store.path == summary["path"] and source.store.num_shards == 2
+  batch = source.get_batch([0, again.shard_starts[1], again.num_documents - 1], seed=0, batch_size=4)
+  assert batch["example_weight"].tolist() == [1, 1, 1, 0]
   assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}"]) == 0
   assert json.loads(capsys.readouterr().out)["reused"]
   assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", "--skip_bad_lines"]) == 2
