@@ -20,6 +20,7 @@ STAGES = {
     "info": ("private_t5.models.info", "print a model preset's summary (parameters, shapes) as JSON"),
     "spm": ("private_t5.tokenizer.spm_cli", "train a (non-private) SentencePiece vocabulary from a corpus"),
     "dp-spm": ("private_t5.tokenizer.dp_spm_cli", "train a differentially private SentencePiece vocabulary"),
+    "store": ("private_t5.data.store_cli", "tokenize a corpus into the token store cache (local or Apache Beam)"),
     "train": ("private_t5.train.main", "pretrain or fine-tune a T5 model from Gin configs (DP or not)"),
     "epsilon": ("private_t5.dp.epsilon_cli", "compute epsilon for a DP run, or the noise for a target epsilon"),
     "splits": ("private_t5.eval.splits_cli", "find the memorization splits (near-duplicates) of train/validation"),

@@ -23,6 +23,7 @@ COMMON_FLAGS = {
     "adaptive": ("--model_dir", "--target_epsilon", "--delta"),
     "import": ("--hf_dir", "--model_dir"),
     "export": ("--model_dir", "--output", "--format"),
+    "store": ("--corpus", "--vocab_path", "--cache_dir", "--runner", "--beam_options"),
     "splits": ("--train_corpus", "--valid_corpus", "--output", "--vocab_path", "--runner", "--beam_options"),
 }
 

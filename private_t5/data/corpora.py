@@ -6,6 +6,9 @@ A corpus is named by a *spec* string:
 * `path/to/folder/`             every `*.txt` file below it is one document (id: relative path),
 * `path/to/file.jsonl[.gz]`     one JSON object a line, text in `text_field`, optional id/user,
 * `path/to/file.tsv`            tab-separated with a header row, text in column `text_field`,
+* `path/to/train-*.jsonl.gz`    a file pattern (`*`, `?`, `[...]`): the matching files in sorted
+                                path order, each read as above, then concatenated (the order a
+                                Beam pipeline's shards follow, see `data/store_beam.py`),
 * `tfds:NAME[:SPLIT]`           a TFDS dataset already prepared under `data_dir` (e.g.
                                 `tfds:c4/en:train`), or `tfds:/path/to/builder_dir[:SPLIT]`,
 * `builtin:python_docs`         the Python reference manual and standard-library docstrings
@@ -17,7 +20,9 @@ skipped and counted in `CorpusStats`; invalid UTF-8 is an error naming the file 
 is replaced by U+FFFD when `errors="replace"`.
 """
 import csv
+import glob
 import gzip
+import itertools
 import json
 import os
 import sys
@@ -190,12 +195,30 @@ def _iter_tfds(body, data_dir, text_field, id_field, user_field, errors, stats) 
     yield Document(id=doc_id, text=text, user=user)
 
 
+def is_file_pattern(spec: str) -> bool:
+  """True when `spec` is a local file pattern (`*`, `?` or `[`, and not itself an existing path)."""
+  if not isinstance(spec, str) or spec.startswith((TFDS_PREFIX, BUILTIN_PREFIX)) or "://" in spec:
+    return False
+  return any(ch in spec for ch in "*?[") and not os.path.exists(os.path.expanduser(spec))
+
+
+def match_pattern(spec: str) -> List[str]:
+  """The files of a local file pattern in sorted path order; DataError when none matches."""
+  paths = sorted(p for p in glob.glob(os.path.expanduser(spec)) if os.path.isfile(p))
+  if not paths:
+    raise DataError(f"corpus pattern {spec!r} matches no file")
+  return paths
+
+
 def _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, stats) -> Iterator[Document]:
   """Dispatches on the spec; checks the path eagerly, so a missing file fails at once."""
   if spec.startswith(BUILTIN_PREFIX):
     return builtin_corpus.iter_builtin(spec[len(BUILTIN_PREFIX):])
   if spec.startswith(TFDS_PREFIX):
     return _iter_tfds(spec[len(TFDS_PREFIX):], data_dir, text_field, id_field, user_field, errors, stats)
+  if is_file_pattern(spec):
+    return itertools.chain.from_iterable(
+        _raw_documents(p, text_field, id_field, user_field, errors, data_dir, stats) for p in match_pattern(spec))
   path = os.path.expanduser(spec)
   if not os.path.exists(path):
     raise DataError(f"corpus not found: {spec}")
@@ -215,7 +238,7 @@ def _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, sta
 def iter_documents(spec: str, *, text_field: str = "text", id_field: str = "id",
                    user_field: Optional[str] = None, errors: str = "strict",
                    data_dir: Optional[str] = None, stats: Optional[CorpusStats] = None,
-                   max_documents: Optional[int] = None) -> Iterator[Document]:
+                   max_documents: Optional[int] = None, allow_empty: bool = False) -> Iterator[Document]:
   """Yields the non-blank documents of a corpus in a deterministic order.
 
   Args:
@@ -228,6 +251,8 @@ def iter_documents(spec: str, *, text_field: str = "text", id_field: str = "id",
     data_dir: TFDS data directory for `tfds:` specs.
     stats: if given, filled in with counts as the iterator advances.
     max_documents: stop after this many (non-blank) documents.
+    allow_empty: a corpus without a non-blank document yields nothing instead of raising
+      (one file of a larger corpus).
 
   Raises:
     DataError: missing path, unsupported format, malformed records, invalid UTF-8 (strict),
@@ -242,10 +267,10 @@ def iter_documents(spec: str, *, text_field: str = "text", id_field: str = "id",
   stats = stats if stats is not None else CorpusStats()
   stats.spec = spec
   raw = _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, stats)
-  return _filter_blank(raw, spec, stats, max_documents)
+  return _filter_blank(raw, spec, stats, max_documents, allow_empty)
 
 
-def _filter_blank(raw, spec, stats, max_documents) -> Iterator[Document]:
+def _filter_blank(raw, spec, stats, max_documents, allow_empty=False) -> Iterator[Document]:
   for doc in raw:
     if not doc.text.strip():
       stats.blank_skipped += 1
@@ -255,7 +280,7 @@ def _filter_blank(raw, spec, stats, max_documents) -> Iterator[Document]:
     yield doc
     if max_documents is not None and stats.documents >= max_documents:
       return
-  if stats.documents == 0:
+  if stats.documents == 0 and not allow_empty:
     raise DataError(f"corpus {spec} is empty ({stats.blank_skipped} blank documents skipped)")
 
 

@@ -2,21 +2,42 @@
 
 Layout of a store directory (written to a temp dir, then renamed, so it is complete or absent):
 
-  tokens.int32      all documents' tokens back to back (no EOS), raw little-endian int32
-  offsets.int64     N+1 offsets: document i is tokens[offsets[i]:offsets[i+1]]
-  documents.json    {"ids": [...], "users": [...] | null}
-  manifest.json     format version, corpus spec, vocab path and SHA-256, counts, timing
+  tokens-SSSSS-of-KKKKK.int32   shard S of K: its documents' tokens back to back (no EOS),
+                                raw little-endian int32
+  offsets-SSSSS-of-KKKKK.int64  n_S+1 offsets into that shard's tokens: the shard's local
+                                document j is tokens[offsets[j]:offsets[j+1]]
+  documents.json                {"ids": [...], "users": [...] | null}, in global document order
+  manifest.json                 format version, corpus spec, vocab path and SHA-256, counts,
+                                timing, and the shard index: `shards` (file names, documents
+                                and tokens per shard) and `shard_starts` (K+1 cumulative document
+                                counts: global document i lives in the shard S with
+                                shard_starts[S] <= i < shard_starts[S+1], at local index
+                                i - shard_starts[S])
 
-Why a memory-mapped flat array with offsets rather than array_record (TFDS/grain): DP sampling
-fetches an arbitrary index set each step (Poisson sampling); with an offsets array a document is
-two integer reads and one slice of a `np.memmap`, with no record parsing, no per-read file
-handles and no new dependency; the OS page cache makes repeated access free. array_record
-would give the same O(1) access but adds a dependency and a serialization layer for what are
-just int32 runs.
+Global document order is shard order, then the order inside each shard. The local build
+writes K=1 shard; the Beam build (`store_beam.py`) writes one shard per input file, each by
+the worker that tokenized it, so both give the same document i for the same corpus.
 
-Stores are cached by (corpus spec and its size/mtime, reader options, vocab file SHA-256)
-under `cache_dir` and reused by later runs.
+Reading: a document is a binary search over the K+1 shard starts (O(log K)), two integer
+reads and one slice of that shard's `np.memmap`; a shard's files are opened on first use and
+never read whole, so a process touches only the shards its documents live in (per-host reads).
+
+Why memory-mapped flat arrays with offsets rather than array_record (TFDS/grain): DP sampling
+fetches an arbitrary index set each step (Poisson sampling); with offsets a document costs no
+record parsing, no per-read file handles and no new dependency; the OS page cache makes
+repeated access free. array_record would give the same O(1) access but adds a dependency and a
+serialization layer for what are just int32 runs.
+
+Format versions: version 2 is the sharded layout above. A version-1 store (one
+`tokens.int32` + `offsets.int64`, no shard index) is still opened as a single shard, but the
+cache key includes the format version, so the stages build a version-2 store beside an old
+cached one instead of reusing it (delete old cache entries to reclaim the space).
+
+Stores are cached by (corpus spec and its files' size/mtime, reader options, vocab file SHA-256)
+under `cache_dir` and reused by later runs; `private-t5 store` builds the same entry ahead of
+training, locally or on Apache Beam.
 """
+import bisect
 import hashlib
 import json
 import logging
@@ -26,24 +47,32 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
+from private_t5.documents import Document
 from private_t5.errors import DataError
-from private_t5.io import file_sha256, write_json_atomic
+from private_t5.io import atomic_open, file_sha256, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-TOKENS_FILE = "tokens.int32"
-OFFSETS_FILE = "offsets.int64"
+FORMAT_VERSION = 2
+LEGACY_FORMAT_VERSION = 1
+TOKENS_FILE = "tokens.int32"    # version 1 (single file)
+OFFSETS_FILE = "offsets.int64"  # version 1 (single file)
 DOCUMENTS_FILE = "documents.json"
 MANIFEST_FILE = "manifest.json"
 _ENCODE_CHUNK = 512  # documents per batched SentencePiece call
+
+
+def shard_file_names(index: int, num_shards: int):
+  """(tokens file, offsets file) of shard `index` of `num_shards`."""
+  suffix = f"{index:05d}-of-{num_shards:05d}"
+  return f"tokens-{suffix}.int32", f"offsets-{suffix}.int64"
 
 
 def default_cache_dir() -> str:
@@ -54,12 +83,27 @@ def default_cache_dir() -> str:
   return os.path.join(os.path.expanduser("~"), ".cache", "private_t5", "stores")
 
 
+def _files_digest(entries) -> str:
+  return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
 def _corpus_fingerprint(spec: str) -> Dict[str, object]:
   """Size and mtime of the corpus files (so that an edited corpus is re-tokenized)."""
   if spec.startswith(corpora.BUILTIN_PREFIX):
     return {"python": sys.version}
   if spec.startswith(corpora.TFDS_PREFIX):
     return {}
+  if "://" in spec:  # a remote pattern (gs://...): sizes and times from Beam's file systems
+    from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+    found = sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
+                   for r in FileSystems.match([spec]) for m in r.metadata_list)
+    return {"pattern": spec, "files": _files_digest(found)}
+  if corpora.is_file_pattern(spec):
+    entries = []
+    for p in corpora.match_pattern(spec):
+      st = os.stat(p)
+      entries.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    return {"pattern": os.path.abspath(os.path.expanduser(spec)), "files": _files_digest(entries)}
   path = os.path.abspath(os.path.expanduser(spec))
   if not os.path.exists(path):
     raise DataError(f"corpus not found: {spec}")
@@ -71,13 +115,17 @@ def _corpus_fingerprint(spec: str) -> Dict[str, object]:
         if n.endswith(".txt"):
           st = os.stat(os.path.join(root, n))
           entries.append([os.path.relpath(os.path.join(root, n), path), st.st_size, st.st_mtime_ns])
-    return {"path": path, "files": hashlib.sha256(json.dumps(entries).encode()).hexdigest()}
+    return {"path": path, "files": _files_digest(entries)}
   st = os.stat(path)
   return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 class DocumentStore:
-  """Read-only view of a built store: `document_tokens(i)` in O(1) from a memmap."""
+  """Read-only view of a built store: `document_tokens(i)` by global index, across shards.
+
+  Shard files are memory-mapped on first use (never read whole); `offsets` (the global
+  offsets, as if the shards were one array) and `lengths()` are computed on first use.
+  """
 
   def __init__(self, path: str):
     self.path = path
@@ -88,32 +136,103 @@ class DocumentStore:
         documents = json.load(f)
     except (OSError, ValueError) as e:
       raise DataError(f"{path} is not a token store: {e}") from e
-    if self.manifest.get("format_version") != FORMAT_VERSION:
-      raise DataError(f"{path}: unsupported store format {self.manifest.get('format_version')!r}")
+    version = self.manifest.get("format_version")
     self.ids: List[str] = documents["ids"]
     self.users: Optional[List[str]] = documents.get("users")
-    self.offsets = np.fromfile(os.path.join(path, OFFSETS_FILE), dtype=np.int64)
-    num_tokens = int(self.offsets[-1])
-    if num_tokens:
-      self.tokens = np.memmap(os.path.join(path, TOKENS_FILE), dtype=np.int32, mode="r", shape=(num_tokens,))
+    if version == FORMAT_VERSION:
+      shards = self.manifest["shards"]
+      self._files = [(sh["tokens"], sh["offsets"]) for sh in shards]
+      self._starts = [int(x) for x in self.manifest["shard_starts"]]
+      if len(self._starts) != len(shards) + 1 or self._starts[0] != 0:
+        raise DataError(f"{path}: the shard index does not match its {len(shards)} shards")
+    elif version == LEGACY_FORMAT_VERSION:
+      self._files = [(TOKENS_FILE, OFFSETS_FILE)]
+      self._starts = [0, len(self.ids)]
     else:
-      self.tokens = np.zeros((0,), np.int32)
-    if len(self.offsets) != len(self.ids) + 1:
-      raise DataError(f"{path}: offsets and ids disagree ({len(self.offsets)} vs {len(self.ids)}+1)")
+      raise DataError(f"{path}: unsupported store format {version!r}")
+    if self._starts[-1] != len(self.ids):
+      raise DataError(f"{path}: shard index and ids disagree ({self._starts[-1]} vs {len(self.ids)} documents)")
+    for k, (_, offsets_file) in enumerate(self._files):
+      expected = (self._starts[k + 1] - self._starts[k] + 1) * 8
+      try:
+        size = os.path.getsize(os.path.join(path, offsets_file))
+      except OSError as e:
+        raise DataError(f"{path}: missing shard file {offsets_file}") from e
+      if size != expected:
+        raise DataError(f"{path}: offsets and ids disagree in {offsets_file} ({size // 8} vs "
+                        f"{expected // 8} offsets)")
+    self._shard_offsets: Dict[int, np.ndarray] = {}
+    self._shard_tokens: Dict[int, np.ndarray] = {}
+    self._global_offsets: Optional[np.ndarray] = None
 
   @property
   def num_documents(self) -> int:
     return len(self.ids)
 
   @property
+  def num_shards(self) -> int:
+    return len(self._files)
+
+  @property
+  def shard_starts(self) -> List[int]:
+    """K+1 cumulative document counts: shard S holds global documents [starts[S], starts[S+1])."""
+    return list(self._starts)
+
+  @property
   def num_tokens(self) -> int:
+    if "num_tokens" in self.manifest:
+      return int(self.manifest["num_tokens"])
     return int(self.offsets[-1])
+
+  def shard_of(self, i: int):
+    """(shard, local index) of global document `i`: a binary search over the shard starts."""
+    if not 0 <= i < len(self.ids):
+      raise IndexError(f"document index {i} out of range [0, {len(self.ids)})")
+    k = bisect.bisect_right(self._starts, i) - 1
+    return k, i - self._starts[k]
+
+  def _offsets_of(self, k: int) -> np.ndarray:
+    arr = self._shard_offsets.get(k)
+    if arr is None:
+      arr = np.memmap(os.path.join(self.path, self._files[k][1]), dtype=np.int64, mode="r")
+      self._shard_offsets[k] = arr
+    return arr
+
+  def _tokens_of(self, k: int) -> np.ndarray:
+    arr = self._shard_tokens.get(k)
+    if arr is None:
+      n = int(self._offsets_of(k)[-1])
+      if n:
+        arr = np.memmap(os.path.join(self.path, self._files[k][0]), dtype=np.int32, mode="r", shape=(n,))
+      else:
+        arr = np.zeros((0,), np.int32)
+      self._shard_tokens[k] = arr
+    return arr
+
+  def document_tokens(self, i: int) -> np.ndarray:
+    k, j = self.shard_of(int(i))
+    offsets = self._offsets_of(k)
+    return self._tokens_of(k)[offsets[j]:offsets[j + 1]]
+
+  def document_length(self, i: int) -> int:
+    k, j = self.shard_of(int(i))
+    offsets = self._offsets_of(k)
+    return int(offsets[j + 1] - offsets[j])
+
+  @property
+  def offsets(self) -> np.ndarray:
+    """N+1 global token offsets (as if the shards were one array); built on first use."""
+    if self._global_offsets is None:
+      parts, base = [np.zeros((1,), np.int64)], 0
+      for k in range(self.num_shards):
+        off = np.asarray(self._offsets_of(k), dtype=np.int64)
+        parts.append(off[1:] - off[0] + base)
+        base += int(off[-1] - off[0])
+      self._global_offsets = np.concatenate(parts)
+    return self._global_offsets
 
   def lengths(self) -> np.ndarray:
     return np.diff(self.offsets)
-
-  def document_tokens(self, i: int) -> np.ndarray:
-    return self.tokens[self.offsets[i]:self.offsets[i + 1]]
 
 
 def store_key(spec: str, vocab_sha256: str, reader_options: Dict[str, object]) -> str:
@@ -179,95 +298,213 @@ def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None
                 num_threads: Optional[int] = None, progress: bool = True) -> DocumentStore:
   """Tokenizes `corpus` with `vocab_path` into a cached store (or opens the cached one).
 
-  While building, a progress bar (documents) on a terminal and a summary log line, unless
-  `progress=False`.
+  The local build writes one shard. While building, a progress bar (documents) on a terminal
+  and a summary log line, unless `progress=False`.
 
   Raises:
     DataError: bad corpus or vocabulary, duplicate document ids; nothing is left behind.
   """
+  reader_options = reader_options_of(text_field=text_field, id_field=id_field, user_field=user_field,
+                                     errors=errors, max_documents=max_documents, data_dir=data_dir)
+  target = cache_target(corpus, vocab_path, reader_options, cache_dir)
+  if target.exists():
+    return DocumentStore(target.final)
+  vocab, proc = _sentencepiece_processor(vocab_path)
+
+  def write(tmp):
+    return _write_store(tmp, corpus, proc, reader_options, num_threads, progress)
+
+  return target.build(write, vocab)
+
+
+def reader_options_of(*, text_field: str = "text", id_field: str = "id", user_field: Optional[str] = None,
+                      errors: str = "strict", max_documents: Optional[int] = None,
+                      data_dir: Optional[str] = None) -> Dict[str, object]:
+  """The corpus reader options, as they enter the cache key."""
+  return {"text_field": text_field, "id_field": id_field, "user_field": user_field,
+          "errors": errors, "max_documents": max_documents, "data_dir": data_dir}
+
+
+class CacheTarget:
+  """Where the store of (corpus, vocabulary, reader options) lives in a cache, and its build."""
+
+  def __init__(self, corpus: str, vocab_path: str, vocab_sha256: str, reader_options, cache_dir: str):
+    self.corpus, self.vocab_path, self.vocab_sha256 = corpus, vocab_path, vocab_sha256
+    self.reader_options, self.cache_dir = reader_options, cache_dir
+    self.final = os.path.join(cache_dir, store_key(corpus, vocab_sha256, reader_options))
+
+  def exists(self) -> bool:
+    return os.path.isfile(os.path.join(self.final, MANIFEST_FILE))
+
+  def build(self, write, vocab) -> DocumentStore:
+    """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place."""
+    os.makedirs(self.cache_dir, exist_ok=True)
+    remove_stale_builds(self.cache_dir)
+    tmp = tempfile.mkdtemp(dir=self.cache_dir, prefix=f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-")
+    try:
+      manifest = write(tmp)
+      manifest.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
+                      vocab_size=int(vocab.vocab_size))
+      _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
+      try:
+        os.rename(tmp, self.final)
+      except OSError:
+        if not self.exists():  # lost a race: keep the winner's
+          raise
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    return DocumentStore(self.final)
+
+
+def cache_target(corpus: str, vocab_path: str, reader_options, cache_dir: Optional[str] = None) -> CacheTarget:
+  """The cache entry of a store (checks that the vocabulary file exists)."""
   if not os.path.isfile(vocab_path):
     raise DataError(f"vocabulary file not found: {vocab_path}")
-  vocab_sha = file_sha256(vocab_path)
-  reader_options = {"text_field": text_field, "id_field": id_field, "user_field": user_field,
-                    "errors": errors, "max_documents": max_documents, "data_dir": data_dir}
-  cache_dir = os.path.abspath(cache_dir or default_cache_dir())
-  final = os.path.join(cache_dir, store_key(corpus, vocab_sha, reader_options))
-  if os.path.isfile(os.path.join(final, MANIFEST_FILE)):
-    return DocumentStore(final)
-  vocab, proc = _sentencepiece_processor(vocab_path)
-  os.makedirs(cache_dir, exist_ok=True)
-  remove_stale_builds(cache_dir)
-  tmp = tempfile.mkdtemp(dir=cache_dir, prefix=f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-")
-  try:
-    manifest = _write_store(tmp, corpus, proc, reader_options, num_threads, progress)
-    manifest.update(vocab_path=os.path.abspath(vocab_path), vocab_sha256=vocab_sha,
-                    vocab_size=int(vocab.vocab_size))
-    _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
-    try:
-      os.rename(tmp, final)
-    except OSError:
-      if not os.path.isfile(os.path.join(final, MANIFEST_FILE)):  # lost a race: keep the winner's
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  return DocumentStore(final)
+  return CacheTarget(corpus, vocab_path, file_sha256(vocab_path), reader_options,
+                     os.path.abspath(cache_dir or default_cache_dir()))
+
+
+def load_processor(vocab_path: str):
+  """(seqio vocabulary, SentencePieceProcessor) exactly as the store build tokenizes with them."""
+  return _sentencepiece_processor(vocab_path)
 
 
 def _write_json(path: str, obj) -> None:
   write_json_atomic(path, obj, indent=None, sort_keys=False)
 
 
-def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -> Dict[str, object]:
-  start = time.time()
-  stats = corpora.CorpusStats()
-  docs = corpora.iter_documents(corpus, stats=stats, **reader_options)
-  ids, users, offsets = [], [], [0]
-  seen = set()
-  bar = progress_lib.bar(desc="[store] tokenizing", unit="docs", disable=not (progress and progress_lib.enabled()))
-  threads = num_threads or os.cpu_count() or 1
+class ShardWriter:
+  """Writes one shard (tokens + offsets) from documents, tokenizing them in batches.
 
-  def flush(batch, f):
-    # SentencePiece's batched encode tokenizes on `threads` native threads.
-    for tokens in proc.encode([d.text for d in batch], num_threads=threads):
+  Files are written through `atomic_open`, so a shard file is complete or absent (a retried
+  Beam bundle overwrites it whole).
+  """
+
+  def __init__(self, out_dir: str, index: int, num_shards: int, proc, num_threads: int = 1):
+    self.proc, self.num_threads = proc, max(1, int(num_threads))
+    self.tokens_file, self.offsets_file = shard_file_names(index, num_shards)
+    self._out_dir = out_dir
+    self.ids: List[str] = []
+    self.users: List[Optional[str]] = []
+    self.offsets: List[int] = [0]
+    self.text_bytes = 0
+    self._batch: List[Document] = []
+    self._ctx = atomic_open(os.path.join(out_dir, self.tokens_file), "wb")
+    self._f = self._ctx.__enter__()
+    self._open = True
+
+  def add(self, doc: Document) -> int:
+    """Adds a document; returns how many documents were tokenized by this call (0 or a batch)."""
+    self.ids.append(doc.id)
+    self.users.append(doc.user)
+    self._batch.append(doc)
+    if len(self._batch) == _ENCODE_CHUNK:
+      return self._flush()
+    return 0
+
+  def _flush(self) -> int:
+    texts = [d.text for d in self._batch]
+    # SentencePiece's batched encode tokenizes on `num_threads` native threads.
+    for tokens in self.proc.encode(texts, num_threads=self.num_threads):
       arr = np.asarray(tokens, dtype=np.int32)
-      arr.tofile(f)
-      offsets.append(offsets[-1] + len(arr))
+      arr.tofile(self._f)
+      self.offsets.append(self.offsets[-1] + len(arr))
+    self.text_bytes += sum(len(t.encode("utf-8")) for t in texts)
+    n, self._batch = len(self._batch), []
+    return n
 
-  with open(os.path.join(out_dir, TOKENS_FILE), "wb") as f:
-    batch = []
-    for doc in docs:
-      if doc.id in seen:
-        raise DataError(f"corpus {corpus}: duplicate document id {doc.id!r} (ids define the privacy unit)")
-      seen.add(doc.id)
-      ids.append(doc.id)
-      users.append(doc.user)
-      batch.append(doc)
-      if len(batch) == _ENCODE_CHUNK:
-        flush(batch, f)
-        bar.update(len(batch))
-        batch = []
-    flush(batch, f)
-  bar.close()
-  if progress:
-    logger.info("[store] %s: %d documents, %d tokens in %.1fs (%d blank skipped)", corpus, len(ids),
-                offsets[-1], time.time() - start, stats.blank_skipped)
-  np.asarray(offsets, dtype=np.int64).tofile(os.path.join(out_dir, OFFSETS_FILE))
+  def close(self) -> Dict[str, object]:
+    """Finishes both files; returns the shard's entry of the manifest index."""
+    self._flush()
+    self._open = False
+    self._ctx.__exit__(None, None, None)
+    with atomic_open(os.path.join(self._out_dir, self.offsets_file), "wb") as f:
+      np.asarray(self.offsets, dtype=np.int64).tofile(f)
+    return {"tokens": self.tokens_file, "offsets": self.offsets_file, "documents": len(self.ids),
+            "num_tokens": int(self.offsets[-1])}
+
+  def abort(self) -> None:
+    """Removes the unfinished tokens file (after an error)."""
+    if self._open:
+      self._open = False
+      error = DataError("shard aborted")
+      try:
+        self._ctx.__exit__(DataError, error, None)
+      except DataError:
+        pass
+
+
+def finish_store(out_dir: str, corpus: str, reader_options, shards: Sequence[Dict[str, object]],
+                 ids_per_shard: Sequence[Sequence[str]], users_per_shard: Sequence[Sequence[Optional[str]]],
+                 stats: Dict[str, int], start: float, sources: Optional[Sequence[str]] = None) -> Dict[str, object]:
+  """Checks ids and users over all shards, writes documents.json; returns the manifest.
+
+  Raises:
+    DataError: a document id used twice (in one shard or two), or a missing user.
+  """
+  ids = [i for part in ids_per_shard for i in part]
+  if len(set(ids)) != len(ids):
+    seen: Dict[str, int] = {}
+    for k, part in enumerate(ids_per_shard):
+      for doc_id in part:
+        if doc_id in seen:
+          where = ""
+          if sources is not None:
+            where = f" in {sources[seen[doc_id]]}" + (f" and {sources[k]}" if k != seen[doc_id] else "")
+          raise DataError(f"corpus {corpus}: duplicate document id {doc_id!r}{where} (ids define the privacy unit)")
+        seen[doc_id] = k
+  users = [u for part in users_per_shard for u in part]
   has_users = reader_options["user_field"] is not None
   if has_users and any(u is None for u in users):
     missing = ids[[u is None for u in users].index(True)]
     raise DataError(f"corpus {corpus}: document {missing!r} has no user ({reader_options['user_field']!r} is null)")
+  if not ids:
+    raise DataError(f"corpus {corpus} is empty ({stats.get('blank_skipped', 0)} blank documents skipped)")
   _write_json(os.path.join(out_dir, DOCUMENTS_FILE), {"ids": ids, "users": users if has_users else None})
+  starts = [0]
+  for sh in shards:
+    starts.append(starts[-1] + int(sh["documents"]))
   seconds = time.time() - start
   return {
       "format_version": FORMAT_VERSION,
       "corpus": corpus,
       "reader": reader_options,
       "num_documents": len(ids),
-      "num_tokens": int(offsets[-1]),
+      "num_tokens": int(sum(int(sh["num_tokens"]) for sh in shards)),
       "num_users": len(set(users)) if has_users else None,
-      "blank_skipped": stats.blank_skipped,
-      "replaced_lines": stats.replaced_lines,
-      "characters": stats.characters,
+      "blank_skipped": int(stats.get("blank_skipped", 0)),
+      "replaced_lines": int(stats.get("replaced_lines", 0)),
+      "characters": int(stats.get("characters", 0)),
+      "text_bytes": int(stats.get("text_bytes", 0)),
+      "num_shards": len(shards),
+      "shards": list(shards),
+      "shard_starts": starts,
       "build_seconds": round(seconds, 3),
       "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
   }
+
+
+def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -> Dict[str, object]:
+  start = time.time()
+  stats = corpora.CorpusStats()
+  docs = corpora.iter_documents(corpus, stats=stats, **reader_options)
+  seen = set()
+  bar = progress_lib.bar(desc="[store] tokenizing", unit="docs", disable=not (progress and progress_lib.enabled()))
+  writer = ShardWriter(out_dir, 0, 1, proc, num_threads or os.cpu_count() or 1)
+  try:
+    for doc in docs:
+      if doc.id in seen:
+        raise DataError(f"corpus {corpus}: duplicate document id {doc.id!r} (ids define the privacy unit)")
+      seen.add(doc.id)
+      bar.update(writer.add(doc))
+    shard = writer.close()
+  except BaseException:
+    writer.abort()
+    raise
+  bar.close()
+  if progress:
+    logger.info("[store] %s: %d documents, %d tokens in %.1fs (%d blank skipped)", corpus, len(writer.ids),
+                shard["num_tokens"], time.time() - start, stats.blank_skipped)
+  counts = {"blank_skipped": stats.blank_skipped, "replaced_lines": stats.replaced_lines,
+            "characters": stats.characters, "text_bytes": writer.text_bytes}
+  return finish_store(out_dir, corpus, reader_options, [shard], [writer.ids], [writer.users], counts, start)

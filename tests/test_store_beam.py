@@ -1,0 +1,140 @@
+"""The sharded token store: the Beam build equals the local build, reads across shards, the stage."""
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+from private_t5 import cli
+from private_t5.data import source as source_lib
+from private_t5.data import store as store_lib
+from private_t5.data import store_beam
+from private_t5.errors import DataError
+from test_data_vocab import FORTUNES, small_vocab_path
+
+TWO_WORKERS = "--direct_num_workers=2 --direct_running_mode=multi_processing"
+
+
+@pytest.fixture(scope="module")
+def vocab_path(tmp_path_factory, shared_data):
+  return small_vocab_path(tmp_path_factory, shared_data)
+
+
+def _fortunes(shared_data, limit):
+  records = []
+  with gzip.open(os.path.join(shared_data, FORTUNES), "rt", encoding="utf-8") as f:
+    for line in f:
+      records.append(json.loads(line))
+      if len(records) >= limit:
+        break
+  return records
+
+
+def _write_parts(folder, records, num_parts):
+  """`records` split into `num_parts` files part-K.jsonl(.gz); one blank and one id-less document."""
+  os.makedirs(folder, exist_ok=True)
+  records = list(records)
+  records[1] = {"text": records[1]["text"]}  # id FILE:LINE
+  records[2] = {"id": "blank", "text": "   "}
+  size = -(-len(records) // num_parts)
+  for k in range(num_parts):
+    name = os.path.join(folder, f"part-{k}.jsonl" + (".gz" if k % 2 == 0 else ""))
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(name, "wt", encoding="utf-8") as f:
+      for r in records[k * size:(k + 1) * size]:
+        f.write(json.dumps(r) + "\n")
+  return os.path.join(folder, "part-*")
+
+
+def _assert_same_documents(a, b, indices):
+  assert a.ids == b.ids and a.users == b.users and a.num_tokens == b.num_tokens
+  np.testing.assert_array_equal(a.lengths(), b.lengths())
+  for i in indices:
+    np.testing.assert_array_equal(a.document_tokens(int(i)), b.document_tokens(int(i)))
+
+
+@pytest.mark.slow
+def test_beam_two_workers_equals_local(tmp_path, shared_data, vocab_path):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 900), 3)
+  local = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "local"), progress=False)
+  beam, counters = store_beam.build_store_beam(pattern, vocab_path, beam_options=TWO_WORKERS,
+                                               cache_dir=str(tmp_path / "beam"))
+  assert local.num_shards == 1 and beam.num_shards == 3
+  assert os.path.basename(beam.path) == os.path.basename(local.path)  # the same cache key
+  _assert_same_documents(beam, local, range(local.num_documents))
+  assert "part-1.jsonl:1" not in local.ids and "blank" not in local.ids
+  assert beam.manifest["blank_skipped"] == local.manifest["blank_skipped"] == 1
+  assert counters["documents_tokenized"] == local.num_documents and counters["shards_written"] == 3
+
+
+def test_two_shard_store_equals_one_shard_store(tmp_path, shared_data, vocab_path):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 300), 2)
+  one = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "one"), progress=False)
+  two, _ = store_beam.build_store_beam(pattern, vocab_path, cache_dir=str(tmp_path / "two"))
+  assert two.num_shards == 2 and len(two.shard_starts) == 3
+  assert os.path.isfile(os.path.join(two.path, "tokens-00001-of-00002.int32"))
+  rng = np.random.default_rng(0)
+  fresh = store_lib.DocumentStore(two.path)  # random reads before any global offsets are built
+  indices = rng.integers(0, one.num_documents, size=200)
+  for i in indices:
+    np.testing.assert_array_equal(fresh.document_tokens(int(i)), one.document_tokens(int(i)))
+    assert fresh.document_length(int(i)) == len(one.document_tokens(int(i)))
+  assert fresh.shard_of(two.shard_starts[1]) == (1, 0)
+  _assert_same_documents(two, one, [0, two.shard_starts[1] - 1, two.shard_starts[1], one.num_documents - 1])
+  with pytest.raises(IndexError):
+    two.document_tokens(one.num_documents)
+
+
+def test_duplicate_ids_across_files_is_one_error(tmp_path, vocab_path):
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  (corpus / "a.jsonl").write_text(json.dumps({"id": "x", "text": "one"}) + "\n")
+  (corpus / "b.jsonl").write_text(json.dumps({"id": "y", "text": "two"}) + "\n" +
+                                  json.dumps({"id": "x", "text": "three"}) + "\n")
+  cache = tmp_path / "cache"
+  with pytest.raises(DataError) as e:
+    store_beam.build_store_beam(str(corpus / "*.jsonl"), vocab_path, cache_dir=str(cache))
+  message = str(e.value)
+  assert "duplicate document id 'x'" in message and "a.jsonl and " in message and "\n" not in message
+  assert os.listdir(cache) == []  # nothing half-written
+  with pytest.raises(DataError, match="duplicate document id 'x'"):
+    store_lib.build_store(str(corpus / "*.jsonl"), vocab_path, cache_dir=str(cache), progress=False)
+  with pytest.raises(DataError, match="matches no file"):
+    store_beam.build_store_beam(str(corpus / "none-*.jsonl"), vocab_path, cache_dir=str(cache))
+
+
+def test_version_1_store_still_opens(tmp_path, shared_data, vocab_path):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 40), 1)
+  new = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "c"), progress=False)
+  old = tmp_path / "old"
+  old.mkdir()
+  tokens, offsets = store_lib.shard_file_names(0, 1)
+  os.link(os.path.join(new.path, tokens), old / store_lib.TOKENS_FILE)
+  os.link(os.path.join(new.path, offsets), old / store_lib.OFFSETS_FILE)
+  os.link(os.path.join(new.path, store_lib.DOCUMENTS_FILE), old / store_lib.DOCUMENTS_FILE)
+  manifest = {k: v for k, v in new.manifest.items() if k not in ("shards", "shard_starts", "num_shards")}
+  (old / store_lib.MANIFEST_FILE).write_text(json.dumps(dict(manifest, format_version=1)))
+  _assert_same_documents(store_lib.DocumentStore(str(old)), new, range(new.num_documents))
+
+
+def test_store_stage_fills_the_training_cache(tmp_path, shared_data, vocab_path, capsys):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 120), 2)
+  cache = str(tmp_path / "cache")
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}",
+                   "--runner=DirectRunner"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary["shards"] == 2 and not summary["reused"] and summary["mb_per_s"] > 0
+  assert summary["counters"]["shards_written"] == 2
+  # What training does (make_source -> build_store) finds the same entry.
+  again = store_lib.build_store(pattern, vocab_path, cache_dir=cache)
+  assert again.path == summary["path"] and again.num_documents == summary["documents"]
+  source = source_lib.make_source(pattern, vocab_path, objective="prefix_lm", cache_dir=cache, split="all",
+                                  feature_lengths={"inputs": 32, "targets": 16}, progress=False)
+  assert source.store.path == summary["path"] and source.store.num_shards == 2
+  batch = source.get_batch([0, again.shard_starts[1], again.num_documents - 1], seed=0, batch_size=4)
+  assert batch["example_weight"].tolist() == [1, 1, 1, 0]
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}"]) == 0
+  assert json.loads(capsys.readouterr().out)["reused"]
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", "--skip_bad_lines"]) == 2
+  assert capsys.readouterr().err.count("\n") == 1
