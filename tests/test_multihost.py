@@ -142,6 +142,8 @@ def test_processes_read_only_their_rows_and_real_rows_are_spread():
   assert whole_source.reads == 6
   # Data position p (4 rows) holds indices p, p + 4, ... then padding.
   assert whole["example_index"].tolist() == [11, 15, -1, -1, 12, 16, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1]
+  # Each row's position in the step's sample (its dropout key), padding numbered after the sample.
+  assert whole["row_id"].tolist() == [0, 4, 6, 7, 1, 5, 8, 9, 2, 10, 11, 12, 3, 13, 14, 15]
   parts = []
   for rows in (range(0, 8), range(8, 16)):  # process 0 and 1 of a 2 x 2 cluster
     source = _IndexSource()
@@ -182,13 +184,8 @@ def _params_and_report(model_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,extra", [
-    # Known gap: with untruncated Poisson sampling one process runs a step as microbatches of
-    # the sample in order, several processes as one batch spread over the data axis; the row
-    # order (hence dropout keys) differs, so parameters agree only to ~3e-3 so far.
-    pytest.param("dp_vmap", ["--gin.DPConfig.method='vmap'", "--gin.train.mesh_shape=(4, 1)"],
-                 marks=pytest.mark.xfail(reason="one- and multi-process DP steps order rows differently")),
-    pytest.param("dp_ghost", ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(4, 1)"],
-                 marks=pytest.mark.xfail(reason="one- and multi-process DP steps order rows differently")),
+    ("dp_vmap", ["--gin.DPConfig.method='vmap'", "--gin.train.mesh_shape=(4, 1)"]),
+    ("dp_ghost", ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(4, 1)"]),
     ("nonprivate", ["--gin.DP=None", "--gin.train.mesh_shape=(2, 2)"]),
 ])
 def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
@@ -252,3 +249,4 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
   assert f"[p0] [train] resuming from checkpoint step {last}" in done.stdout
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
     assert json.load(f)["steps"] == 40
+
