@@ -250,3 +250,50 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
     assert json.load(f)["steps"] == 40
 
+
+# -- GLUE evaluation: 2 processes x 2 devices == 1 process x 4 devices (slow) ----------------------
+
+_GLUE_LENGTHS = {"inputs": 32, "targets": 4}
+
+
+@pytest.fixture(scope="module")
+def glue_model_dir(shared_data, tmp_path_factory):
+  """A tiny model trained briefly on bbc_news: its predictions differ between examples (4 of the
+  5 topics on the first 45 validation examples), so the metrics see every gathered prediction."""
+  from private_t5 import models
+  from private_t5.data import glue_tasks
+  from private_t5.train import main as train_main
+  from private_t5.train import optimizers
+  from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-order
+  directory = tmp_path_factory.mktemp("glue")
+  vocab = train_test_vocab(shared_data, directory / "glue.model")
+  train = glue_tasks.GlueSource("bbc_news", "train", vocab, _GLUE_LENGTHS, vocab_size=1024)
+  model_dir = str(directory / "ft")
+  train_main.train(model_config=models.load_preset("t5_1_0_tiny", vocab_size=1024, dropout_rate=0.0),
+                   train_data=train, model_dir=model_dir, train_steps=60, batch_size=32,
+                   learning_rate=optimizers.constant_schedule(1e-2), dp=None, vocab_path=vocab,
+                   checkpoint_every=60, eval_every=0, eval_examples=0, log_every=60, mesh_shape=(1, 1),
+                   insecure_deterministic_seed=3)
+  return model_dir
+
+
+@pytest.mark.slow
+def test_evaluation_on_two_processes_equals_one(glue_model_dir, tmp_path):
+  """`private-t5 evaluate` under `launch`: the examples are split over the processes, the decoded
+  texts gathered, and the results (written once, by process 0) equal the single process's."""
+  results = {}
+  for procs, devices in ((1, 4), (2, 2)):
+    out_dir = tmp_path / f"eval_{procs}x{devices}"
+    # 45 examples: an odd count, so the two processes' shares differ (23 and 22, padded).
+    done = _launch(procs, devices, [
+        "evaluate", "--gin_file=configs/runs/eval.gin", f"--gin.MODEL_DIR={glue_model_dir}",
+        "--gin.MIXTURE_OR_TASK_NAME=bbc_news", f"--gin.TASK_FEATURE_LENGTHS={_GLUE_LENGTHS!r}",
+        "--gin.evaluate.batch_size=8", "--gin.evaluate.max_examples=45", f"--gin.evaluate.output_dir={out_dir}"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.count("| majority class |") == 1  # the table is printed (and written) once
+    with open(out_dir / "results.json") as f:
+      results[procs] = json.load(f)
+  assert results[1] == results[2]
+  task = results[2]["tasks"]["bbc_news"]
+  assert task["num_examples"] == 45 and task["invalid_predictions"] < 1.0
+  assert 0.0 < task["score"] < 100.0  # not one constant prediction (these examples share one label)
