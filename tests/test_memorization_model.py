@@ -281,6 +281,9 @@ def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
          "--gin.BATCH_SIZE=4", *SPLIT_CONFIG_FLAGS], cwd=root, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert done.stdout.count("[memorization] wrote") == 1  # written once, by process 0
+    if procs == 2:  # the split file is built once, by process 0; process 1 reads it
+      assert "[p0] [memorization] splits written to" in done.stdout
+      assert "[p1] [memorization] splits reused from" in done.stdout
     reports[procs] = json.loads((out_dir / "report.json").read_text())
   one, two = reports[1]["extraction"]["greedy"], reports[2]["extraction"]["greedy"]
   assert one == two

@@ -142,6 +142,8 @@ def test_processes_read_only_their_rows_and_real_rows_are_spread():
   assert whole_source.reads == 6
   # Data position p (4 rows) holds indices p, p + 4, ... then padding.
   assert whole["example_index"].tolist() == [11, 15, -1, -1, 12, 16, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1]
+  # Each row's position in the step's sample (its dropout key), padding numbered after the sample.
+  assert whole["row_id"].tolist() == [0, 4, 6, 7, 1, 5, 8, 9, 2, 10, 11, 12, 3, 13, 14, 15]
   parts = []
   for rows in (range(0, 8), range(8, 16)):  # process 0 and 1 of a 2 x 2 cluster
     source = _IndexSource()
@@ -182,13 +184,8 @@ def _params_and_report(model_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,extra", [
-    # Known gap: with untruncated Poisson sampling one process runs a step as microbatches of
-    # the sample in order, several processes as one batch spread over the data axis; the row
-    # order (hence dropout keys) differs, so parameters agree only to ~3e-3 so far.
-    pytest.param("dp_vmap", ["--gin.DPConfig.method='vmap'", "--gin.train.mesh_shape=(4, 1)"],
-                 marks=pytest.mark.xfail(reason="one- and multi-process DP steps order rows differently")),
-    pytest.param("dp_ghost", ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(4, 1)"],
-                 marks=pytest.mark.xfail(reason="one- and multi-process DP steps order rows differently")),
+    ("dp_vmap", ["--gin.DPConfig.method='vmap'", "--gin.train.mesh_shape=(4, 1)"]),
+    ("dp_ghost", ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(4, 1)"]),
     ("nonprivate", ["--gin.DP=None", "--gin.train.mesh_shape=(2, 2)"]),
 ])
 def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
@@ -252,3 +249,51 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
   assert f"[p0] [train] resuming from checkpoint step {last}" in done.stdout
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
     assert json.load(f)["steps"] == 40
+
+
+# -- GLUE evaluation: 2 processes x 2 devices == 1 process x 4 devices (slow) ----------------------
+
+_GLUE_LENGTHS = {"inputs": 32, "targets": 4}
+
+
+@pytest.fixture(scope="module")
+def glue_model_dir(shared_data, tmp_path_factory):
+  """A tiny model trained briefly on bbc_news: its predictions differ between examples (4 of the
+  5 topics on the first 45 validation examples), so the metrics see every gathered prediction."""
+  from private_t5 import models
+  from private_t5.data import glue_tasks
+  from private_t5.train import main as train_main
+  from private_t5.train import optimizers
+  from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-order
+  directory = tmp_path_factory.mktemp("glue")
+  vocab = train_test_vocab(shared_data, directory / "glue.model")
+  train = glue_tasks.GlueSource("bbc_news", "train", vocab, _GLUE_LENGTHS, vocab_size=1024)
+  model_dir = str(directory / "ft")
+  train_main.train(model_config=models.load_preset("t5_1_0_tiny", vocab_size=1024, dropout_rate=0.0),
+                   train_data=train, model_dir=model_dir, train_steps=60, batch_size=32,
+                   learning_rate=optimizers.constant_schedule(1e-2), dp=None, vocab_path=vocab,
+                   checkpoint_every=60, eval_every=0, eval_examples=0, log_every=60, mesh_shape=(1, 1),
+                   insecure_deterministic_seed=3)
+  return model_dir
+
+
+@pytest.mark.slow
+def test_evaluation_on_two_processes_equals_one(glue_model_dir, tmp_path):
+  """`private-t5 evaluate` under `launch`: the examples are split over the processes, the decoded
+  texts gathered, and the results (written once, by process 0) equal the single process's."""
+  results = {}
+  for procs, devices in ((1, 4), (2, 2)):
+    out_dir = tmp_path / f"eval_{procs}x{devices}"
+    # 45 examples: an odd count, so the two processes' shares differ (23 and 22, padded).
+    done = _launch(procs, devices, [
+        "evaluate", "--gin_file=configs/runs/eval.gin", f"--gin.MODEL_DIR={glue_model_dir}",
+        "--gin.MIXTURE_OR_TASK_NAME=bbc_news", f"--gin.TASK_FEATURE_LENGTHS={_GLUE_LENGTHS!r}",
+        "--gin.evaluate.batch_size=8", "--gin.evaluate.max_examples=45", f"--gin.evaluate.output_dir={out_dir}"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.count("| majority class |") == 1  # the table is printed (and written) once
+    with open(out_dir / "results.json") as f:
+      results[procs] = json.load(f)
+  assert results[1] == results[2]
+  task = results[2]["tasks"]["bbc_news"]
+  assert task["num_examples"] == 45 and task["invalid_predictions"] < 1.0
+  assert 0.0 < task["score"] < 100.0  # not one constant prediction (these examples share one label)

@@ -124,3 +124,42 @@ def test_adding_or_removing_one_example_moves_the_sum_by_at_most_c(trainer, seed
   moved = np.linalg.norm(clipped_sum(grown) - clipped_sum(base))
   assert moved <= CLIP * (1 + 1e-4)
   assert moved >= 0.5 * CLIP  # the added example is clipped to exactly C: the bound is tight
+
+
+class _ExamplesSource:
+  """get_batch of the trainer contract over `_examples()` (the stand-in corpus)."""
+
+  def __init__(self, examples):
+    self.examples = examples
+
+  def get_batch(self, indices, seed, batch_size):
+    del seed
+    batch = _batch(self.examples, np.asarray(indices, np.int64), batch_size)
+    batch["example_index"] = np.full((batch_size,), -1, np.int64)
+    batch["example_index"][:len(indices)] = indices
+    batch["is_padding"] = batch["example_weight"] == 0
+    return batch
+
+
+@pytest.mark.parametrize("method", ["vmap", "ghost"])
+def test_microbatched_step_equals_the_spread_whole_batch_step(seeds, method):
+  """One process in microbatches of m < batch (sample order) and the multi-process layout (the
+  sample spread over the `data` axis, `loop.local_batch`) compute the same step: every example
+  keeps its dropout key (its position in the sample), the noise is the step's."""
+  from private_t5.train import loop
+  aggregator = factory.make_dp_aggregator(make_loss_fn(CONFIG), CLIP, SIGMA, EXPECTED, method=method,
+                                          spmd_axis_name=partitioning.DATA_AXIS)
+  mesh = partitioning.create_mesh((4, 1), devices=jax.devices()[:4])
+  trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  source = _ExamplesSource(_examples())
+  sample = np.array([8, 0, 5, 3, 2, 6], np.int64)  # 6 rows: 2 microbatches of 4, or spread over 4 x 4
+  state = trainer.init_state(seeds.init_key)
+  micro, micro_metrics = trainer.train_step_microbatched(state, source.get_batch(sample, 0, 8), 4,
+                                                         seeds.dropout_base_key, seeds.noise_base_key)
+  state = trainer.init_state(seeds.init_key)
+  spread = loop.local_batch(source, sample, 0, 16, 4, range(16))
+  assert spread["example_index"].tolist()[:4] == [8, 2, -1, -1]  # not the sample's order
+  whole, whole_metrics = trainer.train_step(state, spread, seeds.dropout_base_key, seeds.noise_base_key)
+  np.testing.assert_allclose(_flat(whole.params), _flat(micro.params), rtol=1e-5, atol=1e-7)
+  for name in ("nondp/loss", "nondp/batch_size", "nondp/grad_norm_mean", "nondp/fraction_clipped"):
+    assert float(whole_metrics[name]) == pytest.approx(float(micro_metrics[name]), rel=1e-5), name

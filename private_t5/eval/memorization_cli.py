@@ -203,16 +203,37 @@ def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
 def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, output_dir: str,
                  split_config: splits_lib.SplitConfig, text_field: str, warnings: List[str],
                  log: Callable[[str], None] = print) -> SplitData:
-  """Reads both corpora and builds (or reuses) the four splits of Lee et al."""
+  """Reads both corpora and builds (or reuses) the four splits of Lee et al.
+
+  With several JAX processes the split file is built once: process 0 builds and writes it
+  (atomically), the others wait at a barrier and then read it (on a file system that they do
+  not share with process 0 they find no file and build the same splits themselves).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   train_docs, _ = corpora.read_corpus(train_corpus, text_field=text_field)
   valid_docs, _ = corpora.read_corpus(valid_corpus, text_field=text_field)
   log(f"[memorization] {len(train_docs)} training and {len(valid_docs)} validation documents")
   sp = model.vocab.tokenizer
-  splits, split_path, reused = splits_lib.load_or_build_splits(
-      output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
-      tokenizer_id=file_sha256(model.vocab_path), specs={"train": train_corpus, "valid": valid_corpus},
-      verbose=True)
+
+  def load_or_build():
+    return splits_lib.load_or_build_splits(
+        output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
+        tokenizer_id=file_sha256(model.vocab_path), specs={"train": train_corpus, "valid": valid_corpus},
+        verbose=True)
+
+  if jax.process_count() == 1:
+    splits, split_path, reused = load_or_build()
+  else:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    if jax.process_index() == 0:
+      splits, split_path, reused = load_or_build()
+    multihost_utils.sync_global_devices("private_t5 memorization splits written")
+    if jax.process_index() != 0:
+      splits, split_path, reused = load_or_build()
+      if not reused:
+        log(f"[memorization] warning: process {jax.process_index()} found no split file {split_path} "
+            "written by process 0 (OUTPUT_DIR not shared?) and built the splits itself")
   sizes = splits.sizes()
   log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
       + ", ".join(f"{k} {v}" for k, v in sizes.items()))

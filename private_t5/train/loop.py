@@ -18,7 +18,9 @@ updates (nothing new is released).
 
 Several processes (multi-host): every process draws the same indices (same sampler seed), builds
 only its own rows of the batch (`trainer.local_rows`; the real rows spread round-robin over the
-`data` axis, `local_batch`) and the global batch is assembled on the devices; the run's files
+`data` axis, `local_batch`; each row carries its position in the step's sample, which its
+dropout key folds in, so the step equals the one-process microbatched step on the same sample)
+and the global batch is assembled on the devices; the run's files
 (privacy report, summary, TensorBoard) are written by process 0 only, checkpoints by orbax on
 all processes together.
 """
@@ -34,6 +36,7 @@ import numpy as np
 
 from private_t5 import io
 from private_t5 import progress as progress_lib
+from private_t5.dp import clipping
 from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
 from private_t5.errors import ConfigError
 from private_t5.train import checkpoints as checkpoints_lib
@@ -72,17 +75,40 @@ def _validation_batches(source, batch_size: int, eval_examples: int,
           for i in range(0, n, batch_size)]
 
 
+def sample_positions(num_sampled: int, batch_size: int, data_size: int, rows: range) -> np.ndarray:
+  """int32 position in the step's sample of each of `rows` of the spread batch (`local_batch`).
+
+  Real rows: the index into the step's `indices` (position p of the `data` axis holds p, p + D,
+  ...); padding rows: num_sampled, num_sampled + 1, ... in row order. A row's dropout key folds
+  in this position (`dp.clipping.ROW_ID`), as in a microbatched step where row r of the sample
+  is row r of the batch, so both layouts give every example the same key.
+  """
+  per = batch_size // data_size
+  positions = np.empty((batch_size,), np.int32)
+  next_padding = num_sampled
+  for p, block in enumerate(partitioning.spread_over_data(np.arange(num_sampled), data_size)):
+    real = min(len(block), per)
+    positions[p * per:p * per + real] = block[:real]
+    positions[p * per + real:(p + 1) * per] = np.arange(next_padding, next_padding + per - real)
+    next_padding += per - real
+  return positions[rows.start:rows.stop]
+
+
 def local_batch(source, indices: np.ndarray, seed: int, batch_size: int, data_size: int,
                 rows: range) -> Dict[str, np.ndarray]:
   """This process's `rows` of the global batch of `indices`, real rows spread over the data axis.
 
   Position p of the `data` axis holds indices p, p + D, p + 2D, ... then padding
   (`partitioning.spread_over_data`); only the examples of this process's positions are read.
+  The `dp.clipping.ROW_ID` column holds each row's position in the step's sample
+  (`sample_positions`), so the dropout keys do not depend on the layout.
   """
   per = batch_size // data_size
   blocks = partitioning.spread_over_data(indices, data_size)
   parts = [source.get_batch(blocks[p], seed, per) for p in range(rows.start // per, rows.stop // per)]
-  return parts[0] if len(parts) == 1 else {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+  batch = parts[0] if len(parts) == 1 else {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+  batch[clipping.ROW_ID] = sample_positions(len(indices), batch_size, data_size, rows)
+  return batch
 
 
 def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
