@@ -104,9 +104,12 @@ def write_figure(results: dict, path: str) -> Optional[str]:
   models = list(results["models"])
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
   width = 0.8 / max(len(models), 1)
+  top = 1.0
   for k, name in enumerate(models):
     ems = [100 * (results["models"][name]["splits"][s]["em"] or 0.0) for s in SPLITS]
     ax1.bar([i + k * width for i in range(len(SPLITS))], ems, width, label=name)
+    top = max([top] + ems)
+  ax1.set_ylim(0, 1.1 * top)
   ax1.set_xticks([i + width * (len(models) - 1) / 2 for i in range(len(SPLITS))])
   ax1.set_xticklabels([SPLIT_TITLES[s] for s in SPLITS])
   ax1.set_ylabel("exact match (%)")
@@ -122,7 +125,7 @@ def write_figure(results: dict, path: str) -> Optional[str]:
     eps = m.get("epsilon") if m.get("private") else None
     ax2.scatter([eps if eps is not None else right], [100 * acc], label=name)
   ax2.axvline(right, color="grey", lw=0.5, ls=":")
-  ax2.set_xlabel(f"ε (non-private models at the dotted line, ε = ∞)")
+  ax2.set_xlabel("ε (non-private models at the dotted line, ε = ∞)")
   ax2.set_ylabel("validation token accuracy (%)")
   ax2.set_title("Utility vs ε")
   ax2.legend(fontsize=8)
