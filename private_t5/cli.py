@@ -27,6 +27,7 @@ STAGES = {
     "memorization": ("private_t5.eval.memorization_cli", "measure training-data extraction and canary exposure"),
     "canaries": ("private_t5.eval.canaries_cli", "insert random canaries into a corpus and record them"),
     "evaluate": ("private_t5.eval.evaluate_cli", "evaluate a checkpoint on GLUE-style tasks"),
+    "study": ("private_t5.study_cli", "reproduce the paper's memorization findings end to end on a corpus"),
     "bench": ("private_t5.bench", "benchmark non-DP vs DP training steps side by side"),
     "redact": ("private_t5.selective.redact_cli", "detect secrets and write a redacted corpus"),
     "jft": ("private_t5.selective.jft", "selective DP: Just Fine-tune Twice (redacted phase, then DP phase)"),

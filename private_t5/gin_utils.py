@@ -81,6 +81,8 @@ CONFIGURABLES = {
     "train_dp_vocabulary": "private_t5.tokenizer.dp_spm:train_dp_vocabulary",
     # benchmarks
     "benchmark": "private_t5.bench:benchmark",
+    # the end-to-end study
+    "run_study": "private_t5.study_cli:run_study",
 }
 
 _MODEL = ("T5Config",)
@@ -96,6 +98,7 @@ STAGE_CONFIGURABLES = {
     "evaluate": _MODEL + ("evaluate",),
     "train_dp_vocabulary": ("train_dp_vocabulary",),
     "benchmark": ("benchmark",),
+    "run_study": _TRAINING + ("run_study", "SplitConfig"),
 }
 
 # name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.

@@ -18,6 +18,7 @@ COMMON_FLAGS = {
     "canaries": ("--corpus", "--output"),
     "evaluate": ("--model_dir", "--output", "--vocab_path"),
     "bench": ("--output",),
+    "study": ("--corpus", "--output"),
     "redact": ("--corpus", "--output"),
     "jft": ("--model_dir", "--target_epsilon", "--delta"),
     "adaptive": ("--model_dir", "--target_epsilon", "--delta"),

@@ -1,0 +1,284 @@
+"""`private-t5 study`: the memorization findings of Ponomareva et al. 2022 end to end, in one command.
+
+  private-t5 study --corpus=/path/corpus.jsonl.gz --output=/path/study [--gin.NAME=VALUE ...]
+
+Phases (each logs one line when it starts, and each is skipped when its result exists, so a
+re-run resumes):
+  1. data: train / validation documents, and a training corpus in which a fraction of the
+     training documents is repeated r times (r cycles through 2, 5, 10 by default);
+  2. vocabularies: a SentencePiece vocabulary and a DP-SentencePiece one, both of the training corpus;
+  3. for each model (`nondp_prefix`, `nondp_span`, `dp_prefix`, `fulldp_prefix`, optionally
+     `dp_span`): training with the same model, steps and data (`train`), then the memorization
+     stage (the four splits, greedy EM / TA / MED) and teacher-forced validation token accuracy;
+  4. results.json, results.md (Table-3-like and Table-2-like tables) and figure.png.
+
+The default Gin experiment is configs/experiments/study.gin (a tiny T5 at short lengths).
+"""
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from private_t5 import gin_utils
+from private_t5 import io as io_lib
+from private_t5.errors import ConfigError, PrivacyError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GIN_FILE = "experiments/study.gin"
+USAGE = """usage: private-t5 study --corpus=PATH --output=DIR [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
+
+Trains four models on one corpus with planted duplicates (non-DP prefix LM, non-DP span
+corruption, DP prefix LM, DP-SentencePiece + DP prefix LM), measures their memorization and
+validation accuracy, and writes results.json, results.md and figure.png to DIR. Default Gin
+file: configs/experiments/study.gin. Re-running with the same DIR resumes. See docs/study.md.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """One model of the study: its objective, whether it trains with DP, and its vocabulary."""
+  objective: str
+  private: bool
+  vocabulary: str  # "spm" (non-private SentencePiece) or "dp_spm"
+
+
+MODELS = {
+    "nondp_prefix": ModelSpec("prefix_lm", False, "spm"),
+    "nondp_span": ModelSpec("span_corruption", False, "spm"),
+    "dp_prefix": ModelSpec("prefix_lm", True, "spm"),
+    "fulldp_prefix": ModelSpec("prefix_lm", True, "dp_spm"),
+    "dp_span": ModelSpec("span_corruption", True, "spm"),
+}
+DEFAULT_MODELS = ("nondp_prefix", "nondp_span", "dp_prefix", "fulldp_prefix")
+RESULT_FILE = "result.json"
+
+
+def _nan_to_none(value):
+  if isinstance(value, float) and math.isnan(value):
+    return None
+  return value
+
+
+def _split_result(metrics: dict) -> dict:
+  return {"em": _nan_to_none(metrics["exact_match"]), "ta": _nan_to_none(metrics["token_accuracy"]),
+          "med": _nan_to_none(metrics["median_edit_distance"]), "n": int(metrics["n"])}
+
+
+def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: Dict[str, float]) -> dict:
+  """One model's entry of results.json from its training summary and memorization report."""
+  from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
+  if spec.private and not summary.get("private"):
+    raise PrivacyError(f"model {name} should train with DP but its run was not private (is DP=None set?)")
+  if not spec.private and summary.get("private"):
+    raise ConfigError(f"model {name} should train without DP but its run was private")
+  validation = summary.get("validation_not_dp") or summary.get("validation") or {}
+  greedy = report["extraction"]["greedy"]
+  result = {"objective": spec.objective, "private": spec.private, "vocabulary": spec.vocabulary,
+            "epsilon": None, "delta": None, "epsilon_scope": None,
+            "training_epsilon": summary.get("training_epsilon"), "training_delta": summary.get("training_delta"),
+            "validation_token_accuracy": validation.get("token_accuracy"),
+            "validation_loss": validation.get("loss"),
+            "splits": {s: _split_result(greedy[s]) for s in splits_lib.SPLIT_NAMES},
+            "final_step": summary.get("final_step"), "wall_seconds": wall}
+  if spec.private:
+    if summary.get("epsilon") is not None:  # the vocabulary's ε composed in (a DP vocabulary)
+      result.update(epsilon=summary["epsilon"], delta=summary["delta"], epsilon_scope="training + vocabulary")
+    else:  # a non-private vocabulary: the guarantee covers training only, as the paper's "DP training" rows
+      result.update(epsilon=summary["training_epsilon"], delta=summary["training_delta"],
+                    epsilon_scope="training only (vocabulary not private)")
+  return result
+
+
+def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text") -> dict:
+  """Phase 1: writes data/train.jsonl.gz, data/valid.jsonl.gz and data/duplication.json (reused)."""
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
+  data_dir = os.path.join(output_dir, "data")
+  record_path = os.path.join(data_dir, "duplication.json")
+  settings = {"corpus": os.path.abspath(corpus) if os.path.exists(corpus) else corpus, **dup_cfg.as_dict()}
+  if os.path.isfile(record_path):
+    with open(record_path, encoding="utf-8") as f:
+      record = json.load(f)
+    if record.get("settings") != settings:
+      raise ConfigError(f"{output_dir} holds a study of other data settings ({record_path}); "
+                        "use a new --output directory")
+    logger.info("[study] data: reusing %s", data_dir)
+    return record
+  docs, _ = corpora.read_corpus(corpus, text_field=text_field, max_documents=dup_cfg.max_documents)
+  study = duplication.plant_duplicates(docs, dup_cfg)
+  train_path = duplication.write_jsonl(os.path.join(data_dir, "train.jsonl.gz"), study.train)
+  valid_path = duplication.write_jsonl(os.path.join(data_dir, "valid.jsonl.gz"), study.valid)
+  record = {"settings": settings, "train": os.path.abspath(train_path), "valid": os.path.abspath(valid_path),
+            "stats": study.describe(), "repeated": study.repeated}
+  io_lib.write_json_atomic(record_path, record)  # last: its presence marks the phase done
+  stats = record["stats"]
+  logger.info("[study] data: %d training documents (%d with copies), %d validation; %d repeated %s",
+              stats["train_documents"], stats["train_documents_with_copies"], stats["valid_documents"],
+              stats["repeated_documents"], stats["repeated_by_count"])
+  return record
+
+
+def train_vocabularies(train_corpus: str, output_dir: str, *, needed: Sequence[str], vocab_size: int,
+                       dp_vocab_epsilon: float, dp_vocab_delta: float, dp_vocab_max_words: int,
+                       text_field: str = "text") -> Dict[str, str]:
+  """Phase 2: the SentencePiece and DP-SentencePiece vocabularies of the training corpus (reused)."""
+  vocab_dir = os.path.join(output_dir, "vocab")
+  paths = {"spm": os.path.join(vocab_dir, "spm.model"), "dp_spm": os.path.join(vocab_dir, "dp_spm", "dp_spm.model")}
+  if "spm" in needed and not os.path.isfile(paths["spm"]):
+    from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+    from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+    texts = (d.text for d in corpora.iter_documents(train_corpus, text_field=text_field))
+    spm.train_from_sentences(texts, paths["spm"], vocab_size=vocab_size)
+    logger.info("[study] vocabulary: SentencePiece, %d pieces: %s", vocab_size, paths["spm"])
+  report_path = os.path.join(os.path.dirname(paths["dp_spm"]), "privacy_report.json")
+  if "dp_spm" in needed and not (os.path.isfile(paths["dp_spm"]) and os.path.isfile(report_path)):
+    from private_t5.tokenizer import dp_spm  # pylint: disable=g-import-not-at-top
+    report = dp_spm.train_dp_vocabulary(train_corpus, paths["dp_spm"], vocab_size=vocab_size,
+                                        target_epsilon=dp_vocab_epsilon, delta=dp_vocab_delta,
+                                        max_words_per_document=dp_vocab_max_words, text_field=text_field,
+                                        eval_documents=0, nonprivate_baseline=False, verbose=False)
+    logger.info("[study] vocabulary: DP-SentencePiece at ε = %.4g, δ = %.3g: %s",
+                report["epsilon"], report["delta"], paths["dp_spm"])
+  return paths
+
+
+def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None, models: Sequence[str] = DEFAULT_MODELS,
+              validation_fraction: float = 0.1, duplicate_fraction: float = 0.1,
+              repetitions: Sequence[int] = (2, 5, 10), max_documents: Optional[int] = None, seed: int = 0,
+              vocab_size: int = 2000, dp_vocab_epsilon: float = 3.37, dp_vocab_delta: float = 1e-8,
+              dp_vocab_max_words: int = 256, prompt_length: int = 32, generation_length: int = 16,
+              max_examples_per_split: Optional[int] = 500, memorization_batch_size: int = 64,
+              split_config=None, text_field: str = "text",
+              train_model: Optional[Callable[[str, List[str]], dict]] = None) -> dict:
+  """Runs the study and writes results.json, results.md and figure.png to `output_dir`.
+
+  Args:
+    corpus: corpus spec (see `private_t5.data.corpora`).
+    output_dir: the study's folder (data/, vocab/, models/NAME/, results.*).
+    models: which of `MODELS` to train, in order.
+    validation_fraction, duplicate_fraction, repetitions, max_documents, seed: the data phase
+      (`private_t5.data.duplication.DuplicationConfig`).
+    vocab_size: SentencePiece pieces of both vocabularies (the DP one may end up smaller).
+    dp_vocab_epsilon, dp_vocab_delta, dp_vocab_max_words: the DP-SentencePiece vocabulary.
+    prompt_length, generation_length: memorization prompt P and generated length T.
+    max_examples_per_split: documents evaluated per memorization split.
+    memorization_batch_size: prompts decoded together.
+    split_config: the near-duplicate settings (`SplitConfig`).
+    text_field: JSONL/TSV field of the text.
+    train_model: `train_model(model_dir, gin_bindings) -> summary`, set by the command line:
+      trains one model with the study's Gin files plus these bindings.
+  """
+  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import memorization_cli  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
+  t_start = time.time()
+  for name, value in (("corpus", corpus), ("output", output_dir)):
+    if not isinstance(value, str) or not value:
+      raise ConfigError(f"private-t5 study: missing --{name}")
+  unknown = [m for m in models if m not in MODELS]
+  if unknown or not models or len(set(models)) != len(models):
+    raise ConfigError(f"models must be distinct names among {', '.join(MODELS)}, got {list(models)!r}")
+  if train_model is None:
+    raise ConfigError("run_study needs train_model (run it as `private-t5 study`)")
+  split_config = split_config if split_config is not None else splits_lib.SplitConfig()
+  if not isinstance(split_config, splits_lib.SplitConfig):
+    raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
+  split_config.validate()
+  for name, value in (("prompt_length", prompt_length), ("generation_length", generation_length),
+                      ("vocab_size", vocab_size), ("memorization_batch_size", memorization_batch_size)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+  dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=duplicate_fraction,
+                                          repetitions=tuple(repetitions), seed=seed,
+                                          max_documents=max_documents).validate()
+  output_dir = os.path.abspath(output_dir)
+  steps = 2 + 2 * len(models) + 1
+  phase = iter(range(1, steps + 1))
+
+  logger.info("[study] phase %d/%d: data from %s", next(phase), steps, corpus)
+  data = prepare_data(corpus, output_dir, dup_cfg, text_field)
+  logger.info("[study] phase %d/%d: vocabularies", next(phase), steps)
+  t_vocab = time.time()
+  vocabs = train_vocabularies(data["train"], output_dir, needed={MODELS[m].vocabulary for m in models},
+                              vocab_size=vocab_size, dp_vocab_epsilon=dp_vocab_epsilon, dp_vocab_delta=dp_vocab_delta,
+                              dp_vocab_max_words=dp_vocab_max_words, text_field=text_field)
+  vocab_seconds = time.time() - t_vocab
+
+  results = {}
+  for name in models:
+    spec = MODELS[name]
+    model_root = os.path.join(output_dir, "models", name)
+    result_path = os.path.join(model_root, RESULT_FILE)
+    if os.path.isfile(result_path):
+      with open(result_path, encoding="utf-8") as f:
+        results[name] = json.load(f)
+      next(phase), next(phase)
+      logger.info("[study] %s: reusing %s", name, result_path)
+      continue
+    run_dir = os.path.join(model_root, "run")
+    logger.info("[study] phase %d/%d: train %s (%s, %s, %s vocabulary)", next(phase), steps, name,
+                spec.objective, "DP" if spec.private else "non-private", spec.vocabulary)
+    t0 = time.time()
+    bindings = [f"MODEL_DIR={run_dir!r}", f"CORPUS={data['train']!r}", f"VALID_CORPUS={data['valid']!r}",
+                f"VOCAB_PATH={vocabs[spec.vocabulary]!r}", f"OBJECTIVE={spec.objective!r}",
+                f"DATA_CACHE_DIR={os.path.join(output_dir, 'cache')!r}"]
+    if not spec.private:
+      bindings.append("DP=None")
+    summary = train_model(run_dir, bindings)
+    t1 = time.time()
+    logger.info("[study] phase %d/%d: memorization of %s", next(phase), steps, name)
+    report = memorization_cli.run_memorization(
+        model_dir=run_dir, train_corpus=data["train"], valid_corpus=data["valid"],
+        output_dir=os.path.join(model_root, "memorization"), prompt_length=prompt_length,
+        generation_length=generation_length, batch_size=memorization_batch_size,
+        max_examples_per_split=max_examples_per_split, span_corruption_variant=False,
+        split_config=split_config, text_field=text_field, seed=seed, log=logger.info)
+    wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
+    results[name] = model_result(name, spec, summary, report, wall)
+    io_lib.write_json_atomic(result_path, results[name])
+
+  logger.info("[study] phase %d/%d: results", next(phase), steps)
+  out = {"models": results, "corpus": corpus, "data": data["stats"],
+         "settings": {"duplication": dup_cfg.as_dict(), "vocab_size": vocab_size,
+                      "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
+                      "prompt_length": prompt_length, "generation_length": generation_length,
+                      "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields()},
+         "wall_seconds": {"vocabularies": round(vocab_seconds, 1), "total_this_run": round(time.time() - t_start, 1)}}
+  paths = study_report.write_results(out, output_dir)
+  logger.info("[study] wrote %s in %.0f s", ", ".join(paths), time.time() - t_start)
+  return out
+
+
+def _parser():
+  from private_t5 import flags  # pylint: disable=g-import-not-at-top
+  p = flags.StageParser("study", "Reproduce the memorization findings of Ponomareva et al. 2022 on a corpus.",
+                        epilog=USAGE)
+  p.add_flag("corpus", gin="run_study.corpus", help="corpus spec (.jsonl[.gz], .txt, folder, .tsv, tfds:NAME)")
+  p.add_flag("output", gin="run_study.output_dir", help="study directory (resumed when it exists)")
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parsed = _parser().parse_stage_args(argv)
+  files = parsed.gin_files or [DEFAULT_GIN_FILE]
+  bindings = list(parsed.gin_bindings)
+  # The training run's own macros are set per model: check them when each model is trained.
+  gin_utils.parse(files, bindings, check_required=False, entry="run_study")
+
+  def train_model(model_dir: str, extra: List[str]) -> dict:
+    gin_utils.parse(files, bindings + [gin_utils.Binding(b) for b in extra], entry="run_study")
+    return gin_utils.call_configured(gin_utils.configured("train"), log=logger.info)
+
+  gin_utils.call_configured(gin_utils.configured("run_study"), train_model=train_model)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,100 @@
+"""`private-t5 study`: the planted duplicates, bad input, and a smoke run of every model."""
+import json
+import os
+
+import pytest
+
+from private_t5 import cli
+from private_t5.data import duplication
+from private_t5.documents import Document
+from private_t5.errors import ConfigError, DataError
+
+# A micro T5 (one layer each side, d_model 32) and a handful of steps: the smoke run checks
+# the plumbing and the output shape, not the numbers.
+MICRO_STUDY_ARGS = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
+                    "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1",
+                    "--gin.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8", "--gin.train.microbatch_size=8",
+                    "--gin.TRAIN_STEPS=2", "--gin.train.eval_examples=16", "--gin.train.mesh_shape=(1, 1)",
+                    "--gin.train.insecure_deterministic_seed=1234", "--gin.run_study.max_documents=200",
+                    "--gin.run_study.vocab_size=400", "--gin.run_study.prompt_length=8",
+                    "--gin.run_study.generation_length=8", "--gin.run_study.max_examples_per_split=8",
+                    "--gin.TASK_FEATURE_LENGTHS={'inputs': 9, 'targets': 9}"]
+
+
+def _docs(n):
+  return [Document(f"d{i}", f"document number {i} " * 3) for i in range(n)]
+
+
+def test_plant_duplicates_is_seeded_and_records_repetitions():
+  cfg = duplication.DuplicationConfig(validation_fraction=0.2, fraction=0.3, repetitions=(2, 5, 10), seed=3)
+  study = duplication.plant_duplicates(_docs(100), cfg)
+  assert len(study.valid) == 20 and study.num_train_original == 80
+  assert sorted(study.repeated.values()) == [2] * 8 + [5] * 8 + [10] * 8
+  assert len(study.train) == 80 + sum(r - 1 for r in study.repeated.values())
+  ids = [d.id for d in study.train]
+  assert len(set(ids)) == len(ids)
+  valid_ids = {d.id for d in study.valid}
+  assert not valid_ids & set(study.repeated)
+  texts = [d.text for d in study.train]
+  for doc_id, r in study.repeated.items():
+    original = next(d for d in study.train if d.id == doc_id)
+    assert texts.count(original.text) == r
+  again = duplication.plant_duplicates(_docs(100), cfg)
+  assert [d.id for d in again.train] == ids and again.repeated == study.repeated
+
+
+@pytest.mark.parametrize("kwargs", [{"validation_fraction": 0.0}, {"fraction": 1.5}, {"repetitions": (1,)},
+                                    {"repetitions": ()}, {"max_documents": 1}])
+def test_bad_duplication_settings(kwargs):
+  with pytest.raises(ConfigError):
+    duplication.DuplicationConfig(**kwargs).validate()
+
+
+def test_too_few_documents():
+  with pytest.raises(DataError, match="cannot be split"):
+    duplication.plant_duplicates(_docs(3), duplication.DuplicationConfig(validation_fraction=0.1))
+
+
+@pytest.mark.parametrize("argv,message", [
+    ([], "missing --corpus"),
+    (["--corpus=/no/such/corpus.jsonl"], "missing --output"),
+    (["--corpus=/no/such/corpus.jsonl", "--output={out}"], "/no/such/corpus.jsonl"),
+    (["--corpus=x", "--output={out}", "--gin.run_study.models=['bogus']"], "models must be"),
+    (["--corpus=x", "--output={out}", "--gin.run_study.duplicate_fraction=2.0"], "duplicate fraction"),
+])
+def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
+  out = tmp_path / "study"
+  assert cli.main(["study"] + [a.format(out=out) for a in argv]) == 2
+  err = [l for l in capsys.readouterr().err.strip().splitlines() if "[study] phase" not in l]
+  assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+  assert not out.exists()
+
+
+@pytest.mark.slow
+def test_study_smoke_every_model(shared_data, tmp_path):
+  corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+  out = tmp_path / "study"
+  argv = ["study", f"--corpus={corpus}", f"--output={out}", *MICRO_STUDY_ARGS]
+  assert cli.main(argv) == 0
+  results = json.loads((out / "results.json").read_text())
+  models = results["models"]
+  assert set(models) == {"nondp_prefix", "nondp_span", "dp_prefix", "fulldp_prefix"}
+  for name, m in models.items():
+    assert m["objective"] == ("span_corruption" if name == "nondp_span" else "prefix_lm")
+    assert set(m["splits"]) == {"train_dup", "train_unique", "valid_in_train", "valid_unique"}
+    for split in m["splits"].values():
+      assert set(split) == {"em", "ta", "med", "n"}
+    assert 0.0 <= m["validation_token_accuracy"] <= 1.0
+    if name.startswith(("dp_", "fulldp_")):
+      assert m["private"] and 0 < m["epsilon"] < float("inf") and 0 < m["delta"] < 1
+    else:
+      assert not m["private"] and m["epsilon"] is None and m["delta"] is None
+  # The DP vocabulary's ε is composed into the full-DP model's ε.
+  assert models["fulldp_prefix"]["epsilon"] > models["dp_prefix"]["epsilon"]
+  assert models["fulldp_prefix"]["epsilon_scope"] == "training + vocabulary"
+  assert sum(results["data"]["repeated_by_count"].values()) == results["data"]["repeated_documents"] > 0
+  assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert "Table 3" in (out / "results.md").read_text()
+  # A second run reuses every model's result.
+  assert cli.main(argv) == 0
+  assert json.loads((out / "results.json").read_text())["models"] == models
