@@ -270,7 +270,8 @@ def glue_model_dir(shared_data, tmp_path_factory):
   train = glue_tasks.GlueSource("bbc_news", "train", vocab, _GLUE_LENGTHS, vocab_size=1024)
   model_dir = str(directory / "ft")
   train_main.train(model_config=models.load_preset("t5_1_0_tiny", vocab_size=1024, dropout_rate=0.0),
-                   train_data=train, model_dir=model_dir, train_steps=60, batch_size=32,
+                   train_data=train, model_dir=model_dir, train_steps=60,
+                   batch_size=min(32, train.num_examples),  # 30 rows in the repository's fixture
                    learning_rate=optimizers.constant_schedule(1e-2), dp=None, vocab_path=vocab,
                    checkpoint_every=60, eval_every=0, eval_examples=0, log_every=60, mesh_shape=(1, 1),
                    insecure_deterministic_seed=3)

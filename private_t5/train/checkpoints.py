@@ -289,6 +289,14 @@ class CheckpointManager:
         self._discard_if_unused()
 
   def _discard_if_unused(self) -> None:
+    # orbax cleans stale temporaries of `checkpoints/` in a background thread started when it
+    # opened, and `close` does not wait for it: let it finish before the folder goes away.
+    cleanup = getattr(self._manager, "_cleanup_tmp_directory_future", None)
+    try:
+      if cleanup is not None:
+        cleanup.result()
+    except Exception:  # pylint: disable=broad-except
+      pass  # its failure changes nothing here
     try:
       if self._created_checkpoints and os.path.isdir(self.directory) and not os.listdir(self.directory):
         os.rmdir(self.directory)
