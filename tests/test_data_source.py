@@ -13,6 +13,9 @@ from private_t5.tokenizer import spm as spm_lib
 from test_data_vocab import FORTUNES, LINUX_DOCS, small_vocab_path
 from conftest import shared_or_fixture
 
+# Documents read from the kernel docs (the repository's fixture has 130).
+NUM_DOCS = 120
+
 BATCH = 16
 
 
@@ -33,9 +36,9 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def linux_sources(shared_data, vocab_path, cache_dir):
-  """Both objectives over 200 kernel documents (long: windows are cut at random)."""
+  """Both objectives over NUM_DOCS kernel documents (long: windows are cut at random)."""
   corpus = shared_or_fixture(LINUX_DOCS)
-  return {obj: source_lib.make_source(corpus, vocab_path, objective=obj, cache_dir=cache_dir, max_documents=200,
+  return {obj: source_lib.make_source(corpus, vocab_path, objective=obj, cache_dir=cache_dir, max_documents=NUM_DOCS,
                                       split="all")
           for obj in ("span_corruption", "prefix_lm")}
 
@@ -67,14 +70,14 @@ def _is_contiguous_subsequence(window, tokens):
 def test_shapes_and_padding_rows(linux_sources, objective):
   src = linux_sources[objective]
   assert src.feature_lengths == {"inputs": 512, "targets": 114}
-  assert src.privacy_unit == "document" and src.num_examples == 200
-  batch = src.get_batch([5, 0, 199], seed=7, batch_size=BATCH)
+  assert src.privacy_unit == "document" and src.num_examples == NUM_DOCS
+  batch = src.get_batch([5, 0, NUM_DOCS - 1], seed=7, batch_size=BATCH)
   assert set(batch) == set(source_lib.BATCH_KEYS)
   assert batch["encoder_input_tokens"].shape == (BATCH, 512) and batch["encoder_input_tokens"].dtype == np.int32
   for key in ("decoder_input_tokens", "decoder_target_tokens"):
     assert batch[key].shape == (BATCH, 114) and batch[key].dtype == np.int32
   assert batch["decoder_loss_weights"].dtype == np.float32
-  np.testing.assert_array_equal(batch["example_index"][:4], [5, 0, 199, -1])
+  np.testing.assert_array_equal(batch["example_index"][:4], [5, 0, NUM_DOCS - 1, -1])
   np.testing.assert_array_equal(batch["is_padding"], np.arange(BATCH) >= 3)
   np.testing.assert_array_equal(batch["example_weight"], (np.arange(BATCH) < 3).astype(np.float32))
   for key in ("encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights"):
@@ -84,7 +87,7 @@ def test_shapes_and_padding_rows(linux_sources, objective):
   assert not batch["decoder_input_tokens"][:, 0].any()
   np.testing.assert_array_equal(batch["decoder_loss_weights"], batch["decoder_target_tokens"] > 0)
   lengths = src.store.lengths()
-  for row, index in enumerate([5, 0, 199]):
+  for row, index in enumerate([5, 0, NUM_DOCS - 1]):
     if lengths[index] >= src.objective.raw_length:  # a full window fills both sides exactly
       assert (batch["encoder_input_tokens"][row] > 0).sum() == 512
       assert (batch["decoder_target_tokens"][row] > 0).sum() == 114
@@ -109,7 +112,7 @@ def test_span_corruption_sentinels_decodable(linux_sources, vocab):
 @pytest.mark.parametrize("objective", ["span_corruption", "prefix_lm"])
 def test_document_mode_rows_come_from_one_document(linux_sources, objective):
   src = linux_sources[objective]
-  indices = np.arange(0, 200, 13)
+  indices = np.arange(0, NUM_DOCS, 13)
   batch = src.get_batch(indices, seed=3, batch_size=len(indices))
   assert src.document_ids(indices, seed=3) == [src.store.ids[i] for i in indices]
   vocab_size = src.objective.vocab_size
@@ -146,24 +149,24 @@ def test_any_index_set(linux_sources):
   rng = np.random.default_rng(0)
   empty = src.get_batch([], seed=0, batch_size=4)
   assert empty["is_padding"].all() and (empty["example_index"] == -1).all() and not empty["example_weight"].any()
-  full = src.get_batch(rng.permutation(200)[:BATCH], seed=0, batch_size=BATCH)
+  full = src.get_batch(rng.permutation(NUM_DOCS)[:BATCH], seed=0, batch_size=BATCH)
   assert not full["is_padding"].any()
   with pytest.raises(ValueError, match="do not fit"):
     src.get_batch(np.arange(5), seed=0, batch_size=4)
   with pytest.raises(IndexError):
-    src.get_batch([200], seed=0, batch_size=4)
+    src.get_batch([NUM_DOCS], seed=0, batch_size=4)
 
 
 def test_example_mode_chunks_documents(shared_data, vocab_path, cache_dir):
   corpus = shared_or_fixture(LINUX_DOCS)
   src = source_lib.make_source(corpus, vocab_path, objective="prefix_lm", privacy_unit="example",
-                               cache_dir=cache_dir, max_documents=200, split="all")
+                               cache_dir=cache_dir, max_documents=NUM_DOCS, split="all")
   raw = src.objective.raw_length
   lengths = src.store.lengths()
-  assert src.num_examples == int(np.maximum(1, -(-lengths // raw)).sum()) > 200
+  assert src.num_examples == int(np.maximum(1, -(-lengths // raw)).sum()) > NUM_DOCS
   assert src.describe()["privacy_unit"] == "example"
   groups = src.user_ids()
-  assert len(groups) == src.num_examples and groups[-1] == 199
+  assert len(groups) == src.num_examples and groups[-1] == NUM_DOCS - 1
   # Chunk 1 of document 0 is its tokens [raw, 2*raw): deterministic, whatever the seed.
   doc0_chunks = np.flatnonzero(groups == 0)
   if len(doc0_chunks) > 1:
