@@ -11,7 +11,7 @@ import logging
 import os
 import re
 import tokenize
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import gin
 from gin import config_parser
@@ -268,6 +268,15 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     root_logger.removeFilter(_quiet_include_lookups)
   if check_required:
     check_required_macros()
+
+
+def macro_value(name: str) -> Any:
+  """The parsed value of Gin macro `name`; None when it is unbound or still %gin.REQUIRED."""
+  try:
+    value = gin.query_parameter(f"{name}/gin.macro.value")
+  except ValueError:
+    return None
+  return None if value is None or str(value) == "%gin.REQUIRED" else value
 
 
 def check_required_macros() -> None:

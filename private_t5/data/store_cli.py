@@ -60,12 +60,7 @@ def _settings(argv: List[str]):
     gin_utils.parse(files, bindings, check_required=False, entry="train", files_required=False)
     for name, macro in _MACROS.items():
       if getattr(args, name) is None:
-        try:
-          value = gin.query_parameter(f"{macro}/gin.macro.value")
-        except ValueError:
-          continue
-        if value is not None and str(value) != "%gin.REQUIRED":
-          setattr(args, name, value)
+        setattr(args, name, gin_utils.macro_value(macro))
     for name in _READER_DEFAULTS:
       if getattr(args, name) is None:
         try:

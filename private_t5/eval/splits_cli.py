@@ -55,17 +55,12 @@ def _settings(argv: List[str]):
   args, files, bindings = _parser().parse_stage_args(argv)
   cfg = splits_lib.SplitConfig()
   if files or bindings:
-    import gin  # pylint: disable=g-import-not-at-top
     gin_utils.parse(files, bindings, check_required=False, entry="run_memorization", files_required=False)
     cfg = gin_utils.configured("SplitConfig")()
     for name, macro in _MACROS.items():
-      if getattr(args, name) is None:
-        try:
-          value = gin.query_parameter(f"{macro}/gin.macro.value")
-        except ValueError:
-          continue
-        if value is not None and str(value) != "%gin.REQUIRED":
-          setattr(args, name, [value] if name.endswith("corpus") and isinstance(value, str) else value)
+      value = gin_utils.macro_value(macro)
+      if getattr(args, name) is None and value is not None:
+        setattr(args, name, [value] if name.endswith("corpus") and isinstance(value, str) else value)
   flags.check_required(_parser(), args, ("train_corpus", "valid_corpus", "output"))
   return args, cfg.validate()
 
