@@ -73,6 +73,24 @@ def test_beam_not_importable_is_one_line(monkeypatch):
   assert "\n" not in str(e.value)
 
 
+def test_result_folder_is_fresh_and_only_a_local_one_is_removed(tmp_path):
+  options = beam_io.pipeline_options("DirectRunner", "")
+  with beam_io.output_dir(options, None, "stage") as local:
+    assert os.path.basename(local).startswith("stage-") and os.path.isdir(local)
+    _write_jsonl(os.path.join(local, "rows-00000-of-00002"), ['["a", 1]', "", "2"])
+    _write_jsonl(os.path.join(local, "rows-00001-of-00002"), ['{"b": 3}'])
+    assert list(beam_io.read_json_lines(os.path.join(local, "rows"))) == [["a", 1], 2, {"b": 3}]
+  assert not os.path.exists(local)  # a local temporary folder goes with the pipeline
+  shared = tmp_path / "shared"
+  with beam_io.output_dir(options, str(shared) + "/", "stage") as first, \
+       beam_io.output_dir(beam_io.pipeline_options("DirectRunner", f"--temp_location={shared}"),
+                          None, "stage") as second:
+    assert first != second
+    assert os.path.dirname(first) == os.path.dirname(second) == str(shared)
+    os.makedirs(first)
+  assert os.path.isdir(first)  # on the user's storage it is left for the user to manage
+
+
 def test_file_readers_match_the_local_readers(tmp_path):
   jsonl = _write_jsonl(tmp_path / "a.jsonl.gz", [{"id": "x", "text": "one"}, {"text": "two"}, {"text": "  "},
                                                   {"id": 7, "text": "three"}])

@@ -7,7 +7,7 @@ import pytest
 import scipy.stats
 import sklearn.metrics
 
-from private_t5.data import glue_tasks
+from private_t5.data import glue_readers, glue_tasks
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import glue_metrics
 from conftest import expected
@@ -105,10 +105,25 @@ def test_unknown_task_missing_split_and_bad_label(tmp_path, glue_dir):
   user_dir = tmp_path / "reviews"
   _write_tsv(user_dir / "train.tsv", [["great", "good"], ["awful", "bad"], ["fine", "meh"]], ["text", "stars"])
   glue_tasks.register_local_tsv_task("my_reviews", str(user_dir), ["text"], "stars", ["bad", "good"])
-  with pytest.raises(DataError, match=r"train.tsv:4: label 'meh' is not in the label set"):
+  with pytest.raises(DataError, match=r"train.tsv:4: invalid label 'meh', not in the label set"):
     glue_tasks.load_examples("my_reviews", "train")
   with pytest.raises(DataError, match="no validation file"):
     glue_tasks.load_examples("my_reviews", "validation")
+
+
+def test_task_files_and_the_row_reader_share_one_tsv_reader(tmp_path):
+  user_dir = tmp_path / "bom"
+  user_dir.mkdir()
+  # A byte-order mark before the header and a whitespace-only line are what spreadsheets write.
+  (user_dir / "train.tsv").write_bytes("\ufefftext\tstars\ngreat\tgood\n \t \nawful\t0\n".encode("utf-8"))
+  glue_tasks.register_local_tsv_task("bom_reviews", str(user_dir), ["text"], "stars", ["bad", "good"])
+  examples = glue_tasks.load_examples("bom_reviews", "train")
+  assert examples["targets"] == ["good", "bad"]
+  rows = glue_readers.load_glue(str(user_dir), "train")
+  assert [(r["text"], r["stars"]) for r in rows] == [("great", "good"), ("awful", "0")]
+  (user_dir / "train.tsv").write_bytes(b"text\tstars\n\xff\tgood\n")
+  with pytest.raises(DataError, match=r"train.tsv: invalid UTF-8"):
+    glue_tasks.read_tsv_rows(glue_tasks.get_task("bom_reviews"), str(user_dir / "train.tsv"))
 
 
 def test_register_local_tsv_task_for_a_user_task(tmp_path, vocab):

@@ -23,6 +23,7 @@ A malformed line is a `DataError` naming the file and line; with `skip_bad_lines
 counted (`bad_lines`) and skipped. Beam metrics (documents read, bad lines, ...) are logged
 when the pipeline ends.
 """
+import contextlib
 import csv
 import hashlib
 import json
@@ -30,7 +31,10 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import sys
+import tempfile
+import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from private_t5.errors import ConfigError, DataError
@@ -304,6 +308,37 @@ def match_files(pattern: str) -> List[str]:
   if not paths:
     raise DataError(f"corpus pattern {pattern!r} matches no file")
   return paths
+
+
+@contextlib.contextmanager
+def output_dir(options, work_dir: Optional[str], name: str) -> Iterator[str]:
+  """A fresh folder the workers write a pipeline's result to, for the launching process to read.
+
+  Under `work_dir` if given, else under the options' `temp_location` (both must be readable by
+  the workers and the launcher: shared storage on a cluster); else a local temporary folder,
+  removed on exit.
+  """
+  if not work_dir:
+    from apache_beam.options.pipeline_options import GoogleCloudOptions  # pylint: disable=g-import-not-at-top
+    work_dir = options.view_as(GoogleCloudOptions).temp_location
+  if work_dir:
+    yield work_dir.rstrip("/") + f"/{name}-{uuid.uuid4().hex[:12]}"
+    return
+  local = tempfile.mkdtemp(prefix=f"{name}-")
+  try:
+    yield local
+  finally:
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def read_json_lines(prefix: str) -> Iterator[Any]:
+  """The JSON values of the non-blank lines of the files `WriteToText(prefix)` wrote, in file order."""
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  for path in sorted(m.path for r in FileSystems.match([prefix + "*"]) for m in r.metadata_list):
+    with FileSystems.open(path) as f:
+      for raw in iter(f.readline, b""):
+        if raw.strip():
+          yield json.loads(raw)
 
 
 def counter(name: str):

@@ -16,9 +16,7 @@ Supported layouts:
   `#2 String`; SST-2's `sentence`, `label`) are mapped, other columns are kept by name;
 * `tfds:glue/<task>` (TFDS must have it prepared under `data_dir`).
 """
-import csv
 import os
-import sys
 from typing import Dict, List, Optional, Sequence
 
 from private_t5.data import glue_tasks
@@ -52,43 +50,17 @@ def _split_files(task: Optional[str], split: str) -> Sequence[str]:
   return [n for n in dict.fromkeys(names) if n]
 
 
-def _read_rows(path: str, has_header: bool):
-  """(header or None, [(line number, cells)]) of a GLUE TSV (no quoting, BOM tolerated)."""
-  csv.field_size_limit(sys.maxsize)
-  try:
-    with open(path, encoding="utf-8-sig", newline="") as f:
-      rows = [(i, row) for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1)]
-  except UnicodeDecodeError as e:
-    raise DataError(f"{path}: invalid UTF-8 ({e.reason})") from None
-  rows = [(i, r) for i, r in rows if any(c.strip() for c in r)]
-  if not rows:
-    raise DataError(f"{path}: empty file")
-  if has_header:
-    return [c.strip() for c in rows[0][1]], rows[1:]
-  return None, rows
-
-
 def _convert_label(value: str, task: Optional[glue_tasks.GlueTask], where: str):
-  value = value.strip()
-  if task is None:  # a GLUE-like task of its own: keep class names, numbers as numbers
-    try:
-      return int(value)
-    except ValueError:
-      try:
-        return float(value)
-      except ValueError:
-        return value
+  if task is not None:
+    return glue_tasks.parse_label(task, value, where)
+  value = value.strip()  # a GLUE-like task of its own: keep class names, numbers as numbers
   try:
-    if task.is_regression:
-      return float(value)
-    if value in task.label_names:
-      return task.label_names.index(value)
-    index = int(value)
-    if 0 <= index < len(task.label_names):
-      return index
+    return int(value)
   except ValueError:
-    pass
-  raise DataError(f"{where}: invalid label {value!r} for GLUE task {task.local_subdir}")
+    try:
+      return float(value)
+    except ValueError:
+      return value
 
 
 # Column names of GLUE-like TSVs mapped onto T5 field names (MRPC's layout).
@@ -103,7 +75,7 @@ def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[i
     with open(path, encoding="utf-8-sig") as f:
       first = f.readline().split("\t")
     header_row = first[0].strip() == "index"
-  header, rows = _read_rows(path, header_row)
+  header, rows = glue_tasks.read_tsv(path, header_row)
   examples = []
   for idx, (lineno, row) in enumerate(rows):
     if max_examples is not None and idx >= max_examples:

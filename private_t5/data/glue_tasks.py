@@ -274,7 +274,8 @@ def _column_index(header: Optional[List[str]], column: Column, path: str) -> int
   return header.index(column)
 
 
-def _parse_label(task: GlueTask, value: str, where: str) -> Union[int, float]:
+def parse_label(task: GlueTask, value: str, where: str) -> Union[int, float]:
+  """A label cell -> the class index (a name or an index) or the regression target; `where` names the cell."""
   value = value.strip()
   if task.is_regression:
     try:
@@ -289,31 +290,40 @@ def _parse_label(task: GlueTask, value: str, where: str) -> Union[int, float]:
     index = -1
   if 0 <= index < len(task.label_names):
     return index
-  raise DataError(f"{where}: label {value!r} is not in the label set of task {task.name!r} "
+  raise DataError(f"{where}: invalid label {value!r}, not in the label set of task {task.name!r} "
                   f"({', '.join(task.label_names)} or 0..{len(task.label_names) - 1})")
+
+
+def read_tsv(path: str, has_header: bool) -> Tuple[Optional[List[str]], List[Tuple[int, List[str]]]]:
+  """(header or None, [(line number, cells)]) of a GLUE TSV: no quoting, BOM tolerated, blank rows skipped."""
+  csv.field_size_limit(sys.maxsize)
+  try:
+    with open(path, encoding="utf-8-sig", newline="") as f:
+      rows = [(i, row) for i, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1)]
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: invalid UTF-8 ({e.reason})") from None
+  rows = [(i, r) for i, r in rows if any(c.strip() for c in r)]
+  if not rows:
+    raise DataError(f"{path}: empty file" + (" (expected a header row)" if has_header else ""))
+  if has_header:
+    return [c.strip() for c in rows[0][1]], rows[1:]
+  return None, rows
 
 
 def read_tsv_rows(task: GlueTask, path: str) -> Tuple[Dict[str, List[str]], np.ndarray]:
   """(texts per feature, labels) of a GLUE-layout TSV file."""
-  csv.field_size_limit(sys.maxsize)
+  header, rows = read_tsv(path, task.header)
   texts = {f: [] for f in task.feature_names}
   labels = []
-  with open(path, encoding="utf-8", newline="") as f:
-    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    header = next(reader, None) if task.header else None
-    if task.header and header is None:
-      raise DataError(f"{path} is empty (expected a header row)")
-    text_idx = {feat: _column_index(header, task.text_columns[feat], path) for feat in task.feature_names}
-    label_idx = _column_index(header, task.label_column, path)
-    need = max(list(text_idx.values()) + [label_idx]) + 1
-    for line_no, row in enumerate(reader, start=2 if task.header else 1):
-      if not row:
-        continue
-      if len(row) < need:
-        raise DataError(f"{path}:{line_no}: {len(row)} columns, expected at least {need}")
-      for feat, i in text_idx.items():
-        texts[feat].append(row[i])
-      labels.append(_parse_label(task, row[label_idx], f"{path}:{line_no}"))
+  text_idx = {feat: _column_index(header, task.text_columns[feat], path) for feat in task.feature_names}
+  label_idx = _column_index(header, task.label_column, path)
+  need = max(list(text_idx.values()) + [label_idx]) + 1
+  for line_no, row in rows:
+    if len(row) < need:
+      raise DataError(f"{path}:{line_no}: {len(row)} columns, expected at least {need}")
+    for feat, i in text_idx.items():
+      texts[feat].append(row[i])
+    labels.append(parse_label(task, row[label_idx], f"{path}:{line_no}"))
   if not labels:
     raise DataError(f"{path} has no examples")
   dtype = np.float32 if task.is_regression else np.int64

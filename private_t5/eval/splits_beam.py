@@ -20,10 +20,7 @@ write the id lists in corpus order.
 import dataclasses
 import json
 import logging
-import shutil
-import tempfile
 import time
-import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -137,15 +134,6 @@ def _record(element) -> str:
                     ensure_ascii=False)
 
 
-def _read_lines(prefix: str):
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  for path in sorted(m.path for r in FileSystems.match([prefix + "*"]) for m in r.metadata_list):
-    with FileSystems.open(path) as f:
-      for raw in iter(f.readline, b""):
-        if raw.strip():
-          yield json.loads(raw)
-
-
 def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Union[str, Sequence[str]],
                       cfg: splits_lib.SplitConfig = splits_lib.SplitConfig(), *, runner: str = "DirectRunner",
                       beam_options: Union[str, Sequence[str]] = "", vocab_path: Optional[str] = None,
@@ -169,17 +157,9 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
     raise ConfigError("build_splits_beam needs a Beam runner, not 'local'")
   beam = beam_io.import_beam()
   options = beam_io.pipeline_options(runner, beam_options)
-  local_tmp = False
-  if not work_dir:
-    from apache_beam.options.pipeline_options import GoogleCloudOptions  # pylint: disable=g-import-not-at-top
-    work_dir = options.view_as(GoogleCloudOptions).temp_location
-  if work_dir:
-    out_dir = work_dir.rstrip("/") + f"/splits-{uuid.uuid4().hex[:12]}"
-  else:
-    out_dir, local_tmp = tempfile.mkdtemp(prefix="splits-"), True
   start = time.time()
   read = dict(text_field=text_field, errors=errors, data_dir=data_dir, skip_bad_lines=skip_bad_lines)
-  try:
+  with beam_io.output_dir(options, work_dir, "splits") as out_dir:
     p = beam.Pipeline(options=options)
     train = (beam_io.read_documents(p, train_corpus, label="train", **read)
              | "train refs" >> beam.Map(lambda kv: ((TRAIN, kv[0]), kv[1])))
@@ -221,11 +201,8 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
      | "records" >> beam.Map(_record)
      | "write records" >> beam.io.WriteToText(out_dir + "/records"))
     beam_io.run_pipeline(p)
-    records = list(_read_lines(out_dir + "/records"))
-    checked = sum(int(c) for c in _read_lines(out_dir + "/checked"))
-  finally:
-    if local_tmp:
-      shutil.rmtree(out_dir, ignore_errors=True)
+    records = list(beam_io.read_json_lines(out_dir + "/records"))
+    checked = sum(int(c) for c in beam_io.read_json_lines(out_dir + "/checked"))
   return _assemble(records, checked, cfg, vocab_path, time.time() - start)
 
 

@@ -16,12 +16,8 @@ import collections
 import functools
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
-import uuid
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 from private_t5.data import beam_io
 from private_t5.errors import ConfigError, DataError
@@ -60,26 +56,6 @@ def _sum_tuples(rows):
   return tuple(out)
 
 
-def _work_dir(options, work_dir: Optional[str]) -> Tuple[str, bool]:
-  """Where the pipeline writes its result (the launching process reads it back)."""
-  if work_dir:
-    return work_dir.rstrip("/") + f"/dp_spm_histogram-{uuid.uuid4().hex[:12]}", False
-  from apache_beam.options.pipeline_options import GoogleCloudOptions  # pylint: disable=g-import-not-at-top
-  temp = options.view_as(GoogleCloudOptions).temp_location
-  if temp:
-    return temp.rstrip("/") + f"/dp_spm_histogram-{uuid.uuid4().hex[:12]}", False
-  return tempfile.mkdtemp(prefix="dp_spm_histogram-"), True
-
-
-def _read_lines(prefix: str):
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  for path in sorted(m.path for r in FileSystems.match([prefix + "*"]) for m in r.metadata_list):
-    with FileSystems.open(path) as f:
-      for raw in iter(f.readline, b""):
-        if raw.strip():
-          yield json.loads(raw)
-
-
 def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.ContributionBound, *,
                    runner: str = "DirectRunner", beam_options: Union[str, Sequence[str]] = "",
                    text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
@@ -104,9 +80,8 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     raise ConfigError("max_documents applies to --runner=local only; give a smaller file pattern instead")
   beam = beam_io.import_beam()
   options = beam_io.pipeline_options(runner, beam_options)
-  out_dir, local_tmp = _work_dir(options, work_dir)
   start = time.time()
-  try:
+  with beam_io.output_dir(options, work_dir, "dp_spm_histogram") as out_dir:
     pipeline = beam.Pipeline(options=options)
     docs = beam_io.read_documents(pipeline, corpus, label="corpus", text_field=text_field, errors=errors,
                                   data_dir=data_dir, skip_bad_lines=skip_bad_lines)
@@ -124,12 +99,9 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
      | "write stats" >> beam.io.WriteToText(out_dir + "/stats"))
     counters = beam_io.run_pipeline(pipeline)
     histogram = collections.Counter()
-    for word, count in _read_lines(out_dir + "/counts"):
+    for word, count in beam_io.read_json_lines(out_dir + "/counts"):
       histogram[word] = count
-    totals = list(_read_lines(out_dir + "/stats")) or [[0] * len(_STATS_FIELDS)]
-  finally:
-    if local_tmp:
-      shutil.rmtree(out_dir, ignore_errors=True)
+    totals = list(beam_io.read_json_lines(out_dir + "/stats")) or [[0] * len(_STATS_FIELDS)]
   stats = dp_spm.HistogramStats(**dict(zip(_STATS_FIELDS, totals[0])))
   stats.seconds = time.time() - start
   logging.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; counters %s", runner,
