@@ -328,6 +328,15 @@ def unwrap_error(e: errors.PrivateT5Error) -> errors.PrivateT5Error:
   return cls(error_message(e))
 
 
+def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str):
+  """Runs a Gin stage: joins the JAX processes (several processes only; before any other JAX
+  call), parses the files and overrides for `entry`, then calls it; returns its result."""
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  partitioning.initialize_distributed()
+  parse(gin_files, gin_bindings, entry=entry)
+  return call_configured(configured(entry))
+
+
 def call_configured(fn, *args, **kwargs):
   """Calls a Gin-configured function; errors come out as the project's own, in one line.
 

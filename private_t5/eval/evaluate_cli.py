@@ -215,10 +215,7 @@ def _parser():
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parsed = _parser().parse_stage_args(argv)
-  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
-  partitioning.initialize_distributed()  # several processes only; before any other JAX call
-  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="evaluate")
-  gin_utils.call_configured(gin_utils.configured("evaluate"))
+  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "evaluate")
   return 0
 
 

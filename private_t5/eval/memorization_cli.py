@@ -329,9 +329,5 @@ def main(argv) -> int:
     print(USAGE, file=sys.stderr)
     return 2
   parsed = _parser().parse_stage_args(argv)
-  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
-  partitioning.initialize_distributed()  # several processes only; before any other JAX call
-  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="run_memorization")
-  fn = gin_utils.configured("run_memorization")
-  gin_utils.call_configured(fn)
+  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "run_memorization")
   return 0

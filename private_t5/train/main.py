@@ -326,10 +326,7 @@ def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train
   parsed = parser.parse_stage_args(argv)
   if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
     parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
-  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
-  partitioning.initialize_distributed()  # multi-host only; before any other JAX call
-  gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry=entry)
-  return gin_utils.call_configured(gin_utils.configured(entry))
+  return gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, entry)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
