@@ -330,10 +330,12 @@ def unwrap_error(e: errors.PrivateT5Error) -> errors.PrivateT5Error:
 
 def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str):
   """Runs a Gin stage: joins the JAX processes (several processes only; before any other JAX
-  call), parses the files and overrides for `entry`, then calls it; returns its result."""
+  call), parses the files and overrides for `entry`, keeps TensorFlow off the accelerators,
+  then calls `entry`; returns its result."""
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()
   parse(gin_files, gin_bindings, entry=entry)
+  partitioning.hide_accelerators_from_tensorflow()
   return call_configured(configured(entry))
 
 

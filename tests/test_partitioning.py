@@ -1,4 +1,6 @@
 """Meshes and logical-axis sharding: the sharded train step equals the single-device one."""
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -106,3 +108,25 @@ def test_init_from_given_params_is_sharded_by_the_rules():
     np.testing.assert_array_equal(a, b)
   embedding = state.params["token_embedder"]["embedding"]
   assert tuple(embedding.sharding.spec) == ("model", None)
+
+
+def test_tensorflow_is_kept_off_the_accelerators(tmp_path):
+  """In a fresh process: TensorFlow's GPU list is emptied before its first op, its CPU still
+  runs ops, and a second call once TensorFlow has started is a harmless no-op."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  script = (
+      "import tensorflow as tf\n"
+      "calls = []\n"
+      "real = tf.config.set_visible_devices\n"
+      "tf.config.set_visible_devices = lambda devices, kind=None: (calls.append((list(devices), kind)), real(devices, kind))\n"
+      "from private_t5.train import partitioning\n"
+      "partitioning.hide_accelerators_from_tensorflow()\n"
+      "assert calls == [([], 'GPU')], calls\n"
+      "assert tf.config.get_visible_devices('GPU') == []\n"
+      "assert int(tf.constant(2) + 3) == 5 and tf.config.get_visible_devices('CPU')\n"
+      "partitioning.hide_accelerators_from_tensorflow()\n"
+      "print('ok')\n")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_HOME=str(tmp_path / "keras"))
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

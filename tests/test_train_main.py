@@ -58,6 +58,23 @@ def test_unknown_gin_name_is_named():
     main.run_from_args(["--gin_file=" + QUICKSTART, "--steps=3"])
 
 
+@pytest.mark.parametrize("stage,args", [
+    ("train", ["--gin_file=" + QUICKSTART, "--gin.CORPUS=missing.jsonl", "--gin.VOCAB_PATH=missing.model"]),
+    ("evaluate", ["--gin_file=configs/runs/eval.gin", "--gin.MIXTURE_OR_TASK_NAME=sst2"]),
+    ("memorization", ["--gin_file=configs/runs/memorization.gin", "--gin.TRAIN_CORPUS=missing.jsonl",
+                      "--gin.VALID_CORPUS=missing.jsonl", "--gin.OUTPUT_DIR=out"]),
+])
+def test_gin_stages_keep_tensorflow_off_the_accelerators(stage, args, tmp_path, monkeypatch):
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(partitioning, "hide_accelerators_from_tensorflow", lambda: calls.append(stage))
+  monkeypatch.chdir(tmp_path)
+  # The stage starts (its Gin parses) and then stops at the missing input, with TF's GPUs hidden first.
+  assert cli.main([stage, *args, f"--gin.MODEL_DIR={tmp_path / 'model'}"]) != 0
+  assert calls == [stage]
+
+
 def test_layering_and_overrides():
   # model file -> run file -> experiment -> flags: later layers win.
   gin_utils.parse(["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin"], ["MODEL_DIR=/tmp/a"], check_required=False)

@@ -14,6 +14,7 @@ then spans the devices of all processes (`jax.devices()`). Each process builds o
 of the global batch owned by its own devices on the `data` axis (`local_rows`) and
 `shard_batch` assembles the global array from them. With one process it is a no-op.
 """
+import logging
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -48,6 +49,23 @@ NUM_PROCESSES_ENV = "PRIVATE_T5_NUM_PROCESSES"
 PROCESS_ID_ENV = "PRIVATE_T5_PROCESS_ID"
 # Seconds a process waits for the others to join the cluster.
 INITIALIZATION_TIMEOUT_S = 120
+
+
+def hide_accelerators_from_tensorflow() -> None:
+  """TensorFlow, which runs the input pipelines and writes TensorBoard files, keeps to the CPU.
+
+  Otherwise TensorFlow claims (nearly all of) every GPU's memory the first time it runs an
+  op, and JAX's training step then runs out of memory. T5X does the same. It must run before
+  TensorFlow's first op; later it is a no-op (logged). Without TensorFlow it does nothing.
+  """
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except RuntimeError as e:  # TensorFlow's runtime already started in this process
+    logging.debug("TensorFlow keeps its devices: %s", e)
 
 
 def initialize_distributed() -> bool:
