@@ -69,7 +69,27 @@ def _split_result(metrics: dict) -> dict:
           "med": _nan_to_none(metrics["median_edit_distance"]), "n": int(metrics["n"])}
 
 
-def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: Dict[str, float]) -> dict:
+def em_by_repetitions(per_document: dict, repeated: Dict[str, int]) -> Dict[str, dict]:
+  """Greedy EM of the evaluated train-dup documents, grouped by how often the study repeated them.
+
+  A document and its planted copies share their prompt, so each original document counts once
+  (extracted if any of its evaluated occurrences was). Group "natural": documents the split
+  detection flagged as duplicates that the study did not repeat. {group: {"em", "n"}}.
+  """
+  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
+  outcome: Dict[str, int] = {}
+  for doc_id, exact in zip(per_document.get("ids", []), per_document.get("exact", [])):
+    original = duplication.original_id(doc_id)
+    outcome[original] = max(outcome.get(original, 0), int(exact))
+  groups: Dict[str, List[int]] = {}
+  for original, exact in outcome.items():
+    groups.setdefault(str(repeated[original]) if original in repeated else "natural", []).append(exact)
+  order = sorted((g for g in groups if g != "natural"), key=int) + (["natural"] if "natural" in groups else [])
+  return {g: {"em": sum(groups[g]) / len(groups[g]), "n": len(groups[g])} for g in order}
+
+
+def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: Dict[str, float],
+                 repeated: Optional[Dict[str, int]] = None) -> dict:
   """One model's entry of results.json from its training summary and memorization report."""
   from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
   if spec.private and not summary.get("private"):
@@ -85,6 +105,9 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
             "validation_loss": validation.get("loss"),
             "splits": {s: _split_result(greedy[s]) for s in splits_lib.SPLIT_NAMES},
             "final_step": summary.get("final_step"), "wall_seconds": wall}
+  per_document = report.get("per_document", {}).get("greedy", {}).get("train_dup")
+  if per_document is not None and repeated is not None:
+    result["train_dup_by_repetitions"] = em_by_repetitions(per_document, repeated)
   if spec.private:
     if summary.get("epsilon") is not None:  # the vocabulary's ε composed in (a DP vocabulary)
       result.update(epsilon=summary["epsilon"], delta=summary["delta"], epsilon_scope="training + vocabulary")
@@ -240,7 +263,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
         max_examples_per_split=max_examples_per_split, span_corruption_variant=False,
         split_config=split_config, text_field=text_field, seed=seed, log=logger.info)
     wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
-    results[name] = model_result(name, spec, summary, report, wall)
+    results[name] = model_result(name, spec, summary, report, wall, data["repeated"])
     io_lib.write_json_atomic(result_path, results[name])
 
   logger.info("[study] phase %d/%d: results", next(phase), steps)

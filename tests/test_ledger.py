@@ -79,6 +79,36 @@ def test_components_compose_by_summation(tmp_path):
   assert resumed.total_epsilon() == pytest.approx(ledger.total_epsilon())
 
 
+def test_a_moved_dp_vocabulary_is_composed_once_on_resume(tmp_path):
+  """A run directory and its DP vocabulary copied elsewhere (another mount, a copy of the
+  study): the vocabulary is the same release, known by its content hash, not by its path."""
+  from private_t5.io import file_sha256  # pylint: disable=g-import-not-at-top
+  for where in ("first", "moved"):
+    (tmp_path / where).mkdir()
+    (tmp_path / where / "dp_spm.model").write_bytes(b"the same vocabulary")
+    (tmp_path / where / "privacy_report.json").write_text(json.dumps(
+        {"mechanism": "dp_sentencepiece", "epsilon": 3.37, "delta": 1e-8, "privacy_unit": "document",
+         "vocab_sha256": file_sha256(str(tmp_path / where / "dp_spm.model"))}))
+  ledger = _ledger()
+  ledger.add_vocabulary(str(tmp_path / "first" / "dp_spm.model"), str(tmp_path / "first" / "privacy_report.json"))
+  ledger.record_steps(100)
+  saved = PrivacyLedger.load(ledger.save(str(tmp_path / "ckpt.json")))
+  fresh = _ledger()
+  fresh.add_vocabulary(str(tmp_path / "moved" / "dp_spm.model"), str(tmp_path / "moved" / "privacy_report.json"))
+  resumed = fresh.resume_from(saved)
+  assert len(resumed.components) == 1
+  assert resumed.total_epsilon() == pytest.approx(ledger.total_epsilon())
+  assert resumed.total_delta() == pytest.approx(ledger.total_delta())
+  # Another vocabulary is another release: both count.
+  (tmp_path / "moved" / "dp_spm.model").write_bytes(b"another vocabulary")
+  (tmp_path / "moved" / "privacy_report.json").write_text(json.dumps(
+      {"mechanism": "dp_sentencepiece", "epsilon": 3.37, "delta": 1e-8, "privacy_unit": "document",
+       "vocab_sha256": file_sha256(str(tmp_path / "moved" / "dp_spm.model"))}))
+  other = _ledger()
+  other.add_vocabulary(str(tmp_path / "moved" / "dp_spm.model"), str(tmp_path / "moved" / "privacy_report.json"))
+  assert len(other.resume_from(saved).components) == 2
+
+
 @pytest.mark.parametrize("change", [dict(noise_multiplier=1.2), dict(batch_size=600, max_batch_size=700),
                                     dict(clip_norm=0.5), dict(delta=1e-7), dict(max_batch_size=650)])
 def test_inconsistent_resume_is_refused(change):

@@ -43,6 +43,18 @@ def test_plant_duplicates_is_seeded_and_records_repetitions():
   assert [d.id for d in again.train] == ids and again.repeated == study.repeated
 
 
+def test_extraction_by_repetitions_counts_each_document_once():
+  from private_t5 import study_cli  # pylint: disable=g-import-not-at-top
+  repeated = {"a": 2, "b": 10, "c": 10}
+  per_document = {"ids": ["a", "a#copy1", "b#copy3", "b#copy7", "c#copy2", "n1", "n2"],
+                  "exact": [0, 0, 1, 0, 0, 1, 0]}
+  assert study_cli.em_by_repetitions(per_document, repeated) == {
+      "2": {"em": 0.0, "n": 1}, "10": {"em": 0.5, "n": 2}, "natural": {"em": 0.5, "n": 2}}
+  assert study_cli.em_by_repetitions({"ids": [], "exact": []}, repeated) == {}
+  assert duplication.original_id("fortune/art/100#copy9") == "fortune/art/100"
+  assert duplication.original_id("fortune/art/100") == "fortune/art/100"
+
+
 @pytest.mark.parametrize("kwargs", [{"validation_fraction": 0.0}, {"fraction": 1.5}, {"repetitions": (1,)},
                                     {"repetitions": ()}, {"max_documents": 1}])
 def test_bad_duplication_settings(kwargs):
@@ -93,8 +105,18 @@ def test_study_smoke_every_model(shared_data, tmp_path):
   assert models["fulldp_prefix"]["epsilon"] > models["dp_prefix"]["epsilon"]
   assert models["fulldp_prefix"]["epsilon_scope"] == "training + vocabulary"
   assert sum(results["data"]["repeated_by_count"].values()) == results["data"]["repeated_documents"] > 0
+  for name, m in models.items():
+    # Per-document outcomes agree with the split's EM, and the breakdown covers only train dup.
+    report = json.loads((out / "models" / name / "memorization" / "report.json").read_text())
+    for split, outcome in report["per_document"]["greedy"].items():
+      assert len(outcome["ids"]) == len(outcome["exact"]) == m["splits"][split]["n"]
+      if outcome["exact"]:
+        assert sum(outcome["exact"]) / len(outcome["exact"]) == pytest.approx(m["splits"][split]["em"])
+    by = m["train_dup_by_repetitions"]
+    assert set(by) <= {"2", "5", "10", "natural"} and sum(g["n"] for g in by.values()) <= m["splits"]["train_dup"]["n"]
   assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert "Table 3" in (out / "results.md").read_text()
+  assert "Extraction by number of repetitions" in (out / "results.md").read_text()
   # A second run reuses every model's result.
   assert cli.main(argv) == 0
   assert json.loads((out / "results.json").read_text())["models"] == models

@@ -70,6 +70,14 @@ class StudyCorpus:
             "repeated_by_count": counts}
 
 
+COPY_MARK = "#copy"
+
+
+def original_id(doc_id: str) -> str:
+  """The training document a planted copy (`ID#copyK`) repeats; other ids are their own."""
+  return doc_id.split(COPY_MARK, 1)[0]
+
+
 def plant_duplicates(docs: Sequence[Document], cfg: DuplicationConfig) -> StudyCorpus:
   """Splits `docs` into train / validation and repeats a fraction of the training documents.
 
@@ -96,7 +104,7 @@ def plant_duplicates(docs: Sequence[Document], cfg: DuplicationConfig) -> StudyC
   for k, i in enumerate(chosen):
     r = int(cfg.repetitions[k % len(cfg.repetitions)])
     repeated[train[i].id] = r
-    copies += [Document(f"{train[i].id}#copy{c}", train[i].text, train[i].user) for c in range(1, r)]
+    copies += [Document(f"{train[i].id}{COPY_MARK}{c}", train[i].text, train[i].user) for c in range(1, r)]
   copies = [copies[i] for i in rng.permutation(len(copies))]
   return StudyCorpus(train=train + copies, valid=valid, repeated=repeated, num_train_original=len(train))
 

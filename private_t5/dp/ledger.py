@@ -149,19 +149,30 @@ class PrivacyLedger:
       raise PrivacyError(f"record_steps needs an integer >= 0, got {n!r}")
     self.steps += int(n)
 
-  def add_component(self, name: str, epsilon: float, delta: float, source: str = "") -> None:
-    """Composes another (ε, δ)-DP release on the same data (idempotent for the same source)."""
+  def add_component(self, name: str, epsilon: float, delta: float, source: str = "",
+                    vocab_sha256: Optional[str] = None) -> Dict[str, Any]:
+    """Composes another (ε, δ)-DP release on the same data, once; returns its entry.
+
+    A release already in the ledger is not composed again (e.g. re-added on resume): the same
+    vocabulary by content hash (`vocab_sha256`, so a moved or copied run directory still
+    counts it once), else the same `source`.
+    """
     epsilon = float(epsilon)
     delta = float(delta)
     if not (epsilon >= 0 and math.isfinite(epsilon)) or not 0 <= delta < 1:
       raise PrivacyError(f"component {name!r} has invalid (ε, δ) = ({epsilon}, {delta})")
     for c in self.components:
-      if c["name"] == name and c.get("source", "") == source:
+      same_vocabulary = vocab_sha256 is not None and c.get("vocab_sha256") == vocab_sha256
+      if c["name"] == name and (same_vocabulary or c.get("source", "") == source):
         if math.isclose(c["epsilon"], epsilon) and math.isclose(c["delta"], delta):
-          return  # already composed (e.g. re-added on resume)
+          return c  # already composed
         raise PrivacyError(f"component {name!r} from {source!r} is already in the ledger with "
                            f"(ε, δ) = ({c['epsilon']}, {c['delta']}), not ({epsilon}, {delta})")
-    self.components.append({"name": name, "epsilon": epsilon, "delta": delta, "source": source})
+    entry = {"name": name, "epsilon": epsilon, "delta": delta, "source": source}
+    if vocab_sha256 is not None:
+      entry["vocab_sha256"] = vocab_sha256
+    self.components.append(entry)
+    return entry
 
   def add_component_from_report(self, path: str) -> Dict[str, Any]:
     """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`).
@@ -175,8 +186,9 @@ class PrivacyLedger:
         raise DataError(f"{path}: privacy report has no numeric {key!r}")
     name = str(report.get("mechanism", "dp_sentencepiece"))
     self.check_unit(report.get("privacy_unit", "document"), f"{name} ({path})")
-    self.add_component(name, report["epsilon"], report["delta"], source=os.path.abspath(path))
-    return next(c for c in self.components if c["name"] == name and c.get("source") == os.path.abspath(path))
+    vocab_sha256 = report.get("vocab_sha256")
+    return self.add_component(name, report["epsilon"], report["delta"], source=os.path.abspath(path),
+                              vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None)
 
   def check_unit(self, unit: str, what: str) -> None:
     """Refuses to compose a guarantee at a weaker privacy unit than training's.
@@ -256,7 +268,7 @@ class PrivacyLedger:
     resumed = dataclasses.replace(self, steps=saved.steps, components=[dict(c) for c in saved.components])
     for c in self.components:
       if "epsilon" in c:
-        resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""))
+        resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""), c.get("vocab_sha256"))
       else:  # a non-private (or public) vocabulary: this run's record replaces the saved one
         resumed.components = [d for d in resumed.components if d["name"] != c["name"]
                               or d.get("source") != c.get("source")]

@@ -13,7 +13,7 @@ A generation that stops early at EOS is compared as it is: the positions after t
 the pad id, so they count as mismatches.
 """
 import dataclasses
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -46,6 +46,14 @@ def per_example_scores(prediction: Sequence[int], target: Sequence[int], eos_id:
   accuracy = float(correct.mean()) if t else 0.0
   distance = int(editdistance.eval(pred[:t].tolist(), target.tolist()))
   return exact, accuracy, distance
+
+
+def exact_matches(predictions: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
+                  eos_id: int = 1) -> List[bool]:
+  """Per example: whether the generation reproduces its target exactly (the EM of one example)."""
+  if len(predictions) != len(targets):
+    raise ValueError(f"{len(predictions)} predictions for {len(targets)} targets")
+  return [per_example_scores(p, t, eos_id)[0] for p, t in zip(predictions, targets)]
 
 
 @dataclasses.dataclass

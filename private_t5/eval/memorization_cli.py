@@ -22,7 +22,7 @@ from private_t5 import gin_utils
 from private_t5 import progress as progress_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import file_sha256
-from private_t5.eval import memorization
+from private_t5.eval import extraction_metrics, memorization
 from private_t5.eval import splits as splits_lib
 
 USAGE = """usage: private-t5 memorization --gin_file=configs/runs/memorization.gin [--gin.NAME=VALUE ...]
@@ -105,7 +105,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   data = build_splits(model, train_corpus, valid_corpus, output_dir, split_config, text_field, warnings, log)
   if span_corruption_variant == AUTO:
     span_corruption_variant = model.objective == "span_corruption"
-  extraction, decode_stats, evaluated = evaluate_extraction(
+  extraction, decode_stats, evaluated, per_document = evaluate_extraction(
       model, data, cfg, max_examples_per_split=max_examples_per_split,
       span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
   canary_results, canary_fmt = [], None
@@ -136,6 +136,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       "splits": {"file": data.split_path, "reused": data.reused, "sizes": data.sizes, "evaluated": evaluated,
                  "config": split_config.key_fields(), "stats": data.splits.stats},
       "extraction": extraction,
+      "per_document": per_document,
       "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
       "throughput": throughput,
       "canaries": canary_results,
@@ -247,11 +248,15 @@ def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, outpu
 
 def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_examples_per_split: Optional[int],
                         span_corruption: bool, warnings: List[str], log: Callable[[str], None] = print):
-  """Extraction metrics per split and decoding method: (extraction, decode_stats, evaluated)."""
+  """Extraction metrics per split and decoding method: (extraction, decode_stats, evaluated, per_document).
+
+  per_document[method][split] = {"ids": the evaluated documents, "exact": 1 where the
+  generation reproduced the document's continuation exactly, else 0}, in the same order.
+  """
   methods = [memorization.GREEDY] + ([memorization.BEAM] if cfg.beam_size > 0 else [])
   variants = [(m, "prefix") for m in methods] + ([(memorization.GREEDY, "span_corruption")]
                                                  if span_corruption else [])
-  extraction, decode_stats, evaluated = {}, {}, {}
+  extraction, decode_stats, evaluated, per_document = {}, {}, {}, {}
   for k, name in enumerate(splits_lib.SPLIT_NAMES):
     corpus = "train" if name.startswith("train") else "valid"
     docs = [data.docs_by_id[(corpus, i)] for i in data.splits.ids.get(name, []) if (corpus, i) in data.docs_by_id]
@@ -271,15 +276,17 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
         log(f"[memorization] warning: {warnings[-1]}")
       evaluated[name] = len(examples.ids)
       label = f"{name} {variant}"
-      metrics, stats, _ = memorization.evaluate_split(model.params, model.model_config, examples, cfg,
-                                                      method=method, label=label)
+      metrics, stats, preds = memorization.evaluate_split(model.params, model.model_config, examples, cfg,
+                                                          method=method, label=label)
       key = method if variant == "prefix" else f"{variant}_{method}"
       extraction.setdefault(key, {})[name] = metrics.as_dict()
+      exact = extraction_metrics.exact_matches(list(preds), examples.targets) if len(examples.ids) else []
+      per_document.setdefault(key, {})[name] = {"ids": list(examples.ids), "exact": [int(e) for e in exact]}
       decode_stats[f"{key}/{name}"] = stats
       log(f"[memorization] {name:<15} {key:<22} n={metrics.n:<5} skipped={metrics.skipped:<5} "
           f"EM={100 * metrics.exact_match:.2f}% TA={100 * metrics.token_accuracy:.2f}% "
           f"MED={metrics.median_edit_distance:g}  ({model.eps_text})")
-  return extraction, decode_stats, evaluated
+  return extraction, decode_stats, evaluated, per_document
 
 
 def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_exact: int, num_samples: int,

@@ -66,6 +66,25 @@ def utility_table(results: dict) -> List[str]:
   return lines
 
 
+def repetition_table(results: dict) -> List[str]:
+  """Greedy EM % of the train-dup documents by how often they occur in the training corpus."""
+  groups = []
+  for m in results["models"].values():
+    for g in m.get("train_dup_by_repetitions", {}):
+      if g not in groups:
+        groups.append(g)
+  if not groups:
+    return []
+  title = {"natural": "duplicates of the corpus itself"}
+  lines = ["| model | objective | ε | " + " | ".join(f"{title.get(g, f'{g}× in training')} EM % (n)" for g in groups) + " |",
+           "|" + "---|" * (3 + len(groups))]
+  for name, m in results["models"].items():
+    by = m.get("train_dup_by_repetitions", {})
+    cells = [f"{_pct(by[g]['em'])} ({by[g]['n']})" if g in by else "–" for g in groups]
+    lines.append(f"| {name} | {m['objective']} | {privacy_text(m)[0]} | " + " | ".join(cells) + " |")
+  return lines
+
+
 def results_markdown(results: dict) -> str:
   data = results.get("data", {})
   settings = results.get("settings", {})
@@ -81,6 +100,12 @@ def results_markdown(results: dict) -> str:
            "edit distance (tokens); n documents evaluated per split.", "",
            "## Memorization (Table 3 of Ponomareva et al. 2022)", ""]
   lines += memorization_table(results)
+  by_repetitions = repetition_table(results)
+  if by_repetitions:
+    lines += ["", "## Extraction by number of repetitions", "",
+              "Greedy EM of the train-dup documents evaluated above, each document counted once "
+              "(its copies share its prompt), grouped by how often it occurs in the training corpus.", ""]
+    lines += by_repetitions
   lines += ["", "## Utility (Table 2 of Ponomareva et al. 2022)", ""]
   lines += utility_table(results)
   lines += ["", "ε of a DP model with a non-private vocabulary covers training only (marked "
