@@ -294,6 +294,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   bindings = list(parsed.gin_bindings)
   # The training run's own macros are set per model: check them when each model is trained.
   gin_utils.parse(files, bindings, check_required=False, entry="run_study")
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  partitioning.hide_accelerators_from_tensorflow()
 
   def train_model(model_dir: str, extra: List[str]) -> dict:
     gin_utils.parse(files, bindings + [gin_utils.Binding(b) for b in extra], entry="run_study")

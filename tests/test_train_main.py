@@ -63,6 +63,7 @@ def test_unknown_gin_name_is_named():
     ("evaluate", ["--gin_file=configs/runs/eval.gin", "--gin.MIXTURE_OR_TASK_NAME=sst2"]),
     ("memorization", ["--gin_file=configs/runs/memorization.gin", "--gin.TRAIN_CORPUS=missing.jsonl",
                       "--gin.VALID_CORPUS=missing.jsonl", "--gin.OUTPUT_DIR=out"]),
+    ("study", ["--corpus=missing.jsonl", "--output=study"]),
 ])
 def test_gin_stages_keep_tensorflow_off_the_accelerators(stage, args, tmp_path, monkeypatch):
   from private_t5 import cli  # pylint: disable=g-import-not-at-top
@@ -71,7 +72,8 @@ def test_gin_stages_keep_tensorflow_off_the_accelerators(stage, args, tmp_path, 
   monkeypatch.setattr(partitioning, "hide_accelerators_from_tensorflow", lambda: calls.append(stage))
   monkeypatch.chdir(tmp_path)
   # The stage starts (its Gin parses) and then stops at the missing input, with TF's GPUs hidden first.
-  assert cli.main([stage, *args, f"--gin.MODEL_DIR={tmp_path / 'model'}"]) != 0
+  model_dir = [] if stage == "study" else [f"--gin.MODEL_DIR={tmp_path / 'model'}"]
+  assert cli.main([stage, *args, *model_dir]) != 0
   assert calls == [stage]
 
 
