@@ -280,7 +280,7 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
                                                           method=method, label=label)
       key = method if variant == "prefix" else f"{variant}_{method}"
       extraction.setdefault(key, {})[name] = metrics.as_dict()
-      exact = extraction_metrics.exact_matches(list(preds), examples.targets) if len(examples.ids) else []
+      exact = extraction_metrics.exact_matches(list(preds), examples.targets)
       per_document.setdefault(key, {})[name] = {"ids": list(examples.ids), "exact": [int(e) for e in exact]}
       decode_stats[f"{key}/{name}"] = stats
       log(f"[memorization] {name:<15} {key:<22} n={metrics.n:<5} skipped={metrics.skipped:<5} "
