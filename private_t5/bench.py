@@ -172,7 +172,7 @@ def _ghost_breakdown(config, trainer, shape) -> Dict[str, Any]:
   params = models.param_shapes(config)
   example = jax.tree.map(lambda x: x[0], _random_batch(config.vocab_size, 1, shape[0], shape[1], 0))
   recording = ghost.record_layer_uses(trainer.aggregator.loss_fn, params, example, None)
-  rows = ghost.cost_breakdown(*recording)
+  rows = ghost.cost_breakdown(recording)
   chosen = sum(min(r["gram_cost"], r["instantiate_cost"]) for r in rows)
   weight_grads = sum(r["seq_len"] * r["d_in"] * r["d_out"] for r in rows)
   return {"layers": rows, "norm_macs_per_example": chosen,

@@ -1,6 +1,8 @@
 """Ghost clipping on full tiny T5 models against the vmap DP aggregator (float32)."""
 import functools
 
+import flax.linen as nn
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,8 +146,79 @@ def test_uncovered_parameter_is_refused():
   extended = {"model": params, "temperature": jax.ShapeDtypeStruct((), jnp.float32)}
   example = jax.tree.map(lambda x: x[0], _model_batch(_batch(config, seed=2)))
   recording = ghost.record_layer_uses(loss_fn, extended, example, None)
-  with pytest.raises(ValueError, match="temperature"):
-    ghost.check_coverage(extended, recording.uses)
+  with pytest.raises(ConfigError, match="temperature"):
+    ghost.check_coverage(extended, recording)
+
+
+def _tiny_config():
+  return models.load_preset("t5_1_0_tiny", d_model=16, num_heads=2, d_ff=32, vocab_size=64,
+                            num_encoder_layers=1, num_decoder_layers=1)
+
+
+def test_a_parameter_also_used_outside_its_layer_is_refused():
+  """An L2 penalty on the (recorded) embedding would escape the ghost norm: refused."""
+  config = _tiny_config()
+  params = models.init_params(config, jax.random.PRNGKey(0))
+  penalty = lambda p: 1e-2 * jnp.sum(jnp.square(p["token_embedder"]["embedding"]))
+  loss_fn = lambda p, b, k: models.example_loss_fn(p, b, config, k) + penalty(p)
+  batch = _model_batch(_batch(config, seed=3))
+  example = jax.tree.map(lambda x: x[0], batch)
+  recording = ghost.record_layer_uses(loss_fn, params, example, None)
+  assert set(recording.unrecorded) == {("token_embedder", "embedding")}
+  with pytest.raises(ConfigError, match="token_embedder/embedding.*outside any recorded layer"):
+    ghost.check_coverage(params, recording)
+  # The aggregator refuses it at trace time, before any step: the ghost norm would bound only
+  # the model's part of the gradient, and the penalty's part would be summed unclipped.
+  agg = ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 4.0)
+  with pytest.raises(ConfigError, match="token_embedder/embedding"):
+    jax.jit(agg.clipped_sum)(params, batch)
+  # The unmodified loss of the same model passes.
+  plain = lambda p, b, k: models.example_loss_fn(p, b, config, k)
+  ghost.check_coverage(params, ghost.record_layer_uses(plain, params, example, None))
+
+
+class _TwoDense(nn.Module):
+  """T5 `Dense` layers; the first kernel is also the input of another layer."""
+
+  @nn.compact
+  def __call__(self, x):
+    first = layers.Dense(features=3, kernel_axes=("embed", "mlp"), name="first")
+    y = layers.Dense(features=2, kernel_axes=("embed", "mlp"), name="second")(first(x))
+    z = layers.Dense(features=2, kernel_axes=("embed", "mlp"), name="third")(
+        first.variables["params"]["kernel"])
+    return y + jnp.sum(z, axis=0)
+
+
+def test_a_parameter_feeding_another_layers_input_is_refused():
+  """A kernel read inside another recorded layer (as part of its input) is not its own use."""
+  model = _TwoDense()
+
+  def loss_fn(p, batch, key):
+    del key
+    return jnp.sum(model.apply({"params": p}, batch["x"]) ** 2, axis=-1)
+
+  params = {"first": {"kernel": jnp.ones((3, 3))}, "second": {"kernel": jnp.ones((3, 2))},
+            "third": {"kernel": jnp.ones((3, 2))}}
+  example = {"x": jnp.ones((3,)), "example_weight": jnp.ones(())}
+  recording = ghost.record_layer_uses(loss_fn, params, example, None)
+  assert set(recording.unrecorded) == {("first", "kernel")}
+  with pytest.raises(ConfigError, match="first/kernel.*inside the recorded layer of third"):
+    ghost.check_coverage(params, recording)
+
+
+def test_a_parameter_read_through_a_nested_jit_inside_no_layer_is_refused():
+  dense = layers.Dense(features=2, kernel_axes=("embed", "mlp"))
+  scale = jax.jit(lambda y, k: y * jnp.mean(k))
+
+  def loss_fn(p, batch, key):
+    del key
+    y = dense.apply({"params": p}, batch["x"])
+    return jnp.sum(scale(y, p["kernel"]) ** 2, axis=-1)
+
+  params = {"kernel": jnp.ones((3, 2))}
+  example = {"x": jnp.ones((3,)), "example_weight": jnp.ones(())}
+  recording = ghost.record_layer_uses(loss_fn, params, example, None)
+  assert set(recording.unrecorded) == {("kernel",)}
 
 
 def test_invalid_methods_raise_config_error():
@@ -165,8 +238,9 @@ def test_every_parameter_of_the_real_presets_is_covered(preset):
   example = jax.tree.map(lambda x: x[0], _model_batch(_batch(config, input_len=512,
                                                              target_len=114)))
   recording = ghost.record_layer_uses(loss_fn, params, example, None)
-  ghost.check_coverage(params, recording.uses)
-  rows = ghost.cost_breakdown(*recording)
+  assert recording.unrecorded == {}
+  ghost.check_coverage(params, recording)
+  rows = ghost.cost_breakdown(recording)
   kernels = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
              if path[-1].key == "kernel"]
   assert len([r for r in rows if ":dense" in r["layer"]]) == len(kernels)

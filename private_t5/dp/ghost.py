@@ -18,8 +18,11 @@ parameterised layer types of `private_t5.models.layers` (`Dense`, `Embed` lookup
 `attend`, `RMSNorm`, `RelativePositionBias`): it records the inputs and adds a zero
 "tap" `delta` to the output; the gradient with respect to `delta` is the output gradient.
 Outside the ghost aggregator nothing is intercepted and the model runs unchanged. Every
-parameter must be covered by a recorded layer, otherwise the norms would be wrong: an
-uncovered parameter raises an error at trace time.
+parameter's gradient must come entirely from recorded layers, otherwise the norms would not
+bound what is summed: the abstract trace of one example's loss (its jaxpr) is searched for
+every operation that reads a parameter, and a parameter read anywhere but inside a recorded
+call of its own layer (an L2 penalty on the embedding, a parameter fed into another layer's
+input, a layer type ghost norms do not know) is refused at trace time (`check_coverage`).
 
 Each example is evaluated as a batch of one under `jax.vmap` with dropout key
 `fold_in(dropout_rng, row)`, exactly like `DPAggregator`, so both methods compute the same
@@ -48,6 +51,9 @@ BOOKKEEPING = "bookkeeping"
 SECOND_PASS = "second_pass"
 CLIPPED_SUM_METHODS = (BOOKKEEPING, SECOND_PASS)
 
+# Prefix of the named scope around each recorded layer call (found again in the jaxpr).
+_SCOPE_PREFIX = "ghost_use_"
+
 # Kinds of recorded layer use.
 DENSE, LOOKUP, ATTEND, SCALE, RELPOS = "dense", "lookup", "attend", "scale", "relpos"
 
@@ -74,6 +80,7 @@ class _Recorder:
     self.output_shapes: Dict[str, jax.ShapeDtypeStruct] = {}
     self.input_shapes: Dict[str, Tuple[int, ...]] = {}
     self.uses: Dict[str, LayerUse] = {}
+    self.scopes: Dict[str, str] = {}  # named scope of each recorded call -> its use key
     self._calls = collections.Counter()
 
   def _key(self, module: nn.Module, kind: str) -> str:
@@ -81,6 +88,13 @@ class _Recorder:
     index = self._calls[(path, kind)]
     self._calls[(path, kind)] += 1
     return f"{path}:{kind}{index}"
+
+  def _run(self, key: str, next_fun, args, kwargs) -> jax.Array:
+    """Calls the layer inside a named scope that marks its operations as use `key`."""
+    scope = f"{_SCOPE_PREFIX}{len(self.scopes)}"
+    self.scopes[scope] = key
+    with jax.named_scope(scope):
+      return next_fun(*args, **kwargs)
 
   def _tap(self, key: str, y: jax.Array) -> jax.Array:
     if key in self.inputs:
@@ -97,7 +111,7 @@ class _Recorder:
       key = self._key(module, DENSE)
       self.inputs[key] = x.astype(module.dtype)
       self.uses[key] = LayerUse(DENSE, tuple(module.path) + ("kernel",))
-      return self._tap(key, next_fun(*args, **kwargs))
+      return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.Embed) and method in ("__call__", "attend"):
       bound = _bind(context, args, kwargs)
       if method == "__call__":
@@ -108,7 +122,7 @@ class _Recorder:
         key = self._key(module, ATTEND)
         self.inputs[key] = bound["query"].astype(module.dtype)
         self.uses[key] = LayerUse(ATTEND, tuple(module.path) + ("embedding",))
-      return self._tap(key, next_fun(*args, **kwargs))
+      return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.RMSNorm) and method == "__call__":
       x = _bind(context, args, kwargs)["x"].astype(jnp.float32)
       key = self._key(module, SCALE)
@@ -116,7 +130,7 @@ class _Recorder:
       variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
       self.inputs[key] = x * jax.lax.rsqrt(variance + module.epsilon)
       self.uses[key] = LayerUse(SCALE, tuple(module.path) + ("scale",))
-      return self._tap(key, next_fun(*args, **kwargs))
+      return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.RelativePositionBias) and method == "__call__":
       bound = _bind(context, args, kwargs)
       q_len, k_len = int(bound["q_len"]), int(bound["k_len"])
@@ -127,7 +141,7 @@ class _Recorder:
       key = self._key(module, RELPOS)
       self.uses[key] = LayerUse(RELPOS, tuple(module.path) + ("rel_embedding",), buckets,
                                 module.num_buckets)
-      return self._tap(key, next_fun(*args, **kwargs))
+      return self._tap(key, self._run(key, next_fun, args, kwargs))
     return next_fun(*args, **kwargs)
 
 
@@ -143,19 +157,85 @@ class Recording(NamedTuple):
   uses: Dict[str, LayerUse]
   output_shapes: Dict[str, jax.ShapeDtypeStruct]
   input_shapes: Dict[str, Tuple[int, ...]]
+  # Parameter path -> where it is read outside a recorded call of its own layer.
+  unrecorded: Dict[Tuple[str, ...], str]
 
 
 def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax.Array]
                       ) -> Recording:
-  """Traces one example's loss abstractly; returns its layer uses and their shapes."""
+  """Traces one example's loss abstractly; returns its layer uses, their shapes, and the
+  parameter reads that no recorded use accounts for."""
   recorder = _Recorder()
 
   def run(p, ex, k):
     with nn.intercept_methods(recorder):
       return clipping.single_example_loss(loss_fn, p, ex, k)
 
-  jax.eval_shape(run, params, example, key)  # params may be ShapeDtypeStructs
-  return Recording(recorder.uses, recorder.output_shapes, recorder.input_shapes)
+  closed = jax.make_jaxpr(run)(params, example, key)  # params may be ShapeDtypeStructs
+  paths = [tuple(_key_name(k) for k in path)
+           for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  param_vars = dict(zip(closed.jaxpr.invars[:len(paths)], paths))
+  owner = {scope: recorder.uses[key].param for scope, key in recorder.scopes.items()}
+  unrecorded = {}
+  _find_unrecorded_reads(closed.jaxpr, param_vars, owner, "", unrecorded)
+  return Recording(recorder.uses, recorder.output_shapes, recorder.input_shapes, unrecorded)
+
+
+def _key_name(key) -> str:
+  """A params-tree path entry (dict key or attribute) as the string `flatten_dict` uses."""
+  return str(getattr(key, "key", getattr(key, "name", key)))
+
+
+def _recorded_scope(name_stack: str) -> Optional[str]:
+  """The innermost recorded-call scope in a jaxpr equation's name stack, if any."""
+  scopes = [part for part in name_stack.split("/") if part.startswith(_SCOPE_PREFIX)]
+  return scopes[-1] if scopes else None
+
+
+def _sub_jaxprs(eqn) -> List[Any]:
+  """The jaxprs nested in an equation's parameters (jit, custom_jvp, remat, cond branches, ...)."""
+  found = []
+  for value in eqn.params.values():
+    for item in value if isinstance(value, (tuple, list)) else (value,):
+      inner = getattr(item, "jaxpr", item)  # a ClosedJaxpr's jaxpr, or a Jaxpr
+      if hasattr(inner, "eqns") and hasattr(inner, "invars"):
+        found.append(inner)
+  return found
+
+
+def _find_unrecorded_reads(jaxpr, param_vars: Dict[Any, Tuple[str, ...]],
+                           owner: Dict[str, Tuple[str, ...]], outer_stack: str,
+                           unrecorded: Dict[Tuple[str, ...], str]) -> None:
+  """Adds to `unrecorded` every parameter that an equation reads outside its own recorded use.
+
+  A read inside a recorded call counts only when the call's use is of that very parameter (a
+  `Dense` whose input is computed from the embedding does not account for the embedding's
+  gradient through that input). An equation with nested jaxprs outside any recorded call
+  (a jit, a custom_jvp) is followed into them when its operands map one to one (or, for
+  `cond`, after the branch index); anything else reading a parameter is refused.
+  """
+  for eqn in jaxpr.eqns:
+    stack = "/".join(p for p in (outer_stack, str(eqn.source_info.name_stack)) if p)
+    scope = _recorded_scope(stack)
+    for position, var in enumerate(eqn.invars):
+      path = param_vars.get(var) if not hasattr(var, "val") else None  # skip literals
+      if path is None:
+        continue
+      if scope is not None:
+        if owner[scope] != path:
+          unrecorded.setdefault(path, f"read inside the recorded layer of {'/'.join(owner[scope])}")
+        continue
+      subs = _sub_jaxprs(eqn)
+      if not subs:
+        unrecorded.setdefault(path, f"read by `{eqn.primitive}` outside any recorded layer")
+        continue
+      offset = 1 if str(eqn.primitive) == "cond" else 0
+      for sub in subs:
+        if len(sub.invars) + offset != len(eqn.invars):
+          unrecorded.setdefault(path, f"passed into `{eqn.primitive}`")
+          continue
+        inner = {sub.invars[position - offset]: path} if position >= offset else {}
+        _find_unrecorded_reads(sub, inner, owner, stack, unrecorded)
 
 
 def per_example_forward(loss_fn, params: PyTree, batch: Batch, keys: Optional[jax.Array],
@@ -179,17 +259,27 @@ def _group_by_param(uses: Dict[str, LayerUse]) -> Dict[Tuple[str, ...], List[str
   return groups
 
 
-def check_coverage(params: PyTree, uses: Dict[str, LayerUse]) -> None:
-  """Raises ValueError unless every parameter leaf is produced by a recorded layer use."""
+def check_coverage(params: PyTree, recording: Recording) -> None:
+  """Raises ConfigError unless every parameter's gradient comes only from recorded layer uses.
+
+  Two ways the ghost norm could miss part of an example's gradient, and so fail to bound
+  what is summed: a parameter that no recorded layer uses, and a parameter also read
+  elsewhere (`Recording.unrecorded`).
+  """
   flat = traverse_util.flatten_dict(params)
-  covered = {u.param for u in uses.values()}
+  covered = {u.param for u in recording.uses.values()}
   missing = sorted("/".join(p) for p in flat if p not in covered)
   if missing:
-    raise ValueError("ghost clipping cannot compute per-example norms of parameters that no "
-                     f"supported layer uses: {missing}; use method='vmap'")
+    raise ConfigError("ghost clipping cannot compute per-example norms of parameters that no "
+                      f"supported layer uses: {missing}; use DPConfig.method='vmap'")
   unknown = sorted("/".join(p) for p in covered if p not in flat)
   if unknown:
-    raise ValueError(f"recorded layers refer to unknown parameters: {unknown}")
+    raise ConfigError(f"recorded layers refer to unknown parameters: {unknown}")
+  if recording.unrecorded:
+    where = "; ".join(f"{'/'.join(p)} ({why})" for p, why in sorted(recording.unrecorded.items()))
+    raise ConfigError("ghost clipping would not bound the whole per-example gradient: these "
+                      f"parameters are also used outside their recorded layer: {where}; use "
+                      "DPConfig.method='vmap'")
 
 
 def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array],
@@ -274,9 +364,9 @@ def weighted_grad_sum(params: PyTree, uses: Dict[str, LayerUse], inputs: Dict[st
   return traverse_util.unflatten_dict(flat)
 
 
-def cost_breakdown(uses: Dict[str, LayerUse], output_shapes: Dict[str, jax.ShapeDtypeStruct],
-                   input_shapes: Dict[str, Tuple[int, ...]]) -> List[Dict[str, Any]]:
+def cost_breakdown(recording: Recording) -> List[Dict[str, Any]]:
   """Per dense-like layer use: sequence length, widths, and the cost of each norm method."""
+  uses, output_shapes, input_shapes = recording.uses, recording.output_shapes, recording.input_shapes
   rows = []
   for key in sorted(uses):
     use = uses[key]
@@ -328,9 +418,9 @@ class GhostDPAggregator(DPAggregator):
                         ) -> Tuple[PyTree, jax.Array, jax.Array, jax.Array]:
     """(sum_i w_i clip_C(grad l_i) [float32], losses [B], norms [B], factors [B]) of one batch."""
     first = jax.tree.map(lambda x: x[0], batch)
-    uses, shapes, _ = record_layer_uses(self.loss_fn, params, first,
-                                        None if keys is None else keys[0])
-    check_coverage(params, uses)
+    recording = record_layer_uses(self.loss_fn, params, first, None if keys is None else keys[0])
+    check_coverage(params, recording)
+    uses, shapes = recording.uses, recording.output_shapes
     rows = clipping.num_rows(batch)
     deltas = {k: jnp.zeros((rows,) + s.shape, s.dtype) for k, s in shapes.items()}
 
