@@ -56,6 +56,8 @@ MODELS = {
 }
 DEFAULT_MODELS = ("nondp_prefix", "nondp_span", "dp_prefix", "fulldp_prefix")
 RESULT_FILE = "result.json"
+# A model's result keys computed from the private validation documents without DP.
+NOT_DP_RESULT_KEYS = ("validation_token_accuracy", "validation_loss")
 
 
 def _nan_to_none(value):
@@ -104,7 +106,9 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
             "validation_token_accuracy": validation.get("token_accuracy"),
             "validation_loss": validation.get("loss"),
             "splits": {s: _split_result(greedy[s]) for s in splits_lib.SPLIT_NAMES},
-            "final_step": summary.get("final_step"), "wall_seconds": wall}
+            "final_step": summary.get("final_step"), "wall_seconds": wall,
+            # Held-out documents of the private corpus: their metrics are outside any guarantee.
+            "not_dp": list(NOT_DP_RESULT_KEYS)}
   per_document = report.get("per_document", {}).get("greedy", {}).get("train_dup")
   if per_document is not None and repeated is not None:
     result["train_dup_by_repetitions"] = em_by_repetitions(per_document, repeated)

@@ -287,6 +287,10 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   component = ledger.add_vocabulary(out, report["report_path"])
   assert component["name"] == "dp_sentencepiece" and ledger.vocabulary_status() == "dp"
   assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+  # A fixed noise seed: the vocabulary's report says so in one line, and the ledger sees it.
+  assert on_disk["noise_secret"] is False and on_disk["warnings"][0].startswith("NO PRIVACY GUARANTEE")
+  assert component["noise_secret"] is False and ledger.report()["noise_secret"] is False
+  assert any("dp_sentencepiece" in w for w in ledger.report()["warnings"])
 
 
 def test_vocab_cap_reported_or_refused(tmp_path):

@@ -161,10 +161,98 @@ def test_component_at_a_weaker_privacy_unit_is_refused(tmp_path):
                                      "privacy_unit": "document"}))
   with pytest.raises(PrivacyError, match="document-level DP but training is user-level"):
     _ledger(privacy_unit="user").add_component_from_report(str(report_path))
-  for unit in ("document", "example"):  # document-level DP implies example-level DP
-    ledger = _ledger(privacy_unit=unit)
-    ledger.add_component_from_report(str(report_path))
-    assert len(ledger.components) == 1
+  ledger = _ledger(privacy_unit="document")
+  ledger.add_component_from_report(str(report_path))
+  assert [(c["epsilon"], c["delta"]) for c in ledger.components] == [(0.17, 1e-8)]
+
+
+def test_component_at_a_stronger_privacy_unit_is_composed_by_group_privacy(tmp_path):
+  # Removing one chunk of a multi-chunk document changes that document: for a document-level
+  # vocabulary a substitution (remove, then add), so its (ε, δ) counts as (2ε, (1 + e^ε)·δ).
+  report_path = tmp_path / "privacy_report.json"
+  report_path.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 0.17, "delta": 1e-8,
+                                     "privacy_unit": "document"}))
+  ledger = _ledger(privacy_unit="example")
+  ledger.record_steps(10)
+  component = ledger.add_component_from_report(str(report_path))
+  assert component["epsilon"] == pytest.approx(0.34)
+  assert component["delta"] == pytest.approx(1e-8 * (1 + math.exp(0.17)))
+  assert component["group_privacy"] == {"size": 2, "privacy_unit": "document", "epsilon": 0.17, "delta": 1e-8}
+  assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + 0.34)
+  assert ledger.report()["epsilon"] == pytest.approx(ledger.training_epsilon() + 0.34)
+  # Re-composed on resume without counting it twice.
+  resumed = _ledger(privacy_unit="example")
+  resumed.add_component_from_report(str(report_path))
+  assert resumed.resume_from(ledger).components == ledger.components
+  # A user-level release under document-level training: the same substitution argument.
+  report_path.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 0.5, "delta": 1e-8,
+                                     "privacy_unit": "user"}))
+  assert _ledger(privacy_unit="document").add_component_from_report(str(report_path))["epsilon"] == 1.0
+  # A δ that group privacy takes past 1 is no guarantee: refused in one line.
+  report_path.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 40.0, "delta": 1e-8,
+                                     "privacy_unit": "document"}))
+  with pytest.raises(PrivacyError, match="group privacy.*>= 1: no guarantee"):
+    _ledger(privacy_unit="example").add_component_from_report(str(report_path))
+
+
+def test_insecure_noise_is_recorded_and_the_report_says_it_is_no_guarantee(tmp_path):
+  ledger = _ledger(noise_secret=False)
+  ledger.record_steps(100)
+  report = ledger.report()
+  assert report["noise_secret"] is False and math.isfinite(report["epsilon"])
+  assert len(report["warnings"]) == 1 and report["warnings"][0].startswith("NO PRIVACY GUARANTEE")
+  assert "insecure_deterministic_seed" in report["warnings"][0]
+  secure = _ledger()
+  assert secure.report()["noise_secret"] is True and secure.report()["warnings"] == []
+  # Once the noise was predictable, a resumed run's report still says so.
+  loaded = PrivacyLedger.load(ledger.save(str(tmp_path / "r.json")))
+  assert loaded.noise_secret is False and secure.resume_from(loaded).report()["noise_secret"] is False
+  # A DP vocabulary made with a fixed seed is composed, but recorded and said to be insecure.
+  vocab_report = tmp_path / "privacy_report.json"
+  for fields in ({"noise_secret": False}, {"noise_seed": "insecure_fixed_seed", "insecure_seed": 0}):
+    vocab_report.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 0.17, "delta": 1e-8,
+                                        "privacy_unit": "document", **fields}))
+    composed = _ledger()
+    component = composed.add_component_from_report(str(vocab_report))
+    assert component["noise_secret"] is False
+    report = composed.report()
+    assert report["noise_secret"] is False and report["vocabulary"] == "dp"
+    assert len(report["warnings"]) == 1 and "dp_sentencepiece" in report["warnings"][0]
+    assert "NO PRIVACY GUARANTEE" in report["warnings"][0]
+    fresh = _ledger()
+    fresh.add_component_from_report(str(vocab_report))
+    assert fresh.resume_from(PrivacyLedger.from_dict(report)).report()["noise_secret"] is False
+
+
+def test_initial_checkpoint_trained_on_the_private_data_is_in_the_guarantee(tmp_path):
+  vocab = tmp_path / "spm.model"
+  vocab.write_bytes(b"vocabulary")
+  phase1 = PrivacyLedger.non_private_baseline(num_examples=50_000, batch_size=500)
+  phase1.record_steps(10)
+  ledger = _ledger()
+  ledger.record_steps(100)
+  ledger.add_vocabulary(str(vocab), public=True)
+  note = "trained WITHOUT DP on a redacted copy of this data (JFT phase 1)"
+  component = ledger.add_initial_checkpoint(phase1.report(), str(tmp_path / "phase1"), note)
+  assert component["private"] is False and note in component["reason"]
+  report = ledger.report()
+  # The release's ordinary guarantee is ∞; phase 2's own share stays visible, labelled as such.
+  assert report["epsilon"] is None and report["vocabulary"] == "public"
+  assert report["epsilon_without_initial_checkpoint"] == pytest.approx(ledger.training_epsilon())
+  assert report["delta_without_initial_checkpoint"] == pytest.approx(ledger.training_delta())
+  assert any(note in line for line in report["warnings"])
+  resumed = _ledger()
+  resumed.add_initial_checkpoint(phase1.report(), str(tmp_path / "phase1"), note)
+  assert resumed.resume_from(PrivacyLedger.from_dict(report)).report()["epsilon"] is None
+  # A light-noise DP initial checkpoint is composed at its (ε, δ).
+  dp_phase1 = _ledger(noise_multiplier=4.0)
+  dp_phase1.record_steps(50)
+  composed = _ledger()
+  composed.record_steps(100)
+  composed.add_initial_checkpoint(dp_phase1.report(), str(tmp_path / "phase1"), note)
+  assert composed.total_epsilon() == pytest.approx(dp_phase1.total_epsilon() + composed.training_epsilon())
+  assert composed.report()["epsilon_without_initial_checkpoint"] == pytest.approx(composed.training_epsilon())
+  assert composed.vocabulary_status() is None and composed.report()["warnings"] == []
 
 
 def test_non_private_vocabulary_makes_the_total_infinite_and_survives_resume(tmp_path):

@@ -116,6 +116,8 @@ def test_epsilon_text():
   dp_report = ledger.report()
   assert report.epsilon_text(dp_report) == f"ε = {dp_report['epsilon']:.4g} (δ = {dp_report['delta']:.3g})"
   assert 0 < dp_report["epsilon"] < 10
+  insecure = dict(dp_report, noise_secret=False)
+  assert report.epsilon_text(insecure).endswith("NO GUARANTEE: the noise came from a fixed seed")
   baseline = PrivacyLedger.non_private_baseline(num_examples=100, batch_size=10).report()
   assert report.epsilon_text(baseline) == "ε = ∞ (non-private baseline)"
 

@@ -1,6 +1,7 @@
 """Just Fine-tune Twice: one Gin command runs both phases; phase 2's ledger and the JFT report."""
 import json
 import os
+import types
 
 import numpy as np
 
@@ -59,6 +60,35 @@ def test_report_composes_light_noise_phase1():
     jft.jft_privacy_report(phase1, _ledger_report(0, 5, non_private=True), detector_level="entity")
 
 
+def test_phase2_report_records_phase1_and_is_not_the_full_guarantee(tmp_path):
+  def phase2_after(phase1_report):
+    setup = types.SimpleNamespace(ledger=PrivacyLedger.create(
+        noise_multiplier=1.0, clip_norm=1.0, delta=1e-5, num_examples=1000, sampling_rate=0.01))
+    hook = jft.phase1_in_ledger(phase1_report, str(tmp_path / jft.PHASE1_DIR))
+    setup, data, extra = hook(setup, "data")
+    assert data == "data" and extra == {}
+    setup.ledger.record_steps(100)
+    return setup.ledger
+  ordinary = _ledger_report(0, 50, non_private=True)
+  ledger = phase2_after(ordinary)
+  phase2 = ledger.report()
+  # Phase 1 trained without DP on the redacted copy of the same data: phase 2's report says so
+  # and its ε, the release's ordinary guarantee, is ∞; its own (ε₂, δ₂) is labelled as such.
+  assert phase2["epsilon"] is None and phase2["training_epsilon"] > 0
+  assert [c["name"] for c in phase2["components"]] == ["initial_checkpoint"]
+  assert any("WITHOUT DP on a redacted copy" in w and jft.REPORT_FILENAME in w for w in phase2["warnings"])
+  assert phase2["epsilon_without_initial_checkpoint"] == pytest.approx(ledger.training_epsilon())
+  report = jft.jft_privacy_report(ordinary, phase2, detector_level="entity")
+  assert report["epsilon_s"] == pytest.approx(ledger.training_epsilon())
+  assert report["epsilon_if_detector_missed"] is None
+  # A light-noise phase 1 is composed: phase 2's ε is the guarantee when the detector missed.
+  light = _ledger_report(4.0, 50)
+  phase2 = phase2_after(light).report()
+  report = jft.jft_privacy_report(light, phase2, detector_level="entity")
+  assert phase2["epsilon"] == pytest.approx(report["epsilon_if_detector_missed"])
+  assert report["epsilon_s"] == pytest.approx(phase2["training_epsilon"]) and phase2["warnings"] == []
+
+
 @pytest.mark.slow
 def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
@@ -93,11 +123,18 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
   assert phase2["training_epsilon"] == pytest.approx(
       min(accounting.compute_epsilon(1.0, q, 2, phase2["accounting_delta"], a) for a in ("rdp", "pld")),
       rel=1e-9)
-  assert phase2["components"] == [{"name": "vocabulary", "private": False, "public": True,
-                                   "source": os.path.abspath(vocab)}]
+  assert phase2["components"][0] == {"name": "vocabulary", "private": False, "public": True,
+                                     "source": os.path.abspath(vocab)}
+  # Phase 1 trained without DP on the redacted copy: phase 2's report records it, its ε is ∞ and
+  # its own (ε₂, δ₂) is the selective share only.
+  assert [c["name"] for c in phase2["components"]] == ["vocabulary", "initial_checkpoint"]
+  assert phase2["epsilon"] is None and any("JFT phase 1" in w for w in phase2["warnings"])
+  assert "WARNING: the initial parameters were trained WITHOUT DP" in out
   with open(os.path.join(model_dir, jft.REPORT_FILENAME)) as f:
     saved = json.load(f)
-  assert saved["epsilon_s"] == pytest.approx(phase2["epsilon"]) == pytest.approx(report["epsilon_s"])
+  assert saved["epsilon_s"] == pytest.approx(phase2["epsilon_without_initial_checkpoint"])
+  assert saved["epsilon_s"] == pytest.approx(report["epsilon_s"]) == pytest.approx(phase2["training_epsilon"])
+  assert saved["phase2_validation"]["examples"] > 0 and "phase2_validation" in saved["not_dp"]
   assert saved["epsilon_if_detector_missed"] is None  # ordinary phase 1
   assert saved["detector_level"] == "entity" and saved["miss_rate"]["secrets"] == 7
   assert saved["private_token_fraction"] == pytest.approx(red["levels"]["entity"]["pct"])

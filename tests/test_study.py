@@ -83,6 +83,21 @@ def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_validation_metrics_of_private_documents_are_labelled_not_dp():
+  from private_t5 import study_cli  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
+  split = {"exact_match": 0.0, "token_accuracy": 0.5, "median_edit_distance": 3.0, "n": 4}
+  report = {"extraction": {"greedy": {s: split for s in study_report.SPLITS}}}
+  summary = {"private": True, "validation_not_dp": {"token_accuracy": 0.25, "loss": 4.0},
+             "epsilon": 2.0, "delta": 1e-6, "training_epsilon": 1.5, "training_delta": 1e-6}
+  result = study_cli.model_result("dp_prefix", study_cli.MODELS["dp_prefix"], summary, report, {})
+  assert result["validation_token_accuracy"] == 0.25
+  assert {"validation_token_accuracy", "validation_loss"} <= set(result["not_dp"])
+  header = study_report.utility_table({"models": {"dp_prefix": result}})[0]
+  assert "validation token accuracy % (not DP)" in header and "validation loss (not DP)" in header
+  assert "not covered by ε (not DP)" in study_report.results_markdown({"models": {"dp_prefix": result}})
+
+
 def test_study_smoke_every_model(shared_data, tmp_path):
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   out = tmp_path / "study"

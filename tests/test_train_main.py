@@ -92,6 +92,29 @@ def test_layering_and_overrides():
   gin.clear_config()
 
 
+def test_console_and_summary_label_private_statistics_and_insecure_noise():
+  printer = metrics.ProgressPrinter(10)
+  printer.add_examples(8)
+  assert "ex/s (not DP)" in printer.line(1, 2.0, 0.5, epsilon=1.0, private=True)
+  assert "(not DP)" not in printer.line(2, 2.0, 0.5, private=False).split("ex/s")[1]
+  assert {"examples_per_second", "real_row_fraction"} <= set(metrics.NOT_DP_SUMMARY_KEYS)
+  from private_t5.dp.ledger import PrivacyLedger  # pylint: disable=g-import-not-at-top
+  ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-5, num_examples=1000,
+                                sampling_rate=0.01, noise_secret=False)
+  ledger.record_steps(10)
+  summary = {"final_step": 10, "model_dir": "run", "checkpoint_dir": "run/checkpoints", "config_gin": "run/config.gin",
+             "tensorboard_dir": "run/tensorboard", "privacy_report": "run/privacy_report.json",
+             "real_row_fraction": 0.25, "private": True, "epsilon": ledger.total_epsilon(),
+             "delta": ledger.total_delta()}
+  lines = []
+  main.print_final(summary, ledger, lines.append)
+  assert any(line.startswith("  real rows:") and line.endswith("(not DP)") for line in lines)
+  assert any(line.startswith("  WARNING: NO PRIVACY GUARANTEE") for line in lines)
+  lines.clear()
+  main.print_final(dict(summary, private=False), PrivacyLedger.non_private_baseline(), lines.append)
+  assert not any("not DP" in line or "WARNING" in line for line in lines)
+
+
 @pytest.mark.slow
 def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, capsys):
   corpus, vocab = corpus_and_vocab
@@ -120,6 +143,12 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   assert "privacy: ε = ∞ (vocabulary NOT private" in out and "DP-Adafactor ε = " in out
   assert "validation token accuracy" in out and "not DP" in out
   assert summary["validation_not_dp"]["examples"] > 0 and "validation" not in summary
+  # Throughput counts private examples: labelled; the fixed test seed makes the report no guarantee.
+  assert "ex/s (not DP)" in out and "padding, not DP)" in out
+  assert {"examples_per_second", "real_row_fraction", "validation_not_dp"} <= set(summary["not_dp"])
+  assert summary["examples_per_second"] > 0 and json.load(open(os.path.join(model_dir, "summary.json")))["not_dp"]
+  assert report["noise_secret"] is False and report["warnings"][0].startswith("NO PRIVACY GUARANTEE")
+  assert "WARNING: NO PRIVACY GUARANTEE" in out
   # Untruncated Poisson sampling by default: no cap, no truncation term in δ.
   assert report["truncation_probability"] == 0 and report["max_batch_size"] is None
   assert report["truncation_delta"] == 0 and report["batch_size"] == 8

@@ -173,15 +173,35 @@ def test_vocabulary_without_report_is_not_private_unless_declared_public(tmp_pat
 def test_document_level_vocabulary_needs_document_or_example_level_training(tmp_path):
   vocab, _ = _vocab_and_report(tmp_path)
   dp = DPConfig(noise_multiplier=1.0, expected_batch_size=4)
-  # Document-level DP implies example-level DP (an example is a chunk of one document).
-  example = _setup(dp, vocab_path=vocab, privacy_unit="example").ledger
+  # Removing one example (a chunk) changes its document: a substitution for the document-level
+  # vocabulary, composed by group privacy as (2ε, (1 + e^ε)·δ), never as (ε, δ).
+  lines = []
+  example = _setup(dp, vocab_path=vocab, privacy_unit="example", log=lines.append).ledger
   assert [c["name"] for c in example.components] == ["dp_sentencepiece"]
+  assert example.components[0]["epsilon"] == pytest.approx(2 * 0.17)
+  assert example.components[0]["delta"] == pytest.approx(1e-9 * (1 + math.exp(0.17)))
+  assert any("for example-level training by group privacy of 2" in line for line in lines)
+  document = _setup(dp, vocab_path=vocab).ledger
+  assert document.components[0]["epsilon"] == pytest.approx(0.17)
   # A user with K documents costs up to K·ε of a document-level vocabulary: refused.
   with pytest.raises(PrivacyError, match="document-level DP but training is user-level.*group privacy"):
     _setup(dp, vocab_path=vocab, privacy_unit="user")
   user_vocab, _ = _vocab_and_report(tmp_path / "user", privacy_unit="user")
   user = _setup(dp, vocab_path=user_vocab, privacy_unit="user").ledger
   assert [c["name"] for c in user.components] == ["dp_sentencepiece"]
+
+
+def test_fixed_seeds_and_an_insecure_vocabulary_are_recorded(tmp_path):
+  dp = DPConfig(noise_multiplier=1.0, expected_batch_size=4)
+  ledger = _setup(dp, noise_secret=False).ledger
+  ledger.record_steps(10)
+  assert ledger.report()["noise_secret"] is False and "NO PRIVACY GUARANTEE" in ledger.report()["warnings"][0]
+  assert _setup(None, noise_secret=False).ledger.noise_secret is False
+  vocab, _ = _vocab_and_report(tmp_path, noise_seed="insecure_fixed_seed", insecure_seed=0, noise_secret=False)
+  lines = []
+  ledger = _setup(dp, vocab_path=vocab, log=lines.append).ledger
+  assert ledger.components[0]["noise_secret"] is False and ledger.report()["noise_secret"] is False
+  assert any("WARNING: NO PRIVACY GUARANTEE" in line and vocab in line for line in lines)
 
 
 @pytest.mark.parametrize("num_examples, want", [

@@ -7,15 +7,20 @@ composition, summing ε and δ (Ponomareva et al. 2022, Appendix C).
 
 The vocabulary is always a component. Its DP-SentencePiece report is composed only when the
 report names this vocabulary by content hash (`vocab_sha256`) and its privacy unit is at least
-as strong as the training unit; otherwise the vocabulary is recorded as non-private and the
-total ε is ∞, unless it is declared public (not built from the private data).
+as strong as the training unit (at a stronger unit by group privacy, see `group_privacy`);
+otherwise the vocabulary is recorded as non-private and the total ε is ∞, unless it is declared
+public (not built from the private data).
+
+A guarantee needs secret noise: a run (or a component) whose noise came from a fixed seed is
+recorded with `noise_secret: false`, and its report says in one line (`warnings`) that its ε is
+no guarantee.
 """
 import dataclasses
 import json
 import logging
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5.dp import accounting
 from private_t5.errors import DataError, PrivacyError
@@ -28,9 +33,30 @@ REPORT_FILENAME = "privacy_report.json"
 _MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
                      "sampling", "max_batch_size", "non_private")
 VOCABULARY_COMPONENT = "vocabulary"
-# A guarantee at a unit implies the guarantee at every weaker unit: a user's data holds whole
-# documents, and a document holds whole examples (chunks). Larger is stronger.
+# The training of the parameters a run started from, when it saw the private data (JFT phase 1).
+INITIAL_CHECKPOINT_COMPONENT = "initial_checkpoint"
+# A user's data holds whole documents, and a document holds whole examples (chunks). Larger is
+# stronger: a guarantee at a stronger unit covers a weaker one by group privacy (`check_unit`).
 _UNIT_STRENGTH = {"example": 0, "document": 1, "user": 2}
+
+
+def insecure_noise_warning(what: str) -> str:
+  """The one line that says a report with predictable noise is no privacy guarantee."""
+  return (f"NO PRIVACY GUARANTEE: the noise of {what} came from a fixed seed (insecure, for tests and "
+          "reproductions only): it is predictable, so the ε reported is not a guarantee")
+
+
+def report_noise_secret(report: Dict[str, Any]) -> bool:
+  """Whether a DP report's noise was secret: False when it records a fixed (insecure) seed."""
+  return not (report.get("noise_secret") is False or report.get("insecure_seed") is not None
+              or report.get("noise_seed") == "insecure_fixed_seed")
+
+
+def group_privacy(epsilon: float, delta: float, size: int) -> tuple:
+  """(ε, δ)-DP for one unit, as a guarantee for `size` units: (kε, δ·(1 + e^ε + … + e^((k-1)ε)))."""
+  if size == 1:
+    return epsilon, delta
+  return size * epsilon, delta * sum(math.exp(min(i * epsilon, 700.0)) for i in range(size))
 
 
 def vocabulary_report_mismatch(report: Dict[str, Any], vocab_path: str) -> Optional[str]:
@@ -70,11 +96,15 @@ class PrivacyLedger:
     steps: steps taken so far.
     components: other mechanisms composed in: dicts {"name", "epsilon", "delta", "source"}, or
       {"name": "vocabulary", "private": false, "public", "source"} for a vocabulary without a
-      matching DP report (`add_vocabulary`).
+      matching DP report (`add_vocabulary`), or {"name": "initial_checkpoint", ...} for the
+      training of the parameters the run started from (`add_initial_checkpoint`). A component
+      whose noise was not secret has "noise_secret": false.
     non_private: True for a non-private baseline (ε = ∞).
     sampling: "poisson" or "fixed" (fixed batches, accounted without replacement).
     configured_batch_size: the run's configured (padded) batch size, for the report.
     clipping_method: how the clipped sum was computed ("ghost" or "vmap"), for the report.
+    noise_secret: False when the training noise came from a fixed seed (insecure: the ε reported
+      is then no guarantee); once False it stays False on resume.
   """
   noise_multiplier: float
   sampling_rate: float
@@ -92,6 +122,7 @@ class PrivacyLedger:
   sampling: str = "poisson"
   configured_batch_size: Optional[int] = None
   clipping_method: Optional[str] = None
+  noise_secret: bool = True
 
   def __post_init__(self):
     self._epsilon_cache: Dict[Any, Dict[str, float]] = {}
@@ -119,7 +150,7 @@ class PrivacyLedger:
              max_batch_size: Optional[int] = None, accountant: str = "rdp",
              privacy_unit: str = "document", sampling: str = "poisson",
              configured_batch_size: Optional[int] = None,
-             clipping_method: Optional[str] = None) -> "PrivacyLedger":
+             clipping_method: Optional[str] = None, noise_secret: bool = True) -> "PrivacyLedger":
     """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N)."""
     if (sampling_rate is None) == (batch_size is None):
       raise PrivacyError("give exactly one of sampling_rate and batch_size")
@@ -130,16 +161,16 @@ class PrivacyLedger:
                clip_norm=float(clip_norm), delta=float(delta), accountant=accountant,
                privacy_unit=privacy_unit, num_examples=int(num_examples), max_batch_size=max_batch_size,
                sampling=sampling, configured_batch_size=configured_batch_size,
-               clipping_method=clipping_method)
+               clipping_method=clipping_method, noise_secret=bool(noise_secret))
 
   @classmethod
   def non_private_baseline(cls, *, num_examples: Optional[int] = None, privacy_unit: str = "document",
-                           batch_size: Optional[float] = None) -> "PrivacyLedger":
+                           batch_size: Optional[float] = None, noise_secret: bool = True) -> "PrivacyLedger":
     """A ledger for a non-private run: records steps, reports ε = ∞ (null in JSON)."""
     q = (batch_size / num_examples) if (batch_size and num_examples) else 0.0
     return cls(noise_multiplier=0.0, sampling_rate=q, clip_norm=0.0, delta=0.0, privacy_unit=privacy_unit,
                num_examples=num_examples, expected_batch_size=batch_size, non_private=True,
-               configured_batch_size=batch_size)
+               configured_batch_size=batch_size, noise_secret=bool(noise_secret))
 
   # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -150,12 +181,14 @@ class PrivacyLedger:
     self.steps += int(n)
 
   def add_component(self, name: str, epsilon: float, delta: float, source: str = "",
-                    vocab_sha256: Optional[str] = None) -> Dict[str, Any]:
+                    vocab_sha256: Optional[str] = None, noise_secret: bool = True,
+                    details: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Composes another (ε, δ)-DP release on the same data, once; returns its entry.
 
     A release already in the ledger is not composed again (e.g. re-added on resume): the same
     vocabulary by content hash (`vocab_sha256`, so a moved or copied run directory still
-    counts it once), else the same `source`.
+    counts it once), else the same `source`. A release whose noise was not secret is recorded
+    with "noise_secret": false; `details` (JSON-able) are stored in the entry as they are.
     """
     epsilon = float(epsilon)
     delta = float(delta)
@@ -165,17 +198,25 @@ class PrivacyLedger:
       same_vocabulary = vocab_sha256 is not None and c.get("vocab_sha256") == vocab_sha256
       if c["name"] == name and (same_vocabulary or c.get("source", "") == source):
         if math.isclose(c["epsilon"], epsilon) and math.isclose(c["delta"], delta):
+          if not noise_secret:
+            c["noise_secret"] = False
           return c  # already composed
         raise PrivacyError(f"component {name!r} from {source!r} is already in the ledger with "
                            f"(ε, δ) = ({c['epsilon']}, {c['delta']}), not ({epsilon}, {delta})")
-    entry = {"name": name, "epsilon": epsilon, "delta": delta, "source": source}
+    entry = {"name": name, "epsilon": epsilon, "delta": delta, "source": source, **(details or {})}
     if vocab_sha256 is not None:
       entry["vocab_sha256"] = vocab_sha256
+    if not noise_secret:
+      entry["noise_secret"] = False
     self.components.append(entry)
     return entry
 
   def add_component_from_report(self, path: str) -> Dict[str, Any]:
     """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`).
+
+    A report at a stronger unit than training's (a document-level vocabulary, example-level
+    training) is composed by group privacy (`check_unit`): its own (ε, δ) are kept in the entry
+    as "group_privacy". A report whose noise was not secret is composed with "noise_secret": false.
 
     Raises:
       PrivacyError: the report's privacy unit is weaker than this ledger's (`check_unit`).
@@ -185,17 +226,35 @@ class PrivacyLedger:
       if not isinstance(report.get(key), (int, float)):
         raise DataError(f"{path}: privacy report has no numeric {key!r}")
     name = str(report.get("mechanism", "dp_sentencepiece"))
-    self.check_unit(report.get("privacy_unit", "document"), f"{name} ({path})")
+    unit = report.get("privacy_unit", "document")
+    size = self.check_unit(unit, f"{name} ({path})")
+    epsilon, delta = group_privacy(float(report["epsilon"]), float(report["delta"]), size)
+    details = None
+    if size > 1:
+      details = {"group_privacy": {"size": size, "privacy_unit": unit, "epsilon": float(report["epsilon"]),
+                                   "delta": float(report["delta"])}}
+      if delta >= 1:
+        raise PrivacyError(
+            f"{name} ({path}) is {unit}-level DP with (ε, δ) = ({report['epsilon']:g}, {report['delta']:g}); as a "
+            f"{self.privacy_unit}-level guarantee (group privacy, 2 {unit}s) its δ is {delta:.3g} >= 1: no "
+            f"guarantee; train the vocabulary with a smaller ε, or train at the {unit} unit")
     vocab_sha256 = report.get("vocab_sha256")
-    return self.add_component(name, report["epsilon"], report["delta"], source=os.path.abspath(path),
-                              vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None)
+    return self.add_component(name, epsilon, delta, source=os.path.abspath(path),
+                              vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None,
+                              noise_secret=report_noise_secret(report), details=details)
 
-  def check_unit(self, unit: str, what: str) -> None:
-    """Refuses to compose a guarantee at a weaker privacy unit than training's.
+  def check_unit(self, unit: str, what: str) -> int:
+    """The group size at which a guarantee at `unit` composes into this ledger's unit.
 
-    A document-level ε covers a user with K documents only as K·ε (group privacy), so it cannot
-    be added to a user-level ledger as ε. A document-level guarantee does imply an example-level
-    one (an example is a chunk of one document), so that composition is sound.
+    1 at the same unit. 2 at a stronger unit: removing one example (a chunk of one document)
+    changes that document, which for a document-level release is a substitution (remove the
+    document, add the changed one), so a document-level (ε, δ) covers it as (2ε, (1 + e^ε)·δ)
+    (`group_privacy`); the same holds for a user-level release and document- or example-level
+    training. A weaker unit is refused: a document-level ε covers a user with K documents only as
+    K·ε, and K is not bounded.
+
+    Raises:
+      PrivacyError: `unit` is unknown or weaker than training's.
     """
     if unit not in _UNIT_STRENGTH:
       raise PrivacyError(f"{what}: unknown privacy_unit {unit!r} (expected one of {PRIVACY_UNITS})")
@@ -206,6 +265,7 @@ class PrivacyLedger:
           f"be composed as is; dp-spm trains document-level vocabularies only, so train the "
           f"vocabulary at the {self.privacy_unit} unit, or use a vocabulary built without the private "
           f"data (VOCAB_IS_PUBLIC=True)")
+    return 2 if _UNIT_STRENGTH[unit] > _UNIT_STRENGTH[self.privacy_unit] else 1
 
   def add_vocabulary(self, vocab_path: str, report_path: Optional[str] = None, *,
                      public: bool = False) -> Dict[str, Any]:
@@ -240,10 +300,37 @@ class PrivacyLedger:
     self.components.append(component)
     return component
 
+  def add_initial_checkpoint(self, report: Dict[str, Any], source: str, note: str) -> Dict[str, Any]:
+    """Records the training of the parameters this run starts from, when it used the private data.
+
+    `report` is that training's privacy report (`report()`). A DP one is composed at its total
+    (ε, δ) (by group privacy at a stronger unit, like `add_component_from_report`); a non-private
+    one (or one with ε = ∞) is recorded as {"name": "initial_checkpoint", "private": false,
+    "public": false, "source", "reason": note}, and the total ε is then ∞. `note` says how that
+    training used the data (e.g. "trained without DP on a redacted copy of this data").
+
+    Raises:
+      PrivacyError: the report's privacy unit is weaker than this ledger's.
+    """
+    source = os.path.abspath(source)
+    self.components = [c for c in self.components if c["name"] != INITIAL_CHECKPOINT_COMPONENT
+                       or c.get("source") != source]
+    if report.get("dp") and report.get("epsilon") is not None:
+      size = self.check_unit(report.get("privacy_unit", "document"), f"the initial checkpoint ({source})")
+      epsilon, delta = group_privacy(float(report["epsilon"]), float(report["delta"]), size)
+      return self.add_component(INITIAL_CHECKPOINT_COMPONENT, epsilon, delta, source,
+                                noise_secret=report_noise_secret(report), details={"note": note})
+    component = {"name": INITIAL_CHECKPOINT_COMPONENT, "private": False, "public": False, "source": source,
+                 "reason": f"the initial parameters were {note}: the total ε is ∞"}
+    self.components.append(component)
+    return component
+
   def vocabulary_status(self) -> Optional[str]:
     """"dp" (a DP report is composed), "public", "not private", or None (none recorded)."""
     status = None
     for c in self.components:
+      if c["name"] == INITIAL_CHECKPOINT_COMPONENT:
+        continue
       if c["name"] == VOCABULARY_COMPONENT:
         if not c.get("public"):
           return "not private"
@@ -265,10 +352,12 @@ class PrivacyLedger:
       if not same:
         raise PrivacyError(f"cannot resume: the checkpoint's ledger has {field}={a!r} but this run "
                            f"has {field}={b!r}; a ledger covers one mechanism (start a new run instead)")
-    resumed = dataclasses.replace(self, steps=saved.steps, components=[dict(c) for c in saved.components])
+    resumed = dataclasses.replace(self, steps=saved.steps, components=[dict(c) for c in saved.components],
+                                  noise_secret=saved.noise_secret and self.noise_secret)
     for c in self.components:
       if "epsilon" in c:
-        resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""), c.get("vocab_sha256"))
+        resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""), c.get("vocab_sha256"),
+                              noise_secret=c.get("noise_secret", True))
       else:  # a non-private (or public) vocabulary: this run's record replaces the saved one
         resumed.components = [d for d in resumed.components if d["name"] != c["name"]
                               or d.get("source") != c.get("source")]
@@ -317,15 +406,39 @@ class PrivacyLedger:
     return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
                                   self.training_epsilon())
 
-  def total_epsilon(self) -> float:
-    """Training ε plus every component's ε (simple composition); ∞ with a non-private component."""
-    if any(not c.get("private", True) and not c.get("public") for c in self.components):
-      return math.inf
-    return self.training_epsilon() + sum(c.get("epsilon", 0.0) for c in self.components)
+  def total_epsilon(self, exclude: Sequence[str] = ()) -> float:
+    """Training ε plus every component's ε (simple composition); ∞ with a non-private component.
 
-  def total_delta(self) -> float:
+    Components named in `exclude` are left out (e.g. the initial checkpoint's training, for the
+    share of this run alone).
+    """
+    components = [c for c in self.components if c["name"] not in exclude]
+    if any(not c.get("private", True) and not c.get("public") for c in components):
+      return math.inf
+    return self.training_epsilon() + sum(c.get("epsilon", 0.0) for c in components)
+
+  def total_delta(self, exclude: Sequence[str] = ()) -> float:
     """Training δ (with truncation) plus every component's δ (simple composition)."""
-    return min(1.0, self.training_delta() + sum(c.get("delta", 0.0) for c in self.components))
+    return min(1.0, self.training_delta() + sum(c.get("delta", 0.0) for c in self.components
+                                                if c["name"] not in exclude))
+
+  def noise_secret_everywhere(self) -> bool:
+    """Whether the noise of training and of every DP component was secret."""
+    return self.noise_secret and all(c.get("noise_secret", True) for c in self.components)
+
+  def warnings(self) -> List[str]:
+    """One line per reason the reported ε is not the guarantee it reads as (empty when none)."""
+    if self.non_private:
+      return []
+    lines = []
+    if not self.noise_secret:
+      lines.append(insecure_noise_warning("this training run (train.insecure_deterministic_seed)"))
+    for c in self.components:
+      if not c.get("noise_secret", True):
+        lines.append(insecure_noise_warning(f"the composed {c['name']} ({c.get('source', '')})"))
+      if c["name"] == INITIAL_CHECKPOINT_COMPONENT and not c.get("private", True):
+        lines.append(c["reason"])
+    return lines
 
   def report(self) -> Dict[str, Any]:
     """A JSON-ready summary of the guarantee.
@@ -333,7 +446,10 @@ class PrivacyLedger:
     `epsilon`/`delta` are the totals over training and components (ε null, i.e. ∞, for a
     non-private run or a non-private vocabulary); `training_epsilon` is DP-Adafactor's own ε;
     `vocabulary` is `vocabulary_status()`; `accounting_delta` is the δ the training ε is
-    computed at; `ledger` holds the exact fields for `from_dict`.
+    computed at; `noise_secret` is False when any noise came from a fixed seed; `warnings` has
+    one line per reason the ε is no guarantee as it reads (`warnings()`); with an initial
+    checkpoint component, `epsilon_without_initial_checkpoint` / `delta_without_initial_checkpoint`
+    are this run's share alone; `ledger` holds the exact fields for `from_dict`.
     """
     def finite(x):
       return None if math.isinf(x) else x
@@ -346,9 +462,14 @@ class PrivacyLedger:
         dp=not self.non_private, vocabulary=self.vocabulary_status(),
         batch_size=self.max_batch_size if self.max_batch_size is not None else self.configured_batch_size,
         epsilon_rdp=None, epsilon_pld=None, accountant_used=self.accountant_used(),
-        clipping_method=self.clipping_method,
+        clipping_method=self.clipping_method, noise_secret=self.noise_secret_everywhere(),
+        warnings=self.warnings(),
         ledger=self.to_dict(),
     )
+    if any(c["name"] == INITIAL_CHECKPOINT_COMPONENT for c in self.components):
+      exclude = (INITIAL_CHECKPOINT_COMPONENT,)
+      out.update(epsilon_without_initial_checkpoint=finite(self.total_epsilon(exclude)),
+                 delta_without_initial_checkpoint=self.total_delta(exclude))
     if not self.non_private and self.steps:
       for name, eps in self.epsilons().items():
         out[f"epsilon_{name}"] = eps

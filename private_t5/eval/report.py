@@ -37,7 +37,10 @@ def epsilon_text(privacy_report: Optional[dict]) -> str:
   if eps is None:
     return "ε = ∞"
   delta = privacy_report.get("delta")
-  return f"ε = {eps:.4g}" + (f" (δ = {delta:.3g})" if delta is not None else "")
+  text = f"ε = {eps:.4g}" + (f" (δ = {delta:.3g})" if delta is not None else "")
+  if privacy_report.get("noise_secret") is False:
+    text += ", NO GUARANTEE: the noise came from a fixed seed"
+  return text
 
 
 def _pct(x) -> str:

@@ -11,7 +11,10 @@ an ordinary optimizer (PHASE1_DP = None) or with light-noise DP (PHASE1_DP = a D
 its own epsilon). Phase 2 ("private fine-tune") starts from phase 1's checkpoint and trains
 with DP on the full private data D. MODEL_DIR/phase1_redacted and MODEL_DIR/phase2_private are
 ordinary training runs (each with its own ledger); MODEL_DIR/jft_privacy_report.json states
-the selective guarantee and its assumption.
+the selective guarantee and its assumption. Phase 2's ledger records phase 1 as its
+`initial_checkpoint` component, so phase 2's own privacy_report.json states the ordinary DP
+guarantee of the release: ε = ∞ (null) after an ordinary phase 1, eps_1 + eps_2 after a light-noise
+one; its (eps_2, delta_2) alone is `epsilon_without_initial_checkpoint`, a selective guarantee only.
 
 Guarantee (Shi et al. 2022, Definitions 3-4): a secret caught by the policy function F never reaches
 phase 1, so with respect to F-neighbours (datasets differing in private tokens only) the
@@ -91,12 +94,16 @@ def load_miss_rate_sample(path: str) -> List[Dict[str, Any]]:
 def jft_privacy_report(phase1: Dict[str, Any], phase2: Dict[str, Any], *, detector_level: Optional[str],
                        redaction_report: Optional[Dict[str, Any]] = None,
                        miss_rate: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """The selective guarantee of a JFT run from both phases' privacy reports (ledger `report()`s)."""
+  """The selective guarantee of a JFT run from both phases' privacy reports (ledger `report()`s).
+
+  Phase 2's own share is read without its `initial_checkpoint` component (phase 1) when it has one.
+  """
   if not phase2.get("dp"):
     raise ConfigError("JFT phase 2 must be differentially private (PHASE2 DP = a DPConfig)")
   # A report's ε is None (∞) when a component, e.g. a non-private vocabulary, is not DP.
-  eps2 = math.inf if phase2.get("epsilon") is None else float(phase2["epsilon"])
-  delta2 = float(phase2["delta"])
+  own = "_without_initial_checkpoint" if "epsilon_without_initial_checkpoint" in phase2 else ""
+  eps2 = math.inf if phase2.get("epsilon" + own) is None else float(phase2["epsilon" + own])
+  delta2 = float(phase2["delta" + own])
   phase1_dp = bool(phase1.get("dp"))
   eps1 = (math.inf if phase1.get("epsilon") is None else float(phase1["epsilon"])) if phase1_dp else math.inf
   delta1 = float(phase1["delta"]) if phase1_dp else 0.0
@@ -184,27 +191,48 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
     miss_rate = measure_miss_rate(detector_level or "entity", load_miss_rate_sample(miss_rate_sample))
   phase1_dir = os.path.join(model_dir, PHASE1_DIR)
   phase2_dir = os.path.join(model_dir, PHASE2_DIR)
+  if "privacy_hook" in train_kwargs:
+    raise ConfigError("just_fine_tune_twice sets phase 2's privacy_hook itself")
   log(f"[jft] phase 1: {'light-noise DP' if phase1_dp is not None else 'ordinary'} training on the redacted "
       f"corpus ({redacted_data.num_examples} examples, {phase1_steps} steps) -> {phase1_dir}")
   s1 = train_fn(model_dir=phase1_dir, train_data=redacted_data, train_steps=phase1_steps, dp=phase1_dp,
                 **train_kwargs)
   log(f"[jft] phase 2: DP training on the full data ({full_data.num_examples} examples, {phase2_steps} steps) "
       f"from phase 1's checkpoint -> {phase2_dir}")
-  s2 = train_fn(model_dir=phase2_dir, train_data=full_data, train_steps=phase2_steps, dp=phase2_dp,
-                initial_checkpoint=phase1_dir, **train_kwargs)
   with open(s1["privacy_report"]) as f:
     phase1_report = json.load(f)
+  s2 = train_fn(model_dir=phase2_dir, train_data=full_data, train_steps=phase2_steps, dp=phase2_dp,
+                initial_checkpoint=phase1_dir, privacy_hook=phase1_in_ledger(phase1_report, phase1_dir),
+                **train_kwargs)
   with open(s2["privacy_report"]) as f:
     phase2_report = json.load(f)
   report = jft_privacy_report(phase1_report, phase2_report, detector_level=detector_level,
                               redaction_report=redaction_report, miss_rate=miss_rate)
+  # Validation documents are held out of the private corpus: their metrics are not DP.
   report.update(phase1_model_dir=os.path.abspath(phase1_dir), phase2_model_dir=os.path.abspath(phase2_dir),
-                phase1_validation=s1.get("validation"), phase2_validation=s2.get("validation"))
+                phase1_validation=metrics.validation_metrics(s1), phase2_validation=metrics.validation_metrics(s2),
+                not_dp=["phase1_validation", "phase2_validation", "private_token_fraction"])
   path = io_lib.write_json_atomic(os.path.join(model_dir, REPORT_FILENAME), report)
   log(f"[jft] {report['statement']}")
   log(f"[jft] report: {path}")
   report["report_path"] = os.path.abspath(path)
   return report
+
+
+def phase1_in_ledger(phase1_report: Dict[str, Any], phase1_dir: str) -> Callable:
+  """The `train` privacy hook of phase 2: its ledger records phase 1 as the initial checkpoint.
+
+  Phase 1 trained on a redacted copy of phase 2's data, so phase 2's privacy report does not
+  present phase 2's (ε, δ) as the release's guarantee: with an ordinary phase 1 its ε is ∞, with a
+  light-noise one it composes phase 1's ε.
+  """
+  note = (f"trained {'with' if phase1_report.get('dp') else 'WITHOUT'} DP on a redacted copy of this data "
+          f"(JFT phase 1; the selective guarantee is in ../{REPORT_FILENAME})")
+
+  def hook(setup, data):
+    setup.ledger.add_initial_checkpoint(phase1_report, phase1_dir, note)
+    return setup, data, {}
+  return hook
 
 
 def run_from_args(argv: Sequence[str]) -> Dict[str, Any]:

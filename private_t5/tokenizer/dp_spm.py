@@ -709,8 +709,15 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       # the data owner, or drop these fields before publishing it (the model itself is DP).
       "not_dp_fields": not_dp,
   }
+  # Whether the noise was secret: a training ledger composes this vocabulary with the flag, and
+  # the report says in one line that a fixed seed makes its ε no guarantee.
+  report["noise_secret"] = insecure_seed is None
+  report["warnings"] = []
   if insecure_seed is not None:
+    from private_t5.dp.ledger import insecure_noise_warning  # pylint: disable=g-import-not-at-top
     report["insecure_seed"] = int(insecure_seed)
+    report["warnings"].append(insecure_noise_warning("this DP-SentencePiece vocabulary (--insecure_seed)"))
+    logger.warning("dp-spm: %s", report["warnings"][0])
   report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
   write_json_atomic(report_path, report, sort_keys=False)
   report["report_path"] = os.path.abspath(report_path)

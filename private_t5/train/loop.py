@@ -308,7 +308,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   real_fraction = examples_seen / rows_run if rows_run else None
   if rows_run:
     log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
-        f"({100.0 * real_fraction:.1f}% real, the rest padding)")
+        f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if privacy.private else ''})")
   timed = max(elapsed - (first_step_time or 0.0), 1e-9)
   summary = {
       "model_dir": os.path.abspath(model_dir),
@@ -332,6 +332,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       "tensorboard_dir": os.path.abspath(writer.log_dir),
       "deterministic_seed": seeds.deterministic,
   }
+  if privacy.private:  # statistics of the private data, outside the guarantee
+    summary["not_dp"] = [k for k in metrics_lib.NOT_DP_SUMMARY_KEYS if k in summary]
   if primary:
     metrics_lib.write_summary(model_dir, summary)
   return summary

@@ -227,7 +227,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
         dp, loss_fn=make_loss_fn(model_config, z_loss), num_examples=train_data.num_examples,
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         microbatch_size=microbatch_size, sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
-        spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None, log=log)
+        spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
+        noise_secret=not seeds.deterministic, log=log)
     mechanism = setup.mechanism()
     source, extra = train_data, {}
     if privacy_hook is not None:
@@ -275,7 +276,8 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
   log(f"  summary:        {os.path.join(summary['model_dir'], 'summary.json')}")
   log(f"  privacy report: {summary['privacy_report']}")
   if summary.get("real_row_fraction") is not None:
-    log(f"  real rows:      {100.0 * summary['real_row_fraction']:.1f}% of the rows computed (the rest padding)")
+    log(f"  real rows:      {100.0 * summary['real_row_fraction']:.1f}% of the rows computed (the rest padding)"
+        f"{' (not DP)' if summary['private'] else ''}")
   validation = summary.get("validation_not_dp") or summary.get("validation")
   if validation:
     label = " (held-out private documents, not DP)" if summary.get("validation_not_dp") else ""
@@ -286,11 +288,15 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
     training = (f"DP-Adafactor ε = {ledger.training_epsilon():.4g} at δ = {ledger.training_delta():.3g} "
                 f"({ledger.privacy_unit}-level, {(ledger.accountant_used() or ledger.accountant).upper()}, σ = {ledger.noise_multiplier:.4g}, "
                 f"q = {ledger.sampling_rate:.4g}, {ledger.steps} steps)")
-    if summary["epsilon"] is None:
+    if summary["epsilon"] is None and ledger.vocabulary_status() == "not private":
       log(f"  privacy: ε = ∞ ({vocabulary}: no DP-SentencePiece report names it; run dp-spm or set "
           f"VOCAB_IS_PUBLIC=True if it was built without the private data); {training}")
+    elif summary["epsilon"] is None:
+      log(f"  privacy: ε = ∞ ({vocabulary}; see the warning below); {training}")
     else:
       log(f"  privacy: ε = {summary['epsilon']:.4g} at δ = {summary['delta']:.3g} ({vocabulary}); {training}")
+    for line in ledger.warnings():
+      log(f"  WARNING: {line}")
   elif optimizer_name:
     log(f"  privacy: {optimizer_name}: no formal DP guarantee (the ledger records ε = ∞)")
   else:

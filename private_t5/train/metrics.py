@@ -7,6 +7,9 @@ documents of the same private corpus: the model never trains on them, but releas
 numbers is not covered by the guarantee either, so their tags (MODEL_DIR/tensorboard/
 validation) start with `nondp/` too and summary.json of a DP run holds them under
 `validation_not_dp` (`validation` for a non-private run, like the training batch metrics).
+The throughput (examples/s, the share of real rows) counts the private examples sampled: the
+console labels "ex/s" "(not DP)" in a DP run, and summary.json of a DP run names every such key
+in its `not_dp` list (`NOT_DP_SUMMARY_KEYS`).
 """
 import math
 import os
@@ -20,6 +23,9 @@ TENSORBOARD_SUBDIR = "tensorboard"
 SUMMARY_FILENAME = "summary.json"
 # Tag prefix of metrics computed from private data without DP (training batches, validation).
 NOT_DP_PREFIX = "nondp/"
+# summary.json keys of a DP run computed from private data without DP (listed under "not_dp").
+NOT_DP_SUMMARY_KEYS = ("examples_per_second", "real_row_fraction", "train_batch_metrics_not_dp",
+                       "validation_not_dp")
 
 
 def validation_key(private: bool) -> str:
@@ -130,7 +136,7 @@ class ProgressPrinter:
       parts.append(f"loss {loss:.4f}{acc}{label}")
     if learning_rate is not None:
       parts.append(f"lr {learning_rate:.3g}")
-    parts.append(f"{examples_per_s:.1f} ex/s")
+    parts.append(f"{examples_per_s:.1f} ex/s{' (not DP)' if private else ''}")
     parts.append(f"{steps_per_s:.2f} steps/s")
     parts.append(f"ETA {format_duration(eta)}")
     if epsilon is not None:

@@ -24,7 +24,8 @@ from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import factory
 from private_t5.dp import sampling
-from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME, vocabulary_report_mismatch
+from private_t5.dp.ledger import (PrivacyLedger, REPORT_FILENAME, insecure_noise_warning,
+                                  vocabulary_report_mismatch)
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.train import partitioning
 
@@ -172,8 +173,12 @@ def dp_spm_report_path(vocab_path: Optional[str]) -> Optional[str]:
 def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: int, privacy_unit: str,
                   batch_size: int, train_steps: int, microbatch_size: Optional[int], sampler_seed: int,
                   vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = partitioning.DATA_AXIS,
-                  log: Callable[[str], None] = print) -> PrivacySetup:
-  """Builds aggregator, sampler and ledger for a private (`dp`) or non-private (`None`) run."""
+                  noise_secret: bool = True, log: Callable[[str], None] = print) -> PrivacySetup:
+  """Builds aggregator, sampler and ledger for a private (`dp`) or non-private (`None`) run.
+
+  `noise_secret` is False when the run's seeds are fixed (insecure): the ledger records it, and
+  its report says that its ε is no guarantee.
+  """
   if batch_size <= 0 or train_steps <= 0:
     raise ConfigError(f"batch_size and train_steps must be > 0, got {batch_size} and {train_steps}")
   if dp is None:
@@ -183,7 +188,7 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
         aggregator=aggregator_lib.MeanAggregator(loss_fn, microbatch_size),
         sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed),
         ledger=PrivacyLedger.non_private_baseline(num_examples=num_examples, privacy_unit=privacy_unit,
-                                                  batch_size=batch_size),
+                                                  batch_size=batch_size, noise_secret=noise_secret),
         private=False)
   if not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
@@ -225,13 +230,19 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
                                   num_examples=num_examples, sampling_rate=q,
                                   max_batch_size=batch_size if truncated else None,
                                   accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
-                                  configured_batch_size=batch_size, clipping_method=dp.method)
+                                  configured_batch_size=batch_size, clipping_method=dp.method,
+                                  noise_secret=noise_secret)
   report = dp_spm_report_path(vocab_path)
   if vocab_path:
     component = ledger.add_vocabulary(vocab_path, report, public=dp.vocab_is_public)
     if "epsilon" in component:
+      group = component.get("group_privacy")
       log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
-          f"ε={component['epsilon']:g}, δ={component['delta']:g}")
+          f"ε={component['epsilon']:g}, δ={component['delta']:g}"
+          + (f" ({group['privacy_unit']}-level ε={group['epsilon']:g}, δ={group['delta']:g}, for "
+             f"{privacy_unit}-level training by group privacy of {group['size']})" if group else ""))
+      if not component.get("noise_secret", True):
+        log(f"[privacy] WARNING: {insecure_noise_warning(f'the vocabulary {vocab_path} (dp-spm --insecure_seed)')}")
     elif component["public"]:
       report = None
       log(f"[privacy] vocabulary {vocab_path} declared public (VOCAB_IS_PUBLIC): not counted in ε")
