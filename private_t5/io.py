@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Any, IO, Iterator
+from typing import Any, Callable, IO, Iterator, Optional
 
 import numpy as np
 
@@ -72,10 +72,19 @@ def write_text_atomic(path: str, text: str) -> str:
   return path
 
 
-def write_bytes_atomic(path: str, data: bytes) -> str:
-  """Writes `data` to `path` atomically; returns `path`."""
+def write_bytes_atomic(path: str, data: bytes, *, before_rename: Optional[Callable[[], Any]] = None) -> str:
+  """Writes `data` to `path` atomically; returns `path`.
+
+  `before_rename` runs once `data` is on disk, just before it is renamed over `path` (to commit
+  first a file that names the new content, so that `path` never appears without it); if it
+  raises, `path` is left as it was.
+  """
   with atomic_open(path, "wb") as f:
     f.write(data)
+    if before_rename is not None:
+      f.flush()
+      os.fsync(f.fileno())
+      before_rename()
   return path
 
 
