@@ -3,7 +3,9 @@
 Every artifact (reports, summaries, vocabularies, corpora, configs) is written to a temporary
 file beside its destination and renamed over it, so a reader never sees a half-written file
 and a killed process leaves either the old file or the new one (plus, at worst, a `*.tmp`
-file that the next write replaces). Base layer: imports nothing from the package.
+file that the next write replaces). Folders of work in progress (`make_temp_dir`) are named
+after their process, so that a later run can remove those of a killed one
+(`remove_stale_temp_dirs`). Base layer: imports nothing from the package.
 """
 import contextlib
 import dataclasses
@@ -11,8 +13,11 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
+import socket
 import tempfile
-from typing import Any, Callable, IO, Iterator, Optional
+import time
+from typing import Any, Callable, IO, Iterator, List, Optional
 
 import numpy as np
 
@@ -103,3 +108,57 @@ def file_sha256(path: str) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
+
+
+# -- temporary folders --------------------------------------------------------------------------
+
+# A temporary folder whose owner cannot be checked (another host, an older name) is removed
+# only when nothing has been written to it for this long.
+STALE_TEMP_SECONDS = 24 * 3600
+
+
+def make_temp_dir(parent: str, prefix: str) -> str:
+  """A new empty folder `parent/<prefix><host>-<pid>-<random>`.
+
+  Its name tells `remove_stale_temp_dirs` whose it is. `parent` must exist.
+  """
+  return tempfile.mkdtemp(dir=parent, prefix=f"{prefix}{socket.gethostname()}-{os.getpid()}-")
+
+
+def _temp_dir_is_stale(path: str, name: str, prefix: str, now: float) -> bool:
+  """True if the temporary folder `name` belongs to a dead process on this host, or is old."""
+  parts = name[len(prefix):].rsplit("-", 2)  # host, pid, random suffix
+  if len(parts) == 3 and parts[0] == socket.gethostname() and parts[1].isdigit():
+    try:
+      os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+      return True
+    except PermissionError:
+      return False  # alive, owned by another user
+    else:
+      return False
+  try:
+    return now - os.stat(path).st_mtime > STALE_TEMP_SECONDS
+  except OSError:
+    return False
+
+
+def remove_stale_temp_dirs(parent: str, prefix: str) -> List[str]:
+  """Deletes the `make_temp_dir(parent, prefix)` folders of killed processes; returns their paths.
+
+  Stale means: named after a process on this host that no longer runs, or (owner unknown:
+  another host, an old-style name) untouched for `STALE_TEMP_SECONDS`. Folders of running
+  processes are never touched.
+  """
+  removed = []
+  now = time.time()
+  try:
+    names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+  except OSError:
+    return removed
+  for name in names:
+    path = os.path.join(parent, name)
+    if os.path.isdir(path) and _temp_dir_is_stale(path, name, prefix, now):
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed
