@@ -3,9 +3,11 @@
 Every artifact (reports, summaries, vocabularies, corpora, configs) is written to a temporary
 file beside its destination and renamed over it, so a reader never sees a half-written file
 and a killed process leaves either the old file or the new one (plus, at worst, a `*.tmp`
-file that the next write replaces). Folders of work in progress (`make_temp_dir`) are named
-after their process, so that a later run can remove those of a killed one
-(`remove_stale_temp_dirs`). Base layer: imports nothing from the package.
+file that the next write replaces). Temporary files and folders get the modes a plain `open`
+or `os.mkdir` gives (0o666 / 0o777 less the umask), not `tempfile`'s private 0o600 / 0o700:
+they become the artifacts, which are as readable as the user's umask says. Folders of work in
+progress (`make_temp_dir`) are named after their process, so that a later run can remove
+those of a killed one (`remove_stale_temp_dirs`). Base layer: imports nothing from the package.
 """
 import contextlib
 import dataclasses
@@ -13,11 +15,11 @@ import gzip
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
-import tempfile
 import time
-from typing import Any, Callable, IO, Iterator, List, Optional
+from typing import Any, Callable, IO, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -45,8 +47,7 @@ def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
     raise ValueError(f"atomic_open writes only ('w' or 'wb'), got {mode!r}")
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                             suffix=".tmp")
+  fd, tmp = make_temp_file(directory, "." + os.path.basename(path) + ".", ".tmp")
   try:
     with os.fdopen(fd, mode, **kwargs) as f:
       yield f
@@ -110,19 +111,38 @@ def file_sha256(path: str) -> str:
   return h.hexdigest()
 
 
-# -- temporary folders --------------------------------------------------------------------------
+# -- temporary files and folders ----------------------------------------------------------------
 
 # A temporary folder whose owner cannot be checked (another host, an older name) is removed
 # only when nothing has been written to it for this long.
 STALE_TEMP_SECONDS = 24 * 3600
+_TEMP_NAME_TRIES = 100
+
+
+def _create_unique(directory: str, prefix: str, suffix: str, create: Callable[[str], Any]) -> Tuple[Any, str]:
+  """(create(path), path) for a new `directory/<prefix><random><suffix>` (`create` fails if it exists)."""
+  for _ in range(_TEMP_NAME_TRIES):
+    path = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}{suffix}")
+    try:
+      return create(path), path
+    except FileExistsError:
+      continue
+  raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {directory}")
+
+
+def make_temp_file(directory: str, prefix: str, suffix: str = "") -> Tuple[int, str]:
+  """(fd, path) of a new empty file in `directory`, open for writing, mode 0o666 less the umask."""
+  flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+  return _create_unique(directory, prefix, suffix, lambda path: os.open(path, flags, 0o666))
 
 
 def make_temp_dir(parent: str, prefix: str) -> str:
-  """A new empty folder `parent/<prefix><host>-<pid>-<random>`.
+  """A new empty folder `parent/<prefix><host>-<pid>-<random>`, mode 0o777 less the umask.
 
   Its name tells `remove_stale_temp_dirs` whose it is. `parent` must exist.
   """
-  return tempfile.mkdtemp(dir=parent, prefix=f"{prefix}{socket.gethostname()}-{os.getpid()}-")
+  owner = f"{prefix}{socket.gethostname()}-{os.getpid()}-"
+  return _create_unique(parent, owner, "", lambda path: os.mkdir(path, 0o777))[1]
 
 
 def _temp_dir_is_stale(path: str, name: str, prefix: str, now: float) -> bool:
