@@ -3,7 +3,11 @@
 Every artifact (reports, summaries, vocabularies, corpora, configs) is written to a temporary
 file beside its destination and renamed over it, so a reader never sees a half-written file
 and a killed process leaves either the old file or the new one (plus, at worst, a `*.tmp`
-file that the next write replaces). Base layer: imports nothing from the package.
+file that the next write replaces). Temporary files and folders get the modes a plain `open`
+or `os.mkdir` gives (0o666 / 0o777 less the umask), not `tempfile`'s private 0o600 / 0o700:
+they become the artifacts, which are as readable as the user's umask says. Folders of work in
+progress (`make_temp_dir`) are named after their process, so that a later run can remove
+those of a killed one (`remove_stale_temp_dirs`). Base layer: imports nothing from the package.
 """
 import contextlib
 import dataclasses
@@ -11,8 +15,11 @@ import gzip
 import hashlib
 import json
 import os
-import tempfile
-from typing import Any, IO, Iterator
+import secrets
+import shutil
+import socket
+import time
+from typing import Any, Callable, IO, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -40,8 +47,7 @@ def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
     raise ValueError(f"atomic_open writes only ('w' or 'wb'), got {mode!r}")
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                             suffix=".tmp")
+  fd, tmp = make_temp_file(directory, "." + os.path.basename(path) + ".", ".tmp")
   try:
     with os.fdopen(fd, mode, **kwargs) as f:
       yield f
@@ -72,10 +78,19 @@ def write_text_atomic(path: str, text: str) -> str:
   return path
 
 
-def write_bytes_atomic(path: str, data: bytes) -> str:
-  """Writes `data` to `path` atomically; returns `path`."""
+def write_bytes_atomic(path: str, data: bytes, *, before_rename: Optional[Callable[[], Any]] = None) -> str:
+  """Writes `data` to `path` atomically; returns `path`.
+
+  `before_rename` runs once `data` is on disk, just before it is renamed over `path` (to commit
+  first a file that names the new content, so that `path` never appears without it); if it
+  raises, `path` is left as it was.
+  """
   with atomic_open(path, "wb") as f:
     f.write(data)
+    if before_rename is not None:
+      f.flush()
+      os.fsync(f.fileno())
+      before_rename()
   return path
 
 
@@ -94,3 +109,76 @@ def file_sha256(path: str) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
+
+
+# -- temporary files and folders ----------------------------------------------------------------
+
+# A temporary folder whose owner cannot be checked (another host, an older name) is removed
+# only when nothing has been written to it for this long.
+STALE_TEMP_SECONDS = 24 * 3600
+_TEMP_NAME_TRIES = 100
+
+
+def _create_unique(directory: str, prefix: str, suffix: str, create: Callable[[str], Any]) -> Tuple[Any, str]:
+  """(create(path), path) for a new `directory/<prefix><random><suffix>` (`create` fails if it exists)."""
+  for _ in range(_TEMP_NAME_TRIES):
+    path = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}{suffix}")
+    try:
+      return create(path), path
+    except FileExistsError:
+      continue
+  raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {directory}")
+
+
+def make_temp_file(directory: str, prefix: str, suffix: str = "") -> Tuple[int, str]:
+  """(fd, path) of a new empty file in `directory`, open for writing, mode 0o666 less the umask."""
+  flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+  return _create_unique(directory, prefix, suffix, lambda path: os.open(path, flags, 0o666))
+
+
+def make_temp_dir(parent: str, prefix: str) -> str:
+  """A new empty folder `parent/<prefix><host>-<pid>-<random>`, mode 0o777 less the umask.
+
+  Its name tells `remove_stale_temp_dirs` whose it is. `parent` must exist.
+  """
+  owner = f"{prefix}{socket.gethostname()}-{os.getpid()}-"
+  return _create_unique(parent, owner, "", lambda path: os.mkdir(path, 0o777))[1]
+
+
+def _temp_dir_is_stale(path: str, name: str, prefix: str, now: float) -> bool:
+  """True if the temporary folder `name` belongs to a dead process on this host, or is old."""
+  parts = name[len(prefix):].rsplit("-", 2)  # host, pid, random suffix
+  if len(parts) == 3 and parts[0] == socket.gethostname() and parts[1].isdigit():
+    try:
+      os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+      return True
+    except PermissionError:
+      return False  # alive, owned by another user
+    else:
+      return False
+  try:
+    return now - os.stat(path).st_mtime > STALE_TEMP_SECONDS
+  except OSError:
+    return False
+
+
+def remove_stale_temp_dirs(parent: str, prefix: str) -> List[str]:
+  """Deletes the `make_temp_dir(parent, prefix)` folders of killed processes; returns their paths.
+
+  Stale means: named after a process on this host that no longer runs, or (owner unknown:
+  another host, an old-style name) untouched for `STALE_TEMP_SECONDS`. Folders of running
+  processes are never touched.
+  """
+  removed = []
+  now = time.time()
+  try:
+    names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+  except OSError:
+    return removed
+  for name in names:
+    path = os.path.join(parent, name)
+    if os.path.isdir(path) and _temp_dir_is_stale(path, name, prefix, now):
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed

@@ -3,6 +3,9 @@ import gzip
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -291,6 +294,43 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   assert on_disk["noise_secret"] is False and on_disk["warnings"][0].startswith("NO PRIVACY GUARANTEE")
   assert component["noise_secret"] is False and ledger.report()["noise_secret"] is False
   assert any("dp_sentencepiece" in w for w in ledger.report()["warnings"])
+
+
+# The process dies where dp-spm has trained the model but not yet written its report.
+_KILLED_AFTER_TRAINING = """
+import os, signal, sys
+from private_t5.tokenizer import dp_spm
+dp_spm.piece_sources = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+dp_spm.train_dp_vocabulary(sys.argv[1], sys.argv[2], vocab_size=int(sys.argv[3]), delta=1e-4, target_epsilon=5.0,
+                           sensitivity="capped", max_words_per_document=16, insecure_seed=3, num_workers=1,
+                           verbose=False)
+"""
+
+
+def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
+  """Model and report are one unit: a kill leaves neither (new folder) or the old pair (re-run)."""
+  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
+  corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
+  out = tmp_path / "v" / "dp.model"
+
+  def killed_run(vocab_size):
+    done = subprocess.run([sys.executable, "-c", _KILLED_AFTER_TRAINING, corpus, str(out), str(vocab_size)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+  killed_run(400)
+  assert not out.exists(), "a vocabulary without its privacy report"
+  report = dp_spm.train_dp_vocabulary(corpus, str(out), vocab_size=400, delta=1e-4, target_epsilon=5.0,
+                                      sensitivity="capped", max_words_per_document=16, insecure_seed=3,
+                                      num_workers=1, verbose=False)
+  pair = (out.read_bytes(), open(report["report_path"]).read())
+  killed_run(380)  # another vocabulary into the same folder
+  assert (out.read_bytes(), open(report["report_path"]).read()) == pair
+  assert privacy.dp_spm_report_path(str(out)) == report["report_path"]
+  assert sorted(os.listdir(out.parent)) == ["dp.model", "privacy_report.json"]
 
 
 def test_vocab_cap_reported_or_refused(tmp_path):

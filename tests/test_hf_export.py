@@ -1,6 +1,11 @@
 """`private-t5 export --format=hf`: transformers loads the export and gives the same logits."""
 import json
 import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -104,3 +109,47 @@ def test_export_refuses_a_non_empty_output(tmp_path, capsys):
   assert cli.main(["export", f"--model_dir={tmp_path}", f"--output={tmp_path / 'new'}"]) == 2
   assert "no checkpoints" in capsys.readouterr().err
   assert not (tmp_path / "new").exists()
+
+
+def _imported_model_dir(tmp_path):
+  _tiny_hf(str(tmp_path / "hf"), "relu", True)
+  model_dir = str(tmp_path / "model")
+  assert cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--model_dir={model_dir}",
+                   f"--vocab_path={_vocab(tmp_path)}"]) == 0
+  return model_dir
+
+
+def test_export_removes_the_temporaries_of_killed_exports(tmp_path):
+  """Like the store build: folders of dead processes (or, owner unknown, a day old) go."""
+  model_dir = _imported_model_dir(tmp_path)
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                        text=True, check=True)
+  host = socket.gethostname()
+  names = {"dead": f".export_hf_{host}-{int(dead.stdout)}-abc12", "alive": f".export_hf_{host}-{os.getpid()}-def34",
+           "old": ".export_hf_x7yq_2", "recent": ".export_hf_k3j9p1"}
+  for name in names.values():
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "model.safetensors").write_bytes(b"\0" * 100)
+  day_ago = time.time() - 2 * 24 * 3600
+  os.utime(tmp_path / names["old"], (day_ago, day_ago))
+  assert cli.main(["export", f"--model_dir={model_dir}", f"--output={tmp_path / 'export'}"]) == 0
+  assert {n for n in os.listdir(tmp_path) if n.startswith(".export_hf_")} == {names["alive"], names["recent"]}
+
+
+def test_export_reads_the_new_latest_when_training_rotates_the_checkpoint_away(tmp_path, monkeypatch):
+  """A training with keep_checkpoints=1 saves step 1 and deletes step 0 while export reads step 0."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  model_dir = _imported_model_dir(tmp_path)
+  directory = os.path.join(model_dir, "checkpoints")
+  restore = ocp.CheckpointManager.restore
+
+  def rotated_while_read(self, step, *args, **kwargs):
+    if os.path.isdir(os.path.join(directory, "0")):
+      shutil.copytree(os.path.join(directory, "0"), os.path.join(directory, "1"))
+      shutil.rmtree(os.path.join(directory, "0"))
+    return restore(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", rotated_while_read)
+  out = tmp_path / "export"
+  assert cli.main(["export", f"--model_dir={model_dir}", f"--output={out}"]) == 0
+  assert json.loads((out / "privacy_report.json").read_text())["exported_from"]["step"] == 1

@@ -43,9 +43,7 @@ import json
 import logging
 import os
 import shutil
-import socket
 import sys
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -56,7 +54,8 @@ from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
 from private_t5.documents import Document
 from private_t5.errors import DataError
-from private_t5.io import atomic_open, file_sha256, write_json_atomic
+from private_t5.io import (STALE_TEMP_SECONDS, atomic_open, file_sha256, make_temp_dir, remove_stale_temp_dirs,
+                           write_json_atomic)
 
 logger = logging.getLogger(__name__)
 
@@ -250,25 +249,7 @@ def _sentencepiece_processor(vocab_path: str):
 BUILDING_PREFIX = ".building-"
 # A build directory whose owner cannot be checked (another host, an older name) is removed
 # only when nothing has been written to it for this long.
-STALE_BUILD_SECONDS = 24 * 3600
-
-
-def _build_is_stale(path: str, name: str, now: float) -> bool:
-  """True if the build directory `name` belongs to a dead process on this host, or is old."""
-  parts = name[len(BUILDING_PREFIX):].rsplit("-", 2)  # host, pid, random suffix
-  if len(parts) == 3 and parts[0] == socket.gethostname() and parts[1].isdigit():
-    try:
-      os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-      return True
-    except PermissionError:
-      return False  # alive, owned by another user
-    else:
-      return False
-  try:
-    return now - os.stat(path).st_mtime > STALE_BUILD_SECONDS
-  except OSError:
-    return False
+STALE_BUILD_SECONDS = STALE_TEMP_SECONDS
 
 
 def remove_stale_builds(cache_dir: str) -> List[str]:
@@ -278,18 +259,7 @@ def remove_stale_builds(cache_dir: str) -> List[str]:
   another host, an old-style name) untouched for `STALE_BUILD_SECONDS`. Builds in progress
   are never touched.
   """
-  removed = []
-  now = time.time()
-  try:
-    names = [n for n in os.listdir(cache_dir) if n.startswith(BUILDING_PREFIX)]
-  except OSError:
-    return removed
-  for name in names:
-    path = os.path.join(cache_dir, name)
-    if os.path.isdir(path) and _build_is_stale(path, name, now):
-      shutil.rmtree(path, ignore_errors=True)
-      removed.append(path)
-  return removed
+  return remove_stale_temp_dirs(cache_dir, BUILDING_PREFIX)
 
 
 def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None, text_field: str = "text",
@@ -340,7 +310,7 @@ class CacheTarget:
     """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place."""
     os.makedirs(self.cache_dir, exist_ok=True)
     remove_stale_builds(self.cache_dir)
-    tmp = tempfile.mkdtemp(dir=self.cache_dir, prefix=f"{BUILDING_PREFIX}{socket.gethostname()}-{os.getpid()}-")
+    tmp = make_temp_dir(self.cache_dir, BUILDING_PREFIX)
     try:
       manifest = write(tmp)
       manifest.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,

@@ -7,13 +7,15 @@ model's SentencePiece vocabulary) and OUTPUT/privacy_report.json (the privacy re
 exported checkpoint: what (ε, δ) covers these weights and their vocabulary). The directory
 loads with `transformers.T5ForConditionalGeneration.from_pretrained(OUTPUT)` and gives the
 same logits; `private-t5 import --hf_dir=OUTPUT` reads it back. Nothing is written unless the
-whole export succeeds.
+whole export succeeds: the files are written into `.export_hf_<host>-<pid>-<random>/` beside
+OUTPUT, renamed to OUTPUT at the end; such folders left by killed exports are removed by the
+next export into the same parent folder. Exporting the latest checkpoint of a running training
+is safe: a checkpoint rotated away while it is read is read again from the new latest.
 """
 import logging
 import os
 import shutil
 import sys
-import tempfile
 from typing import Any, Dict, List, Optional
 
 from private_t5 import flags
@@ -25,6 +27,9 @@ logger = logging.getLogger(__name__)
 FORMATS = ("hf",)
 VOCAB_FILE = "spiece.model"
 PRIVACY_REPORT_FILE = "privacy_report.json"
+TEMP_PREFIX = ".export_hf_"
+# How often the latest checkpoint is read again when a running training rotates it away.
+ROTATION_RETRIES = 5
 
 
 def _privacy_report(model_dir: str, info: Dict[str, Any]) -> Dict[str, Any]:
@@ -39,6 +44,29 @@ def _privacy_report(model_dir: str, info: Dict[str, Any]) -> Dict[str, Any]:
       return json.load(f)
   return {"private": False, "epsilon": None,
           "statement": "no privacy report: these weights carry no differential-privacy guarantee (ε = ∞)"}
+
+
+def _step_names(model_dir: str, checkpoints) -> List[str]:
+  """The names of the complete checkpoint steps in `model_dir` (orbax renames a step into place)."""
+  try:
+    return sorted(n for n in os.listdir(os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR)) if n.isdigit())
+  except OSError:
+    return []
+
+
+def _restore(model_dir: str, step: Optional[int], checkpoints):
+  """`restore_for_inference`; the latest checkpoint is read again from the new latest when a
+  running training deletes it (keep_checkpoints rotation) while it is read."""
+  attempt = 0
+  while True:
+    before = _step_names(model_dir, checkpoints)
+    try:
+      return checkpoints.restore_for_inference(model_dir, step)
+    except CheckpointError:
+      attempt += 1
+      if step is not None or attempt >= ROTATION_RETRIES or _step_names(model_dir, checkpoints) == before:
+        raise
+      logger.info("a checkpoint of %s was rotated away while it was read; reading the new latest", model_dir)
 
 
 def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Optional[int] = None,
@@ -57,7 +85,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     raise ConfigError(f"--format={fmt!r} is not supported (formats: {', '.join(FORMATS)})")
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
     raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
-  params, config, info = checkpoints.restore_for_inference(model_dir, step)
+  params, config, info = _restore(model_dir, step, checkpoints)
   vocab_path = vocab_path or info.get("vocab_path")
   if not vocab_path or not os.path.isfile(vocab_path):
     raise CheckpointError(f"the vocabulary of {model_dir!r} ({vocab_path!r}) is missing; "
@@ -68,7 +96,8 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
                                        "vocabulary_sha256": io_lib.file_sha256(vocab_path)})
   parent = os.path.dirname(os.path.abspath(output)) or "."
   os.makedirs(parent, exist_ok=True)
-  tmp_dir = tempfile.mkdtemp(dir=parent, prefix=".export_hf_")
+  io_lib.remove_stale_temp_dirs(parent, TEMP_PREFIX)
+  tmp_dir = io_lib.make_temp_dir(parent, TEMP_PREFIX)
   try:
     io_lib.write_json_atomic(os.path.join(tmp_dir, "config.json"), hf_config)
     io_lib.write_bytes_atomic(os.path.join(tmp_dir, "model.safetensors"),

@@ -13,13 +13,15 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from typing import List, Optional
 
 from private_t5 import flags
+from private_t5 import io as io_lib
 from private_t5.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".import_hf_t5_"
 
 
 def gin_lines(config) -> str:
@@ -50,7 +52,8 @@ def import_to_model_dir(hf_dir: str, model_dir: str, vocab_path: Optional[str] =
   # Write into a temporary sibling, then rename: a killed import leaves nothing behind.
   parent = os.path.dirname(os.path.abspath(model_dir)) or "."
   os.makedirs(parent, exist_ok=True)
-  tmp_dir = tempfile.mkdtemp(dir=parent, prefix=".import_hf_t5_")
+  io_lib.remove_stale_temp_dirs(parent, TEMP_PREFIX)
+  tmp_dir = io_lib.make_temp_dir(parent, TEMP_PREFIX)
   try:
     manager = checkpoints.CheckpointManager(tmp_dir, keep=1, async_save=False)
     manager.save(0, {"step": 0, "params": params}, metadata)

@@ -11,7 +11,7 @@ Algorithm 1 of Ponomareva et al. 2022, with each document's contribution bounded
      in the document): k = √W, m = 1, n = W.
 2. The histograms are summed (streaming, in parallel over chunks of documents).
 3. N(0, σ²) is added to every observed count; a word is kept when its noisy count ≥ T.
-4. SentencePiece is trained on the kept words only (`spm.train_from_word_counts`), optionally
+4. SentencePiece is trained on the kept words only (`spm.model_from_word_counts`), optionally
    merged with the exact word counts of a public corpus (`merge_public`), always with byte
    fallback and a public base character set (`base_characters`): pieces that no private data
    chose, so that no text ever becomes `<unk>` and they cost no privacy.
@@ -37,6 +37,7 @@ formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε from `dp_a
 """
 import collections
 import dataclasses
+import hashlib
 import itertools
 import logging
 import math
@@ -53,7 +54,7 @@ import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError, DataError, PrivacyError
-from private_t5.io import file_sha256, write_json_atomic
+from private_t5.io import write_bytes_atomic, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -385,16 +386,23 @@ def min_vocab_size(base: str) -> int:
   return SPECIAL_PIECES + BYTE_PIECES + 1 + len(base)
 
 
-def piece_sources(model_file: str, private_words: Iterable[str], public_words: Iterable[str],
+def _processor(model: Union[str, bytes]):
+  """The SentencePieceProcessor of a `.model` path or of a model's bytes."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if isinstance(model, bytes):
+    return spm.SentencePieceProcessor(model_proto=model)
+  return spm.SentencePieceProcessor(model_file=model)
+
+
+def piece_sources(model: Union[str, bytes], private_words: Iterable[str], public_words: Iterable[str],
                   base: str) -> Dict[str, int]:
-  """How many pieces of a vocabulary each source can have produced.
+  """How many pieces of a vocabulary (`.model` path or bytes) each source can have produced.
 
   `special`, `byte` and `base_character` (incl. ▁) pieces are data-independent; a learned piece
   counts as `private`, `public` or `private_and_public` by which words contain it (with the
   word-boundary prefix); `other` should stay 0.
   """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  proc = spm.SentencePieceProcessor(model_file=model_file)
+  proc = _processor(model)
   out = dict.fromkeys(("special", "byte", "base_character", "private", "public", "private_and_public", "other"), 0)
   learned = set()
   base_set = set(base) | {WORD_BOUNDARY}
@@ -428,10 +436,10 @@ def piece_sources(model_file: str, private_words: Iterable[str], public_words: I
   return out
 
 
-def tokenization_utility(model_file: str, texts: Sequence[str]) -> Dict[str, Any]:
-  """`<unk>` rate (share of tokens), tokens per whitespace word and exact round trips on `texts`."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  proc = spm.SentencePieceProcessor(model_file=model_file)
+def tokenization_utility(model: Union[str, bytes], texts: Sequence[str]) -> Dict[str, Any]:
+  """`<unk>` rate (share of tokens), tokens per whitespace word and exact round trips on `texts`
+  (`model`: a `.model` path or its bytes)."""
+  proc = _processor(model)
   tokens = unknown = words = exact = 0
   for text in texts:
     ids = proc.encode(text)
@@ -455,9 +463,11 @@ class _Unsupported(Exception):
     self.cap = cap
 
 
-def _train_capped(word_counts: List[Tuple[str, int]], model_path: str, vocab_size: int, model_type: str,
-                  allow_vocab_cap: bool, character_coverage: float, base: str) -> int:
-  """Trains SentencePiece (byte fallback, `base` characters, exact round trip); returns its size.
+def _train_capped(word_counts: List[Tuple[str, int]], vocab_size: int, model_type: str,
+                  allow_vocab_cap: bool, character_coverage: float, base: str) -> Tuple[int, bytes]:
+  """Trains SentencePiece (byte fallback, `base` characters, exact round trip) in memory.
+
+  Returns (the size trained, the model's bytes).
 
   When the words cannot support `vocab_size`, trains the largest size SentencePiece accepts, or
   raises `_Unsupported` when `allow_vocab_cap` is False.
@@ -466,8 +476,7 @@ def _train_capped(word_counts: List[Tuple[str, int]], model_path: str, vocab_siz
   options = dict(model_type=model_type, character_coverage=character_coverage, byte_fallback=True,
                  required_chars=base, exact_round_trip=True)
   try:
-    spm_lib.train_from_word_counts(word_counts, model_path, vocab_size, **options)
-    return vocab_size
+    return vocab_size, spm_lib.model_from_word_counts(word_counts, vocab_size, **options)
   except DataError as e:
     match = _TOO_HIGH.search(str(e))
     if not match:
@@ -475,8 +484,7 @@ def _train_capped(word_counts: List[Tuple[str, int]], model_path: str, vocab_siz
     cap = int(match.group(2))
     if not allow_vocab_cap:
       raise _Unsupported(cap) from e
-    spm_lib.train_from_word_counts(word_counts, model_path, cap, **options)
-    return cap
+    return cap, spm_lib.model_from_word_counts(word_counts, cap, **options)
 
 
 def _iter_corpus_texts(corpus: Union[str, Sequence[str]], max_documents: Optional[int], text_field: str,
@@ -634,15 +642,14 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       + (f" + {len(public_counts)} public words" if public_counts else "")
       + f"; training {model_type} SentencePiece (byte fallback, {len(base)} base characters)")
   try:
-    trained_size = _train_capped(word_counts, output, vocab_size, model_type, allow_vocab_cap,
-                                 character_coverage, base)
+    trained_size, model = _train_capped(word_counts, vocab_size, model_type, allow_vocab_cap,
+                                        character_coverage, base)
   except _Unsupported as e:
     raise DataError(f"the {len(word_counts)} training words support at most {e.cap} pieces, fewer than "
                     f"vocab_size={vocab_size} ({_knobs(params, bound, public_specs)}); lower vocab_size, raise "
                     "epsilon, use sensitivity='capped' or fewer words per document, add a public corpus, or "
                     "allow a smaller vocabulary (drop --strict_vocab_size)") from None
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  actual_size = spm.SentencePieceProcessor(model_file=output).get_piece_size()
+  actual_size = _processor(model).get_piece_size()
   size_warning = None
   if actual_size < vocab_size:
     fix = "raise ε, " + ("use sensitivity=capped, " if bound.mode == "paper" else "") + (
@@ -651,7 +658,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                     f"no more ({_knobs(params, bound, public_specs)}); {fix} (--strict_vocab_size makes this "
                     "an error)")
     logging.warning("%s", size_warning)
-  sources = piece_sources(output, kept, public_counts or (), base)
+  sources = piece_sources(model, kept, public_counts or (), base)
 
   utility = None
   not_dp = list(NOT_DP_FIELDS)
@@ -664,15 +671,13 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
         "dp_statistic": bool(eval_specs),
         "note": ("a sample of the private training corpus: these numbers are NOT differentially private"
                  if not eval_specs else "statistics of the evaluation corpus"),
-    }, "dp_vocabulary": tokenization_utility(output, sample)}
+    }, "dp_vocabulary": tokenization_utility(model, sample)}
     if not eval_specs:
       not_dp += ["utility.sample", "utility.dp_vocabulary"]
     if nonprivate_baseline:
-      with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "nonprivate.model")
-        exact_counts = sorted(histogram.items(), key=lambda x: -x[1])
-        _train_capped(exact_counts, path, vocab_size, model_type, True, character_coverage, base)
-        utility["nonprivate_baseline"] = {**tokenization_utility(path, sample), "label": NONPRIVATE_LABEL}
+      exact_counts = sorted(histogram.items(), key=lambda x: -x[1])
+      _, nonprivate = _train_capped(exact_counts, vocab_size, model_type, True, character_coverage, base)
+      utility["nonprivate_baseline"] = {**tokenization_utility(nonprivate, sample), "label": NONPRIVATE_LABEL}
       not_dp.append("utility.nonprivate_baseline")
   del histogram
 
@@ -700,7 +705,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       "model": os.path.abspath(output),
       # The vocabulary this report describes, by content: training composes the report only
       # into runs whose vocabulary has this hash.
-      "vocab_sha256": file_sha256(output),
+      "vocab_sha256": hashlib.sha256(model).hexdigest(),
       "corpus": corpus if isinstance(corpus, str) else list(corpus),
       "noise_seed": "insecure_fixed_seed" if insecure_seed is not None else "os_entropy",
       "utility": utility,
@@ -719,7 +724,11 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     report["warnings"].append(insecure_noise_warning("this DP-SentencePiece vocabulary (--insecure_seed)"))
     logger.warning("dp-spm: %s", report["warnings"][0])
   report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
-  write_json_atomic(report_path, report, sort_keys=False)
+  # The pair is written as one unit: the report (naming the model by its hash) is committed
+  # first, then the model, already on disk, is renamed into place. A kill leaves no model
+  # without its report; at worst (between the two renames) the old model beside the new report,
+  # which names another vocabulary, so training does not compose it.
+  write_bytes_atomic(output, model, before_rename=lambda: write_json_atomic(report_path, report, sort_keys=False))
   report["report_path"] = os.path.abspath(report_path)
   log(f"dp-spm: pieces by source: {sources}")
   if utility:

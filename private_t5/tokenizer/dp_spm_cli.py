@@ -13,7 +13,8 @@
 `private_t5.data.beam_io`); noise and threshold are applied once, here, either way.
 
 Plain flags override the Gin values. Writes the model and `privacy_report.json` beside it
-(atomically) and prints the report as JSON.
+as one unit (the report first, naming the model by its hash; then the model) and prints the
+report as JSON.
 """
 import argparse
 import json

@@ -47,15 +47,13 @@ def _one_line(message: str) -> str:
   return " ".join(message.split())
 
 
-def _train(model_path: str, *, source_errors: Optional[List[BaseException]] = None,
-           long_lines: Optional[Dict[str, int]] = None, **kwargs) -> str:
-  """Trains and writes `model_path` atomically (temp file, then rename).
+def _train(*, source_errors: Optional[List[BaseException]] = None,
+           long_lines: Optional[Dict[str, int]] = None, **kwargs) -> bytes:
+  """Trains in memory; returns the model's bytes (nothing is written).
 
   `source_errors` collects an exception raised by the input iterator (re-raised as it was);
   `long_lines` counts lines over `max_sentence_length` (named when nothing else is left).
   """
-  out_dir = os.path.dirname(os.path.abspath(model_path))
-  os.makedirs(out_dir, exist_ok=True)
   proto = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(model_writer=proto, **kwargs)
@@ -75,7 +73,7 @@ def _train(model_path: str, *, source_errors: Optional[List[BaseException]] = No
     raise DataError(f"SentencePiece training failed: {msg}") from e
   if source_errors:
     raise source_errors[0]
-  return io_lib.write_bytes_atomic(model_path, proto.getvalue())
+  return proto.getvalue()
 
 
 def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: int,
@@ -111,18 +109,21 @@ def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: 
     except Exception as e:  # pylint: disable=broad-except
       source_errors.append(e)  # re-raised by _train once SentencePiece has stopped
 
-  return _train(model_path, source_errors=source_errors, long_lines=long_lines, sentence_iterator=chain(),
-                input_sentence_size=input_sentence_size, shuffle_input_sentence=True, **args)
+  os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+  model = _train(source_errors=source_errors, long_lines=long_lines, sentence_iterator=chain(),
+                 input_sentence_size=input_sentence_size, shuffle_input_sentence=True, **args)
+  return io_lib.write_bytes_atomic(model_path, model)
 
 
-def train_from_word_counts(word_counts: Iterable[Tuple[str, int]], model_path: str, vocab_size: int,
+def model_from_word_counts(word_counts: Iterable[Tuple[str, int]], vocab_size: int,
                            model_type: str = "unigram", character_coverage: float = 0.9995,
                            seed_sentencepiece_size: Optional[int] = None, *, byte_fallback: bool = False,
-                           required_chars: str = "", exact_round_trip: bool = False) -> str:
+                           required_chars: str = "", exact_round_trip: bool = False) -> bytes:
   """Trains from a word histogram (SentencePiece's TSV `word<TAB>count` input format).
 
   This is how DP-SentencePiece trains: only the (noised, thresholded) histogram reaches
-  SentencePiece, never the documents.
+  SentencePiece, never the documents. Returns the model's bytes: the caller writes them (with
+  their privacy report, `dp_spm.train_dp_vocabulary`).
 
   Args:
     byte_fallback: add the 256 byte pieces `<0x00>` … `<0xFF>`: a character without a piece is
@@ -151,4 +152,4 @@ def train_from_word_counts(word_counts: Iterable[Tuple[str, int]], model_path: s
         n += 1
     if n == 0:
       raise DataError("cannot train a vocabulary from an empty word histogram")
-    return _train(model_path, input=tsv, input_format="tsv", **args)
+    return _train(input=tsv, input_format="tsv", **args)

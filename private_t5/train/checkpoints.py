@@ -14,7 +14,9 @@ The step of a checkpoint is also the data position (batches are a pure function 
 sampler seed and the step), so a resumed run neither skips nor repeats a batch.
 
 A checkpoint directory holds the run's secret seeds (noise and sampling keys): keep it as
-private as the training data; release parameters only (`restore_for_inference`).
+private as the training data; release parameters only (`restore_for_inference`). A new
+MODEL_DIR/checkpoints/ is therefore created readable by its owner only (0o700), whatever the
+umask; the run's other files follow the umask.
 """
 import json
 import os
@@ -105,6 +107,7 @@ class CheckpointManager:
     self.directory = os.path.abspath(os.path.join(model_dir, CHECKPOINT_SUBDIR))
     self.fingerprint = fingerprint
     self._pending: Optional[Tuple[int, Optional[Callable[[], None]]]] = None
+    _make_private_dir(self.directory)
     self._remove_unfinished()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
@@ -306,6 +309,14 @@ class CheckpointManager:
         os.rmdir(self.model_dir)
     except OSError:
       pass  # best effort: leftovers are empty and harmless
+
+
+def _make_private_dir(path: str) -> None:
+  """Creates `path`, if missing, readable by its owner only (it will hold the run's secret seeds)."""
+  try:
+    os.mkdir(path, 0o700)
+  except OSError:
+    pass  # it exists, or orbax names the problem when it opens the directory
 
 
 def _cause(error: BaseException) -> str:
