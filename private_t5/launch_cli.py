@@ -7,13 +7,17 @@ coordinator on localhost:PORT, each process sees M CPU devices
 (`--xla_force_host_platform_device_count=M`) and the collectives between processes go through
 gloo (`train.partitioning.initialize_distributed` reads `PRIVATE_T5_COORDINATOR`,
 `PRIVATE_T5_NUM_PROCESSES` and `PRIVATE_T5_PROCESS_ID`). Their output is streamed line by line
-with a `[p0]`, `[p1]`, ... prefix. If any process fails (an error, or killed), the others are
-stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero: no process
-waits for a collective whose partner is gone.
+with a `[p0]`, `[p1]`, ... prefix; an `error:` line that several processes print alike (a
+refused model directory, a bad setting) is shown once. If any process fails (an error, or
+killed), the others are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher
+exits non-zero: no process waits for a collective whose partner is gone. Ctrl-C, SIGTERM and
+SIGHUP to the launcher stop its processes the same way (it waits for them, exit status 128 + the
+signal's number): none is left running.
 
 The same stage code runs unchanged on a TPU pod or a SLURM cluster, where the cluster
 environment replaces this launcher (docs/training.md, "Multi-host").
 """
+import contextlib
 import logging
 import os
 import re
@@ -23,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence, TextIO, Tuple
+from typing import Iterator, List, Optional, Sequence, Set, TextIO, Tuple
 
 from private_t5.errors import ConfigError
 from private_t5.train.partitioning import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV
@@ -32,8 +36,8 @@ USAGE = """usage: private-t5 launch --num_processes=N --devices_per_process=M [-
 
 Runs `private-t5 <stage> [its flags]` as N local JAX processes with M CPU devices each (one
 cluster of N*M devices; gloo collectives). Output is prefixed [p0], [p1], ...; if one process
-fails, the others are stopped and the exit status is non-zero. --port: the coordinator's port
-(default: a free one)."""
+fails, the others are stopped and the exit status is non-zero; Ctrl-C, SIGTERM or SIGHUP stop
+them all. --port: the coordinator's port (default: a free one)."""
 
 # Seconds between SIGTERM and SIGKILL when stopping the remaining processes.
 STOP_GRACE_S = 10.0
@@ -111,12 +115,49 @@ def process_env(base: dict, *, process_id: int, num_processes: int, devices_per_
   return env
 
 
-def _stream(prefix: str, pipe, out: TextIO, lock: threading.Lock) -> None:
+def _stream(prefix: str, pipe, out: TextIO, lock: threading.Lock, errors_seen: Set[str]) -> None:
+  """Copies `pipe` to `out` line by line with `prefix`; an `error:` line already shown from
+  another process (every process refused alike) is not repeated."""
   for line in iter(pipe.readline, ""):
+    text = line.rstrip("\n")
     with lock:
-      out.write(f"{prefix} {line}" if line.endswith("\n") else f"{prefix} {line}\n")
+      if text.startswith("error:"):
+        if text in errors_seen:
+          continue
+        errors_seen.add(text)
+      out.write(f"{prefix} {text}\n")
       out.flush()
   pipe.close()
+
+
+class _Stopped(Exception):
+  """The launcher received SIGTERM or SIGHUP."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+  """Within the block, SIGTERM and SIGHUP raise `_Stopped` once (later ones are ignored while the
+  processes are being stopped), so the launcher stops its processes instead of orphaning them."""
+  if threading.current_thread() is not threading.main_thread():
+    yield  # signal handlers can only be set from the main thread
+    return
+  received = []
+
+  def handler(signum, frame):  # pylint: disable=unused-argument
+    if not received:
+      received.append(signum)
+      raise _Stopped(signum)
+
+  previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+  try:
+    yield
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
 
 
 def _describe_exit(code: int) -> str:
@@ -161,7 +202,15 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
     check_port_free(port)
   logging.info("launching %d processes x %d devices, coordinator localhost:%d: %s", num_processes,
                devices_per_process, port, " ".join(stage_argv))
+  with _stop_on_signals():
+    return _run(num_processes, devices_per_process, stage_argv, port=port, out=out, grace_s=grace_s,
+                command=command)
+
+
+def _run(num_processes: int, devices_per_process: int, stage_argv: Sequence[str], *, port: int,
+         out: TextIO, grace_s: float, command: Optional[Sequence[str]]) -> int:
   lock = threading.Lock()
+  errors_seen: Set[str] = set()
   procs: List[subprocess.Popen] = []
   threads: List[threading.Thread] = []
   failed: Optional[Tuple[int, int]] = None
@@ -175,7 +224,8 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
       procs.append(p)
       with lock:
         print(f"[launch] process {i} of {num_processes}: pid {p.pid}", file=sys.stderr, flush=True)
-      t = threading.Thread(target=_stream, args=(f"[p{i}]", p.stdout, out, lock), daemon=True)
+      t = threading.Thread(target=_stream, args=(f"[p{i}]", p.stdout, out, lock, errors_seen),
+                           daemon=True)
       t.start()
       threads.append(t)
     while failed is None and any(p.poll() is None for p in procs):
@@ -198,6 +248,11 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
   except KeyboardInterrupt:
     _stop(procs, grace_s)
     failed = (-1, 130)
+  except _Stopped as e:
+    with lock:
+      print(f"error: launch received {e}; stopping its {len(procs)} process(es)", file=sys.stderr, flush=True)
+    _stop(procs, grace_s)
+    failed = (-1, 128 + e.signum)
   finally:
     _stop(procs, grace_s)
     for t in threads:

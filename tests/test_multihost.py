@@ -110,6 +110,48 @@ def test_one_failing_process_stops_the_others(mode, status, message, capsys):
   assert message in err and "stopping the other 1 running process(es)" in err
 
 
+_LAUNCHER = """
+import sys
+from private_t5 import launch_cli
+sys.exit(launch_cli.launch(2, 1, ["sleep"], grace_s=5.0, command=[sys.executable, "-c", sys.argv[1]]))
+"""
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_signal_to_the_launcher_stops_and_waits_for_its_processes(signum):
+  env = dict(os.environ, PYTHONPATH=PROJECT_ROOT)
+  launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _WORKER], cwd=PROJECT_ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  pids = []
+  try:
+    for line in launcher.stderr:
+      if line.startswith("[launch] process"):
+        pids.append(int(line.rsplit("pid", 1)[1]))
+        if len(pids) == 2:
+          break
+    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    launcher.send_signal(signum)
+    launcher.wait(timeout=30)
+    assert launcher.returncode == 128 + signum
+    assert not [pid for pid in pids if _alive(pid)]
+    assert f"launch received {signal.Signals(signum).name}" in launcher.stderr.read()
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+      launcher.wait()
+    for pid in pids:  # orphans of a launcher that did not stop them
+      if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
 # -- rows of each process -------------------------------------------------------------------------
 
 def test_one_process_owns_every_row():

@@ -1,6 +1,6 @@
-"""A run directory to trust: one run per MODEL_DIR (lock), failed saves as one CheckpointError
-naming the step, a privacy report that never runs ahead of the checkpoints, and a fallback
-from an unreadable latest checkpoint."""
+"""A run directory to trust: one run per MODEL_DIR (lock, also for a refused multi-process
+launch), failed saves as one CheckpointError naming the step, a privacy report that never runs
+ahead of the checkpoints, and a fallback from an unreadable latest checkpoint."""
 import json
 import os
 import signal
@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
+from private_t5 import launch_cli
 from private_t5.errors import CheckpointError
-from private_t5.train import checkpoints, main, run_lock
+from private_t5.train import checkpoints, loop, main, run_lock
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
@@ -76,6 +77,58 @@ def test_lock_is_reentrant_in_one_process_and_released_on_close(tmp_path):
   done = subprocess.run([sys.executable, "-c", code, model_dir], cwd=PROJECT_ROOT, env=_env(),
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# Each process of a local cluster opens a CheckpointManager on MODEL_DIR, as `train` does.
+_OPEN_MODEL_DIR = """
+import sys
+from private_t5.errors import PrivateT5Error
+from private_t5.train import checkpoints, partitioning
+partitioning.initialize_distributed()
+try:
+  checkpoints.CheckpointManager(sys.argv[1], keep=1).close()
+except PrivateT5Error as e:
+  print("error: " + str(e), flush=True)
+  sys.exit(2)
+print("opened", flush=True)
+"""
+
+
+class _Lines:
+  def __init__(self):
+    self.text = ""
+
+  def write(self, s):
+    self.text += s
+
+  def flush(self):
+    pass
+
+
+def test_refused_launch_leaves_the_running_job_alone(tmp_path, capsys):
+  """Process 0 of a launch is refused the lock: no process touches the running job's save in
+  progress, and the refusal is one line, within seconds."""
+  model_dir = str(tmp_path / "run")
+  holder = _hold_lock(model_dir)
+  in_progress = os.path.join(model_dir, "checkpoints", "3.orbax-checkpoint-tmp")
+  os.makedirs(os.path.join(in_progress, "state"))
+  out = _Lines()
+  try:
+    t0 = time.monotonic()
+    code = launch_cli.launch(2, 1, [model_dir], out=out, grace_s=5.0,
+                             command=[sys.executable, "-c", _OPEN_MODEL_DIR])
+    elapsed = time.monotonic() - t0
+    assert holder.poll() is None
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  text = out.text + capsys.readouterr().err
+  assert os.path.isdir(os.path.join(in_progress, "state")), text
+  assert code == 2 and "opened" not in text, text
+  refusals = [line for line in text.splitlines() if "in use by another run" in line]
+  assert len(refusals) == 1 and f"(PID {holder.pid} on host" in refusals[0], text
+  assert "Traceback" not in text
+  assert elapsed < 60, elapsed
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +214,47 @@ def test_any_save_error_is_one_checkpoint_error(tmp_path, monkeypatch):
   assert _no_tmp_left(str(tmp_path)) and reopened.all_steps() == []
   reopened.save(8, _state(8), {})
   reopened.close()
+
+
+# A save on a full disk with the command line's logging: TensorStore reports it in a long message
+# ending in the errno, and orbax logs it with a traceback from each of its threads.
+_SAVE_ON_A_FULL_DISK = """
+import asyncio, errno, sys
+import numpy as np
+from private_t5 import flags
+flags.configure_logging()
+from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler
+from private_t5.errors import CheckpointError
+from private_t5.train import checkpoints
+
+async def disk_full(self, x, directory):
+  await asyncio.sleep(0.5)  # the array writes finish first, as when the disk fills up on the last file
+  tmp = f"{directory}/ocdbt.process_0"
+  raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.w/0" in OCDBT database at local file '
+                   f'"{tmp}/": Failed writing: "{tmp}/d/6106fc3457dad794882c06bcf865548a": Failed to '
+                   f"write 1568149 bytes to file 5: No space left on device [os_error_code='{errno.ENOSPC}']")
+
+manager = checkpoints.CheckpointManager(sys.argv[1], keep=5)
+state = {"step": np.int32(1), "params": {"w": np.ones((4, 3), np.float32)}}
+manager.save(1, state, {})
+manager.wait()
+handler.JsonCheckpointHandler._save_fn = disk_full
+try:
+  manager.save(2, state, {})
+  manager.wait()
+except CheckpointError as e:
+  print("error: " + str(e), file=sys.stderr)
+print(manager.all_steps())
+"""
+
+
+def test_disk_full_is_one_short_line_without_orbax_tracebacks(tmp_path):
+  done = subprocess.run([sys.executable, "-c", _SAVE_ON_A_FULL_DISK, str(tmp_path)], cwd=PROJECT_ROOT,
+                        env=_env(), capture_output=True, text=True, timeout=120)
+  directory = os.path.join(str(tmp_path), "checkpoints")
+  assert done.stderr.strip() == (f"error: saving checkpoint 2 to {directory} failed: No space left on "
+                                 "device; training stopped, earlier checkpoints are intact"), done.stderr[-3000:]
+  assert done.stdout.strip() == "[1]" and _no_tmp_left(str(tmp_path))
 
 
 @pytest.mark.slow
@@ -270,6 +364,31 @@ def test_privacy_report_is_never_ahead_of_the_checkpoints_under_kill_9(corpus_an
 
 
 # -- an unreadable latest checkpoint --------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "missing"])
+def test_unreadable_latest_metadata_falls_back_to_the_previous(tmp_path, damage):
+  """The newest checkpoint's metadata file emptied, cut short or gone: the fingerprint check,
+  the seeds and the restore all use the newest intact checkpoint; the bad one is set aside."""
+  fingerprint = {"model": 1}
+  manager = checkpoints.CheckpointManager(str(tmp_path), keep=3, fingerprint=fingerprint)
+  for step in (1, 2, 3):
+    manager.save(step, _state(step), {"seeds": {"root_seed": 7}, "note": f"s{step}"})
+  manager.close()
+  path = os.path.join(str(tmp_path), "checkpoints", "3", "metadata", "metadata")
+  if damage == "missing":
+    os.remove(path)
+  else:
+    text = open(path).read()
+    open(path, "w").write("" if damage == "empty" else text[:len(text) // 2])
+  reopened = checkpoints.CheckpointManager(str(tmp_path), keep=3, fingerprint=fingerprint)
+  assert checkpoints.saved_seeds(reopened) == {"root_seed": 7}
+  messages = []
+  step, state, saved = loop._restore_latest_readable(reopened, _target(), messages.append)
+  assert step == 2 and saved["note"] == "s2" and float(state["params"]["w"][0, 0]) == 2.0
+  assert reopened.all_steps() == [1, 2]
+  assert len(messages) == 1 and "checkpoint 3" in messages[0] and "resuming from checkpoint 2" in messages[0]
+  reopened.close()
+
 
 @pytest.mark.slow
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(corpus_and_vocab, tmp_path, capsys):

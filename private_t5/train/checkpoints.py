@@ -9,7 +9,8 @@ Layout of a model directory:
 
 Atomicity: orbax writes a step into a temporary directory and renames it once every item is
 complete, so a process killed at any moment (also during a save) leaves only complete steps
-visible; `latest_step` ignores unfinished temporaries and they are removed on the next start.
+visible; `latest_step` ignores unfinished temporaries and the next run that holds the model
+directory's lock removes them (never a process without the lock: it may be another run's save).
 The step of a checkpoint is also the data position (batches are a pure function of the
 sampler seed and the step), so a resumed run neither skips nor repeats a batch.
 
@@ -18,8 +19,11 @@ private as the training data; release parameters only (`restore_for_inference`).
 MODEL_DIR/checkpoints/ is therefore created readable by its owner only (0o700), whatever the
 umask; the run's other files follow the umask.
 """
+import inspect
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -41,7 +45,44 @@ FORMAT_VERSION = 1
 
 def _ocp():
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  _quiet_orbax_errors()
   return ocp
+
+
+class _OrbaxErrorFilter(logging.Filter):
+  """Drops orbax's own error logs unless private_t5 logs at DEBUG (`--verbosity=debug`).
+
+  A failed save makes orbax log the same error with a full traceback from each of its
+  background threads; `CheckpointManager.save`/`wait` report it as one CheckpointError line.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR or not _called_from_orbax(record):
+      return True
+    return logging.getLogger("private_t5").isEnabledFor(logging.DEBUG)
+
+
+def _called_from_orbax(record: logging.LogRecord) -> bool:
+  # `record.pathname` names orbax only once absl's logger class is set up (it skips absl's own
+  # frames); otherwise the caller is found on the stack of the logging call.
+  orbax_dir = f"{os.sep}orbax{os.sep}"
+  if orbax_dir in record.pathname:
+    return True
+  frame = inspect.currentframe()
+  while frame is not None:
+    if orbax_dir in frame.f_code.co_filename:
+      return True
+    frame = frame.f_back
+  return False
+
+
+_ORBAX_ERROR_FILTER = _OrbaxErrorFilter()
+
+
+def _quiet_orbax_errors() -> None:
+  absl_logger = logging.getLogger("absl")  # orbax logs through absl
+  if _ORBAX_ERROR_FILTER not in absl_logger.filters:
+    absl_logger.addFilter(_ORBAX_ERROR_FILTER)
 
 
 def check_writable(model_dir: str) -> None:
@@ -80,8 +121,10 @@ class CheckpointManager:
     async_save: write checkpoints in a background thread (the step loop continues).
 
   The manager holds the exclusive lock of `model_dir` (`run_lock`) from construction until
-  `close`: a second run opening the same directory gets a CheckpointError naming the holder
-  (in a multi-process run, process 0 holds the lock for the run).
+  `close`: a second run opening the same directory gets a CheckpointError naming the holder.
+  In a multi-process run process 0 holds the lock for the run, and every process waits for its
+  verdict before touching `model_dir` (`run_lock.acquire_on_process_0`): a refused run stops on
+  all processes at once. Only the lock holder removes temporaries of interrupted saves.
   """
 
   def __init__(self, model_dir: str, *, keep: int = 3, fingerprint: Optional[Dict[str, Any]] = None,
@@ -91,10 +134,11 @@ class CheckpointManager:
     # What this manager creates, removed again by `close(discard_if_unused=True)`.
     self._created_model_dir = not os.path.exists(model_dir)
     self._created_checkpoints = not os.path.exists(os.path.join(model_dir, CHECKPOINT_SUBDIR))
-    check_writable(model_dir)
     # One lock per run: in a multi-process run process 0 holds it for all of them.
-    self._lock = run_lock.acquire(model_dir) if jax.process_index() == 0 else None
+    self._lock = run_lock.acquire_on_process_0(model_dir, before=lambda: check_writable(model_dir))
     try:
+      if self._lock is None:  # another process holds the lock for this run
+        check_writable(model_dir)
       self._open(model_dir, keep, fingerprint, async_save)
     except BaseException:
       if self._lock is not None:
@@ -129,8 +173,12 @@ class CheckpointManager:
       raise CheckpointError(f"cannot open checkpoints in {self.directory}: {e}") from e
 
   def _remove_unfinished(self) -> None:
-    """Deletes temporaries of saves interrupted by a crash (never complete steps)."""
-    if not os.path.isdir(self.directory):
+    """Deletes temporaries of saves interrupted by a crash (never complete steps).
+
+    Only the holder of the model directory's lock does: without it, a temporary may be the
+    save in progress of another run.
+    """
+    if self._lock is None or not os.path.isdir(self.directory):
       return
     for name in os.listdir(self.directory):
       if ".orbax-checkpoint-tmp" in name:
@@ -151,16 +199,33 @@ class CheckpointManager:
     ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()}))
-    except (FileNotFoundError, ValueError, KeyError) as e:
-      raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable: {e}") from e
-    return dict(restored[METADATA_ITEM])
+      return _metadata_dict(restored[METADATA_ITEM])
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable: {_cause(e)}") from e
+
+  def latest_metadata(self) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
+    """(step, metadata) of the newest checkpoint whose metadata reads; (None, None) if none.
+
+    Newer checkpoints with an unreadable metadata file (emptied, truncated, missing) are
+    skipped, as the training loop skips (and sets aside) unreadable checkpoints when it
+    resumes; if no checkpoint's metadata reads, the newest one's error is raised.
+    """
+    first_error = None
+    for step in reversed(self.all_steps()):
+      try:
+        return step, self.read_metadata(step)
+      except CheckpointError as e:
+        first_error = first_error or e
+    if first_error is not None:
+      raise first_error
+    return None, None
 
   def check_compatible(self, fingerprint: Dict[str, Any]) -> None:
     """Raises CheckpointError if the latest checkpoint belongs to another model/config/data."""
-    step = self.latest_step()
+    step, metadata = self.latest_metadata()
     if step is None:
       return
-    saved = self.read_metadata(step).get("fingerprint")
+    saved = metadata.get("fingerprint")
     fingerprint = json.loads(json.dumps(fingerprint, default=json_default))
     if saved != fingerprint:
       where = _first_difference(saved, fingerprint) if isinstance(saved, dict) else "fingerprint"
@@ -244,10 +309,11 @@ class CheckpointManager:
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
           STATE_ITEM: ocp.args.StandardRestore(abstract_state), METADATA_ITEM: ocp.args.JsonRestore()}))
+      metadata = _metadata_dict(restored[METADATA_ITEM])
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable or does not match "
                             f"this model: {_cause(e)}") from e
-    return restored[STATE_ITEM], dict(restored[METADATA_ITEM])
+    return restored[STATE_ITEM], metadata
 
   def set_aside(self, step: int) -> str:
     """Moves unreadable checkpoint `step` out of the step sequence (kept for inspection).
@@ -319,12 +385,38 @@ def _make_private_dir(path: str) -> None:
     pass  # it exists, or orbax names the problem when it opens the directory
 
 
+def _metadata_dict(metadata: Any) -> Dict[str, Any]:
+  if not isinstance(metadata, dict):
+    raise ValueError(f"the metadata is a JSON {type(metadata).__name__}, not an object")
+  return dict(metadata)
+
+
+# TensorStore (orbax's array writer) ends an OS failure with the errno: "... [os_error_code='28']".
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_MAX_CAUSE_CHARS = 200
+
+
+def _chain(error: BaseException):
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
 def _cause(error: BaseException) -> str:
-  """One line: the OS reason of an OSError, else the exception's type and first line."""
-  if isinstance(error, OSError) and error.strerror:
-    return error.strerror
+  """One short line: the OS reason of an OSError (also one that orbax or TensorStore wrapped in
+  a long message, e.g. "No space left on device"), else the exception's type and first line."""
+  for e in _chain(error):
+    if isinstance(e, OSError) and e.strerror:
+      return e.strerror
+  for e in _chain(error):
+    match = _OS_ERROR_CODE.search(str(e))
+    if match:
+      return os.strerror(int(match.group(1)))
   text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+  line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+  return line if len(line) <= _MAX_CAUSE_CHARS else line[:_MAX_CAUSE_CHARS - 3] + "..."
 
 
 def _lookup(tree: Any, dotted: Optional[str]) -> Any:
@@ -405,10 +497,10 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
 
 def saved_seeds(manager: CheckpointManager) -> Optional[Dict[str, Any]]:
   """The run seeds stored in the latest checkpoint (to continue its streams), or None."""
-  step = manager.latest_step()
+  step, metadata = manager.latest_metadata()
   if step is None:
     return None
-  seeds = manager.read_metadata(step).get("seeds")
+  seeds = metadata.get("seeds")
   if not isinstance(seeds, dict):
     raise CheckpointError(f"checkpoint {step} in {manager.directory} has no run seeds")
   return seeds

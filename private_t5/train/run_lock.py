@@ -8,6 +8,11 @@ lock of a dead process never blocks: the `.lock` file left behind is only a note
 
 Within one process the lock is re-entrant (counted): opening the same directory twice in one
 process (a resumed run in a test, a notebook) does not lock itself out.
+
+Several JAX processes (`private-t5 launch`, a pod) form one run: process 0 takes the lock for
+all of them, and the others wait for its verdict before they touch the directory
+(`acquire_on_process_0`). When process 0 is refused, every process raises the same
+CheckpointError at once; none of them deletes or writes anything of the run holding the lock.
 """
 import contextlib
 import fcntl
@@ -16,7 +21,9 @@ import os
 import socket
 import threading
 import time
-from typing import Dict, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
+
+import numpy as np
 
 from private_t5.errors import CheckpointError
 
@@ -68,6 +75,48 @@ def acquire(model_dir: str) -> str:
     os.pwrite(fd, note.encode("utf-8") + b"\n", 0)
     _HELD[key] = (fd, 1)
     return key
+
+
+def acquire_on_process_0(model_dir: str, before: Optional[Callable[[], None]] = None) -> Optional[str]:
+  """Takes the lock on process 0 for the whole run; returns its key there, None elsewhere.
+
+  Process 0 runs `before` (a writability check), then `acquire`; its verdict (taken, or the
+  error's message) is sent to every process before any returns, so no process touches
+  `model_dir` unless the run holds its lock. With one process this is `before` + `acquire`.
+
+  Raises:
+    CheckpointError: on every process, with process 0's message, when it was refused.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    if before is not None:
+      before()
+    return acquire(model_dir)
+  key, refusal = None, ""
+  if jax.process_index() == 0:
+    try:
+      if before is not None:
+        before()
+      key = acquire(model_dir)
+    except CheckpointError as e:
+      refusal = str(e) or "the model directory's lock was refused"
+  refusal = _from_process_0(refusal)
+  if refusal:
+    raise CheckpointError(refusal)
+  return key
+
+
+_VERDICT_BYTES = 4096
+
+
+def _from_process_0(text: str) -> str:
+  """Process 0's `text` on every process (a collective: every process must call it)."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  data = text.encode("utf-8")[:_VERDICT_BYTES]
+  words = np.zeros(_VERDICT_BYTES, np.uint8)
+  words[:len(data)] = np.frombuffer(data, np.uint8)
+  words = np.asarray(multihost_utils.broadcast_one_to_all(words))
+  return bytes(words).rstrip(b"\0").decode("utf-8", "replace")
 
 
 def release(key: str) -> None:
