@@ -27,6 +27,7 @@ import numpy as np
 
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import ledger as ledger_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError, PrivacyError
 from private_t5.io import atomic_open, file_sha256
 
@@ -34,7 +35,7 @@ NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
 PRIVACY_PROBABILITY = "privacy_probability"
 METRIC_PRIVACY_WEIGHT = "nondp/privacy_weight"
-REPORT_FILENAME = "adaptive_dp_report.json"
+REPORT_FILENAME = ledger_lib.ADAPTIVE_REPORT_FILENAME
 PROBABILITIES_FILENAME = "privacy_probabilities.npz"
 FORMAL_GUARANTEE = (
     "none: the noise std sigma*gamma_B*C depends on the private batch through gamma_B, so the "

@@ -38,7 +38,6 @@ divergence of noise multiplier σ/k at δ/2), valid for every ε. The accounting
 """
 import collections
 import dataclasses
-import hashlib
 import itertools
 import logging
 import math
@@ -55,7 +54,7 @@ import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError, DataError
-from private_t5.io import write_bytes_atomic, write_json_atomic
+from private_t5.io import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +71,6 @@ WORD_BOUNDARY = "\u2581"
 BASE_CHARACTERS = "".join(chr(c) for c in range(33, 127))
 NONPRIVATE_LABEL = ("non-private: a SentencePiece of the requested size trained without noise or threshold on "
                     "the same bounded word histogram; for comparison only, never written or released")
-MECHANISM_NAME = "dp_sentencepiece"
-REPORT_FILENAME = "privacy_report.json"
 # Report fields computed from the raw corpus (diagnostics, not covered by the guarantee).
 NOT_DP_FIELDS = ("words_total", "words_dropped_fraction", "documents", "histogram")
 
@@ -603,54 +600,42 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp.append("utility.nonprivate_baseline")
   del histogram
 
-  report = {
-      "mechanism": MECHANISM_NAME,
-      "privacy_unit": "document",
-      **params,
-      "sensitivity": bound.as_dict(),
-      "words_total": words_total,
-      "words_kept": len(kept),
-      "words_dropped_fraction": 1.0 - len(kept) / words_total,
-      "documents": hstats.documents,
-      "histogram": hstats.as_dict(),
-      "vocab_size": actual_size,
-      "vocab_size_requested": vocab_size,
-      "vocab_size_capped": trained_size != vocab_size,
-      "vocab_size_warning": size_warning,
-      "byte_fallback": True,
-      "base_characters": base,
-      "public_corpus": public_specs,
-      "public_words": len(public_counts) if public_counts else 0,
-      "public_documents": public_stats.documents if public_stats else 0,
-      "pieces_by_source": sources,
-      "model_type": model_type,
-      "model": os.path.abspath(output),
-      # The vocabulary this report describes, by content: training composes the report only
-      # into runs whose vocabulary has this hash.
-      "vocab_sha256": hashlib.sha256(model).hexdigest(),
-      "corpus": corpus if isinstance(corpus, str) else list(corpus),
-      "noise_seed": "insecure_fixed_seed" if insecure_seed is not None else "os_entropy",
-      "utility": utility,
-      "seconds": round(time.time() - start, 2),
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
+  report = ledger_lib.vocabulary_report(
+      params, model_bytes=model, insecure_seed=insecure_seed,
+      sensitivity=bound.as_dict(),
+      words_total=words_total,
+      words_kept=len(kept),
+      words_dropped_fraction=1.0 - len(kept) / words_total,
+      documents=hstats.documents,
+      histogram=hstats.as_dict(),
+      vocab_size=actual_size,
+      vocab_size_requested=vocab_size,
+      vocab_size_capped=trained_size != vocab_size,
+      vocab_size_warning=size_warning,
+      byte_fallback=True,
+      base_characters=base,
+      public_corpus=public_specs,
+      public_words=len(public_counts) if public_counts else 0,
+      public_documents=public_stats.documents if public_stats else 0,
+      pieces_by_source=sources,
+      model_type=model_type,
+      model=os.path.abspath(output),
+      corpus=corpus if isinstance(corpus, str) else list(corpus),
+      utility=utility,
+      seconds=round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with
       # the data owner, or drop these fields before publishing it (the model itself is DP).
-      "not_dp_fields": not_dp,
-  }
-  # Whether the noise was secret: a training ledger composes this vocabulary with the flag, and
-  # the report says in one line that a fixed seed makes its ε no guarantee.
-  report["noise_secret"] = insecure_seed is None
-  report["warnings"] = []
-  if insecure_seed is not None:
-    from private_t5.dp.ledger import insecure_noise_warning  # pylint: disable=g-import-not-at-top
-    report["insecure_seed"] = int(insecure_seed)
-    report["warnings"].append(insecure_noise_warning("this DP-SentencePiece vocabulary (--insecure_seed)"))
+      not_dp_fields=not_dp)
+  if report["warnings"]:
     logger.warning("dp-spm: %s", report["warnings"][0])
-  report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
+  report_path = report_path or ledger_lib.vocabulary_report_path(output)
   # The pair is written as one unit: the report (naming the model by its hash) is committed
   # first, then the model, already on disk, is renamed into place. A kill leaves no model
   # without its report; at worst (between the two renames) the old model beside the new report,
   # which names another vocabulary, so training does not compose it.
-  write_bytes_atomic(output, model, before_rename=lambda: write_json_atomic(report_path, report, sort_keys=False))
+  write_bytes_atomic(output, model,
+                     before_rename=lambda: ledger_lib.write_report(report_path, report, sort_keys=False))
   report["report_path"] = os.path.abspath(report_path)
   log(f"dp-spm: pieces by source: {sources}")
   if utility:
