@@ -217,6 +217,7 @@ class PrivacyLedger:
 
   def __post_init__(self):
     self._epsilon_cache: Dict[Any, Dict[str, float]] = {}
+    self._by_events_cache: Dict[Any, Optional[float]] = {}
     if self.privacy_unit not in PRIVACY_UNITS:
       raise PrivacyError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
     if int(self.steps) != self.steps or self.steps < 0:
@@ -329,6 +330,9 @@ class PrivacyLedger:
             f"{name} ({path}) is {unit}-level DP with (ε, δ) = ({report['epsilon']:g}, {report['delta']:g}); as a "
             f"{self.privacy_unit}-level guarantee (group privacy, 2 {unit}s) its δ is {delta:.3g} >= 1: no "
             f"guarantee; train the vocabulary with a smaller ε, or train at the {unit} unit")
+    event = _threshold_release_event(report) if size == 1 else None
+    if event is not None:
+      details = {"event": event}
     vocab_sha256 = report.get("vocab_sha256")
     return self.add_component(name, epsilon, delta, source=os.path.abspath(path),
                               vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None,
@@ -497,6 +501,38 @@ class PrivacyLedger:
     return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
                                   self.training_epsilon())
 
+  def epsilon_by_events(self) -> Optional[float]:
+    """Total ε with training and the components composed by their `DpEvent`s, at `total_delta()`.
+
+    Every DP component must carry its event (a DP-SentencePiece report at the training unit: a
+    Gaussian release of noise multiplier σ/k at its δ_g, plus a threshold whose δ_t only adds
+    to δ). Training's events and the components' Gaussian events are composed by the same
+    accountant(s) as training ("auto": the smaller ε of RDP and PLD) at δ + Σ δ_g; with Σ δ_t
+    added, the total δ is `total_delta()`, the δ of the summed ε, so the two ε compare. None
+    when some component has no event (a public or non-private vocabulary, an initial
+    checkpoint, a group-privacy composition, an older report), for a non-private run, for
+    fixed batches, and before the first step. Truncated sampling is accounted by PLD only here.
+    """
+    if self.non_private or not self.steps or self.sampling != "poisson" or self.total_delta() >= 1.0:
+      return None
+    components = [c for c in self.components if not (c["name"] == VOCABULARY_COMPONENT and c.get("public"))]
+    if not components or any("event" not in c for c in components):
+      return None
+    key = (self.steps, tuple(json.dumps(c["event"], sort_keys=True) for c in components))
+    if key not in self._by_events_cache:
+      self._by_events_cache.clear()
+      releases = [accounting.gaussian_event(c["event"]["noise_multiplier"]) for c in components]
+      delta = self.delta + sum(c["event"]["delta_gaussian"] for c in components)
+      names = [n for n in accounting.accountants_for(self.accountant, self.sampling)
+               if n == "pld" or not self.truncation_probability]
+      self._by_events_cache[key] = min(
+          (accounting.composed_epsilon(
+              [accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, self.steps,
+                                        num_examples=self.num_examples,
+                                        max_batch_size=self.max_batch_size if name == "pld" else None)]
+              + releases, delta, name) for name in names), default=None)
+    return self._by_events_cache[key]
+
   def total_epsilon(self, exclude: Sequence[str] = ()) -> float:
     """Training ε plus every component's ε (simple composition); ∞ with a non-private component.
 
@@ -554,6 +590,7 @@ class PrivacyLedger:
         batch_size=self.max_batch_size if self.max_batch_size is not None else self.configured_batch_size,
         epsilon_rdp=None, epsilon_pld=None, accountant_used=self.accountant_used(),
         clipping_method=self.clipping_method, noise_secret=self.noise_secret_everywhere(),
+        epsilon_by_events=self.epsilon_by_events(),
         warnings=self.warnings(),
         ledger=self.to_dict(),
     )
@@ -593,6 +630,23 @@ class PrivacyLedger:
   @classmethod
   def load(cls, path: str) -> "PrivacyLedger":
     return cls.from_dict(_read_json(path))
+
+
+def _threshold_release_event(report: Dict[str, Any]) -> Optional[Dict[str, float]]:
+  """The event of a DP-SentencePiece report: its Gaussian noise multiplier σ/k with δ_g, and δ_t.
+
+  None when the report does not give them (an older report) or they do not add up to its δ.
+  """
+  try:
+    event = {"noise_multiplier": float(report["noise_multiplier"]),
+             "delta_gaussian": float(report["delta_gaussian"]),
+             "delta_threshold": float(report["delta_threshold"])}
+  except (KeyError, TypeError, ValueError):
+    return None
+  if not (event["noise_multiplier"] > 0 and math.isfinite(event["noise_multiplier"])) or not math.isclose(
+      event["delta_gaussian"] + event["delta_threshold"], float(report["delta"]), rel_tol=1e-9):
+    return None
+  return event
 
 
 def _read_json(path: str) -> Dict[str, Any]:
