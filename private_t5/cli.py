@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     from private_t5 import flags  # pylint: disable=g-import-not-at-top
     rest, setting = flags.pop_verbosity(rest)
     flags.configure_logging(*(setting or (logging.INFO, False)))
-    # The RDP accountant's Python warnings for orders it leaves out (see flags.configure_logging).
+    # The RDP accountant's Python warnings for orders it leaves out (see accounting.ConvergenceFilter).
     warnings.filterwarnings("ignore", message=".*failed to converge.*")
     module = importlib.import_module(stages[name][0])
     return int(module.main(rest) or 0)

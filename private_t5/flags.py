@@ -73,20 +73,6 @@ def pop_verbosity(argv: Sequence[str]) -> Tuple[List[str], Optional[Tuple[int, b
   return rest, setting
 
 
-class AccountantConvergenceFilter(logging.Filter):
-  """Drops dp_accounting's "_compute_log_a_frac failed to converge" warnings.
-
-  The RDP accountant evaluates a grid of Rényi orders; for fractional orders at large σ·q
-  the series may not converge and dp_accounting then leaves that order out of the minimum.
-  Excluding those orders is a known property of the RDP computation (the bound stays valid,
-  computed from the remaining orders), not a problem a user can act on.
-  """
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return "failed to converge" not in record.getMessage()
-
-
-_CONVERGENCE_FILTER = AccountantConvergenceFilter()
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -112,21 +98,10 @@ def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
     handler._private_t5 = True  # pylint: disable=protected-access
-    handler.addFilter(_CONVERGENCE_FILTER)
     root.addHandler(handler)
   # Other libraries (JAX, TensorFlow, orbax, absl) speak at WARNING and above unless --verbosity=debug.
   root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
   logging.getLogger("private_t5").setLevel(level)
-  # dp_accounting logs through absl (logger "absl", and absl's own handler once initialised).
-  loggers = [logging.getLogger("absl"), logging.getLogger("dp_accounting")]
-  try:
-    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-    loggers.append(absl_logging.get_absl_handler())
-  except ImportError:  # absl is optional here
-    pass
-  for target in loggers:
-    if _CONVERGENCE_FILTER not in target.filters:
-      target.addFilter(_CONVERGENCE_FILTER)
   if quiet:
     os.environ[QUIET_ENV] = "1"
   else:

@@ -154,6 +154,7 @@ def train_vocabularies(train_corpus: str, output_dir: str, *, needed: Sequence[s
                        dp_vocab_epsilon: float, dp_vocab_delta: float, dp_vocab_max_words: int,
                        text_field: str = "text") -> Dict[str, str]:
   """Phase 2: the SentencePiece and DP-SentencePiece vocabularies of the training corpus (reused)."""
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   vocab_dir = os.path.join(output_dir, "vocab")
   paths = {"spm": os.path.join(vocab_dir, "spm.model"), "dp_spm": os.path.join(vocab_dir, "dp_spm", "dp_spm.model")}
   if "spm" in needed and not os.path.isfile(paths["spm"]):
@@ -162,7 +163,7 @@ def train_vocabularies(train_corpus: str, output_dir: str, *, needed: Sequence[s
     texts = (d.text for d in corpora.iter_documents(train_corpus, text_field=text_field))
     spm.train_from_sentences(texts, paths["spm"], vocab_size=vocab_size)
     logger.info("[study] vocabulary: SentencePiece, %d pieces: %s", vocab_size, paths["spm"])
-  report_path = os.path.join(os.path.dirname(paths["dp_spm"]), "privacy_report.json")
+  report_path = ledger_lib.vocabulary_report_path(paths["dp_spm"])
   if "dp_spm" in needed and not (os.path.isfile(paths["dp_spm"]) and os.path.isfile(report_path)):
     from private_t5.tokenizer import dp_spm  # pylint: disable=g-import-not-at-top
     report = dp_spm.train_dp_vocabulary(train_corpus, paths["dp_spm"], vocab_size=vocab_size,

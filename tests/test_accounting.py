@@ -1,5 +1,6 @@
 """Privacy accounting: the paper's Table 5, PLD vs RDP, calibration, truncation, bad input, CLI."""
 import json
+import logging
 import math
 import warnings
 
@@ -218,3 +219,12 @@ def test_truncated_event_is_accounted_exactly_by_pld():
   assert math.isfinite(exact) and exact > 0
   both = accounting.compute_epsilons(1.0, q, steps, 1e-6, num_examples=n, max_batch_size=cap)
   assert both["pld"] == exact
+
+
+def test_accountant_convergence_warning_is_filtered():
+  record = logging.LogRecord("absl", logging.WARNING, __file__, 1,
+                             "_compute_log_a_frac failed to converge after %d iterations", (5,), None)
+  assert not accounting.ConvergenceFilter().filter(record)
+  # Installed on the logger dp_accounting writes through, so no handler ever sees it.
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  assert not absl_logging.get_absl_logger().filter(record)

@@ -101,12 +101,6 @@ def test_verbosity_values():
   assert rest == ["--a=1", "--b"] and setting == (logging.DEBUG, False)
 
 
-def test_accountant_convergence_warning_is_filtered():
-  record = logging.LogRecord("absl", logging.WARNING, __file__, 1,
-                             "_compute_log_a_frac failed to converge after %d iterations", (5,), None)
-  assert not flags.AccountantConvergenceFilter().filter(record)
-
-
 def test_epsilon_alias_and_json(capsys):
   assert cli.main(["epsilon", "--epsilon=3", "--sampling_rate=0.01", "--steps=100", "--delta=1e-5", "-q"]) == 0
   assert '"target_epsilon": 3.0' in capsys.readouterr().out

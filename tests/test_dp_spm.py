@@ -12,6 +12,7 @@ import pytest
 from scipy import optimize, special, stats
 
 from private_t5 import cli
+from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.tokenizer import dp_spm
@@ -275,7 +276,6 @@ def test_other_model_types_and_seeded_runs_are_deterministic(tmp_path, model_typ
 def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   """The report carries the model's SHA-256; the ledger composes it for that vocabulary only."""
   from private_t5.io import file_sha256  # pylint: disable=g-import-not-at-top
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
   out = str(tmp_path / "v" / "dp.model")
@@ -284,7 +284,7 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
                                       num_workers=1, verbose=False)
   on_disk = json.load(open(report["report_path"]))
   assert on_disk["vocab_sha256"] == file_sha256(out) and on_disk["privacy_unit"] == "document"
-  assert privacy.dp_spm_report_path(out) == report["report_path"]
+  assert ledger_lib.find_vocabulary_report(out) == report["report_path"]
   ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
   ledger.record_steps(10)
   component = ledger.add_vocabulary(out, report["report_path"])
@@ -309,7 +309,6 @@ dp_spm.train_dp_vocabulary(sys.argv[1], sys.argv[2], vocab_size=int(sys.argv[3])
 
 def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
   """Model and report are one unit: a kill leaves neither (new folder) or the old pair (re-run)."""
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
@@ -329,7 +328,7 @@ def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
   pair = (out.read_bytes(), open(report["report_path"]).read())
   killed_run(380)  # another vocabulary into the same folder
   assert (out.read_bytes(), open(report["report_path"]).read()) == pair
-  assert privacy.dp_spm_report_path(str(out)) == report["report_path"]
+  assert ledger_lib.find_vocabulary_report(str(out)) == report["report_path"]
   assert sorted(os.listdir(out.parent)) == ["dp.model", "privacy_report.json"]
 
 

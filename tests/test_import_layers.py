@@ -10,7 +10,8 @@ needs no heavy imports and fails on the line that breaks a rule:
   entry layer: cli.py, gin_utils.py, *_cli.py and the stage modules below    rank 4
 
 A module may import modules of its own rank or below, never above; no import cycle between
-modules; no private name (`_x`) imported from another module; Gin only in the entry layer.
+modules; no private name (`_x`) imported from another module; Gin only in the entry layer;
+`dp_accounting` only in `dp/accounting.py`.
 """
 import ast
 import pathlib
@@ -29,6 +30,8 @@ ENTRY_MODULES = {
 PACKAGE_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "eval": 3,
                  "selective": 3}
 ENTRY_RANK = 4
+# The one module that talks to `dp_accounting`.
+ACCOUNTING_MODULE = "private_t5.dp.accounting"
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -144,17 +147,35 @@ def test_no_private_names_across_modules():
   assert not bad, "private names imported across modules:\n" + "\n".join(bad)
 
 
+def _imported_names(path: pathlib.Path):
+  """(absolute module name, line) of every import statement of `path`, in function bodies too."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      yield from ((a.name, node.lineno) for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+      yield node.module or "", node.lineno
+
+
 def test_gin_only_in_the_entry_layer():
   bad = []
   for module, path in MODULES.items():
     if rank(module) == ENTRY_RANK:
       continue
-    for node in ast.walk(ast.parse(path.read_text())):
-      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-               [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-      if any(n == "gin" or n.startswith("gin.") for n in names):
-        bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    for name, line in _imported_names(path):
+      if name == "gin" or name.startswith("gin."):
+        bad.append(f"{path.relative_to(ROOT.parent)}:{line}")
   assert not bad, "gin imported outside the entry layer: " + ", ".join(bad)
+
+
+def test_dp_accounting_only_in_dp_accounting_module():
+  bad = []
+  for module, path in MODULES.items():
+    if module == ACCOUNTING_MODULE:
+      continue
+    for name, line in _imported_names(path):
+      if name == "dp_accounting" or name.startswith("dp_accounting."):
+        bad.append(f"{path.relative_to(ROOT.parent)}:{line}")
+  assert not bad, f"dp_accounting imported outside {ACCOUNTING_MODULE}: " + ", ".join(bad)
 
 
 @pytest.mark.parametrize("module,importer,expected", [

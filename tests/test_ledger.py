@@ -5,6 +5,7 @@ import math
 import pytest
 
 from private_t5.dp import accounting
+from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import DataError, PrivacyError
 
@@ -294,3 +295,79 @@ def test_auto_ledger_reports_both_and_the_smaller(tmp_path):
   path = str(tmp_path / "privacy_report.json")
   ledger.save(path)
   assert PrivacyLedger.load(path) == ledger
+
+
+def _vocabulary_with_report(tmp_path, epsilon=3.0, delta=1e-8, unit="document"):
+  """A vocabulary and its DP-SentencePiece report (the privacy fields dp-spm writes)."""
+  vocab = tmp_path / "dp.model"
+  vocab.write_bytes(b"a dp vocabulary")
+  params = accounting.thresholded_gaussian_parameters(delta, l2=8.0, linf=1.0, max_distinct=64,
+                                                      target_epsilon=epsilon)
+  report = ledger_lib.vocabulary_report(params, model_bytes=b"a dp vocabulary", insecure_seed=None)
+  report["privacy_unit"] = unit
+  path = ledger_lib.write_report(ledger_lib.vocabulary_report_path(str(vocab)), report)
+  return str(vocab), path, params
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld", "auto"])
+def test_training_and_vocabulary_compose_by_events_at_the_same_delta(tmp_path, accountant):
+  vocab, path, params = _vocabulary_with_report(tmp_path)
+  assert ledger_lib.find_vocabulary_report(vocab) == path
+  ledger = _ledger(accountant=accountant, max_batch_size=None, delta=1e-8)
+  ledger.add_vocabulary(vocab, path)
+  assert ledger.epsilon_by_events() is None  # before the first step
+  ledger.record_steps(500)
+  report = ledger.report()
+  by_events = report["epsilon_by_events"]
+  # Both bound the same release at the same total δ: training δ + δ_g + δ_t.
+  assert report["delta"] == pytest.approx(1e-8 + params["delta_gaussian"] + params["delta_threshold"])
+  assert report["epsilon"] == pytest.approx(ledger.training_epsilon() + params["epsilon"])
+  assert max(ledger.training_epsilon(), params["epsilon"]) < by_events < report["epsilon"]
+  # The same events composed by hand.
+  events = [accounting.make_dp_event(1.1, 0.01, 500), accounting.gaussian_event(params["noise_multiplier"])]
+  assert by_events == pytest.approx(accounting.composed_epsilon(events, 1e-8 + params["delta_gaussian"],
+                                                                accountant))
+  # The event travels with the ledger (checkpoints, resume).
+  resumed = _ledger(accountant=accountant, max_batch_size=None, delta=1e-8).resume_from(
+      PrivacyLedger.from_dict(json.loads(json.dumps(report))))
+  assert resumed.epsilon_by_events() == pytest.approx(by_events)
+
+
+def test_composition_by_events_needs_every_component_s_event(tmp_path):
+  old = tmp_path / "old_report.json"  # an older report: no σ/k or δ split
+  old.write_text(json.dumps({"mechanism": "dp_sentencepiece", "epsilon": 0.17, "delta": 1e-8}))
+  ledger = _ledger(max_batch_size=None)
+  ledger.add_component_from_report(str(old))
+  ledger.record_steps(10)
+  assert ledger.report()["epsilon_by_events"] is None and ledger.report()["epsilon"] is not None
+  # A document-level vocabulary in example-level training composes by group privacy only.
+  vocab, path, _ = _vocabulary_with_report(tmp_path)
+  grouped = _ledger(max_batch_size=None, privacy_unit="example")
+  grouped.add_vocabulary(vocab, path)
+  grouped.record_steps(10)
+  assert "event" not in grouped.components[0] and grouped.epsilon_by_events() is None
+  # A public vocabulary costs nothing: there is nothing to compose.
+  public = _ledger(max_batch_size=None, accountant="rdp")
+  public.add_vocabulary(str(tmp_path / "public.model"), None, public=True)
+  public.record_steps(10)
+  assert public.epsilon_by_events() is None
+
+
+def test_report_files_have_one_rule(tmp_path):
+  """The vocabulary's report is found where dp-spm writes it, and at the older names."""
+  vocab = tmp_path / "v" / "spm.model"
+  assert ledger_lib.vocabulary_report_path(str(vocab)) == str(tmp_path / "v" / "privacy_report.json")
+  assert ledger_lib.report_path("run") == "run/privacy_report.json"
+  assert ledger_lib.summary_path("run") == "run/summary.json"
+  assert ledger_lib.find_vocabulary_report(str(vocab)) is None
+  vocab.parent.mkdir()
+  vocab.write_bytes(b"v")
+  legacy = tmp_path / "v" / "spm.model.privacy_report.json"
+  report = ledger_lib.vocabulary_report(
+      accounting.thresholded_gaussian_parameters(1e-8, l2=4.0, linf=1.0, max_distinct=16, sigma=10.0),
+      model_bytes=b"v", insecure_seed=7)
+  ledger_lib.write_report(str(legacy), report)
+  assert ledger_lib.find_vocabulary_report(str(vocab)) == str(legacy)
+  assert report["noise_secret"] is False and report["warnings"] and report["insecure_seed"] == 7
+  ledger_lib.write_summary(str(tmp_path), {"final_step": 3})
+  assert json.load(open(tmp_path / "summary.json")) == {"final_step": 3}

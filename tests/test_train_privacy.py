@@ -5,6 +5,7 @@ import math
 import pytest
 
 from private_t5.dp import accounting
+from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
@@ -117,7 +118,7 @@ def test_dp_sentencepiece_report_beside_vocab_is_composed(tmp_path):
   assert [c["name"] for c in ledger.components] == ["dp_sentencepiece"]
   assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + 0.17)
   assert ledger.report()["vocabulary"] == "dp"
-  assert privacy.dp_spm_report_path(str(tmp_path / "other" / "spm.model")) is None
+  assert ledger_lib.find_vocabulary_report(str(tmp_path / "other" / "spm.model")) is None
 
 
 def _assert_not_private_vocabulary(setup, reason):
@@ -137,7 +138,7 @@ def test_report_of_another_vocabulary_is_not_credited(tmp_path):
   _, report = _vocab_and_report(tmp_path, content=b"the dp vocabulary")
   nondp = tmp_path / "nondp_spm.model"
   nondp.write_bytes(b"a vocabulary trained without DP")
-  assert privacy.dp_spm_report_path(str(nondp)) == report  # found by location ...
+  assert ledger_lib.find_vocabulary_report(str(nondp)) == report  # found by location ...
   setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=str(nondp))
   _assert_not_private_vocabulary(setup, "another vocabulary")  # ... but not composed
 
@@ -153,7 +154,7 @@ def test_report_without_hash_is_not_credited(tmp_path):
 def test_matching_report_is_preferred_over_a_folder_report(tmp_path):
   vocab, own = _vocab_and_report(tmp_path, report_name="spm.privacy_report.json")
   (tmp_path / "privacy_report.json").write_text(json.dumps({"epsilon": 0.1, "delta": 1e-9, "vocab_sha256": "0" * 64}))
-  assert privacy.dp_spm_report_path(vocab) == own
+  assert ledger_lib.find_vocabulary_report(vocab) == own
 
 
 def test_vocabulary_without_report_is_not_private_unless_declared_public(tmp_path):

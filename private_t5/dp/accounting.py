@@ -19,14 +19,25 @@ ML", Ponomareva et al. 2023, §4.3).
 
 Fixed (shuffled) batches are a different mechanism (sampling without replacement); they are
 accounted as such under the replace-one neighbouring relation (RDP only), never as Poisson.
+
+This is the only module that imports `dp_accounting`: it also accounts DP-SentencePiece (one
+Gaussian release of a word histogram and a threshold, `thresholded_gaussian_parameters`), adaptive
+DP's per-step noise multipliers (`varying_noise_epsilon`), and composes the events of several
+releases (`composed_epsilon`).
 """
+import collections
+import logging
 import math
 import warnings
-from typing import Optional
+from typing import Dict, Optional, Sequence
 
+from absl import logging as absl_logging
 import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
+from dp_accounting.pld import accountant as pld_accountant
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting import mechanism_calibration
 
 from private_t5.errors import PrivacyError
@@ -45,6 +56,29 @@ PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 
 class MeaninglessGuaranteeWarning(UserWarning):
   """δ is so large that the (ε, δ) guarantee allows leaking a whole example."""
+
+
+class ConvergenceFilter(logging.Filter):
+  """Drops dp_accounting's "_compute_log_a_frac failed to converge" warnings.
+
+  The RDP accountant evaluates a grid of Rényi orders; for fractional orders at large σ·q
+  the series may not converge and dp_accounting then leaves that order out of the minimum.
+  Excluding those orders is a known property of the RDP computation (the bound stays valid,
+  computed from the remaining orders), not a problem a user can act on.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "failed to converge" not in record.getMessage()
+
+
+def _quiet_convergence_warnings() -> None:
+  """Installs `ConvergenceFilter` on the absl logger dp_accounting writes through (once)."""
+  target = absl_logging.get_absl_logger()
+  if not any(isinstance(f, ConvergenceFilter) for f in target.filters):
+    target.addFilter(ConvergenceFilter())
+
+
+_quiet_convergence_warnings()
 
 
 def _check_number(name: str, value, low=None, high=None, low_open=True, high_open=True):
@@ -325,3 +359,140 @@ def max_expected_batch_size_for(num_examples: int, max_batch_size: int,
     else:
       hi = mid - 1
   return lo
+
+
+# -- several releases: their events composed --------------------------------------------------
+
+def composed_epsilon(events: Sequence[dp_accounting.DpEvent], delta: float, accountant: str = AUTO) -> float:
+  """ε at `delta` of the releases whose `DpEvent`s are `events`, composed by one accountant.
+
+  `accountant="auto"`: the smaller ε of RDP and PLD (both are valid bounds of the same events).
+  All events must be add/remove-one events (Poisson-sampled or plain Gaussian).
+  """
+  if accountant == AUTO:
+    return min(composed_epsilon(events, delta, name) for name in ACCOUNTANTS)
+  validate_privacy_params(delta=delta, accountant=accountant)
+  acc = make_accountant(accountant)
+  for event in events:
+    acc.compose(event)
+  return float(acc.get_epsilon(delta))
+
+
+def varying_noise_epsilon(noise_multipliers: Sequence[float], sampling_rate: float, delta: float,
+                          accountant: str = "rdp") -> float:
+  """ε of Poisson-sampled Gaussian steps, one per noise multiplier (equal ones self-composed).
+
+  Adaptive DP's implied ε: the multipliers are σ·γ_t, as if each had been fixed in advance.
+  """
+  counts = collections.Counter(float(v) for v in noise_multipliers)
+  events = [dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(v)), counts[v])
+            for v in sorted(counts)]
+  return composed_epsilon(events, delta, accountant)
+
+
+# -- DP-SentencePiece: a Gaussian release of a word histogram, then a threshold ---------------
+#
+# Add/remove one document: words already in the corpus form a Gaussian mechanism with L2
+# sensitivity k, (ε, δ_g)-DP; a word present only in the added document is released only if
+# m + Z ≥ T, so by a union bound over its ≤ n distinct words the release differs with probability
+# at most δ_t = n·Q((T − m)/σ). The whole release is (ε, δ_g + δ_t)-DP, with δ_g = δ_t = δ/2.
+
+def gaussian_event(noise_multiplier: float) -> dp_accounting.DpEvent:
+  """The `DpEvent` of one Gaussian release with std / L2 sensitivity = `noise_multiplier`."""
+  return dp_accounting.GaussianDpEvent(float(noise_multiplier))
+
+
+def paper_epsilon(sigma: float, delta: float, k: float) -> float:
+  """Hoory et al. Theorem 1 as printed in Ponomareva et al. 2022: ε = (k/σ)·√(2 ln(2.5/δ))."""
+  return k / sigma * math.sqrt(2.0 * math.log(2.5 / delta))
+
+
+def paper_threshold(sigma: float, delta: float, m: float, n: int) -> float:
+  """The threshold as printed in Ponomareva et al. 2022: C = m + σ·erf⁻¹(1 − δ/(2N))."""
+  from scipy import special  # pylint: disable=g-import-not-at-top
+  return m + sigma * float(special.erfinv(1.0 - delta / (2.0 * n)))
+
+
+def threshold_for(sigma: float, delta_threshold: float, m: float, n: int) -> float:
+  """T with n·P[m + N(0, σ²) ≥ T] = δ_t: T = m + σ·Φ⁻¹(1 − δ_t/n)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return m + sigma * float(stats.norm.isf(delta_threshold / n))
+
+
+def threshold_tail(sigma: float, threshold: float, m: float, n: int) -> float:
+  """δ spent by thresholding: the union bound n·Q((T − m)/σ) that a new word is released."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return min(1.0, n * float(stats.norm.sf((threshold - m) / sigma)))
+
+
+def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+  """Tight ε of one Gaussian mechanism (std / L2 sensitivity = noise_multiplier) at δ.
+
+  Inverts dp_accounting's exact hockey-stick divergence of the Gaussian mechanism (Balle &
+  Wang 2018, Thm 8), δ(ε) = Φ(1/(2s) − εs) − e^ε·Φ(−1/(2s) − εs) with s = noise_multiplier.
+  """
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
+  loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation=noise_multiplier, sensitivity=1.0)
+  f = lambda eps: float(loss.get_delta_for_epsilon(eps)) - delta
+  if f(0.0) <= 0:
+    return 0.0
+  high = 1.0
+  while f(high) > 0:
+    high *= 2
+  return float(optimize.brentq(f, 0.0, high, xtol=1e-12, rtol=1e-10))
+
+
+def calibrate_gaussian(target_epsilon: float, delta: float) -> float:
+  """The smallest Gaussian noise multiplier whose tight ε at δ is ≤ target."""
+  if not target_epsilon > 0 or not math.isfinite(target_epsilon):
+    raise PrivacyError(f"target epsilon must be a positive number, got {target_epsilon!r}")
+  return float(pld_accountant.get_smallest_gaussian_noise(
+      pld_common.DifferentialPrivacyParameters(target_epsilon, delta), num_queries=1, sensitivity=1.0))
+
+
+def _validate_threshold_release(delta: float, sigma: Optional[float], target_epsilon: Optional[float]) -> None:
+  if delta is None or not 0 < float(delta) < 1:
+    raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+  if sigma is not None and (not sigma > 0 or not math.isfinite(sigma)):
+    raise PrivacyError(f"noise_std (σ) must be a positive number, got {sigma!r}")
+  if target_epsilon is not None and (not target_epsilon > 0 or not math.isfinite(target_epsilon)):
+    raise PrivacyError(f"target_epsilon must be a positive number, got {target_epsilon!r}")
+  if (sigma is None) == (target_epsilon is None):
+    raise PrivacyError("give exactly one of noise_std (σ) and target_epsilon")
+
+
+def thresholded_gaussian_parameters(delta: float, *, l2: float, linf: float, max_distinct: int,
+                                    sigma: Optional[float] = None,
+                                    target_epsilon: Optional[float] = None) -> Dict[str, object]:
+  """A thresholded Gaussian histogram release, both directions: (σ, δ) → ε and T, or (target ε, δ) → σ and T.
+
+  `l2`, `linf`, `max_distinct` are k, m and n of one unit's contribution; δ is the total δ,
+  half to the Gaussian counts and half to the threshold. Returns the tight `epsilon` (the
+  Gaussian mechanism at δ/2), the paper's `epsilon_paper_formula`, the correct `threshold`, the
+  paper's printed `threshold_paper_formula` and the δ that threshold actually spends,
+  `noise_std` and `noise_multiplier` (σ/k, the `gaussian_event` of the counts).
+  """
+  _validate_threshold_release(delta, sigma, target_epsilon)
+  k, m, n = l2, linf, max_distinct
+  delta_gaussian = delta_threshold = delta / 2.0
+  if sigma is None:
+    sigma = k * calibrate_gaussian(target_epsilon, delta_gaussian)
+  eps_paper = paper_epsilon(sigma, delta, k)
+  t = threshold_for(sigma, delta_threshold, m, n)
+  t_paper = paper_threshold(sigma, delta, m, n)
+  return {
+      "epsilon": gaussian_epsilon(sigma / k, delta_gaussian),
+      "epsilon_paper_formula": eps_paper,
+      "epsilon_paper_formula_valid": eps_paper < 1.0,  # the classical bound needs ε < 1
+      "target_epsilon": target_epsilon,
+      "delta": float(delta),
+      "delta_gaussian": delta_gaussian,
+      "delta_threshold": delta_threshold,
+      "noise_std": float(sigma),
+      "noise_multiplier": float(sigma / k),
+      "threshold": t,
+      "threshold_paper_formula": t_paper,
+      "threshold_paper_formula_delta": threshold_tail(sigma, t_paper, m, n),
+      "threshold_delta_check": threshold_tail(sigma, t, m, n),
+  }

@@ -1,5 +1,10 @@
 """The privacy ledger (`privacy_report.json`): what one DP training run has spent so far.
 
+This module owns every report's file name and its writer: a run's `privacy_report.json`
+(`write_report`) and `summary.json` (`write_summary`), DP-SentencePiece's report and where it
+lies beside its vocabulary (`vocabulary_report_path`, `find_vocabulary_report`), and the names
+of the adaptive-DP and JFT reports.
+
 A ledger covers ONE mechanism: fixed σ, q, C, δ, sampling scheme and privacy unit. Resuming
 adds steps; changing any of these on resume is refused. Other DP releases computed from the
 same data (e.g. the DP-SentencePiece vocabulary) are composed in as `components` by simple
@@ -16,6 +21,7 @@ recorded with `noise_secret: false`, and its report says in one line (`warnings`
 no guarantee.
 """
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -29,10 +35,14 @@ from private_t5.io import file_sha256, write_json_atomic
 PRIVACY_UNITS = ("document", "example", "user")
 LEDGER_VERSION = 1
 REPORT_FILENAME = "privacy_report.json"
+SUMMARY_FILENAME = "summary.json"
+ADAPTIVE_REPORT_FILENAME = "adaptive_dp_report.json"
+JFT_REPORT_FILENAME = "jft_privacy_report.json"
 # Fields that define the mechanism; a resumed run must keep them unchanged.
 _MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
                      "sampling", "max_batch_size", "non_private")
 VOCABULARY_COMPONENT = "vocabulary"
+DP_SENTENCEPIECE = "dp_sentencepiece"
 # The training of the parameters a run started from, when it saw the private data (JFT phase 1).
 INITIAL_CHECKPOINT_COMPONENT = "initial_checkpoint"
 # A user's data holds whole documents, and a document holds whole examples (chunks). Larger is
@@ -50,6 +60,87 @@ def report_noise_secret(report: Dict[str, Any]) -> bool:
   """Whether a DP report's noise was secret: False when it records a fixed (insecure) seed."""
   return not (report.get("noise_secret") is False or report.get("insecure_seed") is not None
               or report.get("noise_seed") == "insecure_fixed_seed")
+
+
+def report_path(directory: str) -> str:
+  """The privacy report of a run directory, an export or a vocabulary's folder."""
+  return os.path.join(directory, REPORT_FILENAME)
+
+
+def summary_path(model_dir: str) -> str:
+  """A training run's summary."""
+  return os.path.join(model_dir, SUMMARY_FILENAME)
+
+
+def write_report(path: str, report: Dict[str, Any], *, sort_keys: bool = True) -> str:
+  """Writes a privacy report atomically (the one writer of `privacy_report.json`); returns `path`."""
+  return write_json_atomic(path, report, sort_keys=sort_keys)
+
+
+def read_report(path: str) -> Dict[str, Any]:
+  """A privacy report (a JSON object); `DataError` when missing or not one."""
+  return _read_json(path)
+
+
+def write_summary(model_dir: str, summary: Dict[str, Any]) -> str:
+  """Writes MODEL_DIR/summary.json atomically (its one writer); returns its path."""
+  return write_json_atomic(summary_path(model_dir), summary)
+
+
+def vocabulary_report_path(vocab_path: str) -> str:
+  """Where DP-SentencePiece writes a vocabulary's report: `privacy_report.json` in its folder."""
+  return report_path(os.path.dirname(os.path.abspath(vocab_path)))
+
+
+def find_vocabulary_report(vocab_path: Optional[str]) -> Optional[str]:
+  """The DP-SentencePiece report of a vocabulary, if one lies beside it.
+
+  Looks at `vocabulary_report_path`, then at the names older runs used,
+  `<vocab>.privacy_report.json` and `<vocab without .model>.privacy_report.json`, and returns the
+  first that names this vocabulary by content hash; when none does, the first that exists (the
+  ledger then records the vocabulary as non-private and says why), else None.
+  """
+  if not vocab_path:
+    return None
+  candidates = [vocabulary_report_path(vocab_path), vocab_path + "." + REPORT_FILENAME,
+                os.path.splitext(vocab_path)[0] + "." + REPORT_FILENAME]
+  existing = [path for path in dict.fromkeys(candidates) if os.path.isfile(path)]
+  for path in existing:
+    try:
+      report = _read_json(path)
+    except DataError:
+      continue
+    if vocabulary_report_mismatch(report, vocab_path) is None:
+      return path
+  return existing[0] if existing else None
+
+
+def vocabulary_report(params: Dict[str, Any], *, model_bytes: bytes, insecure_seed: Optional[int],
+                      **fields) -> Dict[str, Any]:
+  """A DP-SentencePiece report: the privacy fields training composes, then `fields`.
+
+  `params` are the release's accounting (`accounting.thresholded_gaussian_parameters`),
+  `model_bytes` the vocabulary's `.model` (named by hash, `vocab_sha256`: training composes the
+  report only into runs whose vocabulary has this hash), `insecure_seed` the fixed noise seed
+  (None: OS entropy); `fields` (diagnostics) come after them, in order.
+  """
+  report = {"mechanism": DP_SENTENCEPIECE, "privacy_unit": "document", **params, **fields}
+  report["vocab_sha256"] = hashlib.sha256(model_bytes).hexdigest()
+  report["noise_seed"] = "insecure_fixed_seed" if insecure_seed is not None else "os_entropy"
+  # Whether the noise was secret: a training ledger composes this vocabulary with the flag, and
+  # the report says in one line that a fixed seed makes its ε no guarantee.
+  report["noise_secret"] = insecure_seed is None
+  report["warnings"] = []
+  if insecure_seed is not None:
+    report["insecure_seed"] = int(insecure_seed)
+    report["warnings"].append(insecure_noise_warning("this DP-SentencePiece vocabulary (--insecure_seed)"))
+  return report
+
+
+def no_guarantee_report() -> Dict[str, Any]:
+  """The report of weights that come without a privacy report: no guarantee (ε = ∞)."""
+  return {"private": False, "epsilon": None,
+          "statement": "no privacy report: these weights carry no differential-privacy guarantee (ε = ∞)"}
 
 
 def group_privacy(epsilon: float, delta: float, size: int) -> tuple:
@@ -126,6 +217,7 @@ class PrivacyLedger:
 
   def __post_init__(self):
     self._epsilon_cache: Dict[Any, Dict[str, float]] = {}
+    self._by_events_cache: Dict[Any, Optional[float]] = {}
     if self.privacy_unit not in PRIVACY_UNITS:
       raise PrivacyError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
     if int(self.steps) != self.steps or self.steps < 0:
@@ -238,6 +330,9 @@ class PrivacyLedger:
             f"{name} ({path}) is {unit}-level DP with (ε, δ) = ({report['epsilon']:g}, {report['delta']:g}); as a "
             f"{self.privacy_unit}-level guarantee (group privacy, 2 {unit}s) its δ is {delta:.3g} >= 1: no "
             f"guarantee; train the vocabulary with a smaller ε, or train at the {unit} unit")
+    event = _threshold_release_event(report) if size == 1 else None
+    if event is not None:
+      details = {"event": event}
     vocab_sha256 = report.get("vocab_sha256")
     return self.add_component(name, epsilon, delta, source=os.path.abspath(path),
                               vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None,
@@ -406,6 +501,38 @@ class PrivacyLedger:
     return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
                                   self.training_epsilon())
 
+  def epsilon_by_events(self) -> Optional[float]:
+    """Total ε with training and the components composed by their `DpEvent`s, at `total_delta()`.
+
+    Every DP component must carry its event (a DP-SentencePiece report at the training unit: a
+    Gaussian release of noise multiplier σ/k at its δ_g, plus a threshold whose δ_t only adds
+    to δ). Training's events and the components' Gaussian events are composed by the same
+    accountant(s) as training ("auto": the smaller ε of RDP and PLD) at δ + Σ δ_g; with Σ δ_t
+    added, the total δ is `total_delta()`, the δ of the summed ε, so the two ε compare. None
+    when some component has no event (a public or non-private vocabulary, an initial
+    checkpoint, a group-privacy composition, an older report), for a non-private run, for
+    fixed batches, and before the first step. Truncated sampling is accounted by PLD only here.
+    """
+    if self.non_private or not self.steps or self.sampling != "poisson" or self.total_delta() >= 1.0:
+      return None
+    components = [c for c in self.components if not (c["name"] == VOCABULARY_COMPONENT and c.get("public"))]
+    if not components or any("event" not in c for c in components):
+      return None
+    key = (self.steps, tuple(json.dumps(c["event"], sort_keys=True) for c in components))
+    if key not in self._by_events_cache:
+      self._by_events_cache.clear()
+      releases = [accounting.gaussian_event(c["event"]["noise_multiplier"]) for c in components]
+      delta = self.delta + sum(c["event"]["delta_gaussian"] for c in components)
+      names = [n for n in accounting.accountants_for(self.accountant, self.sampling)
+               if n == "pld" or not self.truncation_probability]
+      self._by_events_cache[key] = min(
+          (accounting.composed_epsilon(
+              [accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, self.steps,
+                                        num_examples=self.num_examples,
+                                        max_batch_size=self.max_batch_size if name == "pld" else None)]
+              + releases, delta, name) for name in names), default=None)
+    return self._by_events_cache[key]
+
   def total_epsilon(self, exclude: Sequence[str] = ()) -> float:
     """Training ε plus every component's ε (simple composition); ∞ with a non-private component.
 
@@ -463,6 +590,7 @@ class PrivacyLedger:
         batch_size=self.max_batch_size if self.max_batch_size is not None else self.configured_batch_size,
         epsilon_rdp=None, epsilon_pld=None, accountant_used=self.accountant_used(),
         clipping_method=self.clipping_method, noise_secret=self.noise_secret_everywhere(),
+        epsilon_by_events=self.epsilon_by_events(),
         warnings=self.warnings(),
         ledger=self.to_dict(),
     )
@@ -497,11 +625,28 @@ class PrivacyLedger:
 
   def save(self, path: str) -> str:
     """Writes `report()` atomically (temp file then rename); `load` reads it back."""
-    return write_json_atomic(path, self.report())
+    return write_report(path, self.report())
 
   @classmethod
   def load(cls, path: str) -> "PrivacyLedger":
     return cls.from_dict(_read_json(path))
+
+
+def _threshold_release_event(report: Dict[str, Any]) -> Optional[Dict[str, float]]:
+  """The event of a DP-SentencePiece report: its Gaussian noise multiplier σ/k with δ_g, and δ_t.
+
+  None when the report does not give them (an older report) or they do not add up to its δ.
+  """
+  try:
+    event = {"noise_multiplier": float(report["noise_multiplier"]),
+             "delta_gaussian": float(report["delta_gaussian"]),
+             "delta_threshold": float(report["delta_threshold"])}
+  except (KeyError, TypeError, ValueError):
+    return None
+  if not (event["noise_multiplier"] > 0 and math.isfinite(event["noise_multiplier"])) or not math.isclose(
+      event["delta_gaussian"] + event["delta_threshold"], float(report["delta"]), rel_tol=1e-9):
+    return None
+  return event
 
 
 def _read_json(path: str) -> Dict[str, Any]:

@@ -26,24 +26,20 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("hf",)
 VOCAB_FILE = "spiece.model"
-PRIVACY_REPORT_FILE = "privacy_report.json"
 TEMP_PREFIX = ".export_hf_"
 # How often the latest checkpoint is read again when a running training rotates it away.
 ROTATION_RETRIES = 5
 
 
-def _privacy_report(model_dir: str, info: Dict[str, Any]) -> Dict[str, Any]:
+def _privacy_report(model_dir: str, info: Dict[str, Any], ledger_lib) -> Dict[str, Any]:
   """The report of the exported checkpoint (its own step), else the run's file, else "no guarantee"."""
   report = info.get("privacy_report")
   if report:
     return dict(report)
-  path = os.path.join(model_dir, PRIVACY_REPORT_FILE)
+  path = ledger_lib.report_path(model_dir)
   if os.path.isfile(path):
-    import json  # pylint: disable=g-import-not-at-top
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  return {"private": False, "epsilon": None,
-          "statement": "no privacy report: these weights carry no differential-privacy guarantee (ε = ∞)"}
+    return ledger_lib.read_report(path)
+  return ledger_lib.no_guarantee_report()
 
 
 def _step_names(model_dir: str, checkpoints) -> List[str]:
@@ -79,6 +75,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
   from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
   if fmt not in FORMATS:
@@ -91,7 +88,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     raise CheckpointError(f"the vocabulary of {model_dir!r} ({vocab_path!r}) is missing; "
                           "give --vocab_path=FILE.model")
   tensors, hf_config = hf_export.export_hf_t5(_to_numpy(params, np), config)
-  report = _privacy_report(model_dir, info)
+  report = _privacy_report(model_dir, info, ledger_lib)
   report = dict(report, exported_from={"model_dir": os.path.abspath(model_dir), "step": info.get("step"),
                                        "vocabulary_sha256": io_lib.file_sha256(vocab_path)})
   parent = os.path.dirname(os.path.abspath(output)) or "."
@@ -103,7 +100,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     io_lib.write_bytes_atomic(os.path.join(tmp_dir, "model.safetensors"),
                               st_numpy.save(tensors, metadata={"format": "pt"}))
     shutil.copyfile(vocab_path, os.path.join(tmp_dir, VOCAB_FILE))
-    io_lib.write_json_atomic(os.path.join(tmp_dir, PRIVACY_REPORT_FILE), report)
+    ledger_lib.write_report(ledger_lib.report_path(tmp_dir), report)
     if os.path.isdir(output):
       os.rmdir(output)  # empty (checked above)
     os.replace(tmp_dir, output)
@@ -137,8 +134,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   flags.check_required(parser, args, ("model_dir", "output"))
   out = export_model_dir(args.model_dir, args.output, fmt=args.format, step=args.step,
                          vocab_path=args.vocab_path)
-  print(f"exported {args.model_dir} to {out} (config.json, model.safetensors, {VOCAB_FILE}, "
-        f"{PRIVACY_REPORT_FILE})")
+  print(f"exported {args.model_dir} to {out} ({', '.join(sorted(os.listdir(out)))})")
   return 0
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import ledger as ledger_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError, PrivacyError
 from private_t5.io import atomic_open, file_sha256
 
@@ -34,7 +35,7 @@ NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
 PRIVACY_PROBABILITY = "privacy_probability"
 METRIC_PRIVACY_WEIGHT = "nondp/privacy_weight"
-REPORT_FILENAME = "adaptive_dp_report.json"
+REPORT_FILENAME = ledger_lib.ADAPTIVE_REPORT_FILENAME
 PROBABILITIES_FILENAME = "privacy_probabilities.npz"
 FORMAL_GUARANTEE = (
     "none: the noise std sigma*gamma_B*C depends on the private batch through gamma_B, so the "
@@ -257,21 +258,12 @@ def implied_epsilon(noise_multiplier: float, gammas: Sequence[float], sampling_r
   gamma_t are rounded down to `resolution` (less noise: a larger, conservative number) and
   equal values are self-composed. Infinite when some step has no noise.
   """
-  import dp_accounting  # pylint: disable=g-import-not-at-top
   gammas = np.floor(np.asarray(gammas, np.float64) / resolution) * resolution
   if len(gammas) == 0:
     return 0.0
   if np.any(gammas <= 0):
     return math.inf
-  if accountant == accounting.AUTO:  # the smaller ε of the two accountants for the same events
-    return min(implied_epsilon(noise_multiplier, gammas, sampling_rate, delta, a, resolution=resolution)
-               for a in accounting.ACCOUNTANTS)
-  values, counts = np.unique(gammas, return_counts=True)
-  acc = accounting.make_accountant(accountant)
-  for g, c in zip(values, counts):
-    step = dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier * g))
-    acc.compose(dp_accounting.SelfComposedDpEvent(step, int(c)))
-  return float(acc.get_epsilon(delta))
+  return accounting.varying_noise_epsilon(noise_multiplier * gammas, sampling_rate, delta, accountant)
 
 
 def adaptive_report(*, noise_multiplier: float, clip_norm: float, sampling_rate: float, delta: float,

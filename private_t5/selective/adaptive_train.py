@@ -38,16 +38,15 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
   Raises:
     ConfigError: no reference checkpoint, `dp` is None, or an argument `train` does not take.
   """
-  from private_t5.dp.ledger import PrivacyLedger  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
 
   if not reference_model_dir:
     raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
                       "estimate privacy probabilities; none was given")
   train_main.check_train_kwargs(train_kwargs, "train_adaptive")
-  if "privacy_hook" in train_kwargs:
-    raise ConfigError("train_adaptive sets train's privacy_hook itself; do not pass one")
+  if "privacy_hook" in train_kwargs or "summary_hook" in train_kwargs:
+    raise ConfigError("train_adaptive sets train's privacy_hook and summary_hook itself; do not pass one")
   missing = [k for k in ("model_config", "train_data", "model_dir", "train_steps", "batch_size")
              if train_kwargs.get(k) is None]
   if missing:
@@ -81,25 +80,29 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
         "(NOT a formal DP guarantee)")
     setup = privacy.PrivacySetup(
         aggregator=adaptive.AdaptiveDPAggregator(dp_setup.aggregator), sampler=dp_setup.sampler,
-        ledger=PrivacyLedger.non_private_baseline(num_examples=data.num_examples,
-                                                  privacy_unit=data.privacy_unit, batch_size=batch_size),
+        ledger=ledger_lib.PrivacyLedger.non_private_baseline(num_examples=data.num_examples,
+                                                             privacy_unit=data.privacy_unit, batch_size=batch_size),
         private=False, noise_multiplier=dp_setup.noise_multiplier)
     extra = {"adaptive_dp": True, "normalization": probabilities.normalization,
              "optimizer": "Adaptive-DP-Adafactor"}
     return setup, adaptive.AdaptiveSource(data, probabilities.rho), extra
 
-  summary = train_main.train(log=log, privacy_hook=make_adaptive, **train_kwargs)
-  dp_setup = nominal["setup"]
-  nominal = dp_setup.ledger
-  gammas = adaptive.step_privacy_weights(dp_setup.sampler, probabilities.rho, summary["final_step"])
-  report = adaptive.adaptive_report(
-      noise_multiplier=dp_setup.noise_multiplier, clip_norm=nominal.clip_norm, sampling_rate=nominal.sampling_rate,
-      delta=nominal.delta, accountant=nominal.accountant, gammas=gammas, probabilities=probabilities,
-      privacy_unit=train_data.privacy_unit, num_examples=train_data.num_examples)
-  io_lib.write_json_atomic(os.path.join(model_dir, adaptive.REPORT_FILENAME), report)
-  summary.update(adaptive_dp=report, noise_multiplier=dp_setup.noise_multiplier,
-                 adaptive_dp_report=os.path.abspath(os.path.join(model_dir, adaptive.REPORT_FILENAME)))
-  metrics_lib.write_summary(model_dir, summary)
+  def adaptive_summary(summary):
+    # The adaptive report, from the γ_t of the steps taken, goes into the run's one summary.json.
+    dp_setup = nominal["setup"]
+    ledger = dp_setup.ledger
+    gammas = adaptive.step_privacy_weights(dp_setup.sampler, probabilities.rho, summary["final_step"])
+    report = adaptive.adaptive_report(
+        noise_multiplier=dp_setup.noise_multiplier, clip_norm=ledger.clip_norm, sampling_rate=ledger.sampling_rate,
+        delta=ledger.delta, accountant=ledger.accountant, gammas=gammas, probabilities=probabilities,
+        privacy_unit=train_data.privacy_unit, num_examples=train_data.num_examples)
+    report_path = os.path.join(model_dir, ledger_lib.ADAPTIVE_REPORT_FILENAME)
+    io_lib.write_json_atomic(report_path, report)
+    return {"adaptive_dp": report, "noise_multiplier": dp_setup.noise_multiplier,
+            "adaptive_dp_report": os.path.abspath(report_path)}
+
+  summary = train_main.train(log=log, privacy_hook=make_adaptive, summary_hook=adaptive_summary, **train_kwargs)
+  report = summary["adaptive_dp"]
   implied = report["implied_epsilon"]
   log(f"[adaptive] privacy: ADAPTIVE DP — no formal (ε, δ) guarantee (ledger: ε = ∞); mean γ_B "
       f"{report['privacy_weight']['mean']:.3f}; the per-step effective noise σ·γ_t would imply ε ≈ "

@@ -28,16 +28,16 @@ paper's 2.5/δ = 1.25/(δ/2) does: δ_g = δ_t = δ/2, hence
 
   T = m + σ·Φ⁻¹(1 − δ/(2n)) = m + σ·√2·erf⁻¹(1 − δ/n).
 
-The paper prints T = m + σ·erf⁻¹(1 − δ/(2N)), which drops the √2 (`threshold_tail` checks
-numerically how much δ that threshold really spends). The paper's
+The paper prints T = m + σ·erf⁻¹(1 − δ/(2N)), which drops the √2 (`accounting.threshold_tail`
+checks numerically how much δ that threshold really spends). The paper's
 ε = (k/σ)·√(2 ln(2.5/δ)) is the classical Gaussian bound (Dwork & Roth Thm A.1) at δ/2, valid
 only for ε < 1 (beyond it the formula UNDERSTATES ε: σ = 58.9, k = 256 gives 27.0 by the
-formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε from `dp_accounting`
-(the exact hockey-stick divergence of noise multiplier σ/k at δ/2), valid for every ε.
+formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε (the exact hockey-stick
+divergence of noise multiplier σ/k at δ/2), valid for every ε. The accounting lives in
+`dp.accounting` and the report's privacy fields in `dp.ledger` (`vocabulary_report`).
 """
 import collections
 import dataclasses
-import hashlib
 import itertools
 import logging
 import math
@@ -53,8 +53,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 
 from private_t5 import progress as progress_lib
-from private_t5.errors import ConfigError, DataError, PrivacyError
-from private_t5.io import write_bytes_atomic, write_json_atomic
+from private_t5.errors import ConfigError, DataError
+from private_t5.io import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,6 @@ WORD_BOUNDARY = "\u2581"
 BASE_CHARACTERS = "".join(chr(c) for c in range(33, 127))
 NONPRIVATE_LABEL = ("non-private: a SentencePiece of the requested size trained without noise or threshold on "
                     "the same bounded word histogram; for comparison only, never written or released")
-MECHANISM_NAME = "dp_sentencepiece"
-REPORT_FILENAME = "privacy_report.json"
 # Report fields computed from the raw corpus (diagnostics, not covered by the guarantee).
 NOT_DP_FIELDS = ("words_total", "words_dropped_fraction", "documents", "histogram")
 
@@ -239,99 +237,20 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
 # Privacy: ε, threshold, calibration
 # ---------------------------------------------------------------------------------------------
 
-def paper_epsilon(sigma: float, delta: float, k: float) -> float:
-  """Hoory et al. Theorem 1 as printed in Ponomareva et al. 2022: ε = (k/σ)·√(2 ln(2.5/δ))."""
-  return k / sigma * math.sqrt(2.0 * math.log(2.5 / delta))
-
-
-def paper_threshold(sigma: float, delta: float, m: float, n: int) -> float:
-  """The threshold as printed in Ponomareva et al. 2022: C = m + σ·erf⁻¹(1 − δ/(2N))."""
-  from scipy import special  # pylint: disable=g-import-not-at-top
-  return m + sigma * float(special.erfinv(1.0 - delta / (2.0 * n)))
-
-
-def threshold_for(sigma: float, delta_threshold: float, m: float, n: int) -> float:
-  """T with n·P[m + N(0, σ²) ≥ T] = δ_t: T = m + σ·Φ⁻¹(1 − δ_t/n)."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  return m + sigma * float(stats.norm.isf(delta_threshold / n))
-
-
-def threshold_tail(sigma: float, threshold: float, m: float, n: int) -> float:
-  """δ spent by thresholding: the union bound n·Q((T − m)/σ) that a new word is released."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  return min(1.0, n * float(stats.norm.sf((threshold - m) / sigma)))
-
-
-def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
-  """Tight ε of one Gaussian mechanism (std / L2 sensitivity = noise_multiplier) at δ.
-
-  Inverts dp_accounting's exact hockey-stick divergence of the Gaussian mechanism (Balle &
-  Wang 2018, Thm 8), δ(ε) = Φ(1/(2s) − εs) − e^ε·Φ(−1/(2s) − εs) with s = noise_multiplier.
-  """
-  from dp_accounting.pld import privacy_loss_mechanism  # pylint: disable=g-import-not-at-top
-  from scipy import optimize  # pylint: disable=g-import-not-at-top
-  loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation=noise_multiplier, sensitivity=1.0)
-  f = lambda eps: float(loss.get_delta_for_epsilon(eps)) - delta
-  if f(0.0) <= 0:
-    return 0.0
-  high = 1.0
-  while f(high) > 0:
-    high *= 2
-  return float(optimize.brentq(f, 0.0, high, xtol=1e-12, rtol=1e-10))
-
-
-def calibrate_gaussian(target_epsilon: float, delta: float) -> float:
-  """The smallest Gaussian noise multiplier whose tight ε at δ is ≤ target (dp_accounting)."""
-  from dp_accounting.pld import accountant, common  # pylint: disable=g-import-not-at-top
-  if not target_epsilon > 0 or not math.isfinite(target_epsilon):
-    raise PrivacyError(f"target epsilon must be a positive number, got {target_epsilon!r}")
-  return float(accountant.get_smallest_gaussian_noise(
-      common.DifferentialPrivacyParameters(target_epsilon, delta), num_queries=1, sensitivity=1.0))
-
-
-def _validate(delta: float, sigma: Optional[float] = None, target_epsilon: Optional[float] = None):
-  if delta is None or not 0 < float(delta) < 1:
-    raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
-  if sigma is not None and (not sigma > 0 or not math.isfinite(sigma)):
-    raise PrivacyError(f"noise_std (σ) must be a positive number, got {sigma!r}")
-  if target_epsilon is not None and (not target_epsilon > 0 or not math.isfinite(target_epsilon)):
-    raise PrivacyError(f"target_epsilon must be a positive number, got {target_epsilon!r}")
-  if (sigma is None) == (target_epsilon is None):
-    raise PrivacyError("give exactly one of noise_std (σ) and target_epsilon")
-
-
 def privacy_parameters(delta: float, bound: ContributionBound, *, sigma: Optional[float] = None,
                        target_epsilon: Optional[float] = None) -> Dict[str, Any]:
   """Both directions: (σ, δ) → ε and T, or (target ε, δ) → σ and T. δ is the total δ.
 
-  Returns a dict with the tight `epsilon` (PLD of the Gaussian mechanism, at δ/2), the paper's
-  `epsilon_paper_formula`, the correct `threshold` (δ/2 to thresholding), the paper's printed
-  `threshold_paper_formula` and the δ that threshold actually spends, and `noise_std`.
+  The release of `bound`'s k, m, n as accounted by `accounting.thresholded_gaussian_parameters`:
+  the tight `epsilon` (the Gaussian mechanism at δ/2), the paper's `epsilon_paper_formula`, the
+  correct `threshold` (δ/2 to thresholding), the paper's printed `threshold_paper_formula` and
+  the δ that threshold actually spends, and `noise_std`.
   """
-  _validate(delta, sigma, target_epsilon)
-  k, m, n = bound.l2, bound.linf, bound.max_distinct
-  delta_gaussian = delta_threshold = delta / 2.0
-  if sigma is None:
-    sigma = k * calibrate_gaussian(target_epsilon, delta_gaussian)
-  eps = gaussian_epsilon(sigma / k, delta_gaussian)
-  eps_paper = paper_epsilon(sigma, delta, k)
-  t = threshold_for(sigma, delta_threshold, m, n)
-  t_paper = paper_threshold(sigma, delta, m, n)
-  return {
-      "epsilon": eps,
-      "epsilon_paper_formula": eps_paper,
-      "epsilon_paper_formula_valid": eps_paper < 1.0,  # the classical bound needs ε < 1
-      "target_epsilon": target_epsilon,
-      "delta": float(delta),
-      "delta_gaussian": delta_gaussian,
-      "delta_threshold": delta_threshold,
-      "noise_std": float(sigma),
-      "noise_multiplier": float(sigma / k),
-      "threshold": t,
-      "threshold_paper_formula": t_paper,
-      "threshold_paper_formula_delta": threshold_tail(sigma, t_paper, m, n),
-      "threshold_delta_check": threshold_tail(sigma, t, m, n),
-  }
+  # Imported here: the histogram workers import this module and need no accountant.
+  from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
+  return accounting.thresholded_gaussian_parameters(delta, l2=bound.l2, linf=bound.linf,
+                                                    max_distinct=bound.max_distinct, sigma=sigma,
+                                                    target_epsilon=target_epsilon)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,54 +600,42 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp.append("utility.nonprivate_baseline")
   del histogram
 
-  report = {
-      "mechanism": MECHANISM_NAME,
-      "privacy_unit": "document",
-      **params,
-      "sensitivity": bound.as_dict(),
-      "words_total": words_total,
-      "words_kept": len(kept),
-      "words_dropped_fraction": 1.0 - len(kept) / words_total,
-      "documents": hstats.documents,
-      "histogram": hstats.as_dict(),
-      "vocab_size": actual_size,
-      "vocab_size_requested": vocab_size,
-      "vocab_size_capped": trained_size != vocab_size,
-      "vocab_size_warning": size_warning,
-      "byte_fallback": True,
-      "base_characters": base,
-      "public_corpus": public_specs,
-      "public_words": len(public_counts) if public_counts else 0,
-      "public_documents": public_stats.documents if public_stats else 0,
-      "pieces_by_source": sources,
-      "model_type": model_type,
-      "model": os.path.abspath(output),
-      # The vocabulary this report describes, by content: training composes the report only
-      # into runs whose vocabulary has this hash.
-      "vocab_sha256": hashlib.sha256(model).hexdigest(),
-      "corpus": corpus if isinstance(corpus, str) else list(corpus),
-      "noise_seed": "insecure_fixed_seed" if insecure_seed is not None else "os_entropy",
-      "utility": utility,
-      "seconds": round(time.time() - start, 2),
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
+  report = ledger_lib.vocabulary_report(
+      params, model_bytes=model, insecure_seed=insecure_seed,
+      sensitivity=bound.as_dict(),
+      words_total=words_total,
+      words_kept=len(kept),
+      words_dropped_fraction=1.0 - len(kept) / words_total,
+      documents=hstats.documents,
+      histogram=hstats.as_dict(),
+      vocab_size=actual_size,
+      vocab_size_requested=vocab_size,
+      vocab_size_capped=trained_size != vocab_size,
+      vocab_size_warning=size_warning,
+      byte_fallback=True,
+      base_characters=base,
+      public_corpus=public_specs,
+      public_words=len(public_counts) if public_counts else 0,
+      public_documents=public_stats.documents if public_stats else 0,
+      pieces_by_source=sources,
+      model_type=model_type,
+      model=os.path.abspath(output),
+      corpus=corpus if isinstance(corpus, str) else list(corpus),
+      utility=utility,
+      seconds=round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with
       # the data owner, or drop these fields before publishing it (the model itself is DP).
-      "not_dp_fields": not_dp,
-  }
-  # Whether the noise was secret: a training ledger composes this vocabulary with the flag, and
-  # the report says in one line that a fixed seed makes its ε no guarantee.
-  report["noise_secret"] = insecure_seed is None
-  report["warnings"] = []
-  if insecure_seed is not None:
-    from private_t5.dp.ledger import insecure_noise_warning  # pylint: disable=g-import-not-at-top
-    report["insecure_seed"] = int(insecure_seed)
-    report["warnings"].append(insecure_noise_warning("this DP-SentencePiece vocabulary (--insecure_seed)"))
+      not_dp_fields=not_dp)
+  if report["warnings"]:
     logger.warning("dp-spm: %s", report["warnings"][0])
-  report_path = report_path or os.path.join(os.path.dirname(os.path.abspath(output)), REPORT_FILENAME)
+  report_path = report_path or ledger_lib.vocabulary_report_path(output)
   # The pair is written as one unit: the report (naming the model by its hash) is committed
   # first, then the model, already on disk, is renamed into place. A kill leaves no model
   # without its report; at worst (between the two renames) the old model beside the new report,
   # which names another vocabulary, so training does not compose it.
-  write_bytes_atomic(output, model, before_rename=lambda: write_json_atomic(report_path, report, sort_keys=False))
+  write_bytes_atomic(output, model,
+                     before_rename=lambda: ledger_lib.write_report(report_path, report, sort_keys=False))
   report["report_path"] = os.path.abspath(report_path)
   log(f"dp-spm: pieces by source: {sources}")
   if utility:

@@ -21,8 +21,8 @@ only its own rows of the batch (`trainer.local_rows`; the real rows spread round
 `data` axis, `local_batch`; each row carries its position in the step's sample, which its
 dropout key folds in, so the step equals the one-process microbatched step on the same sample)
 and the global batch is assembled on the devices; the run's files
-(privacy report, summary, TensorBoard) are written by process 0 only, checkpoints by orbax on
-all processes together.
+(privacy report, TensorBoard) are written by process 0 only, checkpoints by orbax on all processes
+together; the caller writes the summary the loop returns (`dp.ledger.write_summary`).
 """
 import dataclasses
 import logging
@@ -34,10 +34,10 @@ from typing import Any, Callable, Dict, List, Optional
 import jax
 import numpy as np
 
-from private_t5 import io
 from private_t5 import progress as progress_lib
 from private_t5.dp import clipping
-from private_t5.dp.ledger import PrivacyLedger, REPORT_FILENAME
+from private_t5.dp import ledger as ledger_lib
+from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError
 from private_t5.train import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
@@ -168,7 +168,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
         manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
         initial_params_fn: Optional[Callable[[], Any]] = None,
         log: Callable[[str], None] = print) -> Dict[str, Any]:
-  """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary.
+  """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary
+  (written to summary.json by the caller, once it is complete).
 
   `initial_params_fn` (fine-tuning) supplies the step-0 parameters of a fresh run; a resumed
   run ignores it and continues from its own checkpoint.
@@ -207,11 +208,11 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
 
   def save(step: int, state) -> None:
     report = ledger.report()
-    report_path = os.path.join(model_dir, REPORT_FILENAME)
+    report_path = ledger_lib.report_path(model_dir)
     # The report is written once the checkpoint it describes is committed, never before.
     manager.save(step, state, dict(metadata, seeds=seeds.to_dict(), ledger=ledger.to_dict(),
                                    privacy_report=report),
-                 on_commit=(lambda: io.write_json_atomic(report_path, report)) if primary else None)
+                 on_commit=(lambda: ledger_lib.write_report(report_path, report)) if primary else None)
 
   def run_eval(step: int, params) -> Dict[str, float]:
     result = evaluate(trainer, params, validation_batches)
@@ -327,13 +328,11 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
       "training_epsilon": _finite(ledger.training_epsilon()) if privacy.private else None,
       "training_delta": ledger.training_delta() if privacy.private else None,
       "vocabulary": ledger.vocabulary_status() if privacy.private else None,
-      "privacy_report": os.path.abspath(os.path.join(model_dir, REPORT_FILENAME)),
+      "privacy_report": os.path.abspath(ledger_lib.report_path(model_dir)),
       "checkpoint_dir": manager.directory,
       "tensorboard_dir": os.path.abspath(writer.log_dir),
       "deterministic_seed": seeds.deterministic,
   }
   if privacy.private:  # statistics of the private data, outside the guarantee
     summary["not_dp"] = [k for k in metrics_lib.NOT_DP_SUMMARY_KEYS if k in summary]
-  if primary:
-    metrics_lib.write_summary(model_dir, summary)
   return summary

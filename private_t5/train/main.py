@@ -173,7 +173,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
           initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
-          log: Callable[[str], None] = print, privacy_hook: Optional[Callable] = None) -> dict:
+          log: Callable[[str], None] = print, privacy_hook: Optional[Callable] = None,
+          summary_hook: Optional[Callable[[dict], dict]] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
   Every setting is checked before anything is written to `model_dir`.
@@ -206,9 +207,13 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
       `hook(setup, train_data) -> (setup, source, extra)` swaps the privacy setup and the
       training source after the DP mechanism is fixed; `extra` (JSON-able) is added to the
       checkpoint fingerprint's privacy entry and to the checkpoint metadata.
+    summary_hook: for other training entry points (adaptive DP), not a Gin knob:
+      `hook(summary) -> dict` of entries added to the finished run's summary before it is
+      written (summary.json is written once, complete).
   """
   from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, loop, metrics, partitioning, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.train import checkpoints, loop, partitioning, privacy  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
@@ -261,19 +266,22 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
                  config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
                  noise_multiplier=setup.noise_multiplier)
+  if summary_hook is not None:
+    summary.update(summary_hook(summary))
   if partitioning.is_primary():
-    metrics.write_summary(model_dir, summary)
+    ledger_lib.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
 
 
 def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None) -> None:
   """Logs where a finished run's files are and its privacy guarantee."""
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
   log(f"  checkpoints:    {summary['checkpoint_dir']}")
   log(f"  config:         {summary['config_gin']}")
   log(f"  tensorboard:    {summary['tensorboard_dir']}")
-  log(f"  summary:        {os.path.join(summary['model_dir'], 'summary.json')}")
+  log(f"  summary:        {ledger_lib.summary_path(summary['model_dir'])}")
   log(f"  privacy report: {summary['privacy_report']}")
   if summary.get("real_row_fraction") is not None:
     log(f"  real rows:      {100.0 * summary['real_row_fraction']:.1f}% of the rows computed (the rest padding)"

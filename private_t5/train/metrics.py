@@ -1,4 +1,4 @@
-"""Training metrics: TensorBoard event files, the console progress line, summary.json.
+"""Training metrics: TensorBoard event files, the console progress line, summary.json's labels.
 
 Labelling (DP rule "nothing else leaks"): loss and token accuracy computed on the private training batches are
 not covered by the privacy guarantee. Their TensorBoard tags start with `nondp/` and the
@@ -17,10 +17,8 @@ import sys
 import time
 from typing import Dict, Mapping, Optional, TextIO
 
-from private_t5.io import write_json_atomic
 
 TENSORBOARD_SUBDIR = "tensorboard"
-SUMMARY_FILENAME = "summary.json"
 # Tag prefix of metrics computed from private data without DP (training batches, validation).
 NOT_DP_PREFIX = "nondp/"
 # summary.json keys of a DP run computed from private data without DP (listed under "not_dp").
@@ -145,8 +143,3 @@ class ProgressPrinter:
 
   def print(self, text: str) -> None:
     print(text, file=self.stream, flush=True)
-
-
-def write_summary(model_dir: str, summary: Dict) -> str:
-  """Writes MODEL_DIR/summary.json atomically."""
-  return write_json_atomic(os.path.join(model_dir, SUMMARY_FILENAME), summary)

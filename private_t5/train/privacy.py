@@ -14,9 +14,7 @@ Everything here runs before any compute: invalid privacy parameters, an unreacha
 or a batch larger than the dataset fail at once with a PrivacyError.
 """
 import dataclasses
-import json
 import math
-import os
 import warnings
 from typing import Any, Callable, Dict, Optional
 
@@ -24,8 +22,7 @@ from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import factory
 from private_t5.dp import sampling
-from private_t5.dp.ledger import (PrivacyLedger, REPORT_FILENAME, insecure_noise_warning,
-                                  vocabulary_report_mismatch)
+from private_t5.dp.ledger import PrivacyLedger, find_vocabulary_report, insecure_noise_warning
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.train import partitioning
 
@@ -145,31 +142,6 @@ def _check_truncation_delta(sigma: float, q: float, num_examples: int, batch_siz
         "expected_batch_size (or leave it unset to derive it) or raise batch_size")
 
 
-def dp_spm_report_path(vocab_path: Optional[str]) -> Optional[str]:
-  """The DP-SentencePiece privacy report of a vocabulary, if one lies beside it.
-
-  Looks for `<vocab>.privacy_report.json`, `<vocab without .model>.privacy_report.json`, then
-  `privacy_report.json` in the vocabulary's directory, and returns the first that names this
-  vocabulary by content hash; when none does, the first that exists (the ledger then records
-  the vocabulary as non-private and says why), else None.
-  """
-  if not vocab_path:
-    return None
-  candidates = [vocab_path + "." + REPORT_FILENAME,
-                os.path.splitext(vocab_path)[0] + "." + REPORT_FILENAME,
-                os.path.join(os.path.dirname(os.path.abspath(vocab_path)), REPORT_FILENAME)]
-  existing = [path for path in dict.fromkeys(candidates) if os.path.isfile(path)]
-  for path in existing:
-    try:
-      with open(path) as f:
-        report = json.load(f)
-    except (OSError, ValueError):
-      continue
-    if isinstance(report, dict) and vocabulary_report_mismatch(report, vocab_path) is None:
-      return path
-  return existing[0] if existing else None
-
-
 def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: int, privacy_unit: str,
                   batch_size: int, train_steps: int, microbatch_size: Optional[int], sampler_seed: int,
                   vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = partitioning.DATA_AXIS,
@@ -232,7 +204,7 @@ def setup_privacy(dp: Optional[DPConfig], *, loss_fn: Callable, num_examples: in
                                   accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
                                   configured_batch_size=batch_size, clipping_method=dp.method,
                                   noise_secret=noise_secret)
-  report = dp_spm_report_path(vocab_path)
+  report = find_vocabulary_report(vocab_path)
   if vocab_path:
     component = ledger.add_vocabulary(vocab_path, report, public=dp.vocab_is_public)
     if "epsilon" in component:
