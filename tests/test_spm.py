@@ -1,4 +1,5 @@
 """`private-t5 spm`: a public SentencePiece vocabulary trained from a corpus."""
+import gzip
 import json
 import os
 
@@ -58,6 +59,18 @@ def test_spm_corpus_error_is_one_line(tmp_path, capsys):
   assert err.strip() == (f"error: {corpus}: line 51: not valid JSON (Expecting property name enclosed in "
                          "double quotes)")
   assert not os.path.exists(tmp_path / "v.model")
+
+
+@pytest.mark.parametrize("name,header", [("c.txt.gz", ""), ("c.tsv.gz", "text\n")], ids=["txt", "tsv"])
+def test_spm_truncated_gzip_corpus_is_one_line(tmp_path, capsys, name, header):
+  data = gzip.compress((header + "".join(f"hello world number {i} more words\n" for i in range(3000))).encode())
+  corpus = tmp_path / name
+  corpus.write_bytes(data[:len(data) // 2])
+  output = tmp_path / "v.model"
+  assert cli.main(["spm", f"--corpus={corpus}", f"--output={output}", "--vocab_size=40"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: cannot read {corpus}: Compressed file ended before") and err.count("\n") == 1, err
+  assert sorted(os.listdir(tmp_path)) == [name]
 
 
 def test_spm_single_line_longer_than_max_sentence_length(tmp_path, capsys):
