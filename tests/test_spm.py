@@ -73,6 +73,24 @@ def test_spm_truncated_gzip_corpus_is_one_line(tmp_path, capsys, name, header):
   assert sorted(os.listdir(tmp_path)) == [name]
 
 
+def test_spm_output_that_cannot_be_written_is_one_line_before_training(tmp_path, capsys, read_only, monkeypatch):
+  corpus = tmp_path / "c.txt"
+  corpus.write_text("hello world some words\n")
+  (tmp_path / "folder.model").mkdir()
+  (tmp_path / "file").write_text("not a folder")
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  monkeypatch.setattr(spm_lib, "train_from_sentences", None)  # nothing may be trained
+  for output, reason in [("folder.model", "Is a directory"),
+                         ("file/v.model", f"Not a directory ({tmp_path / 'file'})"),
+                         ("ro/v.model", f"Read-only file system ({tmp_path / 'ro'})"),
+                         ("ro/new/v.model", f"Read-only file system ({tmp_path / 'ro'})")]:
+    assert cli.main(["spm", f"--corpus={corpus}", f"--output={tmp_path / output}", "--vocab_size=40"]) == 2
+    assert capsys.readouterr().err == f"error: --output {str(tmp_path / output)!r} cannot be written: {reason}\n"
+  assert sorted(os.listdir(tmp_path)) == ["c.txt", "file", "folder.model", "ro"]
+  assert not os.listdir(tmp_path / "ro") and not os.listdir(tmp_path / "folder.model")
+
+
 def test_spm_single_line_longer_than_max_sentence_length(tmp_path, capsys):
   corpus = tmp_path / "long.jsonl"
   corpus.write_text(json.dumps({"text": " ".join(f"word{i % 300}" for i in range(2000))}) + "\n")

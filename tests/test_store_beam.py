@@ -138,3 +138,14 @@ def test_store_stage_fills_the_training_cache(tmp_path, shared_data, vocab_path,
   assert json.loads(capsys.readouterr().out)["reused"]
   assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", "--skip_bad_lines"]) == 2
   assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("cache", ["ro", "ro/new/cache"], ids=["existing", "missing"])
+def test_store_read_only_cache_dir_is_one_line(tmp_path, shared_data, vocab_path, capsys, read_only, cache):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 20), 1)
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  cache = str(tmp_path / cache)
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}"]) == 2
+  assert capsys.readouterr().err == f"error: store cache_dir {cache!r} is not writable: Read-only file system\n"
+  assert not os.listdir(tmp_path / "ro")

@@ -252,7 +252,20 @@ def test_truncated_gzip_corpus_is_one_line_and_leaves_nothing(corpus_and_vocab, 
   assert [l for l in err.splitlines() if l.startswith("error:")] == [
       f"error: cannot read {corpus}: Compressed file ended before the end-of-stream marker was reached"], err
   assert "Traceback" not in err and not model_dir.exists()
-  assert not cache.exists() or not os.listdir(cache)
+  assert not cache.exists()  # nor the cache folder the failed build created
+
+
+def test_read_only_data_cache_dir_is_one_line(corpus_and_vocab, tmp_path, capsys, read_only):
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  corpus, vocab = corpus_and_vocab
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  model_dir, cache = tmp_path / "run", str(tmp_path / "ro" / "cache")
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), f"--gin.DATA_CACHE_DIR={cache}"]) == 2
+  err = capsys.readouterr().err
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [
+      f"error: store cache_dir {cache!r} is not writable: Read-only file system"], err
+  assert "Traceback" not in err and not model_dir.exists() and not os.listdir(tmp_path / "ro")
 
 
 def _cli_train(args, cwd):
