@@ -149,3 +149,18 @@ def test_store_read_only_cache_dir_is_one_line(tmp_path, shared_data, vocab_path
   assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}"]) == 2
   assert capsys.readouterr().err == f"error: store cache_dir {cache!r} is not writable: Read-only file system\n"
   assert not os.listdir(tmp_path / "ro")
+
+
+@pytest.mark.parametrize("options,reason", [
+    ('--direct_num_workers="2', "No closing quotation"),
+    ("--direct_num_workers=two", "argument --direct_num_workers: invalid int value: 'two'"),
+], ids=["unbalanced_quote", "invalid_value"])
+def test_store_bad_beam_options_are_one_line_and_leave_no_cache(tmp_path, shared_data, vocab_path, capsys,
+                                                               options, reason):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 20), 1)
+  cache = tmp_path / "cache"
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}",
+                   "--runner=DirectRunner", f"--beam_options={options}"]) == 2
+  err = capsys.readouterr().err
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [f"error: --beam_options={options!r}: {reason}"]
+  assert "usage:" not in err and not cache.exists()
