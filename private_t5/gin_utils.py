@@ -198,11 +198,55 @@ def _syntax_error(text: str, filename: Optional[str] = None) -> Optional[str]:
     for _ in config_parser.ConfigParser(stream, gin.config.ParserDelegate(skip_unknown=True)):
       pass
   except tokenize.TokenError as e:  # an unclosed bracket or quote: Gin lets the tokenizer's error through
+    bracket = _unclosed_bracket(text)
+    if bracket:
+      return f"{bracket[0]!r}" + (f" opened on line {bracket[1]}" if filename else "") + " is not closed"
     return f"unclosed bracket or quote ({e.args[0]})" + (" at the end of the file" if filename else "")
   except SyntaxError as e:
-    message = (e.msg or "invalid syntax").strip().splitlines()[0]
-    return f"{message} (line {e.lineno})" if filename and e.lineno else message
+    return describe_syntax_error(e, text if filename else None)
   return None
+
+
+# ast.literal_eval's message for a bare word where Gin expects a value, as Gin passes it on.
+_NOT_A_VALUE = re.compile(r"malformed node or string.*Failed to parse token '(.*)'", re.DOTALL)
+
+
+def describe_syntax_error(e: SyntaxError, text: Optional[str] = None) -> str:
+  """A Gin SyntaxError in words, for one line.
+
+  In a file (`text`: its content, "" when unknown): "message (line N)", or "'[' opened on line M
+  is not closed (line N: message)" when a bracket left open earlier is the cause. In a binding
+  (`text` None): the message alone.
+  """
+  message = (e.msg or "invalid syntax").strip()
+  word = _NOT_A_VALUE.match(message)
+  bracket = _unclosed_bracket(text, (e.lineno, e.offset or 0)) if e.lineno and text is not None else None
+  if bracket and bracket[1] < e.lineno:
+    found = f"unexpected {word.group(1)!r}" if word else message.splitlines()[0].rstrip(".")
+    return f"{bracket[0]!r} opened on line {bracket[1]} is not closed (line {e.lineno}: {found})"
+  if word:
+    message = (f"{word.group(1)!r} is not a value: quote a string, write @name for a configurable "
+               "or %NAME for a macro")
+  else:
+    message = message.splitlines()[0].rstrip(".")
+  return f"{message} (line {e.lineno})" if e.lineno and text is not None else message
+
+
+def _unclosed_bracket(text: str, before: Optional[tuple] = None) -> Optional[tuple]:
+  """(bracket, line) of the innermost bracket of `text` still open at position `before`
+  ((line, column); default: the end), or None."""
+  stack = []
+  try:
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+      if before and token.start >= before:
+        break
+      if token.type == tokenize.OP and token.string in "([{":
+        stack.append((token.string, token.start[0]))
+      elif token.type == tokenize.OP and token.string in ")]}" and stack:
+        stack.pop()
+  except (tokenize.TokenError, SyntaxError):  # the end of a file with an open bracket, or worse
+    pass
+  return stack[-1] if stack else None
 
 
 def check_syntax(files: Sequence[str], bindings: Sequence[str]) -> None:
@@ -260,14 +304,24 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except SyntaxError as e:  # in an included file
-    where = f" in {e.filename} (line {e.lineno})" if e.filename else ""
-    raise ConfigError(f"invalid Gin syntax{where}: {_first_line(e)}") from e
+    where = f" in {e.filename}" if e.filename else ""
+    text = _read_text(e.filename) or ""
+    raise ConfigError(f"invalid Gin syntax{where}: {describe_syntax_error(e, text)}") from e
   except (ValueError, KeyError, IOError, TypeError, tokenize.TokenError) as e:
     raise ConfigError(f"invalid Gin configuration: {_first_line(e)}") from e
   finally:
     root_logger.removeFilter(_quiet_include_lookups)
   if check_required:
     check_required_macros()
+
+
+def _read_text(path: Optional[str]) -> Optional[str]:
+  """The text of file `path`, or None when it cannot be read."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except (OSError, TypeError, UnicodeDecodeError):
+    return None
 
 
 def macro_value(name: str) -> Any:

@@ -11,6 +11,7 @@ those of a killed one (`remove_stale_temp_dirs`). Base layer: imports nothing fr
 """
 import contextlib
 import dataclasses
+import errno
 import gzip
 import hashlib
 import json
@@ -18,6 +19,7 @@ import os
 import secrets
 import shutil
 import socket
+import tempfile
 import time
 from typing import Any, Callable, IO, Iterator, List, Optional, Tuple
 
@@ -58,6 +60,27 @@ def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
     with contextlib.suppress(OSError):
       os.remove(tmp)
     raise
+
+
+def check_writable_file(path: str) -> None:
+  """Raises OSError unless `atomic_open` could write `path`; creates nothing.
+
+  `path` must not be a folder, and its nearest existing ancestor must be a folder in which this
+  process can create a file (the missing folders between are created by the write).
+  """
+  path = os.path.abspath(path)
+  if os.path.isdir(path):
+    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+  folder = os.path.dirname(path)
+  while not os.path.exists(folder):
+    folder = os.path.dirname(folder)
+  if not os.path.isdir(folder):
+    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder)
+  try:
+    with tempfile.TemporaryFile(dir=folder):  # an unnamed file where the OS supports it
+      pass
+  except OSError as e:
+    raise type(e)(e.errno, e.strerror, folder) from None
 
 
 @contextlib.contextmanager

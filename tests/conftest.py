@@ -1,4 +1,5 @@
 """Shared test setup: quiet TensorFlow, 8 fake CPU devices for mesh tests, real-text data paths."""
+import errno
 import os
 import tempfile
 
@@ -41,3 +42,32 @@ def expected(full: int, fixture: int) -> int:
 def shared_data():
   """Root of the real text (pretrain/*.jsonl.gz, glue_like/*): ../shared/data or tests/data."""
   return data_root()
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+  """`read_only(folder)`: creating anything in `folder` (or below it) then fails as on a read-only
+  file system, whatever the permissions of the user running the tests (root ignores chmod)."""
+  folders = []
+  real_mkdir, real_open = os.mkdir, os.open
+
+  def inside(path) -> bool:
+    path = os.path.abspath(os.fsdecode(path))
+    return any(path == f or path.startswith(f + os.sep) for f in folders)
+
+  def refuse(path):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+  def mkdir(path, *args, **kwargs):
+    if inside(path):
+      refuse(path)
+    return real_mkdir(path, *args, **kwargs)
+
+  def open_(path, flags, *args, **kwargs):
+    if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and inside(path):
+      refuse(path)
+    return real_open(path, flags, *args, **kwargs)
+
+  monkeypatch.setattr(os, "mkdir", mkdir)
+  monkeypatch.setattr(os, "open", open_)
+  return lambda folder: folders.append(os.path.abspath(str(folder)))

@@ -228,3 +228,31 @@ def test_accountant_convergence_warning_is_filtered():
   # Installed on the logger dp_accounting writes through, so no handler ever sees it.
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   assert not absl_logging.get_absl_logger().filter(record)
+
+
+@pytest.fixture
+def no_pld(monkeypatch):
+  """The PLD accountant, whose arrays would take TiB here, must not run (fails at once instead)."""
+  def refuse(*args, **kwargs):
+    raise AssertionError("the PLD accountant was run")
+  monkeypatch.setattr(accounting.pld, "PLDAccountant", refuse)
+
+
+def test_cli_absurd_step_count_is_answered_by_rdp_or_refused_by_pld(capsys, no_pld):
+  argv = ["--sampling_rate=0.001", "--steps=1000000000000", "--delta=1e-8"]
+  out = _cli_json(capsys, ["--noise_multiplier=1.0", *argv])
+  assert out["epsilon"] == out["epsilon_rdp"] > 9e5 and out["epsilon_pld"] is None and out["accountant_used"] == "rdp"
+  out = _cli_json(capsys, ["--target_epsilon=6", *argv])
+  assert out["epsilon_rdp"] <= 6 and out["epsilon_pld"] is None
+  assert cli.main(["epsilon", "--noise_multiplier=1.0", *argv, "--accountant=pld"]) == 2
+  assert capsys.readouterr().err == (
+      "error: steps=1000000000000 is more than the PLD accountant composes (1e+07 at most: its arrays and "
+      "time grow with the steps); use accountant='rdp' or 'auto'\n")
+
+
+def test_pld_is_not_run_where_rdp_gives_no_guarantee(no_pld):
+  # σ = 0.3, q = 0.1, 10^6 steps: ε ≈ 1.4e6 by RDP; the PLD would need several GB.
+  eps = accounting.compute_epsilons(0.3, 0.1, 10**6, 1e-8)
+  assert list(eps) == ["rdp"] and eps["rdp"] > accounting.PLD_MAX_EPSILON
+  with pytest.raises(PrivacyError, match=r"ε = 1.4\d+e\+06 by RDP .* PLD accountant's arrays outgrow memory"):
+    accounting.compute_epsilon(0.3, 0.1, 10**6, 1e-8, "pld")

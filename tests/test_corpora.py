@@ -64,6 +64,28 @@ def test_tsv_with_header(shared_data):
     corpora.read_corpus(path)
 
 
+def _truncated_gzip(path, text):
+  """`text` gzip-compressed into `path`, cut in the middle of the compressed stream."""
+  data = gzip.compress(text.encode("utf-8"))
+  path.write_bytes(data[:len(data) // 2])
+  return str(path)
+
+
+@pytest.mark.parametrize("name,line", [("c.txt.gz", "words {i} and more words"),
+                                       ("c.tsv.gz", "row {i}\twords {i} and more"),
+                                       ("c.jsonl.gz", '{{"text": "words {i} and more"}}')],
+                         ids=["txt", "tsv", "jsonl"])
+def test_truncated_or_corrupt_gzip_is_one_error_naming_the_file(tmp_path, name, line):
+  header = "id\ttext\n" if name.startswith("c.tsv") else ""
+  text = header + "".join(line.format(i=i) + "\n" for i in range(3000))
+  path = _truncated_gzip(tmp_path / name, text)
+  with pytest.raises(DataError, match=rf"cannot read {path}: Compressed file ended before"):
+    corpora.read_corpus(path)
+  (tmp_path / name).write_bytes(b"not gzip data at all\n")
+  with pytest.raises(DataError, match=rf"cannot read {path}: Not a gzipped file"):
+    corpora.read_corpus(path)
+
+
 def test_invalid_utf8_named_or_replaced(tmp_path):
   txt = tmp_path / "bad.txt"
   txt.write_bytes(b"good\nbad \xff byte\n")

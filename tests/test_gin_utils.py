@@ -50,6 +50,26 @@ def test_file_syntax_error_names_the_file_and_line(tmp_path, text, line):
     assert f"(line {line})" in message
 
 
+@pytest.mark.parametrize("text,reason", [
+    ("X = 1\nY = [\nZ = 2\n", "'[' opened on line 2 is not closed (line 3: unexpected 'Z')"),
+    ("X = 1\nY = [1, 2\nZ = 2\n", "'[' opened on line 2 is not closed (line 3: Expected ',' or ']')"),
+    ("X = 1\nY = {'a': (1,\n", "'(' opened on line 2 is not closed"),
+    ("X = 1\nY = [a]\n", "'a' is not a value: quote a string, write @name for a configurable or %NAME for "
+     "a macro (line 2)"),
+], ids=["bare_word_after", "value_after", "end_of_file", "bare_word"])
+def test_file_syntax_error_is_readable(tmp_path, capsys, text, reason):
+  path = tmp_path / "bad.gin"
+  path.write_text(text)
+  assert cli.main(["info", f"--gin_file={path}"]) == 2
+  assert capsys.readouterr().err == f"error: invalid Gin syntax in {path}: {reason}\n"
+  if "line 3" in reason:  # the same through an include
+    top = tmp_path / "top.gin"
+    top.write_text(f"include '{path}'\n")
+    with pytest.raises(ConfigError) as info:
+      gin_utils.parse([str(top)], check_required=False, entry="T5Config")
+    assert str(info.value) == f"invalid Gin syntax in {path}: {reason}"
+
+
 def test_included_file_syntax_error_names_the_file(tmp_path):
   bad = tmp_path / "bad.gin"
   bad.write_text("X = 1\nZ = 3)\n")

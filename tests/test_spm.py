@@ -1,4 +1,5 @@
 """`private-t5 spm`: a public SentencePiece vocabulary trained from a corpus."""
+import gzip
 import json
 import os
 
@@ -58,6 +59,36 @@ def test_spm_corpus_error_is_one_line(tmp_path, capsys):
   assert err.strip() == (f"error: {corpus}: line 51: not valid JSON (Expecting property name enclosed in "
                          "double quotes)")
   assert not os.path.exists(tmp_path / "v.model")
+
+
+@pytest.mark.parametrize("name,header", [("c.txt.gz", ""), ("c.tsv.gz", "text\n")], ids=["txt", "tsv"])
+def test_spm_truncated_gzip_corpus_is_one_line(tmp_path, capsys, name, header):
+  data = gzip.compress((header + "".join(f"hello world number {i} more words\n" for i in range(3000))).encode())
+  corpus = tmp_path / name
+  corpus.write_bytes(data[:len(data) // 2])
+  output = tmp_path / "v.model"
+  assert cli.main(["spm", f"--corpus={corpus}", f"--output={output}", "--vocab_size=40"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"error: cannot read {corpus}: Compressed file ended before") and err.count("\n") == 1, err
+  assert sorted(os.listdir(tmp_path)) == [name]
+
+
+def test_spm_output_that_cannot_be_written_is_one_line_before_training(tmp_path, capsys, read_only, monkeypatch):
+  corpus = tmp_path / "c.txt"
+  corpus.write_text("hello world some words\n")
+  (tmp_path / "folder.model").mkdir()
+  (tmp_path / "file").write_text("not a folder")
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  monkeypatch.setattr(spm_lib, "train_from_sentences", None)  # nothing may be trained
+  for output, reason in [("folder.model", "Is a directory"),
+                         ("file/v.model", f"Not a directory ({tmp_path / 'file'})"),
+                         ("ro/v.model", f"Read-only file system ({tmp_path / 'ro'})"),
+                         ("ro/new/v.model", f"Read-only file system ({tmp_path / 'ro'})")]:
+    assert cli.main(["spm", f"--corpus={corpus}", f"--output={tmp_path / output}", "--vocab_size=40"]) == 2
+    assert capsys.readouterr().err == f"error: --output {str(tmp_path / output)!r} cannot be written: {reason}\n"
+  assert sorted(os.listdir(tmp_path)) == ["c.txt", "file", "folder.model", "ro"]
+  assert not os.listdir(tmp_path / "ro") and not os.listdir(tmp_path / "folder.model")
 
 
 def test_spm_single_line_longer_than_max_sentence_length(tmp_path, capsys):

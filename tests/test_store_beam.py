@@ -97,7 +97,7 @@ def test_duplicate_ids_across_files_is_one_error(tmp_path, vocab_path):
     store_beam.build_store_beam(str(corpus / "*.jsonl"), vocab_path, cache_dir=str(cache))
   message = str(e.value)
   assert "duplicate document id 'x'" in message and "a.jsonl and " in message and "\n" not in message
-  assert os.listdir(cache) == []  # nothing half-written
+  assert not os.path.exists(cache) or os.listdir(cache) == []  # nothing half-written (a cache folder it created is removed)
   with pytest.raises(DataError, match="duplicate document id 'x'"):
     store_lib.build_store(str(corpus / "*.jsonl"), vocab_path, cache_dir=str(cache), progress=False)
   with pytest.raises(DataError, match="matches no file"):
@@ -138,3 +138,29 @@ def test_store_stage_fills_the_training_cache(tmp_path, shared_data, vocab_path,
   assert json.loads(capsys.readouterr().out)["reused"]
   assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", "--skip_bad_lines"]) == 2
   assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("cache", ["ro", "ro/new/cache"], ids=["existing", "missing"])
+def test_store_read_only_cache_dir_is_one_line(tmp_path, shared_data, vocab_path, capsys, read_only, cache):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 20), 1)
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  cache = str(tmp_path / cache)
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}"]) == 2
+  assert capsys.readouterr().err == f"error: store cache_dir {cache!r} is not writable: Read-only file system\n"
+  assert not os.listdir(tmp_path / "ro")
+
+
+@pytest.mark.parametrize("options,reason", [
+    ('--direct_num_workers="2', "No closing quotation"),
+    ("--direct_num_workers=two", "argument --direct_num_workers: invalid int value: 'two'"),
+], ids=["unbalanced_quote", "invalid_value"])
+def test_store_bad_beam_options_are_one_line_and_leave_no_cache(tmp_path, shared_data, vocab_path, capsys,
+                                                               options, reason):
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 20), 1)
+  cache = tmp_path / "cache"
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}",
+                   "--runner=DirectRunner", f"--beam_options={options}"]) == 2
+  err = capsys.readouterr().err
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [f"error: --beam_options={options!r}: {reason}"]
+  assert "usage:" not in err and not cache.exists()

@@ -1,5 +1,6 @@
 """`private-t5 train`: Gin layering, required macros, a real DP run end to end, resume,
 the one-flag non-private baseline, and refusal of a MODEL_DIR holding another model."""
+import gzip
 import json
 import os
 
@@ -265,6 +266,35 @@ def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, 
   with pytest.raises(PrivacyError, match="unreachable"):
     main.run_from_args(_args(str(existing), corpus, vocab, 2))
   assert sorted(os.listdir(existing)) == [".lock", "notes.txt"]
+
+
+def test_truncated_gzip_corpus_is_one_line_and_leaves_nothing(corpus_and_vocab, tmp_path, capsys):
+  """A corpus cut short fails while its store is built: one line naming it, no run, no cache entry."""
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  _, vocab = corpus_and_vocab
+  data = gzip.compress("".join(f"line {i} of a corpus cut short\n" for i in range(200)).encode())
+  corpus = tmp_path / "cut.txt.gz"
+  corpus.write_bytes(data[:len(data) // 2])
+  model_dir, cache = tmp_path / "run", tmp_path / "cache"
+  assert cli.main(["train", *_args(str(model_dir), str(corpus), vocab, 2), f"--gin.DATA_CACHE_DIR={cache}"]) == 2
+  err = capsys.readouterr().err
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [
+      f"error: cannot read {corpus}: Compressed file ended before the end-of-stream marker was reached"], err
+  assert "Traceback" not in err and not model_dir.exists()
+  assert not cache.exists()  # nor the cache folder the failed build created
+
+
+def test_read_only_data_cache_dir_is_one_line(corpus_and_vocab, tmp_path, capsys, read_only):
+  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  corpus, vocab = corpus_and_vocab
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  model_dir, cache = tmp_path / "run", str(tmp_path / "ro" / "cache")
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), f"--gin.DATA_CACHE_DIR={cache}"]) == 2
+  err = capsys.readouterr().err
+  assert [l for l in err.splitlines() if l.startswith("error:")] == [
+      f"error: store cache_dir {cache!r} is not writable: Read-only file system"], err
+  assert "Traceback" not in err and not model_dir.exists() and not os.listdir(tmp_path / "ro")
 
 
 def _cli_train(args, cwd):

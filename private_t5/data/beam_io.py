@@ -26,6 +26,7 @@ when the pipeline ends.
 import contextlib
 import csv
 import hashlib
+import io
 import json
 import logging
 import os
@@ -84,16 +85,48 @@ def import_beam():
 
 
 def pipeline_options(runner: str, beam_options: Union[str, Sequence[str], None] = ""):
-  """`PipelineOptions` from the flag string (unchanged) plus the runner name."""
+  """`PipelineOptions` from the flag string (unchanged) plus the runner name, all parsed.
+
+  Raises:
+    ConfigError: an unbalanced quote, `--runner` inside the options, or an invalid option value.
+  """
   check_runner(runner)
   if runner == LOCAL_RUNNER:
     raise ConfigError("the local runner builds no Beam pipeline")
-  import_beam()
-  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  flags = shlex.split(beam_options) if isinstance(beam_options, str) else list(beam_options or [])
+  flags = _split_options(beam_options)
   if any(f == "--runner" or f.startswith("--runner=") for f in flags):
     raise ConfigError("give the runner with --runner, not inside --beam_options")
-  return PipelineOptions(flags=flags + [f"--runner={runner}"])
+  import_beam()
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  options = PipelineOptions(flags=flags + [f"--runner={runner}"])
+  _check_options(options, beam_options)
+  return options
+
+
+def _split_options(beam_options: Union[str, Sequence[str], None]) -> List[str]:
+  """The --beam_options string split as a shell would (a list is taken as it is)."""
+  if not isinstance(beam_options, str):
+    return list(beam_options or [])
+  try:
+    return shlex.split(beam_options)
+  except ValueError as e:  # an unbalanced quote
+    raise ConfigError(f"--beam_options={beam_options!r}: {e}") from None
+
+
+def _check_options(options, beam_options) -> None:
+  """Parses every Beam option now, before anything is built or written.
+
+  Beam parses its options lazily, with argparse: an invalid value would print Beam's whole usage
+  text and exit once the pipeline starts. Here it is one ConfigError naming the option.
+  """
+  usage = io.StringIO()
+  try:
+    with contextlib.redirect_stderr(usage):
+      options.get_all_options()
+  except SystemExit:
+    lines = usage.getvalue().strip().splitlines()
+    reason = lines[-1].split("error: ", 1)[-1] if lines else "invalid option"
+    raise ConfigError(f"--beam_options={beam_options!r}: {reason}") from None
 
 
 _ERROR_IN_WORKER = re.compile(r"private_t5\.errors\.(\w*Error): ([^\n]*)|\b(DataError|ConfigError): ([^\n]*)")

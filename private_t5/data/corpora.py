@@ -17,7 +17,8 @@ A corpus is named by a *spec* string:
 Readers yield `private_t5.documents.Document` records (also importable from here, with
 `CorpusStats`). Every document keeps its id: the privacy unit of a document-level DP run. Blank documents are
 skipped and counted in `CorpusStats`; invalid UTF-8 is an error naming the file and line, or
-is replaced by U+FFFD when `errors="replace"`.
+is replaced by U+FFFD when `errors="replace"`; a file that cannot be read (truncated or corrupt
+gzip data included) is an error naming the file.
 """
 import csv
 import glob
@@ -26,6 +27,7 @@ import itertools
 import json
 import os
 import sys
+import zlib
 from typing import Iterator, List, Optional, Tuple
 
 from private_t5.data import builtin_corpus
@@ -61,12 +63,29 @@ def _open_binary(path: str):
   return open(path, "rb")
 
 
+# What reading a corpus file raises when the file itself is bad: unreadable, not gzip data
+# (gzip.BadGzipFile is an OSError), truncated (EOFError) or corrupt compressed data.
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def _raw_lines(path: str) -> Iterator[Tuple[int, bytes]]:
+  """(line number, raw bytes) of each line of a corpus file, gunzipped when it ends in .gz.
+
+  Every line-based reader reads through here, so an unreadable, truncated or corrupt file is
+  one DataError naming it, whatever its format.
+  """
+  try:
+    with _open_binary(path) as f:
+      yield from enumerate(f, start=1)
+  except _READ_ERRORS as e:
+    raise DataError(f"cannot read {path}: {e}") from e
+
+
 def _iter_txt_lines(path, errors, stats) -> Iterator[Document]:
   name = os.path.basename(path)
-  with _open_binary(path) as f:
-    for lineno, raw in enumerate(f, start=1):
-      text = _decode(raw.rstrip(b"\r\n"), errors, f"{path}: line {lineno}", stats)
-      yield Document(id=f"{name}:{lineno}", text=text)
+  for lineno, raw in _raw_lines(path):
+    text = _decode(raw.rstrip(b"\r\n"), errors, f"{path}: line {lineno}", stats)
+    yield Document(id=f"{name}:{lineno}", text=text)
 
 
 def _iter_txt_folder(path, errors, stats) -> Iterator[Document]:
@@ -102,64 +121,58 @@ def _field(record, key, where):
 
 def _iter_jsonl(path, text_field, id_field, user_field, errors, stats) -> Iterator[Document]:
   name = os.path.basename(path)
-  try:
-    f = _open_binary(path)
-    with f:
-      for lineno, raw in enumerate(f, start=1):
-        where = f"{path}: line {lineno}"
-        line = _decode(raw, errors, where, stats).strip()
-        if not line:
-          continue
-        try:
-          record = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict):
-          raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-        if text_field not in record:
-          raise DataError(f"{where}: no text field {text_field!r} (fields: {sorted(record)})")
-        text = _field(record, text_field, where) or ""
-        doc_id = _field(record, id_field, where) if id_field and id_field in record else None
-        user = None
-        if user_field:
-          if user_field not in record:
-            raise DataError(f"{where}: no user field {user_field!r} (fields: {sorted(record)})")
-          user = _field(record, user_field, where)
-        yield Document(id=doc_id if doc_id is not None else f"{name}:{lineno}", text=text, user=user)
-  except (OSError, EOFError, gzip.BadGzipFile) as e:
-    raise DataError(f"cannot read {path}: {e}") from e
+  for lineno, raw in _raw_lines(path):
+    where = f"{path}: line {lineno}"
+    line = _decode(raw, errors, where, stats).strip()
+    if not line:
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(record, dict):
+      raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if text_field not in record:
+      raise DataError(f"{where}: no text field {text_field!r} (fields: {sorted(record)})")
+    text = _field(record, text_field, where) or ""
+    doc_id = _field(record, id_field, where) if id_field and id_field in record else None
+    user = None
+    if user_field:
+      if user_field not in record:
+        raise DataError(f"{where}: no user field {user_field!r} (fields: {sorted(record)})")
+      user = _field(record, user_field, where)
+    yield Document(id=doc_id if doc_id is not None else f"{name}:{lineno}", text=text, user=user)
 
 
 def _iter_tsv(path, text_field, id_field, user_field, errors, stats) -> Iterator[Document]:
   name = os.path.basename(path)
   csv.field_size_limit(sys.maxsize)
-  with _open_binary(path) as f:
-    header = None
-    for lineno, raw in enumerate(f, start=1):
-      where = f"{path}: line {lineno}"
-      line = _decode(raw.rstrip(b"\r\n"), errors, where, stats)
-      row = next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE), [])
-      if header is None:
-        header = row
-        if text_field not in header:
-          raise DataError(f"{path}: header has no text column {text_field!r} (columns: {header})")
-        if user_field and user_field not in header:
-          raise DataError(f"{path}: header has no user column {user_field!r} (columns: {header})")
-        text_col = header.index(text_field)
-        id_col = header.index(id_field) if id_field and id_field in header else None
-        user_col = header.index(user_field) if user_field else None
-        continue
-      if not line.strip():
-        continue
-
-      def cell(col):
-        return row[col] if col is not None and col < len(row) else None
-
-      text = cell(text_col) or ""
-      doc_id = cell(id_col)
-      yield Document(id=doc_id if doc_id else f"{name}:{lineno}", text=text, user=cell(user_col))
+  header = None
+  for lineno, raw in _raw_lines(path):
+    where = f"{path}: line {lineno}"
+    line = _decode(raw.rstrip(b"\r\n"), errors, where, stats)
+    row = next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE), [])
     if header is None:
-      raise DataError(f"{path}: empty TSV file (a header row is required)")
+      header = row
+      if text_field not in header:
+        raise DataError(f"{path}: header has no text column {text_field!r} (columns: {header})")
+      if user_field and user_field not in header:
+        raise DataError(f"{path}: header has no user column {user_field!r} (columns: {header})")
+      text_col = header.index(text_field)
+      id_col = header.index(id_field) if id_field and id_field in header else None
+      user_col = header.index(user_field) if user_field else None
+      continue
+    if not line.strip():
+      continue
+
+    def cell(col):
+      return row[col] if col is not None and col < len(row) else None
+
+    text = cell(text_col) or ""
+    doc_id = cell(id_col)
+    yield Document(id=doc_id if doc_id else f"{name}:{lineno}", text=text, user=cell(user_col))
+  if header is None:
+    raise DataError(f"{path}: empty TSV file (a header row is required)")
 
 
 def _split_tfds_spec(body: str) -> Tuple[str, str]:

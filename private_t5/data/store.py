@@ -307,23 +307,62 @@ class CacheTarget:
     return os.path.isfile(os.path.join(self.final, MANIFEST_FILE))
 
   def build(self, write, vocab) -> DocumentStore:
-    """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place."""
-    os.makedirs(self.cache_dir, exist_ok=True)
-    remove_stale_builds(self.cache_dir)
-    tmp = make_temp_dir(self.cache_dir, BUILDING_PREFIX)
+    """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place.
+
+    A failed build leaves the cache as it was: its build directory goes, and so do the cache
+    folders it created (when still empty).
+
+    Raises:
+      DataError: `cache_dir` cannot be created or written.
+    """
+    created = _missing_folders(self.cache_dir)
     try:
-      manifest = write(tmp)
-      manifest.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
-                      vocab_size=int(vocab.vocab_size))
-      _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
+      tmp = self._make_build_dir()
       try:
-        os.rename(tmp, self.final)
-      except OSError:
-        if not self.exists():  # lost a race: keep the winner's
-          raise
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
+        manifest = write(tmp)
+        manifest.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
+                        vocab_size=int(vocab.vocab_size))
+        _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
+        try:
+          os.rename(tmp, self.final)
+        except OSError:
+          if not self.exists():  # lost a race: keep the winner's
+            raise
+      finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+      _remove_empty_folders(created)
+      raise
     return DocumentStore(self.final)
+
+  def _make_build_dir(self) -> str:
+    """A fresh build directory in the cache (created if need be), after removing stale ones."""
+    try:
+      os.makedirs(self.cache_dir, exist_ok=True)
+      remove_stale_builds(self.cache_dir)
+      return make_temp_dir(self.cache_dir, BUILDING_PREFIX)
+    except OSError as e:
+      raise DataError(f"store cache_dir {self.cache_dir!r} is not writable: {e.strerror or e}") from None
+
+
+def _missing_folders(path: str) -> List[str]:
+  """`path` and those of its parents that do not exist yet, deepest first."""
+  missing = []
+  while path and not os.path.exists(path) and os.path.dirname(path) != path:
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
+
+
+def _remove_empty_folders(folders: Sequence[str]) -> None:
+  """Removes `folders` (deepest first) while they are empty: what a failed build created."""
+  for folder in folders:
+    try:
+      os.rmdir(folder)
+    except FileNotFoundError:
+      continue  # never created
+    except OSError:
+      return
 
 
 def cache_target(corpus: str, vocab_path: str, reader_options, cache_dir: Optional[str] = None) -> CacheTarget:

@@ -52,6 +52,13 @@ MIN_NOISE_MULTIPLIER = 1e-3
 MAX_NOISE_MULTIPLIER = 1e4
 # PLD discretisation: fine enough for two decimals of ε at the paper's scale.
 PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-3
+# The PLD accountant holds the composed privacy-loss distribution as one dense array over its
+# whole range, in steps of PLD_VALUE_DISCRETIZATION_INTERVAL: the array (and the time to read it)
+# grows with ε and with the number of steps (hundreds of MB at ε ≈ 10^4; TiB, or hours, at 10^12
+# steps). RDP needs no such array. PLD is not computed past these bounds (such a run guarantees
+# nothing or is far beyond any training run): "auto" then reports RDP's ε alone.
+PLD_MAX_EPSILON = 1e4
+PLD_MAX_STEPS = 10**7
 
 
 class MeaninglessGuaranteeWarning(UserWarning):
@@ -79,6 +86,11 @@ def _quiet_convergence_warnings() -> None:
 
 
 _quiet_convergence_warnings()
+
+
+class PldOutOfReachError(PrivacyError):
+  """The PLD accountant would need more memory or time than a real run ever does (PLD_MAX_STEPS,
+  PLD_MAX_EPSILON)."""
 
 
 def _check_number(name: str, value, low=None, high=None, low_open=True, high_open=True):
@@ -214,11 +226,33 @@ def compute_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, d
                                 num_examples=num_examples, max_batch_size=max_batch_size).values())
   validate_privacy_params(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps,
                           delta=delta, accountant=accountant, sampling=sampling)
+  if accountant == "pld":
+    _check_pld_in_reach(noise_multiplier, sampling_rate, steps, delta, sampling, num_examples)
   acc = make_accountant(accountant, sampling)
-  acc.compose(make_dp_event(noise_multiplier, sampling_rate, steps, sampling=sampling,
-                            num_examples=num_examples,
-                            max_batch_size=max_batch_size if accountant == "pld" else None))
+  event = make_dp_event(noise_multiplier, sampling_rate, steps, sampling=sampling, num_examples=num_examples,
+                        max_batch_size=max_batch_size if accountant == "pld" else None)
+  try:
+    acc.compose(event)
+  except MemoryError:
+    raise PldOutOfReachError(
+        f"the PLD accountant ran out of memory for noise_multiplier={noise_multiplier:g}, "
+        f"sampling_rate={sampling_rate:g}, steps={steps}; use accountant='rdp' or 'auto'") from None
   return float(acc.get_epsilon(delta))
+
+
+def _check_pld_in_reach(noise_multiplier, sampling_rate, steps, delta, sampling, num_examples) -> None:
+  """PldOutOfReachError past PLD_MAX_STEPS steps, or when RDP already gives an ε above PLD_MAX_EPSILON."""
+  if steps > PLD_MAX_STEPS:
+    raise PldOutOfReachError(
+        f"steps={steps} is more than the PLD accountant composes ({PLD_MAX_STEPS:.0e} at most: its "
+        "arrays and time grow with the steps); use accountant='rdp' or 'auto'")
+  eps = compute_epsilon(noise_multiplier, sampling_rate, steps, delta, "rdp", sampling=sampling,
+                        num_examples=num_examples)
+  if eps > PLD_MAX_EPSILON:
+    raise PldOutOfReachError(
+        f"ε = {eps:.4g} by RDP for noise_multiplier={noise_multiplier:g}, sampling_rate={sampling_rate:g}, "
+        f"steps={steps}: no guarantee, and beyond ε = {PLD_MAX_EPSILON:g} the PLD accountant's arrays "
+        "outgrow memory; use accountant='rdp' or 'auto'")
 
 
 def accountants_for(accountant: str, sampling: str = "poisson") -> tuple:
@@ -231,10 +265,19 @@ def accountants_for(accountant: str, sampling: str = "poisson") -> tuple:
 def compute_epsilons(noise_multiplier: float, sampling_rate: float, steps: int, delta: float, *,
                      sampling: str = "poisson", num_examples: Optional[int] = None,
                      max_batch_size: Optional[int] = None, accountant: str = AUTO) -> dict:
-  """{accountant name: ε} for each accountant `accountant` runs (`accountants_for`)."""
-  return {name: compute_epsilon(noise_multiplier, sampling_rate, steps, delta, name, sampling=sampling,
-                                num_examples=num_examples, max_batch_size=max_batch_size)
-          for name in accountants_for(accountant, sampling)}
+  """{accountant name: ε} for each accountant `accountant` runs (`accountants_for`).
+
+  "auto" leaves PLD out where it is out of reach (`PLD_MAX_EPSILON`): RDP's ε alone is reported.
+  """
+  out = {}
+  for name in accountants_for(accountant, sampling):
+    try:
+      out[name] = compute_epsilon(noise_multiplier, sampling_rate, steps, delta, name, sampling=sampling,
+                                  num_examples=num_examples, max_batch_size=max_batch_size)
+    except PldOutOfReachError:
+      if accountant != AUTO:
+        raise
+  return out
 
 
 def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, delta: float,
@@ -250,9 +293,14 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
       [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER].
   """
   if accountant == AUTO:
-    return min(calibrate_noise(target_epsilon, sampling_rate, steps, delta, name, sampling=sampling,
-                               num_examples=num_examples, tol=tol)
-               for name in accountants_for(AUTO, sampling))
+    sigmas = []
+    for name in accountants_for(AUTO, sampling):
+      try:
+        sigmas.append(calibrate_noise(target_epsilon, sampling_rate, steps, delta, name, sampling=sampling,
+                                      num_examples=num_examples, tol=tol))
+      except PldOutOfReachError:  # RDP's σ alone
+        pass
+    return min(sigmas)
   _check_number("target_epsilon", target_epsilon, low=0)
   validate_privacy_params(sampling_rate=sampling_rate, steps=steps, delta=delta, accountant=accountant,
                           sampling=sampling)

@@ -8,7 +8,9 @@ Prints one JSON object: {"epsilon", "epsilon_rdp", "epsilon_pld", "accountant_us
 "noise_multiplier", "sampling_rate", "steps", "accountant", ...}. The default --accountant=auto
 computes both RDP and PLD and reports the smaller ε (σ for a target ε: the smaller of the two
 calibrations); with --max_batch_size also the truncation probability and the total δ of the
-RDP bound (PLD accounts the truncated event itself).
+RDP bound (PLD accounts the truncated event itself). Past 10^7 steps, or where RDP's ε is above
+10^4, PLD is not run (its arrays grow with both): "auto" reports RDP's ε ("epsilon_pld": null) and
+--accountant=pld is refused.
 """
 import argparse
 import json

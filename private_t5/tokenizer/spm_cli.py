@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Iterator, List, Optional
 
+from private_t5 import io as io_lib
 from private_t5.data import corpora
 from private_t5.errors import ConfigError
 from private_t5.tokenizer import spm as spm_lib
@@ -61,6 +62,17 @@ def train_vocabulary(corpus: str, output: str, vocab_size: int, model_type: str 
   }
 
 
+def check_output(output: str) -> None:
+  """ConfigError unless `output` names a .model file that can be written (before any training)."""
+  if not output.endswith(".model"):
+    raise ConfigError(f"--output must end with .model, got {output!r}")
+  try:
+    io_lib.check_writable_file(output)
+  except OSError as e:
+    where = f" ({e.filename})" if e.filename and os.path.abspath(e.filename) != os.path.abspath(output) else ""
+    raise ConfigError(f"--output {output!r} cannot be written: {e.strerror or e}{where}") from None
+
+
 def _parser():
   from private_t5 import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("spm", __doc__.split("\n\n")[0])
@@ -86,8 +98,7 @@ def main(argv: List[str]) -> int:
   parser = _parser()
   args = parser.parse_stage_args(argv).args
   flags.check_required(parser, args, ("corpus", "vocab_size", "output"))
-  if not args.output.endswith(".model"):
-    raise ConfigError(f"--output must end with .model, got {args.output!r}")
+  check_output(args.output)
   summary = train_vocabulary(args.corpus, args.output, args.vocab_size, args.model_type,
                              max_documents=args.max_documents, text_field=args.text_field, errors=args.errors,
                              data_dir=args.data_dir, character_coverage=args.character_coverage,
