@@ -118,6 +118,11 @@ class ProgressPrinter:
   def add_examples(self, count: float) -> None:
     self._examples_since += float(count)
 
+  def restart(self, step: int) -> None:
+    """Counts the rates and the ETA from now and `step` on (called after a session's first
+    step, whose time is mostly compilation); a line at `step` itself shows neither."""
+    self._last_time, self._last_step, self._examples_since = time.time(), int(step), 0.0
+
   def line(self, step: int, loss: Optional[float], accuracy: Optional[float],
            epsilon: Optional[float] = None, private: bool = False,
            learning_rate: Optional[float] = None) -> str:
@@ -136,9 +141,10 @@ class ProgressPrinter:
       parts.append(f"loss {loss:.4f}{acc}{label}")
     if learning_rate is not None:
       parts.append(f"lr {learning_rate:.3g}")
-    parts.append(f"{examples_per_s:.1f} ex/s{' (not DP)' if private else ''}")
-    parts.append(f"{steps_per_s:.2f} steps/s")
-    parts.append(f"ETA {format_duration(eta)}")
+    if steps_done:
+      parts.append(f"{examples_per_s:.1f} ex/s{' (not DP)' if private else ''}")
+      parts.append(f"{steps_per_s:.2f} steps/s")
+      parts.append(f"ETA {format_duration(eta)}")
     if epsilon is not None:
       parts.append(f"ε {epsilon:.4g}" if math.isfinite(epsilon) else "ε ∞")
     return " | ".join(parts)
