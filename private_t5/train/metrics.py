@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Dict, Mapping, Optional, TextIO
 
+from private_t5 import quiet_tf
 from private_t5.io import write_json_atomic
 
 TENSORBOARD_SUBDIR = "tensorboard"
@@ -52,14 +53,14 @@ class SummaryWriter:
 
   def _writer(self, split: str):
     if split not in self._writers:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf = quiet_tf.import_tensorflow()
       self._writers[split] = tf.summary.create_file_writer(os.path.join(self._root, split))
     return self._writers[split]
 
   def scalars(self, split: str, step: int, values: Mapping[str, float]) -> None:
     if not self._enabled:
       return
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf = quiet_tf.import_tensorflow()
     writer = self._writer(split)
     with writer.as_default(step=int(step)):
       for name, value in values.items():
@@ -76,6 +77,7 @@ class SummaryWriter:
 
 
 def _scalar_metadata():
+  quiet_tf.import_tensorflow()
   from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
   return summary_pb2.SummaryMetadata(
       plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
@@ -83,7 +85,7 @@ def _scalar_metadata():
 
 def read_scalars(event_dir: str) -> Dict[str, list]:
   """{tag: [(step, value), ...]} from the event files in `event_dir` (for tests and tools)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = quiet_tf.import_tensorflow()
   out: Dict[str, list] = {}
   for name in sorted(os.listdir(event_dir)):
     for event in tf.compat.v1.train.summary_iterator(os.path.join(event_dir, name)):
