@@ -4,10 +4,11 @@ Vocabularies follow T5's layout: pad=0, eos=1, unk=2, no BOS; seqio adds `NUM_EX
 sentinel extra ids on top (`<extra_id_0>` … `<extra_id_99>`) at the top of the id space.
 Training vocabularies is `private_t5.tokenizer`'s job; this module only reads them, so the
 data pipeline and the evaluators need nothing from the tokenizer package.
-Base layer: imports nothing from the package but `errors`.
+Base layer: imports nothing from the package but `errors` and `quiet_tf`.
 """
 import os
 
+from private_t5 import quiet_tf
 from private_t5.errors import DataError
 
 NUM_EXTRA_IDS = 100
@@ -19,6 +20,7 @@ def load_vocabulary(model_path: str, extra_ids: int = NUM_EXTRA_IDS):
   Raises:
     DataError: the file is missing, not a SentencePiece model, or not in T5's layout.
   """
+  quiet_tf.import_tensorflow()  # seqio imports it
   import seqio  # pylint: disable=g-import-not-at-top
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(model_path):

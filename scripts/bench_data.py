@@ -43,7 +43,8 @@ def _fetch_latency(src, batch_size, repeats, seed=0):
 
 def _t5_span_corruption_ms(src, batch_size, repeats):
   """The same objective through t5.data.preprocessors in a tf.function (for the comparison)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from private_t5 import quiet_tf  # pylint: disable=g-import-not-at-top
+  tf = quiet_tf.import_tensorflow()
   from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
 
   class _Vocab:

@@ -12,7 +12,7 @@ from conftest import PROJECT_ROOT
 
 # Quick tests that read real text (corpora, GLUE layout, vocabularies, token stores, splits).
 SUBSET = ["tests/test_corpora.py", "tests/test_glue_readers.py", "tests/test_glue_tasks.py",
-          "tests/test_data_tasks.py", "tests/test_splits.py", "tests/test_no_outside_references.py"]
+          "tests/test_splits.py", "tests/test_no_outside_references.py"]
 
 
 def _git(*args, cwd=PROJECT_ROOT):

@@ -163,3 +163,20 @@ def test_microbatched_step_equals_the_spread_whole_batch_step(seeds, method):
   np.testing.assert_allclose(_flat(whole.params), _flat(micro.params), rtol=1e-5, atol=1e-7)
   for name in ("nondp/loss", "nondp/batch_size", "nondp/grad_norm_mean", "nondp/fraction_clipped"):
     assert float(whole_metrics[name]) == pytest.approx(float(micro_metrics[name]), rel=1e-5), name
+
+
+def test_every_donated_buffer_is_used(seeds):
+  """The compiled steps donate only buffers an output can reuse: compiling them warns of none."""
+  import warnings  # pylint: disable=g-import-not-at-top
+  aggregator = factory.make_dp_aggregator(make_loss_fn(CONFIG), CLIP, SIGMA, EXPECTED, method="vmap")
+  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  examples = _examples()
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state = trainer.init_state(seeds.init_key)
+    state, _ = trainer.train_step_microbatched(state, _batch(examples, [0, 1, 2], 4), 2, seeds.dropout_base_key,
+                                               seeds.noise_base_key)
+    state, _ = trainer.train_step(state, _batch(examples, [3, 4], 4), seeds.dropout_base_key, seeds.noise_base_key)
+    jax.block_until_ready(state)
+  assert not [str(w.message) for w in caught if "donated" in str(w.message)]

@@ -98,6 +98,10 @@ def test_console_and_summary_label_private_statistics_and_insecure_noise():
   printer.add_examples(8)
   assert "ex/s (not DP)" in printer.line(1, 2.0, 0.5, epsilon=1.0, private=True)
   assert "(not DP)" not in printer.line(2, 2.0, 0.5, private=False).split("ex/s")[1]
+  # The first step of a session (mostly compilation) counts neither in the rates nor in the ETA.
+  printer.restart(3)
+  assert "ETA" not in printer.line(3, 2.0, 0.5) and "steps/s" not in printer.line(3, 2.0, 0.5)
+  assert "ETA " in printer.line(4, 2.0, 0.5)
   assert {"examples_per_second", "real_row_fraction"} <= set(metrics.NOT_DP_SUMMARY_KEYS)
   from private_t5.dp.ledger import PrivacyLedger  # pylint: disable=g-import-not-at-top
   ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-5, num_examples=1000,

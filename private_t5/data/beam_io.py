@@ -38,6 +38,7 @@ import tempfile
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from private_t5 import quiet_tf
 from private_t5.errors import ConfigError, DataError
 
 LOCAL_RUNNER = "local"
@@ -401,6 +402,7 @@ def _read_file(element, corpus_index: int, text_field: str, id_field: str, error
 
 def _read_tfds(pipeline, beam, spec, c, step, text_field, id_field, errors, data_dir):
   from private_t5.data import tfds as tfds_lib  # pylint: disable=g-import-not-at-top
+  quiet_tf.import_tensorflow()  # tensorflow_datasets imports it
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   body = spec[len(TFDS_PREFIX):]
   name, split = body, "train"

@@ -28,6 +28,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from private_t5 import quiet_tf
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import source as source_lib
 from private_t5.data import tfds as tfds_lib
@@ -382,7 +383,7 @@ def load_examples(name: str, split: str, glue_dir: Optional[str] = None,
 
 def _text_to_text(task: GlueTask, texts: Mapping[str, List[str]], labels: np.ndarray):
   """Runs t5's GLUE preprocessor over the rows (as `t5.data.glue_utils` configures it)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = quiet_tf.import_tensorflow()
   from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
   features = {f: np.asarray(texts[f], dtype=object) for f in task.feature_names}
   features["label"] = labels

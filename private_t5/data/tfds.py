@@ -2,6 +2,7 @@
 import os
 from typing import Optional
 
+from private_t5 import quiet_tf
 from private_t5.errors import DataError
 
 
@@ -11,6 +12,7 @@ def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
   Raises:
     DataError: unknown dataset, not a builder directory, or not prepared under `data_dir`.
   """
+  quiet_tf.import_tensorflow()  # tensorflow_datasets imports it
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   if os.path.isdir(name_or_dir):
     try:

@@ -14,6 +14,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from private_t5 import quiet_tf
+
 # metric key -> names of the t5.evaluation.metrics results it reports
 TASK_METRICS = {
     "cola": ("matthews_corrcoef",),
@@ -35,6 +37,7 @@ COLUMN_TITLES = {"mnli_matched": "mnli_m", "mnli_mismatched": "mnli_msm"}
 
 def postprocess(prediction: str, label_names: Optional[Sequence[str]]):
   """Decoded text -> class id (-1 when not a label) or float score (-1.0 when not a number)."""
+  quiet_tf.import_tensorflow()  # t5 imports it
   from t5.data import postprocessors  # pylint: disable=g-import-not-at-top
   if label_names is None:
     return float(postprocessors.string_to_float(prediction, default=-1.0))
@@ -44,6 +47,7 @@ def postprocess(prediction: str, label_names: Optional[Sequence[str]]):
 
 def compute_metrics(metric: str, targets: Sequence, predictions: Sequence) -> Dict[str, float]:
   """The task's GLUE metrics (percent) of postprocessed `predictions` against `targets`."""
+  quiet_tf.import_tensorflow()  # t5 imports it
   from t5.evaluation import metrics as t5_metrics  # pylint: disable=g-import-not-at-top
   if metric not in TASK_METRICS:
     raise ValueError(f"unknown GLUE metric {metric!r}; valid: {', '.join(TASK_METRICS)}")

@@ -271,11 +271,13 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
     ledger.record_steps(1)
     examples_seen += real_rows
     printer.add_examples(real_rows)
-    bar.update(1)
     if first_step_time is None:
       jax.block_until_ready(state.step)
       first_step_time = time.time() - t0
       log(f"[train] first step (compilation included) took {first_step_time:.1f}s")
+      printer.restart(step)  # rates and ETA from the steps after compilation
+      bar.unpause()
+    bar.update(1)
     if log_now:
       values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
       epsilon = ledger.total_epsilon() if privacy.private else None  # ∞: vocabulary not private

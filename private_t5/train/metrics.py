@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Dict, Mapping, Optional, TextIO
 
+from private_t5 import quiet_tf
 
 TENSORBOARD_SUBDIR = "tensorboard"
 # Tag prefix of metrics computed from private data without DP (training batches, validation).
@@ -50,14 +51,14 @@ class SummaryWriter:
 
   def _writer(self, split: str):
     if split not in self._writers:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf = quiet_tf.import_tensorflow()
       self._writers[split] = tf.summary.create_file_writer(os.path.join(self._root, split))
     return self._writers[split]
 
   def scalars(self, split: str, step: int, values: Mapping[str, float]) -> None:
     if not self._enabled:
       return
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf = quiet_tf.import_tensorflow()
     writer = self._writer(split)
     with writer.as_default(step=int(step)):
       for name, value in values.items():
@@ -74,6 +75,7 @@ class SummaryWriter:
 
 
 def _scalar_metadata():
+  quiet_tf.import_tensorflow()
   from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
   return summary_pb2.SummaryMetadata(
       plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
@@ -81,7 +83,7 @@ def _scalar_metadata():
 
 def read_scalars(event_dir: str) -> Dict[str, list]:
   """{tag: [(step, value), ...]} from the event files in `event_dir` (for tests and tools)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = quiet_tf.import_tensorflow()
   out: Dict[str, list] = {}
   for name in sorted(os.listdir(event_dir)):
     for event in tf.compat.v1.train.summary_iterator(os.path.join(event_dir, name)):
@@ -116,6 +118,11 @@ class ProgressPrinter:
   def add_examples(self, count: float) -> None:
     self._examples_since += float(count)
 
+  def restart(self, step: int) -> None:
+    """Counts the rates and the ETA from now and `step` on (called after a session's first
+    step, whose time is mostly compilation); a line at `step` itself shows neither."""
+    self._last_time, self._last_step, self._examples_since = time.time(), int(step), 0.0
+
   def line(self, step: int, loss: Optional[float], accuracy: Optional[float],
            epsilon: Optional[float] = None, private: bool = False,
            learning_rate: Optional[float] = None) -> str:
@@ -134,9 +141,10 @@ class ProgressPrinter:
       parts.append(f"loss {loss:.4f}{acc}{label}")
     if learning_rate is not None:
       parts.append(f"lr {learning_rate:.3g}")
-    parts.append(f"{examples_per_s:.1f} ex/s{' (not DP)' if private else ''}")
-    parts.append(f"{steps_per_s:.2f} steps/s")
-    parts.append(f"ETA {format_duration(eta)}")
+    if steps_done:
+      parts.append(f"{examples_per_s:.1f} ex/s{' (not DP)' if private else ''}")
+      parts.append(f"{steps_per_s:.2f} steps/s")
+      parts.append(f"ETA {format_duration(eta)}")
     if epsilon is not None:
       parts.append(f"ε {epsilon:.4g}" if math.isfinite(epsilon) else "ε ∞")
     return " | ".join(parts)

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from private_t5 import quiet_tf
 from private_t5.errors import ConfigError
 
 PyTree = Any
@@ -59,11 +60,12 @@ def hide_accelerators_from_tensorflow() -> None:
   TensorFlow's first op; later it is a no-op (logged). Without TensorFlow it does nothing.
   """
   try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf = quiet_tf.import_tensorflow()
   except ImportError:
     return
   try:
-    tf.config.set_visible_devices([], "GPU")
+    with quiet_tf.silenced_stderr():  # its look at the devices logs "failed call to cuInit" without a GPU
+      tf.config.set_visible_devices([], "GPU")
   except RuntimeError as e:  # TensorFlow's runtime already started in this process
     logging.debug("TensorFlow keeps its devices: %s", e)
 

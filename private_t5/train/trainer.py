@@ -91,12 +91,14 @@ class Trainer:
                       self._replicated, self._replicated, self._replicated),
         out_shardings=(self.param_shardings, self._replicated),
         donate_argnums=(1,))
+    # Only the state is donated: the outputs of the accumulator's shapes already reuse the donated
+    # state's buffers, so none is left for the accumulator's (JAX would warn they were not usable).
     self._finalize = jax.jit(
         self._finalize_fn,
         in_shardings=(self.state_shardings, (self.param_shardings, self._replicated), self._replicated,
                       self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
-        donate_argnums=(0, 1))
+        donate_argnums=(0,))
     self._eval_step = jax.jit(
         self._eval_step_fn, in_shardings=(self.param_shardings, self._batch_sharding),
         out_shardings=self._replicated)

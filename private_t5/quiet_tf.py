@@ -1,0 +1,51 @@
+"""TensorFlow imported without the lines its C++ start-up writes to the console.
+
+Importing TensorFlow (directly, or through seqio, t5 or tensorflow_datasets) writes, from C++,
+"All log messages before absl::InitializeLog() is called are written to STDERR", the oneDNN
+notice and "Could not find cuda drivers", and its first look at the devices writes
+"failed call to cuInit" on a machine without a GPU. These are written before absl's logging
+is set up, so `TF_CPP_MIN_LOG_LEVEL` does not hold them back, and a user reads them as errors.
+Every module that imports TensorFlow, or a library that imports it, calls `import_tensorflow()`
+first. Base layer: imports nothing from the package.
+"""
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def silenced_stderr() -> Iterator[None]:
+  """Points file descriptor 2 at the null device for the block (C++ and Python writes alike)."""
+  try:
+    sys.stderr.flush()
+  except (AttributeError, ValueError):  # no stderr, or a closed one
+    pass
+  try:
+    saved = os.dup(2)
+  except OSError:  # no file descriptor 2: nothing to silence
+    yield
+    return
+  try:
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+      os.dup2(null, 2)
+    finally:
+      os.close(null)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def import_tensorflow():
+  """The `tensorflow` module, imported the first time with its start-up lines silenced.
+
+  Later C++ log lines below errors are held back by `TF_CPP_MIN_LOG_LEVEL` (set to 2 unless
+  the environment sets it). Raises ImportError as `import tensorflow` does.
+  """
+  if "tensorflow" not in sys.modules:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with silenced_stderr():
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+  return sys.modules["tensorflow"]
