@@ -166,15 +166,20 @@ def load_record(path: str) -> AuditRecord:
   return record
 
 
-def encode_for_scoring(vocab, texts: Sequence[str], scoring: str):
-  """(encoder inputs [m, Li], targets [m, Lt], weights [m, Lt]): first half -> second half of each text."""
+def encode_for_scoring(vocab, texts: Sequence[str], scoring: str, max_target_tokens: Optional[int] = None):
+  """(encoder inputs [m, Li], targets [m, Lt], weights [m, Lt]): first half -> second half of each text.
+
+  With `max_target_tokens` (the training targets length minus EOS) the target is at most that
+  long, as the prefix-LM objective splits a short document: later split points, never earlier.
+  """
   if scoring not in (PREFIX_SCORING, SENTINEL_SCORING):
     raise ConfigError(f"audit scoring must be {PREFIX_SCORING!r} or {SENTINEL_SCORING!r}, got {scoring!r}")
   sentinel = vocab.vocab_size - 1
   rows_in, rows_out = [], []
   for ids in vocab.tokenizer.encode(list(texts)):
     ids = list(ids)
-    split = max(1, len(ids) // 2)
+    split = max(1, len(ids) // 2, len(ids) - max_target_tokens if max_target_tokens else 0)
+    split = min(split, max(1, len(ids) - 1))
     if scoring == SENTINEL_SCORING:
       rows_in.append(ids[:split] + [sentinel, EOS_ID])
       rows_out.append([sentinel] + ids[split:] + [EOS_ID])
@@ -190,9 +195,10 @@ def encode_for_scoring(vocab, texts: Sequence[str], scoring: str):
   return enc, tgt, (tgt > 0).astype(np.float32)
 
 
-def canary_losses(score_fn: Callable, vocab, texts: Sequence[str], scoring: str, batch_size: int = 256) -> np.ndarray:
+def canary_losses(score_fn: Callable, vocab, texts: Sequence[str], scoring: str, batch_size: int = 256,
+                  max_target_tokens: Optional[int] = None) -> np.ndarray:
   """Mean token cross-entropy (nats) of each canary's second half, in fixed-size batches."""
-  enc, tgt, w = encode_for_scoring(vocab, texts, scoring)
+  enc, tgt, w = encode_for_scoring(vocab, texts, scoring, max_target_tokens)
   m = len(texts)
   out = np.zeros(m, np.float64)
   b = min(batch_size, m)
@@ -216,7 +222,8 @@ def ledger_claim(privacy_report: Optional[dict]):
 
 def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, privacy_report: Optional[dict],
               confidence: float = 0.95, guesses_per_side: Optional[int] = None, delta: Optional[float] = None,
-              default_delta: float = 1e-5, batch_size: int = 256, log: Callable[[str], None] = print) -> dict:
+              default_delta: float = 1e-5, batch_size: int = 256, max_target_tokens: Optional[int] = None,
+              log: Callable[[str], None] = print) -> dict:
   """Scores the recorded canaries, guesses, and returns the report's "audit" entry.
 
   Args:
@@ -229,6 +236,7 @@ def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, pri
     guesses_per_side: k (k+ = k- = k); default m // 4. Fix it before seeing the scores.
     delta: δ of the bound; default the ledger's δ, or `default_delta` for a non-private run.
     batch_size: canaries scored together.
+    max_target_tokens: the training targets length minus EOS (prefix LM: the scored part).
   """
   t0 = time.time()
   record = load_record(record_path_)
@@ -241,7 +249,8 @@ def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, pri
     delta = float(claim_delta) if claim_delta is not None else default_delta
   if not 0 <= delta < 1:
     raise ConfigError(f"audit delta must be in [0, 1), got {delta}")
-  losses = canary_losses(score_fn, vocab, record.texts, scoring, batch_size)
+  losses = canary_losses(score_fn, vocab, record.texts, scoring, batch_size,
+                         max_target_tokens if scoring == PREFIX_SCORING else None)
   result = auditing.audit(-losses, record.included, k, k, delta, confidence)
   top = auditing.max_lower_bound(result.guesses, delta, confidence, m)
   # A bound on a group of R copies is not bounded by the per-document ε (group privacy).

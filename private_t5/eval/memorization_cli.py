@@ -327,9 +327,11 @@ def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence:
                    log: Callable[[str], None] = print) -> dict:
   """The one-run privacy audit of the checkpoint on the audit canaries of `record` (eval/audit.py)."""
   from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
+  targets = (model.info.get("feature_lengths") or {}).get("targets")
   return audit_lib.run_audit(memorization.make_scorer(model.params, model.model_config), model.vocab, record,
                              scoring=scoring, privacy_report=model.privacy_report, confidence=confidence,
-                             guesses_per_side=guesses_per_side, delta=delta, batch_size=batch_size, log=log)
+                             guesses_per_side=guesses_per_side, delta=delta, batch_size=batch_size,
+                             max_target_tokens=int(targets) - 1 if targets else None, log=log)
 
 
 def write_report(report: dict, output_dir: str, log: Callable[[str], None] = print) -> dict:
