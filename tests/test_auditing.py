@@ -194,6 +194,10 @@ def test_token_canaries_and_loss_scoring(tmp_path, shared_data):
   assert len(set(texts)) == 30
   enc, tgt, w = audit.encode_for_scoring(vocab, texts, "sentinel")
   assert (enc[:, 0] > 0).all() and (tgt[:, 0] == vocab.vocab_size - 1).all() and w.sum(axis=1).min() >= 2
+  # Prefix LM: the second half, never longer than the training targets (here 3 tokens + EOS).
+  _, tgt, w = audit.encode_for_scoring(vocab, texts, "prefix")
+  _, short, w_short = audit.encode_for_scoring(vocab, texts, "prefix", max_target_tokens=3)
+  assert w_short.sum(axis=1).max() <= 4 < w.sum(axis=1).max() and (short[:, 0] > 0).all()
   # Losses are -log p / target tokens, in batches of a fixed shape.
   seen = []
 
