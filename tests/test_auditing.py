@@ -218,3 +218,13 @@ def test_report_section_is_loud_on_a_violation():
   text = "\n".join(report.audit_markdown(base))
   assert "PRIVACY AUDIT FAILED" in text and "| 2.500 | 95% |" in text
   assert "FAILED" not in "\n".join(report.audit_markdown(dict(base, violation=False, epsilon_lower_bound=0.5)))
+
+
+def test_memorization_refuses_a_missing_audit_record_first(tmp_path, capsys):
+  from private_t5 import cli
+  args = ["memorization", "--gin_file=configs/runs/memorization.gin", f"--gin.MODEL_DIR={tmp_path}/none",
+          f"--gin.TRAIN_CORPUS={tmp_path}/t.jsonl", f"--gin.VALID_CORPUS={tmp_path}/v.jsonl",
+          f"--gin.OUTPUT_DIR={tmp_path}/out", f"--gin.AUDIT={tmp_path}/missing.audit.json"]
+  assert cli.main(args) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "audit record not found" in err[0]

@@ -8,8 +8,9 @@ Builds (or reuses) the four splits of Lee et al. (train dup / train unique / val
 valid unique), prompts the checkpoint with the first P tokens of up to N documents of each
 split, generates T tokens greedily (and with beam search when BEAM_SIZE > 0), scores EM / TA /
 MED, optionally the span-corruption variant, the exposure of recorded canaries and the one-run
-privacy audit (an ε lower bound from audit canaries, beside the ledger's ε), and writes report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memorization`
-and `SplitConfig`.
+privacy audit (an ε lower bound from audit canaries, beside the ledger's ε), and writes
+report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memorization` and
+`SplitConfig`.
 """
 import dataclasses
 import os
@@ -106,6 +107,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if not isinstance(split_config, splits_lib.SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
+  if audit:  # a bad record is refused before the long passes
+    from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
+    audit_lib.load_record(audit)
   warnings = []
 
   model = load_model(model_dir, step, vocab_path, log)
