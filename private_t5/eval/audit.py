@@ -1,4 +1,5 @@
-"""The one-run privacy audit of a trained model (Steinke, Nasr and Jagielski 2023).
+"""The one-run privacy audit of a trained model (Steinke, Nasr and Jagielski, "Privacy Auditing
+with One (1) Training Run", 2023).
 
 Planting (`private-t5 canaries --audit`): m random documents (random words of the corpus, or
 random pieces of a SentencePiece vocabulary); each is included in the training corpus with
