@@ -9,7 +9,8 @@ re-run resumes):
   2. vocabularies: a SentencePiece vocabulary and a DP-SentencePiece one, both of the training corpus;
   3. for each model (`nondp_prefix`, `nondp_span`, `dp_prefix`, `fulldp_prefix`, optionally
      `dp_span`): training with the same model, steps and data (`train`), then the memorization
-     stage (the four splits, greedy EM / TA / MED) and teacher-forced validation token accuracy;
+     stage (the four splits, greedy EM / TA / MED, and with `audit_canaries` > 0 the one-run
+     privacy audit) and teacher-forced validation token accuracy;
   4. results.json, results.md (Table-3-like and Table-2-like tables) and figure.png.
 
 The default Gin experiment is configs/experiments/study.gin (a tiny T5 at short lengths).
@@ -109,6 +110,10 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
             "final_step": summary.get("final_step"), "wall_seconds": wall,
             # Held-out documents of the private corpus: their metrics are outside any guarantee.
             "not_dp": list(NOT_DP_RESULT_KEYS)}
+  if report.get("audit"):
+    result["audit"] = {k: report["audit"].get(k) for k in (
+        "epsilon_lower_bound", "confidence", "num_canaries", "guesses", "correct", "ledger_epsilon", "delta",
+        "violation")}
   per_document = report.get("per_document", {}).get("greedy", {}).get("train_dup")
   if per_document is not None and repeated is not None:
     result["train_dup_by_repetitions"] = em_by_repetitions(per_document, repeated)
@@ -121,13 +126,19 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
   return result
 
 
-def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text") -> dict:
-  """Phase 1: writes data/train.jsonl.gz, data/valid.jsonl.gz and data/duplication.json (reused)."""
+def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text", audit_canaries: int = 0) -> dict:
+  """Phase 1: writes data/train.jsonl.gz, data/valid.jsonl.gz and data/duplication.json (reused).
+
+  With `audit_canaries` = m > 0, m audit canaries (eval/audit.py) are planted in the training
+  corpus, each once with probability 1/2, and their secret record goes to data/train.audit.json.
+  """
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
   data_dir = os.path.join(output_dir, "data")
   record_path = os.path.join(data_dir, "duplication.json")
   settings = {"corpus": os.path.abspath(corpus) if os.path.exists(corpus) else corpus, **dup_cfg.as_dict()}
+  if audit_canaries:
+    settings["audit_canaries"] = int(audit_canaries)
   if os.path.isfile(record_path):
     with open(record_path, encoding="utf-8") as f:
       record = json.load(f)
@@ -138,10 +149,19 @@ def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text"
     return record
   docs, _ = corpora.read_corpus(corpus, text_field=text_field, max_documents=dup_cfg.max_documents)
   study = duplication.plant_duplicates(docs, dup_cfg)
-  train_path = duplication.write_jsonl(os.path.join(data_dir, "train.jsonl.gz"), study.train)
+  train_path = os.path.join(data_dir, "train.jsonl.gz")
+  audit_record = None
+  if audit_canaries:
+    from private_t5.eval import audit  # pylint: disable=g-import-not-at-top
+    _, audit_record, _, _ = audit.plant(study.train, train_path, num_canaries=int(audit_canaries),
+                                        source=corpus)
+  else:
+    duplication.write_jsonl(train_path, study.train)
   valid_path = duplication.write_jsonl(os.path.join(data_dir, "valid.jsonl.gz"), study.valid)
   record = {"settings": settings, "train": os.path.abspath(train_path), "valid": os.path.abspath(valid_path),
             "stats": study.describe(), "repeated": study.repeated}
+  if audit_record:
+    record["audit_record"] = os.path.abspath(audit_record)
   io_lib.write_json_atomic(record_path, record)  # last: its presence marks the phase done
   stats = record["stats"]
   logger.info("[study] data: %d training documents (%d with copies), %d validation; %d repeated %s",
@@ -181,7 +201,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
               vocab_size: int = 2000, dp_vocab_epsilon: float = 3.37, dp_vocab_delta: float = 1e-8,
               dp_vocab_max_words: int = 256, prompt_length: int = 32, generation_length: int = 16,
               max_examples_per_split: Optional[int] = 500, memorization_batch_size: int = 64,
-              split_config=None, text_field: str = "text",
+              split_config=None, text_field: str = "text", audit_canaries: int = 0,
               train_model: Optional[Callable[[str, List[str]], dict]] = None) -> dict:
   """Runs the study and writes results.json, results.md and figure.png to `output_dir`.
 
@@ -198,6 +218,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     memorization_batch_size: prompts decoded together.
     split_config: the near-duplicate settings (`SplitConfig`).
     text_field: JSONL/TSV field of the text.
+    audit_canaries: m > 0 plants m audit canaries in the training corpus (each once, with
+      probability 1/2) and reports every model's one-run privacy audit; 0: no audit.
     train_model: `train_model(model_dir, gin_bindings) -> summary`, set by the command line:
       trains one model with the study's Gin files plus these bindings.
   """
@@ -230,7 +252,9 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
   phase = iter(range(1, steps + 1))
 
   logger.info("[study] phase %d/%d: data from %s", next(phase), steps, corpus)
-  data = prepare_data(corpus, output_dir, dup_cfg, text_field)
+  if not isinstance(audit_canaries, int) or isinstance(audit_canaries, bool) or audit_canaries < 0:
+    raise ConfigError(f"audit_canaries must be a non-negative integer, got {audit_canaries!r}")
+  data = prepare_data(corpus, output_dir, dup_cfg, text_field, audit_canaries)
   logger.info("[study] phase %d/%d: vocabularies", next(phase), steps)
   t_vocab = time.time()
   vocabs = train_vocabularies(data["train"], output_dir, needed={MODELS[m].vocabulary for m in models},
@@ -266,7 +290,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
         output_dir=os.path.join(model_root, "memorization"), prompt_length=prompt_length,
         generation_length=generation_length, batch_size=memorization_batch_size,
         max_examples_per_split=max_examples_per_split, span_corruption_variant=False,
-        split_config=split_config, text_field=text_field, seed=seed, log=logger.info)
+        split_config=split_config, text_field=text_field, seed=seed, audit=data.get("audit_record"),
+        log=logger.info)
     wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
     results[name] = model_result(name, spec, summary, report, wall, data["repeated"])
     io_lib.write_json_atomic(result_path, results[name])

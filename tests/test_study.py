@@ -101,7 +101,7 @@ def test_validation_metrics_of_private_documents_are_labelled_not_dp():
 def test_study_smoke_every_model(shared_data, tmp_path):
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   out = tmp_path / "study"
-  argv = ["study", f"--corpus={corpus}", f"--output={out}", *MICRO_STUDY_ARGS]
+  argv = ["study", f"--corpus={corpus}", f"--output={out}", *MICRO_STUDY_ARGS, "--gin.run_study.audit_canaries=32"]
   assert cli.main(argv) == 0
   results = json.loads((out / "results.json").read_text())
   models = results["models"]
@@ -112,8 +112,11 @@ def test_study_smoke_every_model(shared_data, tmp_path):
     for split in m["splits"].values():
       assert set(split) == {"em", "ta", "med", "n"}
     assert 0.0 <= m["validation_token_accuracy"] <= 1.0
+    # The one-run audit of every model (32 canaries, 8 guesses a side): a DP model's bound is at most its ε.
+    assert m["audit"]["num_canaries"] == 32 and m["audit"]["guesses"] == 16 and not m["audit"]["violation"]
     if name.startswith(("dp_", "fulldp_")):
       assert m["private"] and 0 < m["epsilon"] < float("inf") and 0 < m["delta"] < 1
+      assert m["audit"]["epsilon_lower_bound"] <= m["audit"]["ledger_epsilon"]
     else:
       assert not m["private"] and m["epsilon"] is None and m["delta"] is None
   # The DP vocabulary's ε is composed into the full-DP model's ε.
@@ -132,6 +135,8 @@ def test_study_smoke_every_model(shared_data, tmp_path):
   assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert "Table 3" in (out / "results.md").read_text()
   assert "Extraction by number of repetitions" in (out / "results.md").read_text()
+  assert "Privacy audit" in (out / "results.md").read_text()
+  assert os.path.isfile(out / "data" / "train.audit.json")
   # A second run reuses every model's result.
   assert cli.main(argv) == 0
   assert json.loads((out / "results.json").read_text())["models"] == models

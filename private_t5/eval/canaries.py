@@ -120,11 +120,11 @@ def insert_canaries(documents: Iterable, canaries: Sequence[Canary], seed: int) 
       yield docs[i]
 
 
-def record_path(corpus_path: str) -> str:
-  """The JSON file that records the canaries of a canary corpus."""
+def record_path(corpus_path: str, suffix: str = RECORD_SUFFIX) -> str:
+  """The JSON file that records the canaries of a canary corpus (beside it, named after it)."""
   base = corpus_path[:-3] if corpus_path.endswith(".gz") else corpus_path
   base = base[:-6] if base.endswith(".jsonl") else base
-  return base + RECORD_SUFFIX
+  return base + suffix
 
 
 def write_canary_corpus(documents: Iterable, output_path: str, fmt: CanaryFormat, canaries: Sequence[Canary],

@@ -6,6 +6,14 @@
 writes the new corpus (JSONL, gzip when the name ends in .gz) and, next to it,
 `train_canaries.canaries.json` with the format, the secrets, their repetitions and the seed.
 Give that record to `private-t5 memorization` (--gin.CANARIES=...) to measure exposure.
+
+  private-t5 canaries --audit --corpus=/path/train.jsonl.gz --output=/path/train_audit.jsonl.gz \
+      --num_canaries=1000 --canary_kind=words [--repetitions=1]
+
+plants canaries for the one-run privacy audit (Steinke, Nasr and Jagielski 2023): m random
+documents, each included with probability 1/2 by a secret seed (OS entropy unless --seed), every
+included one --repetitions times; the secret membership record `train_audit.audit.json` (mode
+0600) goes beside the new corpus. Give it to `private-t5 memorization` (--gin.AUDIT=...).
 """
 import itertools
 import os
@@ -23,11 +31,19 @@ def _parser():
   p.add_flag("template", default="My ID is {secret}", help="canary format with one {secret}")
   p.add_flag("secret_length", type=int, default=6, help="symbols in a secret (default 6)")
   p.add_flag("alphabet", default=string.digits, help="symbols of the secret (default digits)")
-  p.add_flag("repetitions", default="1,10,100", help="copies of each canary, comma-separated")
+  p.add_flag("repetitions", default=None, help="copies of each canary, comma-separated (default 1,10,100; "
+             "with --audit: one number, copies of each included canary, default 1)")
   p.add_flag("per_repetition", type=int, default=1, help="canaries for each repetition count")
   p.add_flag("num_reference", type=int, default=1, help="never-inserted reference canaries")
   p.add_flag("seed", type=int, default=None, help="secret/position seed (default: OS entropy)")
   p.add_flag("text_field", default="text", help="JSONL/TSV field of the text")
+  p.add_flag("audit", action="store_true", default=False,
+             help="plant privacy-audit canaries, each included with probability 1/2 (see above)")
+  p.add_flag("num_canaries", type=int, default=1000, help="with --audit: m, the number of canaries")
+  p.add_flag("canary_kind", default="words", help="with --audit: 'words' (random words of the corpus) or "
+             "'tokens' (random pieces of --vocab_path)")
+  p.add_flag("canary_length", type=int, default=8, help="with --audit: words or pieces in a canary")
+  p.add_flag("vocab_path", default=None, help="with --audit --canary_kind=tokens: the SentencePiece model")
   return p
 
 
@@ -39,7 +55,7 @@ def main(argv) -> int:
   args = parser.parse_stage_args(argv).args
   flags.check_required(parser, args, ("corpus", "output"))
   try:
-    repetitions = [int(x) for x in args.repetitions.split(",") if x.strip()]
+    repetitions = [int(x) for x in (args.repetitions or "1,10,100").split(",") if x.strip()]
   except ValueError:
     raise ConfigError(f"--repetitions must be comma-separated integers, got {args.repetitions!r}") from None
   if not args.output.endswith((".jsonl", ".jsonl.gz")):
@@ -47,6 +63,8 @@ def main(argv) -> int:
   if os.path.exists(args.output) and os.path.exists(args.corpus) and os.path.samefile(args.corpus, args.output):
     raise ConfigError(f"--output {args.output!r} is the input corpus; write the corpus with canaries "
                       "to a new file")
+  if args.audit:
+    return _plant_audit(args)
   fmt = canaries_lib.CanaryFormat(template=args.template, alphabet=args.alphabet,
                                   length=args.secret_length).validate()
   canaries, seed = canaries_lib.make_canaries(fmt, repetitions, args.per_repetition, args.num_reference,
@@ -61,6 +79,35 @@ def main(argv) -> int:
   print(f"[canaries] wrote {corpus}: {n} documents ({copies} canary copies of {len(canaries)} canaries, "
         f"|R| = {fmt.space_size})")
   print(f"[canaries] record: {record}")
+  return 0
+
+
+def _plant_audit(args) -> int:
+  """`--audit`: m canaries, each in with probability 1/2, and the secret membership record."""
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import audit  # pylint: disable=g-import-not-at-top
+  reps = (args.repetitions or "1").strip()
+  if not reps.isdigit() or int(reps) < 1:
+    raise ConfigError(f"with --audit, --repetitions is one positive integer (copies of each included canary), "
+                      f"got {args.repetitions!r}")
+  if args.canary_kind not in audit.KINDS:
+    raise ConfigError(f"--canary_kind must be one of {', '.join(audit.KINDS)}, got {args.canary_kind!r}")
+  vocab = None
+  if args.canary_kind == "tokens":
+    if not args.vocab_path:
+      raise ConfigError("--canary_kind=tokens needs --vocab_path (a SentencePiece model)")
+    from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+    vocab = spm.load_vocabulary(args.vocab_path)
+  docs = list(corpora.iter_documents(args.corpus, text_field=args.text_field))
+  if not docs:
+    raise DataError(f"corpus {args.corpus} has no documents; nothing written")
+  corpus, record, n, rec = audit.plant(docs, args.output, num_canaries=args.num_canaries, kind=args.canary_kind,
+                                       length=args.canary_length, repetitions=int(reps), seed=args.seed,
+                                       vocab=vocab, source=args.corpus)
+  included = int(rec.included.sum())
+  print(f"[canaries] wrote {corpus}: {n} documents ({included} of {rec.num_canaries} audit canaries included, "
+        f"{int(reps)} cop{'y' if int(reps) == 1 else 'ies'} each)")
+  print(f"[canaries] secret membership record (mode 0600; keep it out of model directories): {record}")
   return 0
 
 

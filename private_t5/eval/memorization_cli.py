@@ -7,9 +7,10 @@
 Builds (or reuses) the four splits of Lee et al. (train dup / train unique / valid in train /
 valid unique), prompts the checkpoint with the first P tokens of up to N documents of each
 split, generates T tokens greedily (and with beam search when BEAM_SIZE > 0), scores EM / TA /
-MED, optionally the span-corruption variant and the exposure of recorded canaries, and
-writes report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memorization`
-and `SplitConfig`.
+MED, optionally the span-corruption variant, the exposure of recorded canaries and the one-run
+privacy audit (an ε lower bound from audit canaries, beside the ledger's ε), and writes
+report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memorization` and
+`SplitConfig`.
 """
 import dataclasses
 import os
@@ -31,7 +32,8 @@ Required macros: MODEL_DIR (a training run's directory), TRAIN_CORPUS and VALID_
 specs: .jsonl[.gz], .txt, folder, .tsv, tfds:NAME[:SPLIT]), OUTPUT_DIR. Common overrides:
 PROMPT_LENGTH (512), GENERATION_LENGTH (114), MAX_EXAMPLES_PER_SPLIT, BATCH_SIZE, BEAM_SIZE
 (0 = greedy only), VOCAB_PATH (default: the checkpoint's), CANARIES (a .canaries.json record
-written by `private-t5 canaries`). See docs/memorization.md.
+written by `private-t5 canaries`), AUDIT (a .audit.json membership record written by
+`private-t5 canaries --audit`). See docs/memorization.md.
 """
 
 AUTO = "auto"
@@ -57,7 +59,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                      beam_size: int = 0, beam_alpha: float = 0.6, max_examples_per_split: Optional[int] = 1000,
                      span_corruption_variant=AUTO, split_config: splits_lib.SplitConfig = splits_lib.SplitConfig(),
                      canaries: Optional[str] = None, canary_scoring: str = AUTO, canary_max_exact: int = 100_000,
-                     canary_samples: int = 10_000, canary_batch_size: int = 512, text_field: str = "text",
+                     canary_samples: int = 10_000, canary_batch_size: int = 512, audit: Optional[str] = None,
+                     audit_confidence: float = 0.95, audit_guesses: Optional[int] = None,
+                     audit_delta: Optional[float] = None, text_field: str = "text",
                      seed: int = 0, use_cache: bool = True, log: Callable[[str], None] = print) -> dict:
   """Runs the memorization stage and writes the report; returns the report dict.
 
@@ -80,6 +84,11 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     canary_scoring: "prefix", "sentinel" or "auto" (sentinel for span-corruption checkpoints).
     canary_max_exact, canary_samples, canary_batch_size: exact enumeration up to this space
       size, else a skew-normal fit on this many sampled candidates; scoring batch.
+    audit: a membership record (`*.audit.json`) of audit canaries: report an ε lower bound.
+    audit_confidence: confidence of the bound (0.95).
+    audit_guesses: k, the guesses on each side (the k lowest losses "in", the k highest "out");
+      default m // 4. Fix it before looking at the results.
+    audit_delta: δ of the bound (default: the ledger's δ; 1e-5 for a non-private run).
     text_field: JSONL/TSV field of the text.
     seed: seed of the per-split subsets and of the span-corruption masks.
     use_cache: decode with the KV cache.
@@ -98,6 +107,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if not isinstance(split_config, splits_lib.SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
+  if audit:  # a bad record is refused before the long passes
+    from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
+    audit_lib.load_record(audit)
   warnings = []
 
   model = load_model(model_dir, step, vocab_path, log)
@@ -108,12 +120,19 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   extraction, decode_stats, evaluated, per_document = evaluate_extraction(
       model, data, cfg, max_examples_per_split=max_examples_per_split,
       span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
-  canary_results, canary_fmt = [], None
+  canary_results, canary_fmt, audit_result = [], None, None
+  if canary_scoring == AUTO:
+    from private_t5.eval import exposure  # pylint: disable=g-import-not-at-top
+    canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
+                      else exposure.PREFIX_SCORING)
+  if audit:
+    audit_result = evaluate_audit(model, audit, canary_scoring, confidence=audit_confidence,
+                                  guesses_per_side=audit_guesses, delta=audit_delta,
+                                  batch_size=canary_batch_size, log=log)
+    if audit_result["violation"]:
+      from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
+      warnings.append("PRIVACY AUDIT FAILED: " + audit_lib.audit_failure_text(audit_result))
   if canaries:
-    if canary_scoring == AUTO:
-      from private_t5.eval import exposure  # pylint: disable=g-import-not-at-top
-      canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
-                        else exposure.PREFIX_SCORING)
     canary_fmt, canary_results = evaluate_canaries(
         model, canaries, canary_scoring, max_exact=canary_max_exact, num_samples=canary_samples,
         batch_size=canary_batch_size, seed=seed, log=log)
@@ -143,6 +162,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       "canary_format": canary_fmt.as_dict() if canary_fmt else None,
       "canary_space_size": canary_fmt.space_size if canary_fmt else None,
       "canary_scoring": canary_scoring if canaries else None,
+      "audit": audit_result,
       "warnings": warnings,
       "wall_seconds": round(time.time() - t_start, 2),
   }
@@ -306,6 +326,18 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
   return canary_fmt, results
 
 
+def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence: float,
+                   guesses_per_side: Optional[int], delta: Optional[float], batch_size: int,
+                   log: Callable[[str], None] = print) -> dict:
+  """The one-run privacy audit of the checkpoint on the audit canaries of `record` (eval/audit.py)."""
+  from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
+  targets = (model.info.get("feature_lengths") or {}).get("targets")
+  return audit_lib.run_audit(memorization.make_scorer(model.params, model.model_config), model.vocab, record,
+                             scoring=scoring, privacy_report=model.privacy_report, confidence=confidence,
+                             guesses_per_side=guesses_per_side, delta=delta, batch_size=batch_size,
+                             max_target_tokens=int(targets) - 1 if targets else None, log=log)
+
+
 def write_report(report: dict, output_dir: str, log: Callable[[str], None] = print) -> dict:
   """Writes report.json, report.md and the plots to `output_dir`; returns the report."""
   from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
@@ -327,6 +359,7 @@ def _parser():
   p.add_flag("output", gin="OUTPUT_DIR", help="report directory")
   p.add_flag("vocab_path", gin="VOCAB_PATH", help="SentencePiece model (default: the checkpoint's)")
   p.add_flag("canaries", gin="CANARIES", help="canary record written by `private-t5 canaries`")
+  p.add_flag("audit", gin="AUDIT", help="audit membership record written by `private-t5 canaries --audit`")
   p.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="decoding batch size")
   return p
 

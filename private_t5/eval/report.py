@@ -1,8 +1,9 @@
 """The memorization report: report.json, report.md and PNG plots (matplotlib, Agg backend).
 
 report.json holds, per split, n / skipped / EM / TA / MED for every decoding method; per
-canary its repetitions, rank and exposure; the checkpoint's ε from its privacy ledger; the
-split sizes and the decoding throughput.
+canary its repetitions, rank and exposure; the checkpoint's ε from its privacy ledger; with
+audit canaries, the one-run audit's ε lower bound beside it ("audit"); the split sizes and the
+decoding throughput.
 """
 import json
 import math
@@ -59,6 +60,8 @@ def markdown(report: dict) -> str:
            f"- privacy: {report.get('epsilon_text', '')}",
            f"- prompt P = {report['settings']['prompt_length']} tokens, generation T = "
            f"{report['settings']['generation_length']} tokens", ""]
+  if report.get("audit"):
+    lines += audit_markdown(report["audit"])
   for method, per_split in report.get("extraction", {}).items():
     lines += [f"## Extraction ({method})", "",
               "| split | n | skipped | EM % | TA % | MED |", "|---|---:|---:|---:|---:|---:|"]
@@ -89,6 +92,59 @@ def markdown(report: dict) -> str:
   if report.get("warnings"):
     lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
   return "\n".join(lines)
+
+
+def audit_markdown(audit: dict) -> List[str]:
+  """The privacy-audit section: the ε lower bound beside the ledger's ε, loud when it exceeds it."""
+  ledger = "∞ (non-private)" if audit.get("ledger_epsilon") is None else \
+      f"{audit['ledger_epsilon']:.4g} ({audit.get('ledger_scope', '')})"
+  lines = []
+  if audit.get("violation"):
+    lines += [f"> **PRIVACY AUDIT FAILED**: the ε lower bound {audit['epsilon_lower_bound']:.3f} exceeds the "
+              f"ledger's ε = {audit['ledger_epsilon']:.4g}. The DP implementation or its privacy accounting is "
+              f"wrong (or, with probability at most {1 - audit['confidence']:.2g}, this is a false alarm).", ""]
+  lines += ["## Privacy audit (one training run)", "",
+            "Steinke, Nasr and Jagielski, \"Privacy Auditing with One (1) Training Run\", 2023: each audit canary "
+            "was included with probability 1/2; the canaries with the lowest losses are guessed in, those with "
+            "the highest out. If training were (ε, δ)-DP for the ε below, this many correct guesses would happen "
+            f"with probability at most {1 - audit['confidence']:.2g}.", "",
+            "| ε lower bound | confidence | δ | canaries (included) | guesses (k a side) | correct | ledger ε |",
+            "|---:|---:|---:|---:|---:|---:|---|",
+            f"| {audit['epsilon_lower_bound']:.3f} | {100 * audit['confidence']:g}% | {audit['delta']:.3g} | "
+            f"{audit['num_canaries']} ({audit.get('num_included', '?')}) | {audit['guesses']} ({audit.get('k_plus', '?')}) | "
+            f"{audit['correct']} | {ledger} |", "",
+            f"- largest bound these guesses could give (all correct): {audit.get('max_lower_bound', float('nan')):.3f}",
+            f"- mean canary loss: included {_num(audit.get('mean_loss_included'))}, excluded "
+            f"{_num(audit.get('mean_loss_excluded'))} nats/token"]
+  if audit.get("repetitions", 1) > 1:
+    lines.append(f"- each included canary was inserted {audit['repetitions']} times: the bound concerns a group "
+                 "of documents, so it is not compared with the per-document ledger ε")
+  return lines + [""]
+
+
+def plot_audit(report: dict, path: str) -> Optional[str]:
+  """Histogram of canary losses, included vs excluded, with the bound and the ledger's ε."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  audit = report.get("audit") or {}
+  hist = audit.get("histogram")
+  if not hist or len(hist.get("edges", [])) < 2:
+    return None
+  edges = hist["edges"]
+  fig, ax = plt.subplots(figsize=(5.5, 3.8))
+  for key, label in (("included", "included (trained on)"), ("excluded", "excluded")):
+    ax.stairs(hist[key], edges, label=label, fill=True, alpha=0.5)
+  ax.set_xlabel("canary loss (nats/token)")
+  ax.set_ylabel("canaries")
+  ledger = "∞" if audit.get("ledger_epsilon") is None else f"{audit['ledger_epsilon']:.3g}"
+  ax.set_title(f"Privacy audit: ε ≥ {audit['epsilon_lower_bound']:.2f} at {100 * audit['confidence']:g}% "
+               f"(ledger ε = {ledger})" + ("  FAILED" if audit.get("violation") else ""), fontsize=9)
+  ax.legend()
+  fig.tight_layout()
+  _save(fig, path)
+  plt.close(fig)
+  return path
 
 
 def plot_extraction(report: dict, path: str) -> Optional[str]:
@@ -167,7 +223,7 @@ def write_report(report: dict, out_dir: str) -> List[str]:
   md_path = os.path.join(out_dir, "report.md")
   write_text_atomic(md_path, markdown(report))
   paths.append(md_path)
-  for fn, name in ((plot_extraction, "extraction.png"), (plot_exposure, "exposure.png")):
+  for fn, name in ((plot_extraction, "extraction.png"), (plot_exposure, "exposure.png"), (plot_audit, "audit.png")):
     p = fn(report, os.path.join(out_dir, name))
     if p:
       paths.append(p)

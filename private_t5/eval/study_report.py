@@ -90,6 +90,22 @@ def repetition_table(results: dict) -> List[str]:
   return lines
 
 
+def audit_table(results: dict) -> List[str]:
+  """The one-run privacy audit of each model: the ε lower bound beside the ledger's ε."""
+  rows = [(name, m) for name, m in results["models"].items() if m.get("audit")]
+  if not rows:
+    return []
+  lines = ["| model | ε lower bound | confidence | correct / guesses | canaries | ledger ε | |",
+           "|---|---:|---:|---:|---:|---|---|"]
+  for name, m in rows:
+    a = m["audit"]
+    ledger = "∞" if a.get("ledger_epsilon") is None else f"{a['ledger_epsilon']:.3g}"
+    lines.append(f"| {name} | {a['epsilon_lower_bound']:.3f} | {100 * a['confidence']:g}% | {a['correct']} / "
+                 f"{a['guesses']} | {a['num_canaries']} | {ledger} | "
+                 f"{'**FAILED: bound > ledger ε**' if a.get('violation') else ''} |")
+  return lines
+
+
 def results_markdown(results: dict) -> str:
   data = results.get("data", {})
   settings = results.get("settings", {})
@@ -111,6 +127,12 @@ def results_markdown(results: dict) -> str:
               "Greedy EM of the train-dup documents evaluated above, each document counted once "
               "(its copies share its prompt), grouped by how often it occurs in the training corpus.", ""]
     lines += by_repetitions
+  audit = audit_table(results)
+  if audit:
+    lines += ["", "## Privacy audit (Steinke, Nasr and Jagielski 2023, one training run)", "",
+              "Audit canaries, each included once with probability 1/2; the lowest-loss canaries guessed in, "
+              "the highest-loss out. A DP model's bound must not exceed its ε.", ""]
+    lines += audit
   lines += ["", "## Utility (Table 2 of Ponomareva et al. 2022)", ""]
   lines += utility_table(results)
   lines += ["", "ε of a DP model with a non-private vocabulary covers training only (marked "

@@ -1,0 +1,290 @@
+"""The one-run privacy audit of a trained model (Steinke, Nasr and Jagielski, "Privacy Auditing
+with One (1) Training Run", 2023).
+
+Planting (`private-t5 canaries --audit`): m random documents (random words of the corpus, or
+random pieces of a SentencePiece vocabulary); each is included in the training corpus with
+probability 1/2 by a secret seed (`dp/auditing.draw_membership`), as documents of the corpus
+(one privacy unit per copy, placed by `canaries.insert_canaries`). The membership record
+(`<corpus>.audit.json`, mode 0600) is written beside the new corpus and never into a model
+directory: whoever holds it can check the model.
+
+Auditing (`private-t5 memorization --gin.AUDIT=<record>`): every canary is scored on the trained
+model (its loss: the mean token cross-entropy of its second half given its first half, as the
+prefix-LM objective splits a short document; span-corruption models read `first half
+<extra_id_0>` and predict `<extra_id_0> second half`), the k highest scores (lowest losses) are
+guessed "in" and the k lowest "out", and `dp/auditing.py` turns the number of correct guesses
+into an ε lower bound, reported beside the ledger's ε.
+"""
+import dataclasses
+import json
+import os
+import re
+import time
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from private_t5 import io
+from private_t5.dp import auditing
+from private_t5.errors import ConfigError, DataError
+from private_t5.eval import canaries as canaries_lib
+
+AUDIT_SUFFIX = ".audit.json"
+KINDS = ("words", "tokens")
+RECORD_KIND = "private_t5 audit canaries"
+CONTENT_STREAM = 0x74657874  # the canaries' contents: another stream of the same seed
+PREFIX_SCORING, SENTINEL_SCORING = "prefix", "sentinel"
+EOS_ID = 1
+WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditRecord:
+  """The secret membership record of a corpus with audit canaries."""
+  texts: List[str]
+  included: np.ndarray  # bool [m]
+  repetitions: int
+  seed: int
+  kind: str
+  length: int
+  source: str
+  corpus: str
+
+  @property
+  def num_canaries(self) -> int:
+    return len(self.texts)
+
+
+def record_path(corpus_path: str) -> str:
+  """The membership record beside a corpus: train.jsonl.gz -> train.audit.json."""
+  return canaries_lib.record_path(corpus_path, suffix=AUDIT_SUFFIX)
+
+
+def corpus_words(texts: Sequence[str], limit: int = 100_000) -> List[str]:
+  """The distinct words (3+ letters, lower-cased) of the corpus, sorted: the `words` kind's pool."""
+  seen = set()
+  for text in texts:
+    seen.update(w.lower() for w in WORD.findall(text))
+    if len(seen) >= limit:
+      break
+  return sorted(seen)
+
+
+def make_texts(kind: str, num_canaries: int, length: int, seed: int, words: Sequence[str] = (),
+               vocab=None) -> List[str]:
+  """m distinct random documents of `length` words (kind "words") or pieces (kind "tokens")."""
+  if kind not in KINDS:
+    raise ConfigError(f"audit canary kind must be one of {', '.join(KINDS)}, got {kind!r}")
+  if not isinstance(length, int) or length < 2:
+    raise ConfigError(f"audit canary length must be an integer >= 2, got {length!r}")
+  rng = np.random.default_rng([seed, CONTENT_STREAM])
+  if kind == "words":
+    pool = list(words)
+    if len(pool) < 100:
+      raise DataError(f"the corpus has {len(pool)} distinct words; random-word canaries need at least 100")
+    draw = lambda: " ".join(pool[i] for i in rng.integers(0, len(pool), size=length))
+  else:
+    if vocab is None:
+      raise ConfigError("audit canaries of kind 'tokens' need a SentencePiece vocabulary (--vocab_path)")
+    sp = vocab.tokenizer
+    pieces = [i for i in range(sp.get_piece_size())
+              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i))]
+    if len(pieces) < 100:
+      raise DataError(f"the vocabulary has {len(pieces)} ordinary pieces; random-token canaries need at least 100")
+    draw = lambda: sp.decode([pieces[i] for i in rng.integers(0, len(pieces), size=length)]).strip()
+  texts, seen = [], set()
+  for _ in range(100 * num_canaries):
+    text = draw()
+    if text and text not in seen:
+      seen.add(text)
+      texts.append(text)
+      if len(texts) == num_canaries:
+        return texts
+  raise DataError(f"could not draw {num_canaries} distinct audit canaries of length {length}")
+
+
+def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words", length: int = 8,
+          repetitions: int = 1, seed: Optional[int] = None, vocab=None, source: str = ""):
+  """Writes the corpus with the included canaries and the secret membership record beside it.
+
+  Returns:
+    (corpus path, record path, number of documents written, AuditRecord).
+  """
+  if not isinstance(repetitions, int) or repetitions < 1:
+    raise ConfigError(f"audit canary repetitions must be a positive integer, got {repetitions!r}")
+  folder = os.path.dirname(os.path.abspath(output_path))
+  if any(os.path.exists(os.path.join(folder, name)) for name in ("checkpoints", "privacy_report.json")):
+    raise ConfigError(f"{folder} is a model directory; write the audit corpus and its secret record elsewhere")
+  included, seed = auditing.draw_membership(num_canaries, seed)
+  docs = list(documents)
+  words = corpus_words(d.text for d in docs) if kind == "words" else ()
+  texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab)
+  planted = [canaries_lib.Canary(id=f"audit-{k}", secret="", text=t, repetitions=repetitions if inc else 0)
+             for k, (t, inc) in enumerate(zip(texts, included))]
+  n = 0
+  with io.atomic_open_text(output_path) as f:
+    for row in canaries_lib.insert_canaries(docs, planted, seed):
+      f.write(json.dumps(row, ensure_ascii=False) + "\n")
+      n += 1
+  record = AuditRecord(texts=texts, included=included, repetitions=repetitions, seed=seed, kind=kind,
+                       length=length, source=source, corpus=os.path.abspath(output_path))
+  path = write_record(record, record_path(output_path), documents=n)
+  return output_path, path, n, record
+
+
+def write_record(record: AuditRecord, path: str, documents: int) -> str:
+  """The record, readable by its owner only (0600): it says which canaries were trained on."""
+  rec = {"kind": RECORD_KIND, "canary_kind": record.kind, "length": record.length, "seed": record.seed,
+         "repetitions": record.repetitions, "source": record.source, "corpus": record.corpus,
+         "documents": documents, "num_canaries": record.num_canaries, "num_included": int(record.included.sum()),
+         "canaries": [{"id": f"audit-{k}", "text": t, "included": bool(inc)}
+                      for k, (t, inc) in enumerate(zip(record.texts, record.included))]}
+  with io.atomic_open(path, "w", encoding="utf-8") as f:
+    os.fchmod(f.fileno(), 0o600)
+    json.dump(rec, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+  return path
+
+
+def load_record(path: str) -> AuditRecord:
+  """Reads a membership record written by `plant`."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      rec = json.load(f)
+    if rec.get("kind") != RECORD_KIND:
+      raise ValueError("not an audit record (written by `private-t5 canaries --audit`)")
+    texts = [str(c["text"]) for c in rec["canaries"]]
+    included = np.array([bool(c["included"]) for c in rec["canaries"]], dtype=bool)
+    record = AuditRecord(texts=texts, included=included, repetitions=int(rec["repetitions"]),
+                         seed=int(rec["seed"]), kind=str(rec["canary_kind"]), length=int(rec["length"]),
+                         source=str(rec.get("source", "")), corpus=str(rec.get("corpus", "")))
+  except FileNotFoundError:
+    raise DataError(f"audit record not found: {path}") from None
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise DataError(f"{path} is not an audit record: {e}") from None
+  if record.num_canaries < 2 or len(set(texts)) != len(texts):
+    raise DataError(f"{path}: an audit needs at least 2 distinct canaries, got {len(texts)}")
+  return record
+
+
+def encode_for_scoring(vocab, texts: Sequence[str], scoring: str, max_target_tokens: Optional[int] = None):
+  """(encoder inputs [m, Li], targets [m, Lt], weights [m, Lt]): first half -> second half of each text.
+
+  With `max_target_tokens` (the training targets length minus EOS) the target is at most that
+  long, as the prefix-LM objective splits a short document: later split points, never earlier.
+  """
+  if scoring not in (PREFIX_SCORING, SENTINEL_SCORING):
+    raise ConfigError(f"audit scoring must be {PREFIX_SCORING!r} or {SENTINEL_SCORING!r}, got {scoring!r}")
+  sentinel = vocab.vocab_size - 1
+  rows_in, rows_out = [], []
+  for ids in vocab.tokenizer.encode(list(texts)):
+    ids = list(ids)
+    split = max(1, len(ids) // 2, len(ids) - max_target_tokens if max_target_tokens else 0)
+    split = min(split, max(1, len(ids) - 1))
+    if scoring == SENTINEL_SCORING:
+      rows_in.append(ids[:split] + [sentinel, EOS_ID])
+      rows_out.append([sentinel] + ids[split:] + [EOS_ID])
+    else:
+      rows_in.append(ids[:split] + [EOS_ID])
+      rows_out.append(ids[split:] + [EOS_ID])
+  li, lt = max(map(len, rows_in)), max(map(len, rows_out))
+  enc = np.zeros((len(texts), li), np.int32)
+  tgt = np.zeros((len(texts), lt), np.int32)
+  for i, (a, b) in enumerate(zip(rows_in, rows_out)):
+    enc[i, :len(a)] = a
+    tgt[i, :len(b)] = b
+  return enc, tgt, (tgt > 0).astype(np.float32)
+
+
+def canary_losses(score_fn: Callable, vocab, texts: Sequence[str], scoring: str, batch_size: int = 256,
+                  max_target_tokens: Optional[int] = None) -> np.ndarray:
+  """Mean token cross-entropy (nats) of each canary's second half, in fixed-size batches."""
+  enc, tgt, w = encode_for_scoring(vocab, texts, scoring, max_target_tokens)
+  m = len(texts)
+  out = np.zeros(m, np.float64)
+  b = min(batch_size, m)
+  for lo in range(0, m, b):
+    idx = np.arange(lo, lo + b) % m  # the last batch repeats rows: one shape, one compilation
+    out[lo:lo + b] = -np.asarray(score_fn(enc[idx], tgt[idx], w[idx]))[:m - lo]
+  return out / w.sum(axis=1)
+
+
+def ledger_claim(privacy_report: Optional[dict]):
+  """(ε, δ, scope) the checkpoint's ledger claims; ε None for a non-private run or no ledger."""
+  if not privacy_report or not privacy_report.get("dp", True) or privacy_report.get("non_private"):
+    return None, None, "non-private"
+  if privacy_report.get("epsilon") is not None:
+    return float(privacy_report["epsilon"]), privacy_report.get("delta"), "training + components"
+  if privacy_report.get("training_epsilon") is not None:
+    return (float(privacy_report["training_epsilon"]), privacy_report.get("training_delta"),
+            "training only (the vocabulary is not private)")
+  return None, None, "unknown"
+
+
+def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, privacy_report: Optional[dict],
+              confidence: float = 0.95, guesses_per_side: Optional[int] = None, delta: Optional[float] = None,
+              default_delta: float = 1e-5, batch_size: int = 256, max_target_tokens: Optional[int] = None,
+              log: Callable[[str], None] = print) -> dict:
+  """Scores the recorded canaries, guesses, and returns the report's "audit" entry.
+
+  Args:
+    score_fn: `(encoder_inputs, targets, weights) -> log p [B]` (memorization.make_scorer).
+    vocab: the checkpoint's vocabulary.
+    record_path_: the membership record (`*.audit.json`).
+    scoring: "prefix" or "sentinel" (span-corruption checkpoints).
+    privacy_report: the checkpoint's ledger report (its ε and δ are the claim audited).
+    confidence: 1 - β of the bound.
+    guesses_per_side: k (k+ = k- = k); default m // 4. Fix it before seeing the scores.
+    delta: δ of the bound; default the ledger's δ, or `default_delta` for a non-private run.
+    batch_size: canaries scored together.
+    max_target_tokens: the training targets length minus EOS (prefix LM: the scored part).
+  """
+  t0 = time.time()
+  record = load_record(record_path_)
+  m = record.num_canaries
+  k = max(1, m // 4) if guesses_per_side is None else int(guesses_per_side)
+  if k < 1 or 2 * k > m:
+    raise ConfigError(f"audit guesses per side must be in [1, {m // 2}] for {m} canaries, got {k}")
+  claim_eps, claim_delta, scope = ledger_claim(privacy_report)
+  if delta is None:
+    delta = float(claim_delta) if claim_delta is not None else default_delta
+  if not 0 <= delta < 1:
+    raise ConfigError(f"audit delta must be in [0, 1), got {delta}")
+  losses = canary_losses(score_fn, vocab, record.texts, scoring, batch_size,
+                         max_target_tokens if scoring == PREFIX_SCORING else None)
+  result = auditing.audit(-losses, record.included, k, k, delta, confidence)
+  top = auditing.max_lower_bound(result.guesses, delta, confidence, m)
+  # A bound on a group of R copies is not bounded by the per-document ε (group privacy).
+  comparable = claim_eps is not None and record.repetitions == 1
+  violated = bool(comparable and result.epsilon_lower_bound > claim_eps)
+  edges = np.histogram_bin_edges(losses[np.isfinite(losses)], bins=30) if np.isfinite(losses).any() else np.arange(2.)
+  out = {"epsilon_lower_bound": result.epsilon_lower_bound, "confidence": confidence, "num_canaries": m,
+         "guesses": result.guesses, "correct": result.correct, "ledger_epsilon": claim_eps,
+         "ledger_delta": claim_delta, "ledger_scope": scope, "delta": delta, "k_plus": k, "k_minus": k,
+         "num_included": result.num_included, "repetitions": record.repetitions, "canary_kind": record.kind,
+         "scoring": scoring, "score": "minus the mean token loss of the canary's second half",
+         "max_lower_bound": top, "comparable_with_ledger": comparable, "violation": violated,
+         "mean_loss_included": float(np.mean(losses[record.included])) if record.included.any() else None,
+         "mean_loss_excluded": float(np.mean(losses[~record.included])) if (~record.included).any() else None,
+         "histogram": {"edges": edges.tolist(),
+                       "included": np.histogram(losses[record.included], bins=edges)[0].tolist(),
+                       "excluded": np.histogram(losses[~record.included], bins=edges)[0].tolist()},
+         "record": os.path.abspath(record_path_), "seconds": round(time.time() - t0, 2)}
+  claim = "ε = ∞ (non-private)" if claim_eps is None else f"ε = {claim_eps:.4g} ({scope})"
+  log(f"[memorization] privacy audit: ε ≥ {result.epsilon_lower_bound:.3f} at {100 * confidence:g}% confidence "
+      f"(δ = {delta:.3g}; {result.correct}/{result.guesses} guesses correct, {m} canaries, k = {k} a side; "
+      f"at most {top:.3g} with every guess right); ledger {claim}")
+  if violated:
+    log(f"[memorization] PRIVACY AUDIT FAILED: {audit_failure_text(out)}")
+  elif claim_eps is not None and record.repetitions > 1:
+    log(f"[memorization] note: each included canary was inserted {record.repetitions} times, so the bound "
+        "concerns a group of documents and is not compared with the per-document ledger ε")
+  return out
+
+
+def audit_failure_text(audit: dict) -> str:
+  """The loud line of a failed audit."""
+  return (f"the ε lower bound {audit['epsilon_lower_bound']:.3f} (at {100 * audit['confidence']:g}% confidence) "
+          f"exceeds the ledger's ε = {audit['ledger_epsilon']:.4g}: the DP implementation or its privacy "
+          "accounting is wrong (or, with probability at most "
+          f"{1 - audit['confidence']:.2g}, this audit is a false alarm)")
