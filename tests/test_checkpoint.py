@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from private_t5.errors import CheckpointError
-from private_t5.train import checkpoints
+from private_t5.models import checkpoints
 
 from micro_run import fortunes_corpus_and_vocab
 
