@@ -98,6 +98,28 @@ def test_restore_for_inference_errors(tmp_path):
     checkpoints.restore_for_inference(str(tmp_path))
 
 
+def test_restore_for_inference_reads_the_new_latest_after_a_rotation(tmp_path, monkeypatch):
+  """Every reader (evaluate, memorization, export) survives a training rotating the latest away."""
+  manager = checkpoints.CheckpointManager(str(tmp_path), keep=1, async_save=False)
+  manager.save(1, _state(1), {})
+  manager.close()
+  directory = tmp_path / "checkpoints"
+  reads = []
+
+  def read(model_dir, step):
+    reads.append(step)
+    if (directory / "1").exists():  # the training saves step 2 and deletes step 1 meanwhile
+      os.rename(directory / "1", directory / "2")
+      raise CheckpointError("checkpoint 1 vanished")
+    return "params", "config", {"step": 2}
+
+  monkeypatch.setattr(checkpoints, "_read_for_inference", read)
+  assert checkpoints.restore_for_inference(str(tmp_path))[2] == {"step": 2} and reads == [None, None]
+  os.rename(directory / "2", directory / "1")
+  with pytest.raises(CheckpointError, match="vanished"):  # a given step is read once
+    checkpoints.restore_for_inference(str(tmp_path), step=1)
+
+
 # -- kill -9 and resume --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
