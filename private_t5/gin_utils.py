@@ -413,7 +413,7 @@ def call_configured(fn, *args, **kwargs):
     raise
 
 
-def save_operative_config(model_dir: str) -> str:
-  """Writes the operative config atomically to MODEL_DIR/config.gin."""
-  os.makedirs(model_dir, exist_ok=True)
-  return io_lib.write_text_atomic(os.path.join(model_dir, "config.gin"), gin.operative_config_str())
+def save_operative_config(path: str) -> str:
+  """Writes the operative config atomically to `path` (a run's MODEL_DIR/config.gin); returns it."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  return io_lib.write_text_atomic(path, gin.operative_config_str())

@@ -140,7 +140,7 @@ def scores(args, vocab_path: str) -> dict:
 
 
 def _restore(model_dir):
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, config, _ = checkpoints.restore_for_inference(model_dir)
   return params, config
 

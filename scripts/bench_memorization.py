@@ -92,7 +92,7 @@ def bench_stage(args):
   from private_t5 import cli, models
   from private_t5.dp.ledger import PrivacyLedger
   from private_t5.tokenizer import spm
-  from private_t5.train import checkpoints
+  from private_t5.models import checkpoints
   work = tempfile.mkdtemp(prefix="bench_memorization_")
   linux = _read("linux_docs.jsonl.gz")
   vocab_path = spm.train_from_sentences((d.text for d in linux[:1500]), os.path.join(work, "spm.model"),

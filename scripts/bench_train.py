@@ -65,7 +65,8 @@ def main(argv=None):
   from private_t5.data.source import make_source  # pylint: disable=g-import-not-at-top
   from private_t5.dp.aggregator import DPAggregator, MeanAggregator  # pylint: disable=g-import-not-at-top
   from private_t5.io import write_json_atomic  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, optimizers, partitioning  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers, partitioning  # pylint: disable=g-import-not-at-top
   from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 

@@ -65,7 +65,7 @@ def _model_config(vocab_size):
 
 def _exposures(model_dir, vocab, fmt, canaries):
   from private_t5.eval import exposure, memorization  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, config, _ = checkpoints.restore_for_inference(model_dir)
   evaluator = exposure.ExposureEvaluator(memorization.make_scorer(params, config),
                                          exposure.CandidateEncoder(vocab, fmt, exposure.PREFIX_SCORING),

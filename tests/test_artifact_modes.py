@@ -14,7 +14,7 @@ from private_t5 import cli
 from private_t5 import io as io_lib
 from private_t5.models import load_preset, param_shapes
 from private_t5.tokenizer import dp_spm, spm
-from private_t5.train import checkpoints
+from private_t5.models import checkpoints
 
 
 @pytest.fixture

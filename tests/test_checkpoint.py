@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from private_t5.errors import CheckpointError
-from private_t5.train import checkpoints
+from private_t5.models import checkpoints
 
 from micro_run import fortunes_corpus_and_vocab
 
@@ -96,6 +96,28 @@ def test_unfinished_save_is_invisible_and_cleaned(tmp_path):
 def test_restore_for_inference_errors(tmp_path):
   with pytest.raises(CheckpointError, match="no checkpoints"):
     checkpoints.restore_for_inference(str(tmp_path))
+
+
+def test_restore_for_inference_reads_the_new_latest_after_a_rotation(tmp_path, monkeypatch):
+  """Every reader (evaluate, memorization, export) survives a training rotating the latest away."""
+  manager = checkpoints.CheckpointManager(str(tmp_path), keep=1, async_save=False)
+  manager.save(1, _state(1), {})
+  manager.close()
+  directory = tmp_path / "checkpoints"
+  reads = []
+
+  def read(model_dir, step):
+    reads.append(step)
+    if (directory / "1").exists():  # the training saves step 2 and deletes step 1 meanwhile
+      os.rename(directory / "1", directory / "2")
+      raise CheckpointError("checkpoint 1 vanished")
+    return "params", "config", {"step": 2}
+
+  monkeypatch.setattr(checkpoints, "_read_for_inference", read)
+  assert checkpoints.restore_for_inference(str(tmp_path))[2] == {"step": 2} and reads == [None, None]
+  os.rename(directory / "2", directory / "1")
+  with pytest.raises(CheckpointError, match="vanished"):  # a given step is read once
+    checkpoints.restore_for_inference(str(tmp_path), step=1)
 
 
 # -- kill -9 and resume --------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def test_dp_finetuning_writes_a_ledger_over_the_finetuning_set(tmp_path, vocab, 
   assert math.isfinite(report["training_epsilon"]) and report["training_epsilon"] > 0
   assert report["delta"] <= 1.0 / train.num_examples
   # The ledger is stored in the checkpoint too (restore_for_inference returns its report).
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, config, info = checkpoints.restore_for_inference(model_dir)
   assert info["privacy_report"]["training_epsilon"] == pytest.approx(report["training_epsilon"])
   assert info["vocab_path"] == os.path.abspath(vocab)
@@ -104,7 +104,7 @@ def test_dp_finetune_gin_from_imported_hf_weights(tmp_path, vocab):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from private_t5 import cli  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
   # The shapes of configs/models/t5_1_0_tiny.gin with VOCAB_SIZE=1024.

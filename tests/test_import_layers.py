@@ -11,7 +11,10 @@ needs no heavy imports and fails on the line that breaks a rule:
 
 A module may import modules of its own rank or below, never above; no import cycle between
 modules; no private name (`_x`) imported from another module; Gin only in the entry layer;
-`dp_accounting` only in `dp/accounting.py`.
+`dp_accounting` only in `dp/accounting.py`. By folder, whatever the module's rank (commands
+included): train/, eval/ and selective/ never import one another, and no other folder imports
+them; checkpoints are read and written through models/ (`models.checkpoints`). Only the two
+stages of selective DP that run a training (`TRAINING_STAGES`) import train/.
 """
 import ast
 import pathlib
@@ -32,6 +35,10 @@ PACKAGE_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "e
 ENTRY_RANK = 4
 # The one module that talks to `dp_accounting`.
 ACCOUNTING_MODULE = "private_t5.dp.accounting"
+# Folders of the stage libraries: siblings that share the layers below and import no other.
+STAGE_FOLDERS = ("train", "eval", "selective")
+# Stages of selective DP that run a training (`train.main.train`) with their own setup.
+TRAINING_STAGES = {"private_t5.selective.jft", "private_t5.selective.adaptive_train"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -55,6 +62,19 @@ def rank(module: str) -> int:
   if len(parts) == 1 or (len(parts) == 2 and parts[1] not in PACKAGE_RANKS):
     return 0  # the package root and its top-level modules: the base layer
   return PACKAGE_RANKS[parts[1]]
+
+
+def folder(module: str):
+  """The layer folder of a module (`models`, `train`, ...), None for the package's top level."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PACKAGE_RANKS) else None
+
+
+def crosses_stage_folders(module: str, target: str) -> bool:
+  """Whether `module` importing `target` reaches into a stage folder other than its own."""
+  if module in TRAINING_STAGES and folder(target) == "train":
+    return False
+  return folder(module) is not None and folder(target) in STAGE_FOLDERS and folder(target) != folder(module)
 
 
 def _resolve(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
@@ -102,6 +122,16 @@ def test_imports_point_down():
         bad.append(f"{MODULES[module].relative_to(ROOT.parent)}:{line}: {module} (layer {rank(module)}) "
                    f"imports {target} (layer {rank(target)})")
   assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_stage_folders_are_imported_only_by_the_top_level():
+  bad = []
+  for module in MODULES:
+    for target, _, line in imports_of(module):
+      if target in MODULES and crosses_stage_folders(module, target):
+        bad.append(f"{MODULES[module].relative_to(ROOT.parent)}:{line}: {module} imports {target}")
+  assert not bad, ("imports into another stage folder (checkpoints are read through "
+                   "private_t5.models.checkpoints):\n" + "\n".join(bad))
 
 
 def test_no_import_cycles():
@@ -180,8 +210,23 @@ def test_dp_accounting_only_in_dp_accounting_module():
 
 @pytest.mark.parametrize("module,importer,expected", [
     ("private_t5.errors", "private_t5.models.config", True),
-    ("private_t5.train.checkpoints", "private_t5.data.glue_tasks", False),
+    ("private_t5.train.loop", "private_t5.data.glue_tasks", False),
+    ("private_t5.models.checkpoints", "private_t5.eval.memorization", True),
 ])
 def test_rank_rule_itself(module, importer, expected):
   assert (rank(module) <= rank(importer)) is expected
+
+
+@pytest.mark.parametrize("module,target,expected", [
+    ("private_t5.models.export_cli", "private_t5.train.loop", True),
+    ("private_t5.eval.memorization_cli", "private_t5.train.main", True),
+    ("private_t5.selective.adaptive", "private_t5.train.main", True),
+    ("private_t5.eval.report", "private_t5.selective.adaptive", True),
+    ("private_t5.selective.jft", "private_t5.train.main", False),
+    ("private_t5.train.main", "private_t5.models.checkpoints", False),
+    ("private_t5.bench", "private_t5.train.trainer", False),
+    ("private_t5.eval.evaluate_cli", "private_t5.eval.report", False),
+])
+def test_stage_folder_rule_itself(module, target, expected):
+  assert crosses_stage_folders(module, target) is expected
 

@@ -190,7 +190,7 @@ def _save_checkpoint(o, model_dir):
   """Writes the overfit parameters as a training run's checkpoint (the train stage's layout)."""
   import dataclasses
   from private_t5.dp.ledger import PrivacyLedger
-  from private_t5.train import checkpoints
+  from private_t5.models import checkpoints
   manager = checkpoints.CheckpointManager(str(model_dir), async_save=False)
   ledger = PrivacyLedger.non_private_baseline(num_examples=len(o["train_docs"]), batch_size=len(o["train_docs"]))
   manager.save(400, {"params": o["params"]}, {

@@ -14,7 +14,8 @@ import pytest
 
 from private_t5 import launch_cli
 from private_t5.errors import ConfigError
-from private_t5.train import checkpoints, loop, partitioning
+from private_t5.models import checkpoints
+from private_t5.train import loop, partitioning
 
 from conftest import expected
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab

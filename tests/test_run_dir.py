@@ -14,7 +14,8 @@ import pytest
 
 from private_t5 import launch_cli
 from private_t5.errors import CheckpointError
-from private_t5.train import checkpoints, loop, main, run_lock
+from private_t5.models import checkpoints, run_dir, run_lock
+from private_t5.train import loop, main
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
@@ -39,7 +40,7 @@ def _target():
 
 def _hold_lock(model_dir: str) -> subprocess.Popen:
   """A process that takes MODEL_DIR's lock, says so on stdout, then sleeps."""
-  code = ("import sys, time; from private_t5.train import run_lock; run_lock.acquire(sys.argv[1]); "
+  code = ("import sys, time; from private_t5.models import run_lock; run_lock.acquire(sys.argv[1]); "
           "print('locked', flush=True); time.sleep(600)")
   proc = subprocess.Popen([sys.executable, "-c", code, model_dir], cwd=PROJECT_ROOT, env=_env(),
                           stdout=subprocess.PIPE, text=True)
@@ -63,7 +64,7 @@ def test_second_process_on_a_locked_model_dir_is_refused(tmp_path):
   manager = checkpoints.CheckpointManager(model_dir)
   manager.save(1, _state(1), {})
   manager.close()
-  assert json.load(open(os.path.join(model_dir, run_lock.LOCK_FILENAME)))["pid"] == os.getpid()
+  assert json.load(open(os.path.join(model_dir, run_dir.LOCK_FILENAME)))["pid"] == os.getpid()
 
 
 def test_lock_is_reentrant_in_one_process_and_released_on_close(tmp_path):
@@ -73,7 +74,7 @@ def test_lock_is_reentrant_in_one_process_and_released_on_close(tmp_path):
   second.close()
   first.close()
   checkpoints.CheckpointManager(model_dir).latest_step()  # dropped without close: lock released
-  code = "import sys; from private_t5.train import run_lock; run_lock.acquire(sys.argv[1]); print('ok')"
+  code = "import sys; from private_t5.models import run_lock; run_lock.acquire(sys.argv[1]); print('ok')"
   done = subprocess.run([sys.executable, "-c", code, model_dir], cwd=PROJECT_ROOT, env=_env(),
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
@@ -83,7 +84,8 @@ def test_lock_is_reentrant_in_one_process_and_released_on_close(tmp_path):
 _OPEN_MODEL_DIR = """
 import sys
 from private_t5.errors import PrivateT5Error
-from private_t5.train import checkpoints, partitioning
+from private_t5.models import checkpoints
+from private_t5.train import partitioning
 partitioning.initialize_distributed()
 try:
   checkpoints.CheckpointManager(sys.argv[1], keep=1).close()
@@ -225,7 +227,7 @@ from private_t5 import flags
 flags.configure_logging()
 from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler
 from private_t5.errors import CheckpointError
-from private_t5.train import checkpoints
+from private_t5.models import checkpoints
 
 async def disk_full(self, x, directory):
   await asyncio.sleep(0.5)  # the array writes finish first, as when the disk fills up on the last file

@@ -146,7 +146,8 @@ def test_canary_masked_by_the_detector_is_not_memorized_in_phase1(shared_data, t
   from private_t5.data import source as source_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import canaries as canaries_lib, exposure, memorization  # pylint: disable=g-import-not-at-top
   from private_t5.models import T5Config  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, main as train_main, optimizers  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.train import main as train_main, optimizers  # pylint: disable=g-import-not-at-top
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   docs = list(corpora.iter_documents(corpus, max_documents=200))
   vocab_path = str(tmp_path / "spm.model")

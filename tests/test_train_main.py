@@ -12,7 +12,8 @@ import pytest
 from private_t5 import gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
-from private_t5.train import checkpoints, main, metrics, privacy
+from private_t5.models import checkpoints
+from private_t5.train import main, metrics, privacy
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 

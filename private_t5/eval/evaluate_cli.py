@@ -167,7 +167,7 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   """
   from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   for macro, value in (("MODEL_DIR", model_dir), ("MIXTURE_OR_TASK_NAME", task_or_mixture)):
     if not isinstance(value, str) or not value:
       raise ConfigError(f"{macro} is required: pass --gin.{macro}=...")

@@ -41,10 +41,11 @@ AUTO = "auto"
 
 def _objective_of(info: dict, model_dir: str) -> Optional[str]:
   """The pretraining objective: from the checkpoint info, else the run's operative config.gin."""
+  from private_t5.models import run_dir  # pylint: disable=g-import-not-at-top
   for source in (info, info.get("data") or {}):
     if isinstance(source, dict) and source.get("objective"):
       return str(source["objective"])
-  config_gin = os.path.join(model_dir, "config.gin")
+  config_gin = run_dir.config_path(model_dir)
   if os.path.isfile(config_gin):
     with open(config_gin, encoding="utf-8") as f:
       match = re.search(r"^(?:OBJECTIVE|\S*make_source\.objective)\s*=\s*['\"](\w+)['\"]", f.read(), re.M)
@@ -197,7 +198,7 @@ def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
   """The checkpoint, its vocabulary (the recorded one unless `vocab_path`) and its privacy ledger."""
   from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
   recorded_vocab = info.get("vocab_path")
   if vocab_path is None:

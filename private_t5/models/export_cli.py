@@ -27,8 +27,6 @@ logger = logging.getLogger(__name__)
 FORMATS = ("hf",)
 VOCAB_FILE = "spiece.model"
 TEMP_PREFIX = ".export_hf_"
-# How often the latest checkpoint is read again when a running training rotates it away.
-ROTATION_RETRIES = 5
 
 
 def _privacy_report(model_dir: str, info: Dict[str, Any], ledger_lib) -> Dict[str, Any]:
@@ -42,29 +40,6 @@ def _privacy_report(model_dir: str, info: Dict[str, Any], ledger_lib) -> Dict[st
   return ledger_lib.no_guarantee_report()
 
 
-def _step_names(model_dir: str, checkpoints) -> List[str]:
-  """The names of the complete checkpoint steps in `model_dir` (orbax renames a step into place)."""
-  try:
-    return sorted(n for n in os.listdir(os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR)) if n.isdigit())
-  except OSError:
-    return []
-
-
-def _restore(model_dir: str, step: Optional[int], checkpoints):
-  """`restore_for_inference`; the latest checkpoint is read again from the new latest when a
-  running training deletes it (keep_checkpoints rotation) while it is read."""
-  attempt = 0
-  while True:
-    before = _step_names(model_dir, checkpoints)
-    try:
-      return checkpoints.restore_for_inference(model_dir, step)
-    except CheckpointError:
-      attempt += 1
-      if step is not None or attempt >= ROTATION_RETRIES or _step_names(model_dir, checkpoints) == before:
-        raise
-      logger.info("a checkpoint of %s was rotated away while it was read; reading the new latest", model_dir)
-
-
 def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Optional[int] = None,
                      vocab_path: Optional[str] = None) -> str:
   """Exports the checkpoint of `model_dir` (latest, or `step`) to `output`; returns `output`.
@@ -76,13 +51,12 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
   import numpy as np  # pylint: disable=g-import-not-at-top
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints, hf_export  # pylint: disable=g-import-not-at-top
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r} is not supported (formats: {', '.join(FORMATS)})")
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
     raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
-  params, config, info = _restore(model_dir, step, checkpoints)
+  params, config, info = checkpoints.restore_for_inference(model_dir, step)
   vocab_path = vocab_path or info.get("vocab_path")
   if not vocab_path or not os.path.isfile(vocab_path):
     raise CheckpointError(f"the vocabulary of {model_dir!r} ({vocab_path!r}) is missing; "

@@ -36,9 +36,9 @@ def import_to_model_dir(hf_dir: str, model_dir: str, vocab_path: Optional[str] =
     CheckpointError: `model_dir` already holds checkpoints, or `hf_dir` is not a T5 directory.
   """
   from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints, run_dir  # pylint: disable=g-import-not-at-top
 
-  if os.path.isdir(os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR)):
+  if run_dir.has_checkpoints(model_dir):
     raise CheckpointError(f"{model_dir!r} already holds checkpoints; choose a new --model_dir")
   params, config = hf_convert.import_hf_t5(hf_dir)
   vocab_path = vocab_path or hf_convert.hf_vocabulary_path(hf_dir)
@@ -61,13 +61,13 @@ def import_to_model_dir(hf_dir: str, model_dir: str, vocab_path: Optional[str] =
     if os.path.isdir(model_dir) and not os.listdir(model_dir):
       os.rmdir(model_dir)
     if os.path.exists(model_dir):
-      shutil.move(os.path.join(tmp_dir, checkpoints.CHECKPOINT_SUBDIR), model_dir)
+      shutil.move(run_dir.checkpoints_dir(tmp_dir), model_dir)
     else:
       os.replace(tmp_dir, model_dir)
   finally:
     if os.path.isdir(tmp_dir):
       shutil.rmtree(tmp_dir, ignore_errors=True)
-  logger.info("wrote %s", os.path.join(model_dir, checkpoints.CHECKPOINT_SUBDIR, "0"))
+  logger.info("wrote %s", os.path.join(run_dir.checkpoints_dir(model_dir), "0"))
   if not vocab_path:
     logger.warning("no spiece.model in %s and no --vocab_path: the model directory records no vocabulary",
                    hf_dir)

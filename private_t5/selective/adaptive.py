@@ -144,7 +144,7 @@ def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *
     raise ConfigError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
   if not os.path.isdir(reference_model_dir):
     raise CheckpointError(f"reference model checkpoint not found: {reference_model_dir!r}")
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, model_config, info = checkpoints.restore_for_inference(reference_model_dir)
   vocab_size = int(source.store.manifest.get("vocab_size", 0)) if hasattr(source, "store") else 0
   if vocab_size > model_config.vocab_size:

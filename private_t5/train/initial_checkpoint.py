@@ -87,7 +87,7 @@ def _read_uncached(path: str):
     info = {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
             "vocab_path": hf_convert.hf_vocabulary_path(path), "privacy_report": None}
     return params, config, info
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, config, info = checkpoints.restore_for_inference(path)
   info = dict(info, kind="private_t5", path=os.path.abspath(path))
   return params, config, info

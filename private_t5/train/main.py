@@ -113,7 +113,7 @@ def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
   With several processes the seeds of process 0 are sent to all the others before the first
   step, so that every process samples the same batches and draws the same noise key.
   """
-  from private_t5.train import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   saved = checkpoints.saved_seeds(manager)
   seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
@@ -213,7 +213,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   """
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.train import checkpoints, loop, partitioning, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoints, run_dir  # pylint: disable=g-import-not-at-top
+  from private_t5.train import loop, partitioning, privacy  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
@@ -242,7 +243,7 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint)
     if partitioning.is_primary():
-      gin_utils.save_operative_config(model_dir)
+      gin_utils.save_operative_config(run_dir.config_path(model_dir))
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate)
     trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
@@ -264,7 +265,7 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   finally:
     manager.close(discard_if_unused=failed)
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
-                 config_gin=os.path.join(os.path.abspath(model_dir), "config.gin"),
+                 config_gin=os.path.abspath(run_dir.config_path(model_dir)),
                  noise_multiplier=setup.noise_multiplier)
   if summary_hook is not None:
     summary.update(summary_hook(summary))

@@ -18,8 +18,8 @@ import time
 from typing import Dict, Mapping, Optional, TextIO
 
 from private_t5 import quiet_tf
+from private_t5.models import run_dir
 
-TENSORBOARD_SUBDIR = "tensorboard"
 # Tag prefix of metrics computed from private data without DP (training batches, validation).
 NOT_DP_PREFIX = "nondp/"
 # summary.json keys of a DP run computed from private data without DP (listed under "not_dp").
@@ -41,7 +41,7 @@ class SummaryWriter:
   """Scalars to TensorBoard event files in MODEL_DIR/tensorboard/<split> (tf.summary)."""
 
   def __init__(self, model_dir: str, enabled: bool = True):
-    self._root = os.path.join(model_dir, TENSORBOARD_SUBDIR)
+    self._root = run_dir.tensorboard_dir(model_dir)
     self._enabled = enabled
     self._writers = {}
 

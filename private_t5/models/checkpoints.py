@@ -1,11 +1,8 @@
 """Checkpoints with orbax: every N steps, keep the last K, atomic, resume from the latest.
 
-Layout of a model directory:
-
-  MODEL_DIR/checkpoints/<step>/state     params, optimizer state, step (orbax PyTree)
-  MODEL_DIR/checkpoints/<step>/metadata  JSON: model config, fingerprint, run seeds, privacy
-                                         ledger, vocabulary path, step
-  MODEL_DIR/config.gin, privacy_report.json, summary.json, train/ validation/ (TensorBoard)
+The one reader and writer of MODEL_DIR/checkpoints/ (the layout is in `run_dir`): training
+saves and resumes through `CheckpointManager`; evaluation, memorization, adaptive DP,
+fine-tuning and export read parameters through `restore_for_inference`.
 
 Atomicity: orbax writes a step into a temporary directory and renames it once every item is
 complete, so a process killed at any moment (also during a save) leaves only complete steps
@@ -34,10 +31,12 @@ import numpy as np
 
 from private_t5.errors import CheckpointError
 from private_t5.io import json_default
-from private_t5.train import run_lock
+from private_t5.models import run_dir, run_lock
+from private_t5.models.config import T5Config
+
+logger = logging.getLogger(__name__)
 
 PyTree = Any
-CHECKPOINT_SUBDIR = "checkpoints"
 STATE_ITEM = "state"
 METADATA_ITEM = "metadata"
 FORMAT_VERSION = 1
@@ -133,7 +132,7 @@ class CheckpointManager:
       raise CheckpointError(f"keep_checkpoints must be >= 1, got {keep}")
     # What this manager creates, removed again by `close(discard_if_unused=True)`.
     self._created_model_dir = not os.path.exists(model_dir)
-    self._created_checkpoints = not os.path.exists(os.path.join(model_dir, CHECKPOINT_SUBDIR))
+    self._created_checkpoints = not os.path.exists(run_dir.checkpoints_dir(model_dir))
     # One lock per run: in a multi-process run process 0 holds it for all of them.
     self._lock = run_lock.acquire_on_process_0(model_dir, before=lambda: check_writable(model_dir))
     try:
@@ -148,7 +147,7 @@ class CheckpointManager:
   def _open(self, model_dir, keep, fingerprint, async_save) -> None:
     ocp = _ocp()
     self.model_dir = model_dir
-    self.directory = os.path.abspath(os.path.join(model_dir, CHECKPOINT_SUBDIR))
+    self.directory = os.path.abspath(run_dir.checkpoints_dir(model_dir))
     self.fingerprint = fingerprint
     self._pending: Optional[Tuple[int, Optional[Callable[[], None]]]] = None
     _make_private_dir(self.directory)
@@ -369,8 +368,8 @@ class CheckpointManager:
     try:
       if self._created_checkpoints and os.path.isdir(self.directory) and not os.listdir(self.directory):
         os.rmdir(self.directory)
-      lock_file = os.path.join(self.model_dir, run_lock.LOCK_FILENAME)
-      if self._created_model_dir and os.listdir(self.model_dir) == [run_lock.LOCK_FILENAME]:
+      lock_file = run_dir.lock_path(self.model_dir)
+      if self._created_model_dir and os.listdir(self.model_dir) == [run_dir.LOCK_FILENAME]:
         os.remove(lock_file)
         os.rmdir(self.model_dir)
     except OSError:
@@ -430,8 +429,16 @@ def _lookup(tree: Any, dotted: Optional[str]) -> Any:
   return node
 
 
+# How often the latest checkpoint is read again when a running training rotates it away.
+ROTATION_RETRIES = 5
+
+
 def restore_for_inference(model_dir: str, step: Optional[int] = None):
-  """Parameters of a trained model, for evaluation, memorization tests and fine-tuning.
+  """Parameters of a trained model, for evaluation, memorization tests, fine-tuning and export.
+
+  Reading the latest checkpoint of a running training is safe: a checkpoint that its
+  `keep_checkpoints` rotation deletes while it is read is read again from the new latest (up to
+  `ROTATION_RETRIES` times). A given `step` is read once.
 
   Args:
     model_dir: a training run's MODEL_DIR.
@@ -446,9 +453,22 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
   Raises:
     CheckpointError: no checkpoint (or not that step) in `model_dir`, or an unreadable one.
   """
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  attempt = 0
+  while True:
+    before = run_dir.checkpoint_step_names(model_dir)
+    try:
+      return _read_for_inference(model_dir, step)
+    except CheckpointError:
+      attempt += 1
+      if step is not None or attempt >= ROTATION_RETRIES or run_dir.checkpoint_step_names(model_dir) == before:
+        raise
+      logger.info("a checkpoint of %s was rotated away while it was read; reading the new latest", model_dir)
+
+
+def _read_for_inference(model_dir: str, step: Optional[int]):
+  """One reading of `restore_for_inference`."""
   ocp = _ocp()
-  directory = os.path.abspath(os.path.join(model_dir, CHECKPOINT_SUBDIR))
+  directory = os.path.abspath(run_dir.checkpoints_dir(model_dir))
   if not os.path.isdir(directory):
     raise CheckpointError(f"no checkpoints in {model_dir!r} (expected {directory})")
   manager = ocp.CheckpointManager(
@@ -481,7 +501,7 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
   finally:
     manager.close()
   params = jax.tree.map(np.asarray, restored["params"])
-  model_config = models.T5Config(**metadata["model_config"])
+  model_config = T5Config(**metadata["model_config"])
   info = {
       "step": int(step),
       "vocab_path": metadata.get("vocab_path"),

@@ -26,8 +26,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from private_t5.errors import CheckpointError
-
-LOCK_FILENAME = ".lock"
+from private_t5.models import run_dir
 
 _HELD: Dict[str, Tuple[int, int]] = {}  # realpath of the lock file -> (fd, count)
 _MUTEX = threading.Lock()
@@ -50,7 +49,7 @@ def acquire(model_dir: str) -> str:
   """
   try:
     os.makedirs(model_dir, exist_ok=True)
-    key = os.path.realpath(os.path.join(model_dir, LOCK_FILENAME))
+    key = os.path.realpath(run_dir.lock_path(model_dir))
   except OSError as e:
     raise CheckpointError(f"model_dir {model_dir!r} is not writable: {e.strerror or e}") from e
   with _MUTEX:
