@@ -275,7 +275,7 @@ def test_other_model_types_and_seeded_runs_are_deterministic(tmp_path, model_typ
 def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   """The report carries the model's SHA-256; the ledger composes it for that vocabulary only."""
   from private_t5.io import file_sha256  # pylint: disable=g-import-not-at-top
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
   corpus = _write_jsonl(tmp_path / "c.jsonl", texts)
   out = str(tmp_path / "v" / "dp.model")
@@ -309,7 +309,7 @@ dp_spm.train_dp_vocabulary(sys.argv[1], sys.argv[2], vocab_size=int(sys.argv[3])
 
 def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
   """Model and report are one unit: a kill leaves neither (new folder) or the old pair (re-run)."""
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
