@@ -62,7 +62,7 @@ CONFIGURABLES = {
     "T5Config": "private_t5.models.config:T5Config",
     # training (`private-t5 train`, and the runs built on it)
     "train": "private_t5.train.main:train",
-    "DPConfig": "private_t5.train.privacy:DPConfig",
+    "DPConfig": "private_t5.dp.mechanism:DPConfig",
     "make_source": "private_t5.data.source:make_source",
     "make_glue_source": "private_t5.data.glue_tasks:make_glue_source",
     "finetune_vocab_path": "private_t5.train.initial_checkpoint:finetune_vocab_path",

@@ -9,7 +9,7 @@
   python scripts/bench_finetune.py scores --preset=t5_1_0_tiny --steps=300 --batch_size=32
 
 Both modes use the production path: `GlueSource` batches, the trainer's `Trainer` with the
-aggregator `train.privacy.setup_privacy` builds (MeanAggregator, or DPAggregator with
+aggregator `dp.mechanism.build_mechanism` builds (MeanAggregator, or DPAggregator with
 Poisson sampling), Adafactor; `scores` runs `private-t5 train`'s `train()` then the
 evaluation of `private-t5 evaluate`. Without --vocab_path a small SentencePiece model is
 trained on the tasks' training text. Results are printed and written as JSON (--output).
@@ -61,7 +61,8 @@ def throughput(args, vocab_path: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, partitioning, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers, partitioning  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   source = glue_tasks.GlueSource(args.task, "train", vocab_path, lengths)
@@ -74,10 +75,11 @@ def throughput(args, vocab_path: str) -> dict:
     row = {}
     for mode in ("public", "dp"):
       dp = privacy.DPConfig(clip_norm=1.0, noise_multiplier=1.0) if mode == "dp" else None
-      setup = privacy.setup_privacy(dp, loss_fn=make_loss_fn(config), num_examples=source.num_examples,
-                                    privacy_unit=source.privacy_unit, batch_size=args.batch_size,
-                                    train_steps=args.steps, microbatch_size=args.microbatch_size,
-                                    sampler_seed=0, spmd_axis_name=None, log=lambda _: None)
+      setup = privacy.build_mechanism(dp, privacy.ExecutionSettings(microbatch_size=args.microbatch_size),
+                                      loss_fn=make_loss_fn(config), num_examples=source.num_examples,
+                                      privacy_unit=source.privacy_unit, batch_size=args.batch_size,
+                                      train_steps=args.steps, sampler_seed=0, spmd_axis_name=None,
+                                      log=lambda _: None)
       trainer = Trainer(config, setup.aggregator, optimizers.adafactor(optimizers.constant_schedule(1e-3)),
                         mesh)
       state = trainer.init_state(jax.random.PRNGKey(0))
@@ -109,7 +111,8 @@ def scores(args, vocab_path: str) -> dict:
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
   from private_t5.eval import evaluate_cli  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   results = {"preset": args.preset, "steps": args.steps, "batch_size": args.batch_size,
              "learning_rate": args.learning_rate, "feature_lengths": lengths, "dp": args.dp, "tasks": {}}

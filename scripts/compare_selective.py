@@ -139,7 +139,8 @@ def main(argv=None):
   from private_t5.eval import canaries as canaries_lib  # pylint: disable=g-import-not-at-top
   from private_t5.selective import adaptive_train, jft, redaction  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  from private_t5.train import main as train_main, metrics, optimizers, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import main as train_main, metrics, optimizers  # pylint: disable=g-import-not-at-top
 
   out = os.path.abspath(args.output_dir)
   if args.replot:

@@ -7,7 +7,7 @@ from private_t5.tokenizer import spm
 
 # Gin overrides layered on configs/experiments/quickstart.gin: one layer each side, d_model 32,
 # 32/8 tokens, batch 8, 300 fortunes, fixed seeds (insecure: tests only), σ = 1, q·N = 0.5
-# (a cap of 8 rows then adds < 10% of δ over a few steps: setup_privacy refuses more).
+# (a cap of 8 rows then adds < 10% of δ over a few steps: build_mechanism refuses more).
 MICRO_TRAIN_ARGS = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
                     "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1",
                     "--gin.T5Config.num_decoder_layers=1", "--gin.BATCH_SIZE=8",

@@ -11,7 +11,7 @@ from private_t5.data import glue_tasks
 from private_t5.eval import evaluate_cli
 from private_t5.train import main as train_main
 from private_t5.train import optimizers
-from private_t5.train import privacy
+from private_t5.dp import mechanism as privacy
 
 from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-order
 from conftest import expected

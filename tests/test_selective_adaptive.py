@@ -17,7 +17,7 @@ from private_t5.models import T5Config
 from private_t5.selective import adaptive, adaptive_train
 from private_t5.tokenizer import spm
 from private_t5.train import main as train_main
-from private_t5.train import privacy
+from private_t5.dp import mechanism as privacy
 
 MICRO = T5Config(vocab_size=384, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                  num_decoder_layers=1, dropout_rate=0.0)

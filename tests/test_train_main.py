@@ -12,8 +12,9 @@ import pytest
 from private_t5 import gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
+from private_t5.dp import mechanism as privacy
 from private_t5.models import checkpoints
-from private_t5.train import main, metrics, privacy
+from private_t5.train import main, metrics
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
@@ -254,13 +255,13 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
 
 def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, tmp_path, monkeypatch):
   """An error only σ calibration can find (an unreachable target ε) undoes the failed start."""
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
   corpus, vocab = corpus_and_vocab
 
   def unreachable(*args, **kwargs):
     raise PrivacyError("target_epsilon=0.001 is unreachable")
 
-  monkeypatch.setattr(privacy, "setup_privacy", unreachable)
+  monkeypatch.setattr(privacy, "build_mechanism", unreachable)
   model_dir = tmp_path / "run"
   with pytest.raises(PrivacyError, match="unreachable"):
     main.run_from_args(_args(str(model_dir), corpus, vocab, 2))

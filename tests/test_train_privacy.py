@@ -1,7 +1,8 @@
-"""The trainer's privacy setup: one config swaps aggregator, sampler and ledger."""
+"""The DP mechanism: one config, validated once, builds the aggregator, the sampler and the ledger."""
 import json
 import math
 
+import numpy as np
 import pytest
 
 from private_t5.dp import accounting
@@ -10,8 +11,8 @@ from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.io import file_sha256
-from private_t5.train import privacy
-from private_t5.train.privacy import DPConfig
+from private_t5.dp import mechanism as privacy
+from private_t5.dp.mechanism import DPConfig, ExecutionSettings
 
 
 def _loss_fn(params, batch, dropout_rng=None):
@@ -22,7 +23,8 @@ def _setup(dp, **overrides):
   kwargs = dict(loss_fn=_loss_fn, num_examples=1000, privacy_unit="document", batch_size=32, train_steps=100,
                 microbatch_size=None, sampler_seed=3, log=lambda _: None)
   kwargs.update(overrides)
-  return privacy.setup_privacy(dp, **kwargs)
+  execution = ExecutionSettings(microbatch_size=kwargs.pop("microbatch_size"))
+  return privacy.build_mechanism(dp, execution, **kwargs)
 
 
 def test_non_private_baseline():
@@ -48,7 +50,7 @@ def test_dp_pieces_share_one_mechanism():
   assert ledger.sampling_rate == sampler.sampling_rate and ledger.noise_multiplier == 1.1
   assert ledger.max_batch_size == 32 and ledger.truncation_probability == pytest.approx(
       accounting.truncation_probability(1000, 0.004, 32))
-  assert setup.mechanism()["noise_multiplier"] == 1.1 and setup.mechanism()["non_private"] is False
+  assert setup.fingerprint()["noise_multiplier"] == 1.1 and setup.fingerprint()["non_private"] is False
   assert setup.microbatch_size is None
 
 
@@ -228,18 +230,87 @@ def test_expected_batch_size_whose_truncation_breaks_delta_is_refused():
   assert ledger.training_delta() - ledger.delta <= 0.1 * ledger.delta
 
 
-@pytest.mark.parametrize("dp, match", [
-    (DPConfig(noise_multiplier=0.0), "noise_multiplier"),
-    (DPConfig(noise_multiplier=1.0, clip_norm=0.0), "clip_norm"),
-    (DPConfig(noise_multiplier=1.0, target_epsilon=2.0), "exactly one"),
-    (DPConfig(), "exactly one"),
-    (DPConfig(noise_multiplier=1.0, sampling="fixed"), "poisson"),
-    (DPConfig(noise_multiplier=1.0, expected_batch_size=64, sampling="poisson_truncated"),
+@pytest.mark.parametrize("config, match", [
+    (dict(noise_multiplier=0.0), "noise_multiplier"),
+    (dict(noise_multiplier=1.0, clip_norm=0.0), "clip_norm"),
+    (dict(noise_multiplier=1.0, target_epsilon=2.0), "exactly one"),
+    (dict(), "exactly one"),
+    (dict(noise_multiplier=1.0, sampling="fixed"), "poisson"),
+    (dict(noise_multiplier=1.0, expected_batch_size=64, sampling="poisson_truncated"),
      "exceeds the padded batch_size"),
-    (DPConfig(noise_multiplier=1.0, expected_batch_size=5000), "larger than the dataset"),
-    (DPConfig(noise_multiplier=1.0, delta=1.5), "delta"),
-    (DPConfig(target_epsilon=1e-9, expected_batch_size=16, delta=1e-6), "unreachable"),
+    (dict(noise_multiplier=1.0, expected_batch_size=5000), "larger than the dataset"),
+    (dict(noise_multiplier=1.0, delta=1.5), "delta"),
+    (dict(target_epsilon=1e-9, expected_batch_size=16, delta=1e-6), "unreachable"),
 ])
-def test_bad_privacy_parameters(dp, match):
+def test_bad_privacy_parameters(config, match):
   with pytest.raises(PrivacyError, match=match):
-    _setup(dp)
+    _setup(DPConfig(**config))
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(noise_multiplier=0.0), "noise_multiplier"),
+    (dict(noise_multiplier=-1.0), "noise_multiplier"),
+    (dict(noise_multiplier=float("nan")), "noise_multiplier"),
+    (dict(noise_multiplier=1.0, clip_norm=0.0), "clip_norm"),
+    (dict(noise_multiplier=1.0, clip_norm=float("inf")), "clip_norm"),
+    (dict(noise_multiplier=1.0, target_epsilon=2.0), "exactly one"),
+    (dict(), "exactly one"),
+    (dict(target_epsilon=0.0), "target_epsilon"),
+    (dict(target_epsilon=float("inf")), "target_epsilon"),
+    (dict(noise_multiplier=1.0, delta=0.0), "delta"),
+    (dict(noise_multiplier=1.0, delta=1.0), "delta"),
+    (dict(noise_multiplier=1.0, accountant="bogus"), "accountant"),
+    (dict(noise_multiplier=1.0, sampling="fixed"), "sampling"),
+    (dict(noise_multiplier=1.0, expected_batch_size=0), "expected_batch_size"),
+])
+def test_bad_config_values_fail_when_the_config_is_made(config, match):
+  """Each value is checked once, by DPConfig itself, in one line: nothing else is needed."""
+  with pytest.raises(PrivacyError, match=match) as error:
+    DPConfig(**config)
+  assert len(str(error.value).splitlines()) == 1
+
+
+def test_speed_settings_are_apart_from_the_privacy_config():
+  assert ExecutionSettings() == ExecutionSettings(method="ghost", microbatch_size=None)
+  with pytest.raises(ConfigError, match="method must be one of"):
+    ExecutionSettings(method="loop")
+  with pytest.raises(ConfigError, match="microbatch_size"):
+    ExecutionSettings(microbatch_size=0)
+  with pytest.raises(ConfigError, match="method must be one of"):
+    DPConfig(noise_multiplier=1.0, method="loop")
+  # The deprecated DPConfig.method feeds the speed settings, with a warning; it never changes
+  # the mechanism.
+  lines = []
+  legacy = DPConfig(noise_multiplier=1.0, expected_batch_size=4, method="vmap")
+  execution = ExecutionSettings.for_run(legacy, None, 8, log=lines.append)
+  assert execution == ExecutionSettings(method="vmap", microbatch_size=8)
+  assert any("deprecated" in line and "train.clipping_method" in line for line in lines)
+  assert ExecutionSettings.for_run(legacy, "vmap", None, log=lines.append).method == "vmap"
+  with pytest.raises(ConfigError, match="disagree"):
+    ExecutionSettings.for_run(legacy, "ghost", None, log=lines.append)
+  assert ExecutionSettings.for_run(DPConfig(noise_multiplier=1.0), None, None).method == "ghost"
+  vmap = privacy.build_mechanism(legacy, execution, loss_fn=_loss_fn, num_examples=1000, privacy_unit="document",
+                                 batch_size=32, train_steps=100, sampler_seed=3, log=lambda _: None)
+  ghost = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), microbatch_size=8)
+  assert isinstance(vmap.aggregator, DPAggregator) and type(ghost.aggregator).__name__ == "GhostDPAggregator"
+  assert vmap.fingerprint() == ghost.fingerprint()
+  assert vmap.ledger.report()["clipping_method"] == "vmap"
+
+
+def test_mechanism_reports_the_rows_of_each_step():
+  """The loop asks the mechanism, not the sampler, how many rows a step's sample runs on."""
+  fixed = _setup(None)
+  assert (fixed.batch_rows, fixed.variable_rows, fixed.microbatch_size) == (32, False, None)
+  assert fixed.rows_for_step(32, microbatched=False) == 32
+  truncated = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED))
+  assert (truncated.batch_rows, truncated.variable_rows, truncated.microbatch_size) == (32, False, None)
+  assert truncated.rows_for_step(3, microbatched=False) == 32
+  whole = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=20), microbatch_size=8)
+  assert (whole.batch_rows, whole.variable_rows, whole.microbatch_size) == (8, True, 8)
+  for n, microbatched, want in ((0, True, 0), (0, False, 8), (1, True, 8), (8, True, 8), (9, True, 16),
+                                (17, False, 24)):
+    assert whole.rows_for_step(n, microbatched=microbatched) == want
+  for step in range(5):  # the indices are the sampler's, step by step
+    np.testing.assert_array_equal(whole.indices_for_step(step), whole.sampler.indices_for_step(step))
+    assert whole.rows_for_step(len(whole.indices_for_step(step)), microbatched=True) == \
+        whole.sampler.padded_rows(len(whole.indices_for_step(step)))

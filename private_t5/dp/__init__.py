@@ -1,4 +1,5 @@
-"""The privacy layer: per-example clipped gradients, noise, sampling, accounting, ledger.
+"""The privacy layer: the mechanism object, per-example clipped gradients, noise, sampling,
+accounting, ledger.
 
 Names are imported lazily so that `private-t5 epsilon` (accounting only) does not pay for
 importing JAX.
@@ -10,6 +11,10 @@ _EXPORTS = {
     "MeanAggregator": "private_t5.dp.aggregator",
     "validate_dp_parameters": "private_t5.dp.aggregator",
     "GhostDPAggregator": "private_t5.dp.ghost",
+    "DPConfig": "private_t5.dp.mechanism",
+    "ExecutionSettings": "private_t5.dp.mechanism",
+    "Mechanism": "private_t5.dp.mechanism",
+    "build_mechanism": "private_t5.dp.mechanism",
     "make_dp_aggregator": "private_t5.dp.factory",
     "PoissonSampler": "private_t5.dp.sampling",
     "ShuffledBatchSampler": "private_t5.dp.sampling",

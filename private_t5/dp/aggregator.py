@@ -9,7 +9,9 @@ Both aggregators share one call signature, used inside the jitted train step:
   backward pass per microbatch.
 * `DPAggregator` (DP-SGD, Abadi et al. 2016, Alg. 1; Ponomareva et al. 2022, Sec. 3): each example's gradient
   is clipped to L2 norm <= C, the clipped gradients are summed, N(0, sigma^2 C^2) noise is
-  added to the SUM and the result is divided by the public expected batch size q N.
+  added to the SUM and the result is divided by the public expected batch size q N. A step's
+  sample may also run as several microbatches (`zero_sum`, `accumulate`, `finish`): the noise
+  is then added once, to the sum over all of them.
 
 `loss_fn(params, batch, dropout_rng) -> loss[B]` returns one loss per example (the model's
 `example_loss_fn` partially applied). Each example is evaluated as a batch of one under
@@ -42,6 +44,10 @@ import optax
 from private_t5.dp import clipping
 from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
 from private_t5.errors import PrivacyError
+
+
+# (float32 clipped sum, non-DP sums `clipping.SUM_NAMES`) of the microbatches of a step so far.
+Accumulator = Tuple[PyTree, Dict[str, jax.Array]]
 
 
 def _cast_like(tree: PyTree, params: PyTree) -> PyTree:
@@ -207,6 +213,32 @@ class DPAggregator:
                noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
     grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
     return self.finalize(params, grad_sum, noise_rng), metrics
+
+  # -- a step's sample in several microbatches (untruncated Poisson sampling) -------------------
+
+  def zero_sum(self, params: PyTree) -> Accumulator:
+    """The accumulator before a step's first microbatch: float32 zeros shaped like `params`
+    (concrete arrays or ShapeDtypeStructs) and zero statistics."""
+    return clipping.zeros_like_f32(params), {name: jnp.float32(0) for name in clipping.SUM_NAMES}
+
+  def accumulate(self, params: PyTree, acc: Accumulator, micro: Batch, dropout_rng: Optional[jax.Array],
+                 row_offset: jax.Array) -> Accumulator:
+    """`acc` + the noiseless clipped sum of one microbatch, rows `row_offset + [0, m)` of the
+    step's sample (their dropout keys fold in those positions, so m does not matter)."""
+    micro = dict(micro)
+    micro[clipping.ROW_ID] = row_offset + jnp.arange(clipping.num_rows(micro), dtype=jnp.int32)
+    grad_sum, metrics = self.clipped_sum(params, micro, dropout_rng)
+    acc_sum, acc_stats = acc
+    sums = clipping.sums_from_metrics(metrics)
+    return (jax.tree.map(jnp.add, acc_sum, grad_sum),
+            {name: acc_stats[name] + sums[name] for name in clipping.SUM_NAMES})
+
+  def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array]
+             ) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(the step's gradient, its non-DP metrics) from the sum over all its microbatches: the
+    noise is added once with the step's key (`finalize`)."""
+    grad_sum, stats = acc
+    return self.finalize(params, grad_sum, noise_rng), clipping.metrics_from_sums(**stats)
 
 
 def _key_after(key: jax.Array, value: jax.Array) -> jax.Array:

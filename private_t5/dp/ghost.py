@@ -271,7 +271,7 @@ def check_coverage(params: PyTree, recording: Recording) -> None:
   missing = sorted("/".join(p) for p in flat if p not in covered)
   if missing:
     raise ConfigError("ghost clipping cannot compute per-example norms of parameters that no "
-                      f"supported layer uses: {missing}; use DPConfig.method='vmap'")
+                      f"supported layer uses: {missing}; use train.clipping_method='vmap'")
   unknown = sorted("/".join(p) for p in covered if p not in flat)
   if unknown:
     raise ConfigError(f"recorded layers refer to unknown parameters: {unknown}")
@@ -279,7 +279,7 @@ def check_coverage(params: PyTree, recording: Recording) -> None:
     where = "; ".join(f"{'/'.join(p)} ({why})" for p, why in sorted(recording.unrecorded.items()))
     raise ConfigError("ghost clipping would not bound the whole per-example gradient: these "
                       f"parameters are also used outside their recorded layer: {where}; use "
-                      "DPConfig.method='vmap'")
+                      "train.clipping_method='vmap'")
 
 
 def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array],

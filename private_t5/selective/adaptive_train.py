@@ -7,6 +7,7 @@ privacy probability (`AdaptiveSource`) and the aggregator scales the noise by ga
 checkpoint records epsilon = infinity, and `adaptive_dp_report.json` beside it gives the
 implied-epsilon number of Wu et al. 2022 with its caveat.
 """
+import dataclasses
 import os
 import sys
 from typing import Callable, Optional, Sequence
@@ -39,7 +40,6 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
     ConfigError: no reference checkpoint, `dp` is None, or an argument `train` does not take.
   """
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
 
   if not reference_model_dir:
     raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
@@ -78,11 +78,12 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
     nominal["setup"] = dp_setup
     log(f"[adaptive] nominal σ={dp_setup.noise_multiplier:.4f} scaled by γ_B each step "
         "(NOT a formal DP guarantee)")
-    setup = privacy.PrivacySetup(
-        aggregator=adaptive.AdaptiveDPAggregator(dp_setup.aggregator), sampler=dp_setup.sampler,
+    # The same sampler and rows; the whole sample runs as one batch (no microbatch accumulation).
+    setup = dataclasses.replace(
+        dp_setup, aggregator=adaptive.AdaptiveDPAggregator(dp_setup.aggregator),
         ledger=ledger_lib.PrivacyLedger.non_private_baseline(num_examples=data.num_examples,
                                                              privacy_unit=data.privacy_unit, batch_size=batch_size),
-        private=False, noise_multiplier=dp_setup.noise_multiplier)
+        private=False, microbatch_size=None, dp_spm_report=None)
     extra = {"adaptive_dp": True, "normalization": probabilities.normalization,
              "optimizer": "Adaptive-DP-Adafactor"}
     return setup, adaptive.AdaptiveSource(data, probabilities.rho), extra

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from private_t5 import io as io_lib
 from private_t5.dp import ledger as ledger_lib
+from private_t5.dp.mechanism import DPConfig
 from private_t5.errors import ConfigError, DataError
 from private_t5.train import main as train_main
 from private_t5.train import metrics
@@ -173,11 +174,12 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
   if phase2_dp is None:
     raise ConfigError("JFT phase 2 must be differentially private: give phase2_dp (a DPConfig)")
   train_main.check_train_kwargs(train_kwargs, "just_fine_tune_twice")
-  # Both phases' privacy settings are checked before phase 1 trains.
-  train_main.validate_dp_config(phase1_dp, train_steps=phase1_steps, batch_size=train_kwargs.get("batch_size"),
-                                num_examples=redacted_data.num_examples)
-  train_main.validate_dp_config(phase2_dp, train_steps=phase2_steps, batch_size=train_kwargs.get("batch_size"),
-                                num_examples=full_data.num_examples)
+  # Phase 2's privacy settings are checked against its data before phase 1 trains (phase 1's
+  # are checked when its mechanism is built, at once).
+  if not isinstance(phase2_dp, DPConfig) or not isinstance(phase1_dp, (DPConfig, type(None))):
+    raise ConfigError("phase1_dp and phase2_dp must be DPConfigs (@DPConfig(); phase1_dp may be None)")
+  if train_kwargs.get("batch_size") is not None:
+    phase2_dp.check_data(num_examples=full_data.num_examples, batch_size=train_kwargs["batch_size"])
   if train_fn is None:
     train_fn = train_main.train
   redaction_report = None

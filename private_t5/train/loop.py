@@ -1,9 +1,11 @@
 """The training loop: resume, sample, step, log, evaluate, checkpoint, account.
 
-Order of one step t (t = the state's step = the data position):
-  indices = sampler.indices_for_step(t); batch = source.get_batch(indices, data_seed(t), rows);
+Order of one step t (t = the state's step = the data position), with `mechanism` the run's
+`dp.mechanism.Mechanism`:
+  indices = mechanism.indices_for_step(t); rows = mechanism.rows_for_step(len(indices), ...);
+  batch = source.get_batch(indices, data_seed(t), rows);
   state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
-`rows` is the fixed batch size B, or with untruncated Poisson sampling (`privacy.microbatch_size`
+`rows` is the fixed batch size B, or with untruncated Poisson sampling (`mechanism.microbatch_size`
 = m) the n sampled examples padded to ceil(n / m) m rows, run as microbatches
 (`Trainer.train_step_microbatched`).
 Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
@@ -38,11 +40,11 @@ from private_t5 import progress as progress_lib
 from private_t5.dp import clipping
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
+from private_t5.dp.mechanism import Mechanism
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning
-from private_t5.train.privacy import PrivacySetup
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, summarize_eval
 
@@ -120,15 +122,6 @@ def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
   return summarize_eval(totals)
 
 
-def _step_rows(sampler, num_sampled: int, microbatched: bool) -> int:
-  """Rows of step's batch: the sampler's fixed size, or for an untruncated Poisson sample its
-  size rounded up to whole microbatches (at least one fixed batch when not microbatched)."""
-  if getattr(sampler, "truncated", True):  # fixed-size batches (shuffled, or truncated Poisson)
-    return sampler.padded_batch_size
-  rows = sampler.padded_rows(num_sampled)
-  return rows if microbatched else max(rows, sampler.padded_batch_size)
-
-
 def _host_chunks(batch: Dict[str, np.ndarray], size: int) -> List[Dict[str, np.ndarray]]:
   rows = len(batch["example_weight"])
   return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
@@ -164,7 +157,7 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
   return None, None, None
 
 
-def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, seeds: RunSeeds,
+def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seeds: RunSeeds,
         manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
         initial_params_fn: Optional[Callable[[], Any]] = None,
         log: Callable[[str], None] = print) -> Dict[str, Any]:
@@ -193,8 +186,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
     state = trainer.init_state(seeds.init_key, initial_params)
   privacy.ledger = ledger
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
-  sampler = privacy.sampler
-  padded = sampler.padded_batch_size
+  padded = privacy.batch_rows
   rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
   data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
   primary = partitioning.is_primary()  # the one process that writes the run's files
@@ -230,7 +222,7 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
   rows_run = 0
   step = start_step
   first_step_time = None
-  microbatch_size = getattr(privacy, "microbatch_size", None)
+  microbatch_size = privacy.microbatch_size
   if jax.process_count() > 1:
     # Several processes: each step runs as one batch of a multiple of batch_size rows (the
     # sample's microbatches side by side), split over the processes' data positions.
@@ -239,8 +231,8 @@ def run(*, trainer: Trainer, privacy: PrivacySetup, source, validation_source, s
                         "on several processes leave train.microbatch_size unset")
     microbatch_size = None
   while step < config.train_steps:
-    indices = sampler.indices_for_step(step)
-    step_rows = _step_rows(sampler, len(indices), microbatch_size is not None)
+    indices = privacy.indices_for_step(step)
+    step_rows = privacy.rows_for_step(len(indices), microbatched=microbatch_size is not None)
     if microbatch_size is None:  # rows spread over the data axis; each process reads its own
       batch = local_batch(source, indices, seeds.data_seed(step), step_rows, data_size,
                           range(*trainer.local_rows(step_rows)))

@@ -15,7 +15,7 @@ import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from private_t5 import gin_utils
-from private_t5.errors import ConfigError, PrivacyError
+from private_t5.errors import ConfigError
 
 USAGE = """usage: private-t5 train --gin_file=FILE [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
 
@@ -35,46 +35,17 @@ def _fingerprint_data(description: Mapping[str, Any]) -> dict:
 
 # --- builders: the steps of `train`, shared with the other training entry points ---------------
 
-def validate_dp_config(dp, *, train_steps: Optional[int] = None, batch_size: Optional[int] = None,
-                       num_examples: Optional[int] = None) -> None:
-  """Checks a `DPConfig` (or None: non-private) before anything is created; raises PrivacyError.
-
-  Catches what `train.privacy.setup_privacy` would refuse later: C <= 0, σ <= 0, δ outside
-  (0, 1), ε <= 0, both or neither of σ and ε, an unknown accountant, sampling or method, and an
-  expected batch size larger than the padded batch or the dataset.
-  """
-  if dp is None:
-    return
-  from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import factory  # pylint: disable=g-import-not-at-top
-  from private_t5.train import privacy  # pylint: disable=g-import-not-at-top
-  if not isinstance(dp, privacy.DPConfig):
-    raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
-  if dp.sampling not in privacy.DP_SAMPLING:
-    raise PrivacyError(f"DP training supports sampling in {privacy.DP_SAMPLING}, got {dp.sampling!r}")
-  if dp.method not in factory.DP_METHODS:
-    raise ConfigError(f"DPConfig.method must be one of {factory.DP_METHODS}, got {dp.method!r}")
-  if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
-    raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
-                       f"(got {dp.noise_multiplier!r} and {dp.target_epsilon!r})")
-  accounting.validate_privacy_params(noise_multiplier=dp.noise_multiplier, clip_norm=dp.clip_norm,
-                                     delta=dp.delta, accountant=dp.accountant, steps=train_steps)
-  if dp.target_epsilon is not None and not (isinstance(dp.target_epsilon, (int, float))
-                                            and 0 < dp.target_epsilon < float("inf")):
-    raise PrivacyError(f"DPConfig.target_epsilon (ε) must be a finite number > 0, got {dp.target_epsilon!r}")
-  if dp.expected_batch_size is not None:
-    accounting.validate_privacy_params(batch_size=dp.expected_batch_size, num_examples=num_examples)
-    if (batch_size is not None and dp.sampling == privacy.POISSON_TRUNCATED
-        and dp.expected_batch_size > batch_size):
-      raise PrivacyError(f"expected_batch_size={dp.expected_batch_size} exceeds the padded "
-                         f"batch_size={batch_size}")
-
-
 def validate_train_args(*, model_config, train_data, train_steps: int, batch_size: int, dp=None,
                         checkpoint_every: int = 1000, keep_checkpoints: int = 3, eval_every: int = 0,
                         eval_examples: int = 256, log_every: int = 50) -> None:
-  """Checks every setting of a training run; raises ConfigError/PrivacyError, creates nothing."""
+  """Checks every setting of a training run; raises ConfigError, creates nothing.
+
+  A `DPConfig` checked its own values when it was made; the rules that need the data (batch
+  sizes against N, the δ of a truncation) are checked once, when the mechanism is built
+  (`dp.mechanism.build_mechanism`).
+  """
   from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.mechanism import DPConfig  # pylint: disable=g-import-not-at-top
   if not isinstance(model_config, models.T5Config):
     raise ConfigError(f"model_config must be a T5Config (e.g. %MODEL_CONFIG), got {type(model_config).__name__}")
   for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
@@ -87,8 +58,8 @@ def validate_train_args(*, model_config, train_data, train_steps: int, batch_siz
   if vocab_size > model_config.vocab_size:
     raise ConfigError(f"the vocabulary has {vocab_size} ids (with sentinels) but the model's vocab_size is "
                       f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
-  validate_dp_config(dp, train_steps=train_steps, batch_size=batch_size,
-                     num_examples=getattr(train_data, "num_examples", None))
+  if dp is not None and not isinstance(dp, DPConfig):
+    raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
 
 
 def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
@@ -168,8 +139,8 @@ def describe_run(model_config, mesh, train_data, batch_size: int, optimizer_name
 
 
 def train(*, model_config, train_data, validation_data=None, model_dir: str, train_steps: int,
-          batch_size: int, microbatch_size: Optional[int] = None, optimizer=None,
-          learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
+          batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
+          optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
           initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
@@ -177,7 +148,9 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
           summary_hook: Optional[Callable[[dict], dict]] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
-  Every setting is checked before anything is written to `model_dir`.
+  Every setting is checked before anything is written to `model_dir`; what only the built
+  mechanism can refuse (the privacy rules that need the data, an unreachable target ε) leaves
+  nothing behind.
 
   Args:
     model_config: a `models.T5Config` (Gin: `%MODEL_CONFIG`).
@@ -187,6 +160,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     train_steps: total optimizer steps (a resumed run continues up to it).
     batch_size: rows of every batch (the padded size; for DP the Poisson truncation cap).
     microbatch_size: examples per accumulation step inside the step (memory knob).
+    clipping_method: how the DP clipped sum is computed, "ghost" (default) or "vmap" (speed
+      only: the same mechanism and ledger; `dp.mechanism.ExecutionSettings`).
     optimizer: optax GradientTransformation; default Adafactor with `learning_rate`.
     learning_rate: schedule or float for the default Adafactor; default T5X rsqrt with base 0.5, 1000 warm-up steps.
     dp: `DPConfig` for DP-Adafactor, or None for the non-private baseline.
@@ -204,7 +179,7 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
       and reproductions. INSECURE for DP: the noise is then predictable. Default: OS entropy.
     log: progress output.
     privacy_hook: for other training entry points (adaptive DP), not a Gin knob:
-      `hook(setup, train_data) -> (setup, source, extra)` swaps the privacy setup and the
+      `hook(mechanism, train_data) -> (mechanism, source, extra)` swaps the `Mechanism` and the
       training source after the DP mechanism is fixed; `extra` (JSON-able) is added to the
       checkpoint fingerprint's privacy entry and to the checkpoint metadata.
     summary_hook: for other training entry points (adaptive DP), not a Gin knob:
@@ -213,14 +188,16 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   """
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism as mechanism_lib  # pylint: disable=g-import-not-at-top
   from private_t5.models import checkpoints, run_dir  # pylint: disable=g-import-not-at-top
-  from private_t5.train import loop, partitioning, privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.train import loop, metrics, partitioning  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
                       batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
                       keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
                       log_every=log_every)
+  execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
@@ -229,13 +206,13 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:
     seeds = build_seeds(manager, insecure_deterministic_seed)
-    setup = privacy.setup_privacy(
-        dp, loss_fn=make_loss_fn(model_config, z_loss), num_examples=train_data.num_examples,
+    setup = mechanism_lib.build_mechanism(
+        dp, execution, loss_fn=make_loss_fn(model_config, z_loss), num_examples=train_data.num_examples,
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
-        microbatch_size=microbatch_size, sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
+        sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
         noise_secret=not seeds.deterministic, log=log)
-    mechanism = setup.mechanism()
+    mechanism = setup.fingerprint()
     source, extra = train_data, {}
     if privacy_hook is not None:
       setup, source, extra = privacy_hook(setup, train_data)

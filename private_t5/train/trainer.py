@@ -6,15 +6,18 @@ clip, sum, Gaussian noise on the sum, divide by the public q N) followed by the 
 it is DP-Adafactor (Ponomareva et al. 2022, Sec. 3.2). Nothing else in the step changes.
 
 Untruncated Poisson sampling (`train_step_microbatched`): a step's sample of any size n runs
-as ceil(n / m) calls of one compiled accumulate step (the clipped per-example sum of m rows,
-added to a float32 accumulator) and one compiled finalize step (Gaussian noise added once to
-the accumulated sum with the step's noise key, divided by the public q N, then Adafactor).
+as ceil(n / m) calls of one compiled accumulate step (`aggregator.accumulate`: the clipped
+per-example sum of m rows, added to a float32 accumulator) and one compiled finalize step
+(`aggregator.finish`: Gaussian noise added once to the accumulated sum with the step's noise
+key, divided by the public q N; then Adafactor). Each compiled step calls one method of the
+aggregator; what the aggregator must offer is declared here (`Aggregator`,
+`MicrobatchAggregator`).
 
 Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
 derived inside the compiled step, so a resumed run continues the key sequence.
 """
 import contextlib
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -22,13 +25,37 @@ import numpy as np
 import optax
 
 from private_t5 import models
-from private_t5.dp import clipping
 from private_t5.train import partitioning
 from private_t5.train.state import TrainState, step_keys
 
 PyTree = Any
 # Host-side bookkeeping columns of a batch that the compiled step does not read.
 HOST_ONLY_FEATURES = ("example_index", "is_padding")
+# (float32 gradient sum, non-DP sums) of the microbatches of one step so far.
+Accumulator = Tuple[PyTree, Dict[str, jax.Array]]
+
+
+class Aggregator(Protocol):
+  """Turns a batch into the step's gradient (`dp.aggregator.MeanAggregator`, `DPAggregator`)."""
+
+  def __call__(self, params: PyTree, batch, *, dropout_rng: Optional[jax.Array],
+               noise_rng: Optional[jax.Array]) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    ...
+
+
+class MicrobatchAggregator(Aggregator, Protocol):
+  """An aggregator that also runs a step's sample as several microbatches (the DP ones)."""
+
+  def zero_sum(self, params: PyTree) -> Accumulator:
+    ...
+
+  def accumulate(self, params: PyTree, acc: Accumulator, micro, dropout_rng: Optional[jax.Array],
+                 row_offset: jax.Array) -> Accumulator:
+    ...
+
+  def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array]
+             ) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    ...
 
 
 def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0) -> Callable:
@@ -47,13 +74,14 @@ class Trainer:
 
   Attributes:
     model_config: the T5Config.
-    aggregator: `aggregate(params, batch, *, dropout_rng, noise_rng) -> (grads, metrics)`.
+    aggregator: an `Aggregator` (a `MicrobatchAggregator` for `train_step_microbatched`), e.g.
+      the `aggregator` of a `dp.mechanism.Mechanism`.
     optimizer: an optax GradientTransformation (Adafactor).
     mesh: the (data, model) device mesh.
     learning_rate_fn: optional schedule, logged as `learning_rate`.
   """
 
-  def __init__(self, model_config: models.T5Config, aggregator: Callable,
+  def __init__(self, model_config: models.T5Config, aggregator: Aggregator,
                optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                learning_rate_fn: Optional[Callable] = None,
                rules=partitioning.LOGICAL_AXIS_RULES):
@@ -121,27 +149,19 @@ class Trainer:
     return self._apply_fn(state, grads, metrics)
 
   def _zero_sum_fn(self):
-    sums = {name: jnp.float32(0) for name in clipping.SUM_NAMES}
-    return clipping.zeros_like_f32(self._abstract.params), sums
+    return self.aggregator.zero_sum(self._abstract.params)
 
   def _accumulate_fn(self, params, acc, micro, dropout_base_key, step, row_offset):
     """acc + the clipped per-example sum of one microbatch (rows `row_offset + [0, m)` of the
-    step's sample; their dropout keys fold in those positions, so m does not matter)."""
+    step's sample)."""
     dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
-    rows = micro["example_weight"].shape[0]
-    micro = dict(micro)
-    micro[clipping.ROW_ID] = row_offset + jnp.arange(rows, dtype=jnp.int32)
-    grad_sum, metrics = self.aggregator.clipped_sum(params, micro, dropout_rng if self.use_dropout else None)
-    acc_sum, acc_stats = acc
-    sums = clipping.sums_from_metrics(metrics)
-    return (jax.tree.map(jnp.add, acc_sum, grad_sum),
-            {name: acc_stats[name] + sums[name] for name in clipping.SUM_NAMES})
+    return self.aggregator.accumulate(params, acc, micro, dropout_rng if self.use_dropout else None,
+                                      row_offset)
 
   def _finalize_fn(self, state: TrainState, acc, dropout_base_key, noise_base_key):
     _, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
-    grad_sum, stats = acc
-    grads = self.aggregator.finalize(state.params, grad_sum, noise_rng)
-    return self._apply_fn(state, grads, clipping.metrics_from_sums(**stats))
+    grads, metrics = self.aggregator.finish(state.params, acc, noise_rng)
+    return self._apply_fn(state, grads, metrics)
 
   def _apply_fn(self, state: TrainState, grads, metrics):
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
@@ -201,8 +221,8 @@ class Trainer:
                               ) -> Tuple[TrainState, Dict[str, jax.Array]]:
     """One optimizer step on a whole Poisson sample: `batch` (host arrays, a multiple of
     `microbatch_size` rows, possibly 0) runs as consecutive microbatches through the compiled
-    accumulate step, then the noise is added once and the update applied. Needs a DP aggregator
-    (`clipped_sum` and `finalize`); `state` is donated."""
+    accumulate step, then the noise is added once and the update applied. Needs a
+    `MicrobatchAggregator` (a DP one); `state` is donated."""
     acc = self.accumulate_microbatches(state.params, batch, microbatch_size, dropout_base_key, state.step)
     with self._mesh_context():
       return self._finalize(state, acc, dropout_base_key, noise_base_key)

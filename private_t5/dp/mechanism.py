@@ -1,0 +1,373 @@
+"""The DP mechanism of a training run: one privacy config, the speed settings, the built mechanism.
+
+* `DPConfig`: what the guarantee depends on (C, σ or a target ε, δ, accountant, expected batch
+  size, sampling scheme, whether the vocabulary is public). Each value is checked once, when
+  the config is made (`__post_init__`); a bad value fails there with one PrivacyError line.
+* `ExecutionSettings`: what changes only speed and memory, never the guarantee: how the
+  clipped sum is computed ("ghost" or "vmap") and the microbatch size.
+* `build_mechanism(dp, execution, ...)`: checks the rules that depend on the data (expected
+  batch vs N and the padded batch, the δ added by truncation), calibrates σ, and builds the
+  sampler, the aggregator and the ledger from the same q, σ and C (DP rule "sampling matches
+  accounting"); returns a `Mechanism`.
+* `Mechanism`: what the training loop and the trainer use: the example indices and the rows of
+  each step, the aggregator the trainer calls once per compiled step, the ledger, and the
+  fields of the checkpoint fingerprint.
+
+`dp=None` gives the non-private baseline: `MeanAggregator`, shuffled fixed batches, and a
+ledger that records steps with ε = ∞. A `DPConfig` gives DP-Adafactor: a DP aggregator (clip,
+sum, noise, divide by q N; ghost clipping by default), Poisson sampling with rate
+q = expected_batch_size / N, and a ledger whose accounting event is built from the same q, σ
+(and truncation cap, if any) as the sampler. By default the sample is not truncated: a step's
+sample of any size runs as ceil(n / m) microbatches of m = microbatch_size (or batch_size) rows,
+the noise is added once to their clipped sum, and the ledger accounts the plain Poisson
+subsampled Gaussian. `sampling="poisson_truncated"` caps a sample at `batch_size` rows instead.
+
+Everything here runs before any compute: invalid privacy parameters, an unreachable target ε
+or a batch larger than the dataset fail at once with a PrivacyError.
+"""
+import dataclasses
+import math
+import warnings
+from typing import Any, Callable, Dict, Optional, Protocol
+
+import numpy as np
+
+from private_t5.dp import accounting
+from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import factory
+from private_t5.dp import sampling
+from private_t5.dp.ledger import PrivacyLedger, find_vocabulary_report, insecure_noise_warning
+from private_t5.errors import ConfigError, PrivacyError
+
+# Largest acceptable per-step chance that a Poisson batch exceeds the padded batch size when
+# the expected batch size is derived from it.
+DEFAULT_MAX_TRUNCATION_PROBABILITY = 1e-6
+# DPConfig.sampling values: untruncated Poisson (microbatched), or truncated at batch_size.
+POISSON = "poisson"
+POISSON_TRUNCATED = "poisson_truncated"
+DP_SAMPLING = (POISSON, POISSON_TRUNCATED)
+# ExecutionSettings.method values (`factory.make_dp_aggregator`); ghost clipping by default.
+GHOST = "ghost"
+DP_METHODS = factory.DP_METHODS
+# Share of δ the batch truncation may add over the run (a larger share is refused).
+TRUNCATION_DELTA_SHARE = 0.1
+# The default δ is min(DEFAULT_DELTA_CAP, 1 / N^DEFAULT_DELTA_EXPONENT).
+DEFAULT_DELTA_CAP = 1e-5
+DEFAULT_DELTA_EXPONENT = 1.1
+# The name of the mesh axis the examples are sharded over (`train.partitioning.DATA_AXIS`).
+DATA_AXIS = "data"
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+  """Differential privacy of a training run (all fixed before training: DP rule "nothing else leaks").
+
+  Every value is checked here, once; the rules that need the data (N, the padded batch size,
+  the number of steps) are checked by `build_mechanism`.
+
+  Attributes:
+    clip_norm: C, the per-example gradient L2 bound (finite, > 0).
+    noise_multiplier: σ > 0 (noise std σ·C on the clipped sum). Exactly one of this and
+      `target_epsilon`.
+    target_epsilon: calibrate σ before training so that the run ends at this ε (finite, > 0).
+    delta: δ in (0, 1); None uses min(1e-5, 1 / N^1.1) (`default_delta`): well below 1/N, where
+      a mechanism that publishes one random example would already satisfy the guarantee.
+    accountant: "auto" (default: the smaller ε of RDP and PLD for the same event, and σ
+      calibrated by the same rule), "rdp" (the paper's) or "pld".
+    expected_batch_size: q·N, the Poisson sample's expected size and the public divisor of the
+      noisy sum. None: `batch_size` (untruncated sampling); with truncation, the largest size
+      whose truncation at the padded `batch_size` adds at most 10% of δ over the run,
+      (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6); an explicit value whose truncation
+      adds more than that is refused (PrivacyError).
+    sampling: "poisson" (default: untruncated Poisson sampling run in microbatches) or
+      "poisson_truncated" (a sample is capped at `batch_size` rows).
+    method: deprecated: how the clipped sum is computed is a speed setting
+      (`ExecutionSettings.method`, Gin `train.clipping_method`); a value set here is used for it,
+      with a warning.
+    vocab_is_public: the vocabulary was built without the private data (Gin macro
+      VOCAB_IS_PUBLIC). Without a DP-SentencePiece report that names the vocabulary, the total ε
+      is ∞ unless this is set.
+  """
+  clip_norm: float = 1.0
+  noise_multiplier: Optional[float] = None
+  target_epsilon: Optional[float] = None
+  delta: Optional[float] = None
+  accountant: str = "auto"
+  expected_batch_size: Optional[float] = None
+  sampling: str = POISSON
+  method: Optional[str] = None
+  vocab_is_public: bool = False
+
+  def __post_init__(self):
+    if self.sampling not in DP_SAMPLING:
+      raise PrivacyError(f"DPConfig.sampling must be one of {DP_SAMPLING}, got {self.sampling!r}: fixed "
+                         "shuffled batches are a different mechanism and are not offered")
+    if (self.noise_multiplier is None) == (self.target_epsilon is None):
+      raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
+                         f"(got {self.noise_multiplier!r} and {self.target_epsilon!r})")
+    if self.noise_multiplier is not None and not _positive_finite(self.noise_multiplier):
+      raise PrivacyError(f"DPConfig.noise_multiplier (σ) must be a finite number > 0, got "
+                         f"{self.noise_multiplier!r} (use DP=None for a non-private run)")
+    if self.target_epsilon is not None and not _positive_finite(self.target_epsilon):
+      raise PrivacyError(f"DPConfig.target_epsilon (ε) must be a finite number > 0, got {self.target_epsilon!r}")
+    if not _positive_finite(self.clip_norm):
+      raise PrivacyError(f"DPConfig.clip_norm (C) must be a finite number > 0, got {self.clip_norm!r}")
+    if self.expected_batch_size is not None and not _positive_finite(self.expected_batch_size):
+      raise PrivacyError(f"DPConfig.expected_batch_size (q·N) must be a finite number > 0, got "
+                         f"{self.expected_batch_size!r}")
+    accounting.validate_privacy_params(delta=self.delta, accountant=self.accountant)
+    if self.method is not None and self.method not in DP_METHODS:
+      raise ConfigError(f"DPConfig.method must be one of {DP_METHODS}, got {self.method!r}")
+
+  @property
+  def truncated(self) -> bool:
+    """Whether a Poisson sample is capped at the padded batch size."""
+    return self.sampling == POISSON_TRUNCATED
+
+  def check_data(self, *, num_examples: int, batch_size: int) -> None:
+    """The rules that need the data: the padded batch and the expected batch within the
+    dataset, and with truncation the expected batch within the padded batch; raises PrivacyError."""
+    accounting.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
+    if self.expected_batch_size is not None:
+      accounting.validate_privacy_params(batch_size=self.expected_batch_size, num_examples=num_examples)
+      if self.truncated and self.expected_batch_size > batch_size:
+        raise PrivacyError(f"expected_batch_size={self.expected_batch_size} exceeds the padded "
+                           f"batch_size={batch_size}")
+
+
+def _positive_finite(value) -> bool:
+  return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+          and 0 < value < math.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionSettings:
+  """How a step is computed, never what it releases: the same mechanism, the same ledger.
+
+  Attributes:
+    method: how the DP clipped sum is computed: "ghost" (default: ghost norms and book-keeping,
+      no per-example gradients; docs/ghost_clipping.md) or "vmap" (per-example gradients, the
+      reference implementation). Ignored by a non-private run.
+    microbatch_size: examples per accumulation step (memory knob); None: the whole batch. With
+      untruncated Poisson sampling a step's sample runs as microbatches of this many rows
+      (default: `batch_size`).
+  """
+  method: str = GHOST
+  microbatch_size: Optional[int] = None
+
+  def __post_init__(self):
+    if self.method not in DP_METHODS:
+      raise ConfigError(f"the clipped-sum method must be one of {DP_METHODS}, got {self.method!r}")
+    m = self.microbatch_size
+    if m is not None and (isinstance(m, bool) or int(m) != m or m < 1):
+      raise ConfigError(f"microbatch_size must be an integer >= 1 or None, got {m!r}")
+
+  @classmethod
+  def for_run(cls, dp: Optional[DPConfig], method: Optional[str] = None,
+              microbatch_size: Optional[int] = None,
+              log: Callable[[str], None] = print) -> "ExecutionSettings":
+    """The settings of a run from `train`'s arguments; a deprecated `DPConfig.method` is used
+    for `method` (with a warning) and must agree with it when both are set."""
+    legacy = dp.method if dp is not None else None
+    if legacy is not None:
+      log(f"[privacy] WARNING: DPConfig.method is deprecated (it changes only speed): use "
+          f"train.clipping_method = {legacy!r}")
+      if method is not None and method != legacy:
+        raise ConfigError(f"DPConfig.method={legacy!r} and clipping_method={method!r} disagree; set "
+                          "only clipping_method")
+    return cls(method=method or legacy or GHOST, microbatch_size=microbatch_size)
+
+
+class Sampler(Protocol):
+  """Who is in each step's batch (`sampling.PoissonSampler`, `sampling.ShuffledBatchSampler`)."""
+
+  def indices_for_step(self, step: int) -> np.ndarray:
+    ...
+
+  @property
+  def expected_batch_size(self) -> float:
+    ...
+
+
+@dataclasses.dataclass
+class Mechanism:
+  """A run's privacy mechanism, built by `build_mechanism`: what the loop and the trainer use.
+
+  Attributes:
+    aggregator: `aggregate(params, batch, *, dropout_rng, noise_rng) -> (grads, metrics)`; a DP
+      aggregator also accumulates microbatches (`zero_sum`, `accumulate`, `finish`).
+    sampler: draws each step's example indices.
+    ledger: the privacy spent so far (replaced by the checkpoint's on resume).
+    private: whether the run has a formal DP guarantee.
+    batch_rows: rows of every compiled batch: the fixed batch size, or with untruncated Poisson
+      sampling the rows of one microbatch.
+    variable_rows: untruncated Poisson sampling: a step runs every sampled example, in as many
+      batches of `batch_rows` rows as it needs.
+    microbatch_size: the rows of one microbatch when a step's sample runs as microbatches
+      (`Trainer.train_step_microbatched`); None: one batch per step.
+    noise_multiplier: σ (calibrated when a target ε was given); None for a non-private run.
+    dp_spm_report: the DP-SentencePiece report composed into the ledger, if any.
+  """
+  aggregator: Any
+  sampler: Sampler
+  ledger: PrivacyLedger
+  private: bool
+  batch_rows: int
+  variable_rows: bool = False
+  microbatch_size: Optional[int] = None
+  noise_multiplier: Optional[float] = None
+  dp_spm_report: Optional[str] = None
+
+  def indices_for_step(self, step: int) -> np.ndarray:
+    """The (unpadded) example indices of step `step`: a pure function of the seed and step."""
+    return self.sampler.indices_for_step(step)
+
+  def rows_for_step(self, num_sampled: int, microbatched: bool) -> int:
+    """Rows step's batch runs on: `batch_rows`, or for untruncated Poisson sampling the sample
+    rounded up to whole microbatches of `batch_rows` (at least one when not microbatched)."""
+    if not self.variable_rows:
+      return self.batch_rows
+    rows = -(-int(num_sampled) // self.batch_rows) * self.batch_rows
+    return rows if microbatched else max(rows, self.batch_rows)
+
+  def fingerprint(self) -> Dict[str, Any]:
+    """The ledger fields that define the mechanism (part of the checkpoint fingerprint)."""
+    d = self.ledger.to_dict()
+    return {k: d.get(k) for k in ("non_private", "noise_multiplier", "sampling_rate", "clip_norm",
+                                  "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
+
+
+
+
+def default_delta(num_examples: int) -> float:
+  """min(1e-5, 1 / N^1.1): δ well below 1/N (a δ ≥ 1/N permits leaking a whole example)."""
+  return min(DEFAULT_DELTA_CAP, float(num_examples) ** -DEFAULT_DELTA_EXPONENT)
+
+
+def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int, train_steps: int,
+                              delta: float) -> int:
+  """The largest expected batch whose truncation adds at most 10% of δ over the run.
+
+  Truncation adds (1 + e^ε) · steps · p_trunc to δ (`accounting.total_delta`), so the
+  per-step bound is 0.1 δ / (steps (1 + e^ε)), never looser than 1e-6. ε is the target ε, or
+  with a fixed σ the ε at the 1e-6 batch size: ε only falls as the batch shrinks, so the bound
+  from that ε is conservative.
+  """
+  expected = accounting.max_expected_batch_size_for(num_examples, batch_size,
+                                                   DEFAULT_MAX_TRUNCATION_PROBABILITY)
+  if dp.target_epsilon is not None:
+    epsilon = dp.target_epsilon
+  else:
+    epsilon = accounting.compute_epsilon(dp.noise_multiplier, expected / num_examples, train_steps,
+                                         delta, "rdp")
+  bound = TRUNCATION_DELTA_SHARE * delta / (train_steps * (1.0 + math.exp(min(epsilon, 700.0))))
+  if bound >= DEFAULT_MAX_TRUNCATION_PROBABILITY:
+    return expected
+  return accounting.max_expected_batch_size_for(num_examples, batch_size, bound)
+
+
+def _check_truncation_delta(sigma: float, q: float, num_examples: int, batch_size: int, train_steps: int,
+                            delta: float, dp: "DPConfig") -> None:
+  """Refuses a batch truncation that adds more than 10% of δ by the end of training."""
+  epsilon = (dp.target_epsilon if dp.target_epsilon is not None else
+             accounting.compute_epsilon(sigma, q, train_steps, delta, "rdp"))
+  p_trunc = accounting.truncation_probability(num_examples, q, batch_size)
+  added = accounting.total_delta(delta, train_steps, p_trunc, epsilon) - delta
+  if added > TRUNCATION_DELTA_SHARE * delta * (1 + 1e-9):  # (rounding of a derived batch)
+    raise PrivacyError(
+        f"batch truncation breaks δ: expected_batch_size={q * num_examples:g} capped at batch_size={batch_size} "
+        f"is truncated with probability {p_trunc:.2e}/step, adding (1+e^ε)·steps·p = {added:.2e} to "
+        f"δ={delta:.3g} over {train_steps} steps (at most {TRUNCATION_DELTA_SHARE:g}·δ allowed); lower "
+        "expected_batch_size (or leave it unset to derive it) or raise batch_size")
+
+
+def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, loss_fn: Callable,
+                    num_examples: int, privacy_unit: str, batch_size: int, train_steps: int, sampler_seed: int,
+                    vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = DATA_AXIS,
+                    noise_secret: bool = True, log: Callable[[str], None] = print) -> Mechanism:
+  """Builds sampler, aggregator and ledger for a private (`dp`) or non-private (`None`) run.
+
+  The rules that depend on the data are checked here, once: the batch sizes against N, and
+  with truncation the δ the cap adds. `spmd_axis_name` is the mesh axis the examples are
+  sharded over (None on a mesh with one data position). `noise_secret` is False when the run's
+  seeds are fixed (insecure): the ledger records it, and its report says that its ε is no
+  guarantee.
+  """
+  if batch_size <= 0 or train_steps <= 0:
+    raise ConfigError(f"batch_size and train_steps must be > 0, got {batch_size} and {train_steps}")
+  microbatch_size = execution.microbatch_size
+  if dp is None:
+    if batch_size > num_examples:
+      raise ConfigError(f"batch_size={batch_size} is larger than the dataset ({num_examples} examples)")
+    return Mechanism(
+        aggregator=aggregator_lib.MeanAggregator(loss_fn, microbatch_size),
+        sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed),
+        ledger=PrivacyLedger.non_private_baseline(num_examples=num_examples, privacy_unit=privacy_unit,
+                                                  batch_size=batch_size, noise_secret=noise_secret),
+        private=False, batch_rows=batch_size)
+  if not isinstance(dp, DPConfig):
+    raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
+  truncated = dp.truncated
+  dp.check_data(num_examples=num_examples, batch_size=batch_size)
+  delta = dp.delta if dp.delta is not None else default_delta(num_examples)
+  accounting.validate_privacy_params(delta=delta, num_examples=num_examples, steps=train_steps)
+  expected = dp.expected_batch_size
+  if expected is None:
+    expected = (_expected_batch_for_delta(dp, num_examples, batch_size, train_steps, delta) if truncated
+                else batch_size)
+  q = accounting.sampling_rate_from_batch(expected, num_examples)
+  rows = int(microbatch_size) if microbatch_size else batch_size
+  sampler = (sampling.PoissonSampler(num_examples, q, batch_size, sampler_seed) if truncated else
+             sampling.PoissonSampler(num_examples, q, None, sampler_seed, microbatch_size=rows))
+  sigma = dp.noise_multiplier
+  if sigma is None:
+    sigma = accounting.calibrate_noise(dp.target_epsilon, q, train_steps, delta, dp.accountant)
+    log(f"[privacy] calibrated noise_multiplier σ={sigma:.4f} for ε={dp.target_epsilon:g} at "
+        f"δ={delta:.3g}, q={q:.4g}, {train_steps} steps ({dp.accountant})")
+  if truncated:
+    _check_truncation_delta(sigma, q, num_examples, batch_size, train_steps, delta, dp)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
+    ledger = PrivacyLedger.create(noise_multiplier=sigma, clip_norm=dp.clip_norm, delta=delta,
+                                  num_examples=num_examples, sampling_rate=q,
+                                  max_batch_size=batch_size if truncated else None,
+                                  accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
+                                  configured_batch_size=batch_size, clipping_method=execution.method,
+                                  noise_secret=noise_secret)
+  report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log)
+  aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples, microbatch_size,
+                                         spmd_axis_name=spmd_axis_name, method=execution.method)
+  batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
+              if truncated else f"untruncated, run in microbatches of {rows} rows")
+  log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
+      f"{q * num_examples:.1f}, {batching}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
+      f"clipped sum by {execution.method}")
+  return Mechanism(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
+                   batch_rows=batch_size if truncated else rows, variable_rows=not truncated,
+                   microbatch_size=None if truncated else rows, noise_multiplier=sigma, dp_spm_report=report)
+
+
+def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public: bool, privacy_unit: str,
+                        log: Callable[[str], None]) -> Optional[str]:
+  """Composes the vocabulary into `ledger`; returns the DP-SentencePiece report composed, if any."""
+  report = find_vocabulary_report(vocab_path)
+  if not vocab_path:
+    return report
+  component = ledger.add_vocabulary(vocab_path, report, public=public)
+  if "epsilon" in component:
+    group = component.get("group_privacy")
+    log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
+        f"ε={component['epsilon']:g}, δ={component['delta']:g}"
+        + (f" ({group['privacy_unit']}-level ε={group['epsilon']:g}, δ={group['delta']:g}, for "
+           f"{privacy_unit}-level training by group privacy of {group['size']})" if group else ""))
+    if not component.get("noise_secret", True):
+      log(f"[privacy] WARNING: {insecure_noise_warning(f'the vocabulary {vocab_path} (dp-spm --insecure_seed)')}")
+    return report
+  if component["public"]:
+    log(f"[privacy] vocabulary {vocab_path} declared public (VOCAB_IS_PUBLIC): not counted in ε")
+  else:
+    log(f"[privacy] WARNING: the vocabulary {vocab_path} is not differentially private "
+        f"({component['reason']}): the total ε is ∞ (DP-Adafactor's own ε is still reported as "
+        "training_epsilon); train it with `private-t5 dp-spm`, or set VOCAB_IS_PUBLIC=True if it "
+        "was built without the private data")
+  return None
