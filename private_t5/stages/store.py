@@ -16,7 +16,7 @@ import sys
 import time
 from typing import List, Optional
 
-from private_t5 import flags
+from private_t5.stages import flags
 from private_t5.data import beam_io
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError
@@ -56,7 +56,7 @@ def _settings(argv: List[str]):
   args, files, bindings = _parser().parse_stage_args(argv)
   if files or bindings:
     import gin  # pylint: disable=g-import-not-at-top
-    from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
+    from private_t5.stages import gin_utils  # pylint: disable=g-import-not-at-top
     gin_utils.parse(files, bindings, check_required=False, entry="train", files_required=False)
     for name, macro in _MACROS.items():
       if getattr(args, name) is None:
