@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from private_t5.stages import gin_utils
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError, PrivacyError
+from private_t5.stages import flags
 
 logger = logging.getLogger(__name__)
 
@@ -309,7 +310,6 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
 
 
 def _parser():
-  from private_t5.stages import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("study", "Reproduce the memorization findings of Ponomareva et al. 2022 on a corpus.",
                         epilog=USAGE)
   p.add_flag("corpus", gin="run_study.corpus", help="corpus spec (.jsonl[.gz], .txt, folder, .tsv, tfds:NAME)")
