@@ -26,5 +26,5 @@ setup(
     install_requires=_requirements(),
     package_data={"private_t5": ["configs/*/*.gin"]},
     include_package_data=True,
-    entry_points={"console_scripts": ["private-t5=private_t5.cli:main"]},
+    entry_points={"console_scripts": ["private-t5=private_t5.stages.cli:main"]},
 )

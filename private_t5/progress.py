@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Optional
 
-# Set by the command line (private_t5.flags) for --verbosity=quiet / -q.
+# Set by the command line (private_t5.stages.flags) for --verbosity=quiet / -q.
 QUIET_ENV = "PRIVATE_T5_QUIET"
 
 

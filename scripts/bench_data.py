@@ -90,10 +90,10 @@ def main(argv=None):
     del docs
     vocab = args.vocab
     if vocab is None:
-      from private_t5.tokenizer import spm_cli  # pylint: disable=g-import-not-at-top
+      from private_t5.stages import spm as spm_stage  # pylint: disable=g-import-not-at-top
       _log(f"training a {args.vocab_size}-piece vocabulary ...")
       vocab = os.path.join(tmp, "bench.model")
-      summary = spm_cli.train_vocabulary(args.corpus, vocab, args.vocab_size, input_sentence_size=300_000)
+      summary = spm_stage.train_vocabulary(args.corpus, vocab, args.vocab_size, input_sentence_size=300_000)
       result["vocab_training_seconds"] = summary["seconds"]
     cache = os.path.join(tmp, "cache")
     _log("building the token store ...")

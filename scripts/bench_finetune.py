@@ -109,7 +109,7 @@ def throughput(args, vocab_path: str) -> dict:
 def scores(args, vocab_path: str) -> dict:
   """Fine-tune each glue_like task for a fixed budget, then evaluate on validation."""
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import evaluate_cli  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
@@ -131,7 +131,7 @@ def scores(args, vocab_path: str) -> dict:
         checkpoint_every=args.steps, eval_every=0, eval_examples=64, log_every=100, mesh_shape=(1, 1),
         log=_log)
     train_s = time.perf_counter() - start
-    out = evaluate_cli.evaluate_params(*_restore(model_dir), task, vocab_path, lengths, batch_size=256,
+    out = glue_eval.evaluate_params(*_restore(model_dir), task, vocab_path, lengths, batch_size=256,
                                        progress=False)["tasks"][task]
     results["tasks"][task] = {"metrics": out["metrics"], "score": out["score"],
                               "majority": out["majority_baseline"]["metrics"],

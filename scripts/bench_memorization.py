@@ -89,7 +89,7 @@ def bench_decode(args):
 def bench_stage(args):
   import dataclasses
   import jax
-  from private_t5 import cli, models
+  from private_t5.stages import cli, models
   from private_t5.dp.ledger import PrivacyLedger
   from private_t5.tokenizer import spm
   from private_t5.models import checkpoints

@@ -105,7 +105,7 @@ def plot(rows, reps_sorted, max_exposure, png_path):
 
 def _gin_defaults(argv):
   """(argv without Gin flags, {flag: value} bound to `compare_selective` in the Gin files)."""
-  from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import gin_utils  # pylint: disable=g-import-not-at-top
   from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
   rest, files, bindings = gin_utils.split_gin_args(sys.argv[1:] if argv is None else argv)
   if not files and not bindings:

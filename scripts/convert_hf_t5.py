@@ -13,14 +13,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def convert(hf_dir: str, model_dir: str, vocab_path=None) -> str:
-  """Writes the checkpoint (see `private_t5.models.import_cli`) and returns `model_dir`."""
-  from private_t5.models import import_cli  # pylint: disable=g-import-not-at-top
-  import_cli.import_to_model_dir(hf_dir, model_dir, vocab_path)
+  """Writes the checkpoint (see `private_t5.stages.import_hf`) and returns `model_dir`."""
+  from private_t5.stages import import_hf as import_stage  # pylint: disable=g-import-not-at-top
+  import_stage.import_to_model_dir(hf_dir, model_dir, vocab_path)
   return model_dir
 
 
 def main(argv=None) -> int:
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   print("scripts/convert_hf_t5.py is deprecated; use `private-t5 import --hf_dir=... --model_dir=...`",
         file=sys.stderr)
   return cli.main(["import"] + list(sys.argv[1:] if argv is None else argv))

@@ -9,7 +9,7 @@ from dp_accounting import pld, rdp
 import pytest
 from scipy import stats
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.dp import accounting
 from private_t5.errors import PrivacyError
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5 import io as io_lib
 from private_t5.models import load_preset, param_shapes
 from private_t5.tokenizer import dp_spm, spm

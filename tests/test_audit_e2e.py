@@ -18,15 +18,15 @@ SPLIT_CONFIG_FLAGS = ["--gin.SplitConfig.num_perm=900", "--gin.SplitConfig.num_b
 
 
 def _run(tmp, name, corpus, valid, vocab, repetitions, train_flags):
-  from private_t5 import cli
-  from private_t5.train import main
+  from private_t5.stages import cli
+  from private_t5.stages import train as train_stage
   data = tmp / name / "data"
   train = str(data / "train.jsonl")
   assert cli.main(["canaries", "--audit", f"--corpus={corpus}", f"--output={train}", "--num_canaries=64",
                    "--canary_length=6", f"--repetitions={repetitions}", "--seed=1"]) == 0
   record = str(data / "train.audit.json")
   model_dir = tmp / name / "model"
-  main.run_from_args([f"--gin_file={QUICKSTART}", f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={train}",
+  train_stage.run_from_args([f"--gin_file={QUICKSTART}", f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={train}",
                       f"--gin.VOCAB_PATH={vocab}", f"--gin.DATA_CACHE_DIR={tmp / 'cache'}", *MICRO_TRAIN_ARGS,
                       "--gin.make_source.max_documents=None", "--gin.VOCAB_IS_PUBLIC=True",
                       "--gin.OBJECTIVE='prefix_lm'", "--gin.train.eval_examples=8", *train_flags])

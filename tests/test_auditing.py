@@ -164,7 +164,7 @@ def test_plant_writes_included_copies_and_a_private_record(tmp_path, shared_data
 
 
 def test_canaries_cli_audit(tmp_path, shared_data, capsys):
-  from private_t5 import cli
+  from private_t5.stages import cli
   from private_t5.eval import audit
   src = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   small = tmp_path / "small.jsonl"
@@ -221,7 +221,7 @@ def test_report_section_is_loud_on_a_violation():
 
 
 def test_memorization_refuses_a_missing_audit_record_first(tmp_path, capsys):
-  from private_t5 import cli
+  from private_t5.stages import cli
   args = ["memorization", "--gin_file=configs/runs/memorization.gin", f"--gin.MODEL_DIR={tmp_path}/none",
           f"--gin.TRAIN_CORPUS={tmp_path}/t.jsonl", f"--gin.VALID_CORPUS={tmp_path}/v.jsonl",
           f"--gin.OUTPUT_DIR={tmp_path}/out", f"--gin.AUDIT={tmp_path}/missing.audit.json"]

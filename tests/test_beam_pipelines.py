@@ -14,7 +14,7 @@ import pytest
 
 from conftest import shared_or_fixture
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.data import beam_io, corpora
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import splits, splits_beam

@@ -87,7 +87,7 @@ def test_tampered_or_missing_record_is_a_data_error(tmp_path):
 
 
 def test_canaries_cli(tmp_path, shared_data, capsys):
-  from private_t5 import cli
+  from private_t5.stages import cli
   src = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   small = tmp_path / "small.jsonl"
   with gzip.open(src, "rt") as f:
@@ -134,7 +134,7 @@ def test_skewnorm_extrapolation_recovers_known_tail_probabilities():
 
 
 def test_canaries_cli_refuses_empty_input_and_input_as_output(tmp_path, capsys):
-  from private_t5 import cli
+  from private_t5.stages import cli
   empty = tmp_path / "empty.jsonl"
   empty.write_text("")
   assert cli.main(["canaries", f"--corpus={empty}", f"--output={tmp_path / 'out.jsonl.gz'}", "--seed=1"]) == 2

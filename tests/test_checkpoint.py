@@ -128,7 +128,7 @@ def small_corpus_and_vocab(shared_data, tmp_path_factory):
 
 
 def _command(model_dir, corpus, vocab, steps):
-  return [sys.executable, "-m", "private_t5.cli", "train",
+  return [sys.executable, "-m", "private_t5.stages.cli", "train",
           "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
           f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", f"--gin.TRAIN_STEPS={steps}",
           f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache",

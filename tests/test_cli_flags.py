@@ -3,8 +3,8 @@ import logging
 
 import pytest
 
-from private_t5 import cli
-from private_t5 import flags
+from private_t5.stages import cli
+from private_t5.stages import flags
 from private_t5.errors import ConfigError
 
 # stage -> the plain flags its --help must list (besides --gin_file and --verbosity).

@@ -15,14 +15,14 @@ def small_vocab_path(tmp_path_factory, shared_data) -> str:
   """A 2k unigram vocabulary trained on 3000 fortunes + 100 kernel docs (cached per process)."""
   path = os.path.join(str(tmp_path_factory.getbasetemp()), "data_vocab", "small.model")
   if not os.path.isfile(path):
-    from private_t5.tokenizer import spm_cli  # pylint: disable=g-import-not-at-top
+    from private_t5.stages import spm as spm_stage  # pylint: disable=g-import-not-at-top
     from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
 
     def lines():
       counts = {"lines": 0}
       for spec, n in ((FORTUNES, 3000), (LINUX_DOCS, 100)):
         docs = corpora.iter_documents(shared_or_fixture(spec), max_documents=n)
-        yield from spm_cli.document_lines(docs, counts)
+        yield from spm_stage.document_lines(docs, counts)
 
     spm_lib.train_from_sentences(lines(), path, vocab_size=2000, input_sentence_size=200_000)
   return path

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError, DataError, PrivacyError

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from private_t5 import bench
+from private_t5.stages import bench
 from private_t5.errors import ConfigError
 
 

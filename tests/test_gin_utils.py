@@ -4,7 +4,7 @@ import os
 import gin
 import pytest
 
-from private_t5 import cli, gin_utils
+from private_t5.stages import cli, gin_utils
 from private_t5.errors import ConfigError, PrivacyError
 
 
@@ -153,7 +153,7 @@ def test_gin_search_paths_come_after_the_current_directory_and_before_the_packag
 
 
 def test_every_stage_takes_gin_search_paths_on_its_command_line(tmp_path, capsys):
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   user = tmp_path / "mine"
   user.mkdir()
   (user / "deep.gin").write_text("include 'models/t5_1_0_small.gin'\nT5Config.num_encoder_layers = 9\n")

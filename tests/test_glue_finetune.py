@@ -8,7 +8,7 @@ import pytest
 
 from private_t5 import models
 from private_t5.data import glue_tasks
-from private_t5.eval import evaluate_cli
+from private_t5.stages import evaluate as evaluate_stage
 from private_t5.train import main as train_main
 from private_t5.train import optimizers
 from private_t5.dp import mechanism as privacy
@@ -48,7 +48,7 @@ def test_finetuned_tiny_model_beats_majority_class(tmp_path, vocab, rotten_tomat
       vocab_path=vocab, checkpoint_every=400, eval_every=0, eval_examples=64, log_every=50,
       mesh_shape=(1, 1), insecure_deterministic_seed=3)
   assert summary["final_step"] == 400
-  rc = evaluate_cli.main(["--gin_file=configs/runs/eval.gin", f"--gin.MODEL_DIR={model_dir}",
+  rc = evaluate_stage.main(["--gin_file=configs/runs/eval.gin", f"--gin.MODEL_DIR={model_dir}",
                           "--gin.MIXTURE_OR_TASK_NAME=rotten_tomatoes",
                           f"--gin.TASK_FEATURE_LENGTHS={LENGTHS!r}", "--gin.evaluate.batch_size=256"])
   assert rc == 0
@@ -103,7 +103,7 @@ def test_dp_finetune_gin_from_imported_hf_weights(tmp_path, vocab):
   import shutil  # pylint: disable=g-import-not-at-top
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from private_t5 import cli  # pylint: disable=g-import-not-at-top
+from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
 from private_t5 import models  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top

@@ -1,20 +1,20 @@
 """The package's layers import only downwards, with no cycles (docs/architecture.md).
 
 Reads every module's imports (top-level and inside functions) from its source, so the test
-needs no heavy imports and fails on the line that breaks a rule:
+needs no heavy imports and fails on the line that breaks a rule. The folder is the layer:
 
-  base (errors, io, documents, ...)           rank 0
-  models/                                     rank 1
-  dp/, tokenizer/, data/                      rank 2
-  train/, eval/, selective/                   rank 3
-  entry layer: cli.py, gin_utils.py, *_cli.py and the stage modules below    rank 4
+  base (the package's top-level modules: errors, io, documents, ...)   rank 0
+  models/                                                               rank 1
+  dp/, tokenizer/, data/                                                rank 2
+  train/, eval/, selective/                                             rank 3
+  stages/ (every command, the CLI, flags, the Gin registry)             rank 4
 
 A module may import modules of its own rank or below, never above; no import cycle between
-modules; no private name (`_x`) imported from another module; Gin only in the entry layer;
-`dp_accounting` only in `dp/accounting.py`. By folder, whatever the module's rank (commands
-included): train/, eval/ and selective/ never import one another, and no other folder imports
-them; checkpoints are read and written through models/ (`models.checkpoints`). Only the two
-stages of selective DP that run a training (`TRAINING_STAGES`) import train/.
+modules; no private name (`_x`) imported from another module; gin, argparse and the flag
+helpers only in stages/, and nothing outside stages/ imports it; `dp_accounting` only in
+`dp/accounting.py`. train/, eval/ and selective/ never import one another (checkpoints are read
+and written through models/, `models.checkpoints`); only the two runs of selective DP that
+train (`TRAINING_RUNS`) import train/.
 """
 import ast
 import pathlib
@@ -24,21 +24,18 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "private_t5"
 PACKAGE = "private_t5"
 
-# Stage entry points that are not named *_cli (each has a `main(argv)` for the CLI).
-ENTRY_MODULES = {
-    "private_t5.cli", "private_t5.gin_utils", "private_t5.bench", "private_t5.train.main",
-    "private_t5.selective.jft", "private_t5.selective.adaptive_train", "private_t5.models.info",
-    "private_t5.flags",
-}
-PACKAGE_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "eval": 3,
-                 "selective": 3}
-ENTRY_RANK = 4
+# Folder -> layer; the package's top-level modules are the base layer (0).
+FOLDER_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "eval": 3,
+                "selective": 3, "stages": 4}
+STAGES_FOLDER = "stages"
+# Modules only the stages may import (third-party and standard library).
+STAGE_ONLY_IMPORTS = ("gin", "argparse")
 # The one module that talks to `dp_accounting`.
 ACCOUNTING_MODULE = "private_t5.dp.accounting"
 # Folders of the stage libraries: siblings that share the layers below and import no other.
 STAGE_FOLDERS = ("train", "eval", "selective")
-# Stages of selective DP that run a training (`train.main.train`) with their own setup.
-TRAINING_STAGES = {"private_t5.selective.jft", "private_t5.selective.adaptive_train"}
+# The runs of selective DP that call `train.main.train` with their own setup.
+TRAINING_RUNS = {"private_t5.selective.jft", "private_t5.selective.adaptive_train"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -55,26 +52,25 @@ def _modules():
 MODULES = _modules()
 
 
-def rank(module: str) -> int:
-  if module in ENTRY_MODULES or module.endswith("_cli"):
-    return ENTRY_RANK
-  parts = module.split(".")
-  if len(parts) == 1 or (len(parts) == 2 and parts[1] not in PACKAGE_RANKS):
-    return 0  # the package root and its top-level modules: the base layer
-  return PACKAGE_RANKS[parts[1]]
-
-
 def folder(module: str):
-  """The layer folder of a module (`models`, `train`, ...), None for the package's top level."""
+  """The layer folder of a module (`models`, `train`, `stages`, ...), None for the base layer."""
   parts = module.split(".")
-  return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PACKAGE_RANKS) else None
+  if len(parts) > 2 or (len(parts) == 2 and (ROOT / parts[1]).is_dir()):
+    return parts[1]
+  return None
+
+
+def rank(module: str) -> int:
+  """The layer of a module: its folder's, 0 for the package's top-level modules."""
+  name = folder(module)
+  return 0 if name is None else FOLDER_RANKS[name]
 
 
 def crosses_stage_folders(module: str, target: str) -> bool:
   """Whether `module` importing `target` reaches into a stage folder other than its own."""
-  if module in TRAINING_STAGES and folder(target) == "train":
+  if module in TRAINING_RUNS and folder(target) == "train":
     return False
-  return folder(module) is not None and folder(target) in STAGE_FOLDERS and folder(target) != folder(module)
+  return folder(module) in STAGE_FOLDERS and folder(target) in STAGE_FOLDERS and folder(target) != folder(module)
 
 
 def _resolve(module: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
@@ -111,7 +107,7 @@ def _graph():
 
 def test_every_module_has_a_layer():
   for module in MODULES:
-    rank(module)  # KeyError names a package missing from PACKAGE_RANKS
+    rank(module)  # KeyError names a folder missing from FOLDER_RANKS
 
 
 def test_imports_point_down():
@@ -124,7 +120,7 @@ def test_imports_point_down():
   assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
-def test_stage_folders_are_imported_only_by_the_top_level():
+def test_stage_folders_do_not_import_one_another():
   bad = []
   for module in MODULES:
     for target, _, line in imports_of(module):
@@ -186,15 +182,26 @@ def _imported_names(path: pathlib.Path):
       yield node.module or "", node.lineno
 
 
-def test_gin_only_in_the_entry_layer():
+def test_gin_and_argparse_only_in_stages():
   bad = []
   for module, path in MODULES.items():
-    if rank(module) == ENTRY_RANK:
+    if folder(module) == STAGES_FOLDER:
       continue
     for name, line in _imported_names(path):
-      if name == "gin" or name.startswith("gin."):
-        bad.append(f"{path.relative_to(ROOT.parent)}:{line}")
-  assert not bad, "gin imported outside the entry layer: " + ", ".join(bad)
+      if name.split(".")[0] in STAGE_ONLY_IMPORTS:
+        bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {name}")
+  assert not bad, "gin or argparse imported outside private_t5/stages: " + ", ".join(bad)
+
+
+def test_nothing_imports_stages():
+  bad = []
+  for module in MODULES:
+    if folder(module) == STAGES_FOLDER:
+      continue
+    for target, _, line in imports_of(module):
+      if folder(target) == STAGES_FOLDER:
+        bad.append(f"{MODULES[module].relative_to(ROOT.parent)}:{line}: {module} imports {target}")
+  assert not bad, "private_t5/stages is the top layer; nothing below imports it:\n" + "\n".join(bad)
 
 
 def test_dp_accounting_only_in_dp_accounting_module():
@@ -212,21 +219,23 @@ def test_dp_accounting_only_in_dp_accounting_module():
     ("private_t5.errors", "private_t5.models.config", True),
     ("private_t5.train.loop", "private_t5.data.glue_tasks", False),
     ("private_t5.models.checkpoints", "private_t5.eval.memorization", True),
+    ("private_t5.stages.gin_utils", "private_t5.train.main", False),
+    ("private_t5.train.main", "private_t5.stages.train", True),
 ])
 def test_rank_rule_itself(module, importer, expected):
   assert (rank(module) <= rank(importer)) is expected
 
 
 @pytest.mark.parametrize("module,target,expected", [
-    ("private_t5.models.export_cli", "private_t5.train.loop", True),
-    ("private_t5.eval.memorization_cli", "private_t5.train.main", True),
+    ("private_t5.eval.glue_eval", "private_t5.train.loop", True),
+    ("private_t5.eval.memorization_run", "private_t5.train.main", True),
     ("private_t5.selective.adaptive", "private_t5.train.main", True),
     ("private_t5.eval.report", "private_t5.selective.adaptive", True),
     ("private_t5.selective.jft", "private_t5.train.main", False),
     ("private_t5.train.main", "private_t5.models.checkpoints", False),
-    ("private_t5.bench", "private_t5.train.trainer", False),
-    ("private_t5.eval.evaluate_cli", "private_t5.eval.report", False),
+    ("private_t5.stages.bench", "private_t5.train.trainer", False),
+    ("private_t5.stages.study", "private_t5.eval.memorization_run", False),
+    ("private_t5.stages.jft", "private_t5.train.main", False),
 ])
 def test_stage_folder_rule_itself(module, target, expected):
   assert crosses_stage_folders(module, target) is expected
-

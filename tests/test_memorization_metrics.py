@@ -171,7 +171,7 @@ def test_model_mismatch_is_a_checkpoint_error():
 
 
 def test_cli_reports_missing_macros_and_missing_checkpoints(tmp_path, capsys):
-  from private_t5 import cli
+  from private_t5.stages import cli
   assert cli.main(["memorization", "--gin_file=configs/runs/memorization.gin"]) == 2
   assert "missing required Gin macro(s): MODEL_DIR, OUTPUT_DIR, TRAIN_CORPUS, VALID_CORPUS" in capsys.readouterr().err
   out_dir = tmp_path / "out"

@@ -204,7 +204,7 @@ def _save_checkpoint(o, model_dir):
 
 @pytest.mark.slow
 def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
-  from private_t5 import cli
+  from private_t5.stages import cli
   from private_t5.eval import canaries as canaries_lib
   from private_t5.tokenizer import spm
   o = overfit
@@ -274,7 +274,7 @@ def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
   for procs, devices in ((1, 4), (2, 2)):
     out_dir = tmp_path / f"memorization_{procs}x{devices}"
     done = subprocess.run(
-        [sys.executable, "-m", "private_t5.cli", "launch", f"--num_processes={procs}",
+        [sys.executable, "-m", "private_t5.stages.cli", "launch", f"--num_processes={procs}",
          f"--devices_per_process={devices}", "--", "memorization", "--gin_file=configs/runs/memorization.gin",
          f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_CORPUS={train_path}", f"--gin.VALID_CORPUS={valid_path}",
          f"--gin.OUTPUT_DIR={out_dir}", f"--gin.PROMPT_LENGTH={P}", f"--gin.GENERATION_LENGTH={T}",

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from private_t5 import cli, gin_utils
+from private_t5.stages import cli, gin_utils
 from private_t5.errors import ConfigError
 from private_t5.models import (PRESETS, T5Config, Transformer, example_loss_fn, init_params, layers,
                                load_preset, num_params, param_logical_axes, param_shapes,

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import launch_cli
+from private_t5.stages import launch
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints
 from private_t5.train import loop, partitioning
@@ -26,9 +26,9 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # -- launcher: flags and bad input --------------------------------------------------------------
 
 def test_parse_args():
-  assert launch_cli.parse_args(["--num_processes=2", "--devices_per_process=3", "--", "train", "--x=1"]) == (
+  assert launch.parse_args(["--num_processes=2", "--devices_per_process=3", "--", "train", "--x=1"]) == (
       2, 3, None, ["train", "--x=1"])
-  assert launch_cli.parse_args(["--num_processes=1", "--port=1234", "--", "evaluate"])[2] == 1234
+  assert launch.parse_args(["--num_processes=1", "--port=1234", "--", "evaluate"])[2] == 1234
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -43,7 +43,7 @@ def test_parse_args():
 ])
 def test_bad_flags_are_one_clear_error(argv, message):
   with pytest.raises(ConfigError, match=message):
-    launch_cli.parse_args(argv)
+    launch.parse_args(argv)
 
 
 def test_port_in_use_is_refused_before_anything_starts(capsys):
@@ -52,12 +52,12 @@ def test_port_in_use_is_refused_before_anything_starts(capsys):
     busy.listen(1)
     port = busy.getsockname()[1]
     with pytest.raises(ConfigError, match=f"--port={port} is already in use"):
-      launch_cli.launch(2, 1, ["train"], port=port)
+      launch.launch(2, 1, ["train"], port=port)
   assert "[launch] process" not in capsys.readouterr().err  # nothing started
 
 
 def test_process_env_replaces_the_device_count():
-  env = launch_cli.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}, process_id=1,
+  env = launch.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}, process_id=1,
                                num_processes=2, devices_per_process=3, port=999)
   assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=3"
   assert env[partitioning.COORDINATOR_ENV] == "localhost:999"
@@ -94,7 +94,7 @@ class _Lines:
 
 def test_output_is_prefixed_and_success_is_zero():
   out = _Lines()
-  code = launch_cli.launch(3, 2, ["ok"], out=out, command=[sys.executable, "-c", _WORKER])
+  code = launch.launch(3, 2, ["ok"], out=out, command=[sys.executable, "-c", _WORKER])
   assert code == 0
   for i in range(3):
     assert f"[p{i}] hello from {i} --xla_force_host_platform_device_count=2" in out.text
@@ -104,7 +104,7 @@ def test_output_is_prefixed_and_success_is_zero():
                                                  ("fail", 3, "process 0 exited with status 3")])
 def test_one_failing_process_stops_the_others(mode, status, message, capsys):
   t0 = time.monotonic()
-  code = launch_cli.launch(2, 1, [mode], out=_Lines(), grace_s=2.0, command=[sys.executable, "-c", _WORKER])
+  code = launch.launch(2, 1, [mode], out=_Lines(), grace_s=2.0, command=[sys.executable, "-c", _WORKER])
   assert code == status
   assert time.monotonic() - t0 < 30  # not the 600 s the survivor would wait
   err = capsys.readouterr().err
@@ -113,8 +113,8 @@ def test_one_failing_process_stops_the_others(mode, status, message, capsys):
 
 _LAUNCHER = """
 import sys
-from private_t5 import launch_cli
-sys.exit(launch_cli.launch(2, 1, ["sleep"], grace_s=5.0, command=[sys.executable, "-c", sys.argv[1]]))
+from private_t5.stages import launch
+sys.exit(launch.launch(2, 1, ["sleep"], grace_s=5.0, command=[sys.executable, "-c", sys.argv[1]]))
 """
 
 
@@ -213,9 +213,9 @@ def _train_args(model_dir, corpus, vocab, steps, *extra):
 
 
 def _launch(num_processes, devices, args, timeout=1500):
-  """`python -m private_t5.cli launch ...` in a fresh process: the CompletedProcess."""
+  """`python -m private_t5.stages.cli launch ...` in a fresh process: the CompletedProcess."""
   env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run([sys.executable, "-m", "private_t5.cli", "launch", f"--num_processes={num_processes}",
+  return subprocess.run([sys.executable, "-m", "private_t5.stages.cli", "launch", f"--num_processes={num_processes}",
                          f"--devices_per_process={devices}", "--", *args],
                         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -256,7 +256,7 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
   args = _train_args(model_dir, corpus, vocab, 40, "--gin.train.mesh_shape=(4, 1)",
                      "--gin.train.checkpoint_every=1", "--gin.train.eval_examples=0")
   env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  launcher = subprocess.Popen([sys.executable, "-m", "private_t5.cli", "launch", "--num_processes=2",
+  launcher = subprocess.Popen([sys.executable, "-m", "private_t5.stages.cli", "launch", "--num_processes=2",
                                "--devices_per_process=2", "--", *args], cwd=PROJECT_ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:

@@ -33,5 +33,5 @@ def test_pip_install_outside_the_repository_finds_configs_by_name(tmp_path):
   where = _run([sys.executable, "-c", "import private_t5, sys; sys.stdout.write(private_t5.__file__)"], cwd="/", env=env)
   assert where.startswith(str(target))
   for name in ("models/t5_1_0_small.gin", "configs/models/t5_1_0_small.gin"):
-    out = _run([sys.executable, "-m", "private_t5.cli", "info", f"--gin_file={name}"], cwd="/", env=env)
+    out = _run([sys.executable, "-m", "private_t5.stages.cli", "info", f"--gin_file={name}"], cwd="/", env=env)
     assert '"num_params": 60506624' in out, out[:300]

@@ -8,7 +8,7 @@ import subprocess
 import gin
 import pytest
 
-from private_t5 import gin_utils
+from private_t5.stages import gin_utils
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(PROJECT_ROOT, "scripts", "quickstart.sh")

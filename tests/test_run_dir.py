@@ -12,10 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import launch_cli
+from private_t5.stages import launch
 from private_t5.errors import CheckpointError
 from private_t5.models import checkpoints, run_dir, run_lock
-from private_t5.train import loop, main
+from private_t5.stages import train as train_stage
+from private_t5.train import loop
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
@@ -117,7 +118,7 @@ def test_refused_launch_leaves_the_running_job_alone(tmp_path, capsys):
   out = _Lines()
   try:
     t0 = time.monotonic()
-    code = launch_cli.launch(2, 1, [model_dir], out=out, grace_s=5.0,
+    code = launch.launch(2, 1, [model_dir], out=out, grace_s=5.0,
                              command=[sys.executable, "-c", _OPEN_MODEL_DIR])
     elapsed = time.monotonic() - t0
     assert holder.poll() is None
@@ -152,7 +153,7 @@ def test_train_cli_on_a_locked_model_dir_exits_2_naming_the_holder(corpus_and_vo
   model_dir = str(tmp_path / "run")
   holder = _hold_lock(model_dir)
   try:
-    done = subprocess.run([sys.executable, "-m", "private_t5.cli", "train", *_args(model_dir, corpus, vocab, 2)],
+    done = subprocess.run([sys.executable, "-m", "private_t5.stages.cli", "train", *_args(model_dir, corpus, vocab, 2)],
                           cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True, timeout=300)
   finally:
     holder.send_signal(signal.SIGKILL)
@@ -223,7 +224,7 @@ def test_any_save_error_is_one_checkpoint_error(tmp_path, monkeypatch):
 _SAVE_ON_A_FULL_DISK = """
 import asyncio, errno, sys
 import numpy as np
-from private_t5 import flags
+from private_t5.stages import flags
 flags.configure_logging()
 from orbax.checkpoint._src.handlers import json_checkpoint_handler as handler
 from private_t5.errors import CheckpointError
@@ -275,7 +276,7 @@ def test_disk_full_mid_run_stops_training_with_the_step(corpus_and_vocab, tmp_pa
 
   monkeypatch.setattr(handler, "async_save", fills_up_at_third)
   with pytest.raises(CheckpointError, match=r"^saving checkpoint 3 to .*RESOURCE_EXHAUSTED: disk full; "):
-    main.run_from_args(_args(model_dir, corpus, vocab, 6))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 6))
   monkeypatch.undo()
   assert _no_tmp_left(model_dir)
   manager = checkpoints.CheckpointManager(model_dir)
@@ -286,7 +287,7 @@ def test_disk_full_mid_run_stops_training_with_the_step(corpus_and_vocab, tmp_pa
   assert info["step"] == 2
   assert json.load(open(os.path.join(model_dir, "privacy_report.json")))["steps"] <= 2
   # The next run resumes from step 2 and completes.
-  summary = main.run_from_args(_args(model_dir, corpus, vocab, 4))
+  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 4))
   assert summary["resumed_from_step"] == 2 and summary["final_step"] == 4
 
 
@@ -315,7 +316,7 @@ def test_privacy_report_is_written_after_its_checkpoint_commits(corpus_and_vocab
 
   monkeypatch.setattr(handler, "_save_fn", slow_save)
   monkeypatch.setattr(os, "replace", observing_replace)
-  main.run_from_args(_args(model_dir, corpus, vocab, 4))
+  train_stage.run_from_args(_args(model_dir, corpus, vocab, 4))
   monkeypatch.undo()
   assert seen and seen[-1][0] == 4
   assert all(report_steps <= committed for report_steps, committed in seen), seen
@@ -338,7 +339,7 @@ def test_privacy_report_is_never_ahead_of_the_checkpoints_under_kill_9(corpus_an
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
   steps = 30
-  command = [sys.executable, "-m", "private_t5.cli", "train", *_args(model_dir, corpus, vocab, steps)]
+  command = [sys.executable, "-m", "private_t5.stages.cli", "train", *_args(model_dir, corpus, vocab, steps)]
   rng = random.Random(1234)
   kills = 0
   for _ in range(3):
@@ -396,7 +397,7 @@ def test_unreadable_latest_metadata_falls_back_to_the_previous(tmp_path, damage)
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(corpus_and_vocab, tmp_path, capsys):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
-  main.run_from_args(_args(model_dir, corpus, vocab, 3))
+  train_stage.run_from_args(_args(model_dir, corpus, vocab, 3))
   state_dir = os.path.join(model_dir, "checkpoints", "3", "state")
   emptied = 0
   for root, _, files in os.walk(state_dir):
@@ -407,7 +408,7 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(corpus_and_voca
         emptied += 1
   assert emptied
   capsys.readouterr()
-  summary = main.run_from_args(_args(model_dir, corpus, vocab, 5))
+  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 5))
   out = capsys.readouterr().out
   warning = [line for line in out.splitlines() if "WARNING: checkpoint 3" in line]
   assert warning and "unreadable" in warning[0] and "resuming from checkpoint 2" in warning[0], out

@@ -140,7 +140,7 @@ def test_adaptive_run_end_to_end_reports_no_formal_guarantee(sources):
 @pytest.mark.slow
 def test_adaptive_stage_runs_from_gin(sources, shared_data, capsys):
   """`private-t5 adaptive` with configs/runs/adaptive.gin layered on the quickstart config."""
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   public, _, vocab, root = sources
   ref_dir = str(root / "reference_for_cli")
   train_main.train(model_config=MICRO, train_data=public, model_dir=ref_dir, train_steps=2, batch_size=8,

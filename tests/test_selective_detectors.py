@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.data import corpora
 from private_t5.errors import ConfigError
 from private_t5.selective import detectors, redaction

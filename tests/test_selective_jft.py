@@ -12,6 +12,7 @@ from private_t5.dp import accounting
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError, DataError
 from private_t5.selective import jft, redaction
+from private_t5.stages import jft as jft_stage
 from private_t5.tokenizer import spm
 
 from micro_run import MICRO_TRAIN_ARGS
@@ -103,7 +104,7 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
   sample = tmp_path / "hand_checked.jsonl"
   sample.write_text("".join(json.dumps(r) + "\n" for r in HAND_CHECKED))
   model_dir = str(tmp_path / "jft")
-  report = jft.run_from_args([
+  report = jft_stage.run_from_args([
       "--gin_file=configs/experiments/quickstart.gin", "--gin_file=configs/runs/jft.gin",
       f"--gin.MODEL_DIR={model_dir}", f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}",
       f"--gin.REDACTED_CORPUS={redacted}", f"--gin.REDACTION_REPORT={red['report_path']}",

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.tokenizer import spm as spm_lib
-from private_t5.tokenizer import spm_cli
+from private_t5.stages import spm as spm_stage
 
 
 @pytest.mark.parametrize("model_type,vocab_size", [pytest.param("unigram", 600, marks=pytest.mark.slow), ("char", 200)])
@@ -46,7 +46,7 @@ def test_spm_bad_input(tmp_path, capsys):
 def test_document_lines_splits_long_documents():
   from private_t5.data.corpora import Document  # pylint: disable=g-import-not-at-top
   counts = {"lines": 0}
-  lines = list(spm_cli.document_lines(iter([Document("a", "one\n\n two \nthree"), Document("b", "four")]), counts))
+  lines = list(spm_stage.document_lines(iter([Document("a", "one\n\n two \nthree"), Document("b", "four")]), counts))
   assert lines == ["one", " two ", "three", "four"] and counts["lines"] == 4
 
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.data import source as source_lib
 from private_t5.data import store as store_lib
 from private_t5.data import store_beam

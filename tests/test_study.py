@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from private_t5 import cli
+from private_t5.stages import cli
 from private_t5.data import duplication
 from private_t5.documents import Document
 from private_t5.errors import ConfigError, DataError
@@ -44,13 +44,13 @@ def test_plant_duplicates_is_seeded_and_records_repetitions():
 
 
 def test_extraction_by_repetitions_counts_each_document_once():
-  from private_t5 import study_cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import study as study_stage  # pylint: disable=g-import-not-at-top
   repeated = {"a": 2, "b": 10, "c": 10}
   per_document = {"ids": ["a", "a#copy1", "b#copy3", "b#copy7", "c#copy2", "n1", "n2"],
                   "exact": [0, 0, 1, 0, 0, 1, 0]}
-  assert study_cli.em_by_repetitions(per_document, repeated) == {
+  assert study_stage.em_by_repetitions(per_document, repeated) == {
       "2": {"em": 0.0, "n": 1}, "10": {"em": 0.5, "n": 2}, "natural": {"em": 0.5, "n": 2}}
-  assert study_cli.em_by_repetitions({"ids": [], "exact": []}, repeated) == {}
+  assert study_stage.em_by_repetitions({"ids": [], "exact": []}, repeated) == {}
   assert duplication.original_id("fortune/art/100#copy9") == "fortune/art/100"
   assert duplication.original_id("fortune/art/100") == "fortune/art/100"
 
@@ -84,13 +84,13 @@ def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_validation_metrics_of_private_documents_are_labelled_not_dp():
-  from private_t5 import study_cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import study as study_stage  # pylint: disable=g-import-not-at-top
   from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
   split = {"exact_match": 0.0, "token_accuracy": 0.5, "median_edit_distance": 3.0, "n": 4}
   report = {"extraction": {"greedy": {s: split for s in study_report.SPLITS}}}
   summary = {"private": True, "validation_not_dp": {"token_accuracy": 0.25, "loss": 4.0},
              "epsilon": 2.0, "delta": 1e-6, "training_epsilon": 1.5, "training_delta": 1e-6}
-  result = study_cli.model_result("dp_prefix", study_cli.MODELS["dp_prefix"], summary, report, {})
+  result = study_stage.model_result("dp_prefix", study_stage.MODELS["dp_prefix"], summary, report, {})
   assert result["validation_token_accuracy"] == 0.25
   assert {"validation_token_accuracy", "validation_loss"} <= set(result["not_dp"])
   header = study_report.utility_table({"models": {"dp_prefix": result}})[0]

@@ -9,11 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import gin_utils
+from private_t5.stages import gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
 from private_t5.dp import mechanism as privacy
 from private_t5.models import checkpoints
+from private_t5.stages import train as train_stage
 from private_t5.train import main, metrics
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
@@ -34,9 +35,9 @@ def _args(model_dir, corpus, vocab, steps, *extra):
 
 def test_missing_required_macro_is_named():
   with pytest.raises(ConfigError, match=r"CORPUS, MODEL_DIR, VOCAB_PATH"):
-    main.run_from_args(["--gin_file=" + QUICKSTART])
+    train_stage.run_from_args(["--gin_file=" + QUICKSTART])
   with pytest.raises(ConfigError, match=r"missing required Gin macro\(s\): VOCAB_PATH"):
-    main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.MODEL_DIR=/tmp/x", "--gin.CORPUS=x"])
+    train_stage.run_from_args(["--gin_file=" + QUICKSTART, "--gin.MODEL_DIR=/tmp/x", "--gin.CORPUS=x"])
 
 
 @pytest.mark.parametrize("stage,gin_files,missing", [
@@ -47,18 +48,18 @@ def test_missing_required_macro_is_named():
      "CORPUS, MODEL_DIR, REFERENCE_MODEL_DIR, VOCAB_PATH"),
 ])
 def test_every_gin_stage_names_missing_macros(stage, gin_files, missing, capsys):
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   assert cli.main([stage] + [f"--gin_file={f}" for f in gin_files]) == 2
   assert f"missing required Gin macro(s): {missing}" in capsys.readouterr().err
 
 
 def test_unknown_gin_name_is_named():
   with pytest.raises(ConfigError, match="'train' doesn't have a parameter named 'bogus_steps'"):
-    main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.train.bogus_steps=3"])
+    train_stage.run_from_args(["--gin_file=" + QUICKSTART, "--gin.train.bogus_steps=3"])
   with pytest.raises(ConfigError, match="No configurable matching 'NoSuchThing'"):
-    main.run_from_args(["--gin_file=" + QUICKSTART, "--gin.NoSuchThing.x=3"])
+    train_stage.run_from_args(["--gin_file=" + QUICKSTART, "--gin.NoSuchThing.x=3"])
   with pytest.raises(ConfigError, match="unknown flag"):
-    main.run_from_args(["--gin_file=" + QUICKSTART, "--steps=3"])
+    train_stage.run_from_args(["--gin_file=" + QUICKSTART, "--steps=3"])
 
 
 @pytest.mark.parametrize("stage,args", [
@@ -69,7 +70,7 @@ def test_unknown_gin_name_is_named():
     ("study", ["--corpus=missing.jsonl", "--output=study"]),
 ])
 def test_gin_stages_keep_tensorflow_off_the_accelerators(stage, args, tmp_path, monkeypatch):
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   calls = []
   monkeypatch.setattr(partitioning, "hide_accelerators_from_tensorflow", lambda: calls.append(stage))
@@ -126,7 +127,7 @@ def test_console_and_summary_label_private_statistics_and_insecure_noise():
 def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, capsys):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
-  summary = main.run_from_args(_args(model_dir, corpus, vocab, 4, "--gin.train.checkpoint_every=2",
+  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 4, "--gin.train.checkpoint_every=2",
                                      "--gin.train.log_every=2", "--gin.train.eval_every=2"))
   assert summary["final_step"] == 4 and summary["private"]
   for name in ("config.gin", "summary.json", "privacy_report.json"):
@@ -180,7 +181,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   assert params["token_embedder"]["embedding"].shape == (512, 32)
 
   # Same command with more steps: resumes at 4, continues the ledger to 6.
-  resumed = main.run_from_args(_args(model_dir, corpus, vocab, 6, "--gin.train.checkpoint_every=2"))
+  resumed = train_stage.run_from_args(_args(model_dir, corpus, vocab, 6, "--gin.train.checkpoint_every=2"))
   assert resumed["resumed_from_step"] == 4 and resumed["steps_this_run"] == 2 and resumed["final_step"] == 6
   report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
   assert report["steps"] == 6
@@ -188,13 +189,13 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
 
   # Another model in the same MODEL_DIR is refused, naming the difference.
   with pytest.raises(CheckpointError, match=r"another run \(first difference: .model_config\.d_"):
-    main.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.T5Config.d_model=64"))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.T5Config.d_model=64"))
   # Fine-tuning style: a new run starting from this run's parameters (fresh optimizer and ledger).
   finetuned_dir = str(tmp_path / "from_initial")
   reads = []
   restore = checkpoints.restore_for_inference
   monkeypatch.setattr(checkpoints, "restore_for_inference", lambda *a, **k: reads.append(a) or restore(*a, **k))
-  finetuned = main.run_from_args(_args(finetuned_dir, corpus, vocab, 1, f"--gin.train.initial_checkpoint={model_dir}"))
+  finetuned = train_stage.run_from_args(_args(finetuned_dir, corpus, vocab, 1, f"--gin.train.initial_checkpoint={model_dir}"))
   assert finetuned["final_step"] == 1
   assert len(reads) == 1  # the initial checkpoint's weights are read once
   monkeypatch.undo()
@@ -204,7 +205,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   manager.close()
   # So is another privacy mechanism.
   with pytest.raises(CheckpointError, match="privacy.noise_multiplier"):
-    main.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.DPConfig.noise_multiplier=2.0"))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 8, "--gin.DPConfig.noise_multiplier=2.0"))
 
 
 @pytest.mark.slow
@@ -214,7 +215,7 @@ def test_ghost_switch_trains_like_vmap(corpus_and_vocab, tmp_path):
   runs = {}
   for method in ("vmap", "ghost"):
     model_dir = str(tmp_path / method)
-    summary = main.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.method='{method}'",
+    summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.method='{method}'",
                                        "--gin.train.eval_every=0", "--gin.train.checkpoint_every=2"))
     params, _, info = checkpoints.restore_for_inference(model_dir)
     runs[method] = (summary, params, info)
@@ -225,14 +226,14 @@ def test_ghost_switch_trains_like_vmap(corpus_and_vocab, tmp_path):
   assert info_g["objective"] == "span_corruption" and info_g["privacy_unit"] == "document"
   assert info_g["vocab_sha256"] == info_v["vocab_sha256"] and len(info_g["vocab_sha256"]) == 64
   with pytest.raises(ConfigError, match="method must be one of"):
-    main.run_from_args(_args(str(tmp_path / "bad"), corpus, vocab, 1, "--gin.DPConfig.method='loop'"))
+    train_stage.run_from_args(_args(str(tmp_path / "bad"), corpus, vocab, 1, "--gin.DPConfig.method='loop'"))
 
 
 @pytest.mark.slow
 def test_non_private_baseline_is_one_flag(corpus_and_vocab, tmp_path):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "baseline")
-  summary = main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DP=None"))
+  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DP=None"))
   assert summary["private"] is False and summary["epsilon"] is None
   report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
   assert report["dp"] is False and report["epsilon"] is None and report["steps"] == 2
@@ -243,13 +244,13 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "bad")
   with pytest.raises(PrivacyError, match="noise_multiplier"):
-    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.noise_multiplier=0.0"))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.noise_multiplier=0.0"))
   with pytest.raises(PrivacyError, match="clip_norm"):
-    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.clip_norm=-1.0"))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.clip_norm=-1.0"))
   with pytest.raises(PrivacyError, match="larger than the dataset"):
-    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.expected_batch_size=100000"))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.expected_batch_size=100000"))
   with pytest.raises(PrivacyError, match="exactly one"):
-    main.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.target_epsilon=3.0"))
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.target_epsilon=3.0"))
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
 
 
@@ -264,19 +265,19 @@ def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, 
   monkeypatch.setattr(privacy, "build_mechanism", unreachable)
   model_dir = tmp_path / "run"
   with pytest.raises(PrivacyError, match="unreachable"):
-    main.run_from_args(_args(str(model_dir), corpus, vocab, 2))
+    train_stage.run_from_args(_args(str(model_dir), corpus, vocab, 2))
   assert not model_dir.exists()
   existing = tmp_path / "existing"  # a directory that held something before is kept as it was
   existing.mkdir()
   (existing / "notes.txt").write_text("mine")
   with pytest.raises(PrivacyError, match="unreachable"):
-    main.run_from_args(_args(str(existing), corpus, vocab, 2))
+    train_stage.run_from_args(_args(str(existing), corpus, vocab, 2))
   assert sorted(os.listdir(existing)) == [".lock", "notes.txt"]
 
 
 def test_truncated_gzip_corpus_is_one_line_and_leaves_nothing(corpus_and_vocab, tmp_path, capsys):
   """A corpus cut short fails while its store is built: one line naming it, no run, no cache entry."""
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   _, vocab = corpus_and_vocab
   data = gzip.compress("".join(f"line {i} of a corpus cut short\n" for i in range(200)).encode())
   corpus = tmp_path / "cut.txt.gz"
@@ -291,7 +292,7 @@ def test_truncated_gzip_corpus_is_one_line_and_leaves_nothing(corpus_and_vocab, 
 
 
 def test_read_only_data_cache_dir_is_one_line(corpus_and_vocab, tmp_path, capsys, read_only):
-  from private_t5 import cli  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
   corpus, vocab = corpus_and_vocab
   (tmp_path / "ro").mkdir()
   read_only(tmp_path / "ro")
@@ -304,11 +305,11 @@ def test_read_only_data_cache_dir_is_one_line(corpus_and_vocab, tmp_path, capsys
 
 
 def _cli_train(args, cwd):
-  """`python -m private_t5.cli train ARGS` in a fresh process: (exit code, stderr)."""
+  """`python -m private_t5.stages.cli train ARGS` in a fresh process: (exit code, stderr)."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   env = dict(os.environ, PYTHONPATH=cwd, TF_CPP_MIN_LOG_LEVEL="2")
-  proc = subprocess.run([sys.executable, "-m", "private_t5.cli", "train", *args], cwd=cwd, env=env,
+  proc = subprocess.run([sys.executable, "-m", "private_t5.stages.cli", "train", *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=600)
   return proc.returncode, proc.stderr
 

@@ -9,16 +9,12 @@ implied-epsilon number of Wu et al. 2022 with its caveat.
 """
 import dataclasses
 import os
-import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
 from private_t5.selective import adaptive
 from private_t5.train import main as train_main
-
-USAGE = ("usage: private-t5 adaptive --gin_file=configs/models/... --gin_file=configs/runs/pretrain.gin "
-         "--gin_file=configs/runs/adaptive.gin [--gin.NAME=VALUE ...]")
 
 
 def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "max",
@@ -110,13 +106,3 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
       f"{implied if implied is not None else float('inf'):.4g} at δ = {report['delta']:.3g} (not a guarantee); "
       f"report: {summary['adaptive_dp_report']}")
   return summary
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`private-t5 adaptive --gin_file=... [--gin.NAME=VALUE ...]` (see configs/runs/adaptive.gin)."""
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv:
-    print(__doc__ + "\n" + USAGE)
-    return 0
-  train_main.run_from_args(argv, entry="train_adaptive", stage="adaptive", description=__doc__ + "\n" + USAGE)
-  return 0

@@ -1,12 +1,6 @@
-"""Just Fine-tune Twice (JFT, Shi et al. 2022): selective DP in two training phases, one command.
+"""Just Fine-tune Twice (JFT, Shi et al. 2022): selective DP in two training phases.
 
-  private-t5 jft --gin_file=configs/models/t5_1_0_tiny.gin \
-      --gin_file=configs/runs/pretrain.gin --gin_file=configs/runs/jft.gin \
-      --gin.MODEL_DIR=/tmp/jft --gin.CORPUS=/data/train.jsonl.gz \
-      --gin.REDACTED_CORPUS=/data/train_redacted.jsonl.gz --gin.VOCAB_PATH=/data/spm.model \
-      --gin.TASK_FEATURE_LENGTHS="{'inputs': 128, 'targets': 32}" --gin.TRAIN_STEPS=1000
-
-Phase 1 ("redacted fine-tune") trains on D', the corpus written by `private-t5 redact`, with
+`just_fine_tune_twice` runs both phases (the `private-t5 jft` stage binds it with Gin). Phase 1 ("redacted fine-tune") trains on D', the corpus written by `private-t5 redact`, with
 an ordinary optimizer (PHASE1_DP = None) or with light-noise DP (PHASE1_DP = a DPConfig with
 its own epsilon). Phase 2 ("private fine-tune") starts from phase 1's checkpoint and trains
 with DP on the full private data D. MODEL_DIR/phase1_redacted and MODEL_DIR/phase2_private are
@@ -26,7 +20,6 @@ eps_1-DP with respect to D as well), and not at all (epsilon = infinity) with an
 import json
 import math
 import os
-import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from private_t5 import io as io_lib
@@ -168,7 +161,7 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
     redaction_report_path: the `private-t5 redact` report of D'.
     miss_rate_sample: JSONL of hand-checked {"text", "secrets"} records: the detector's miss
       rate on it goes into the report.
-    train_fn: the trainer (`train.main.train`, or its Gin-configured version).
+    train_fn: the trainer (default `train.main.train`).
     **train_kwargs: passed to both phases (model_config, batch_size, validation_data, ...).
   """
   if phase2_dp is None:
@@ -234,21 +227,3 @@ def phase1_in_ledger(phase1_report: Dict[str, Any], phase1_dir: str) -> Callable
     setup.ledger.add_initial_checkpoint(phase1_report, phase1_dir, note)
     return setup, data, {}
   return hook
-
-
-def run_from_args(argv: Sequence[str]) -> Dict[str, Any]:
-  """Parses Gin flags (layered like `private-t5 train`) and runs the configured JFT."""
-  return train_main.run_from_args(argv, entry="just_fine_tune_twice", stage="jft", description=__doc__)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv:
-    print(__doc__)
-    return 0
-  run_from_args(argv)
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -1,29 +1,17 @@
-"""`private-t5 train`: pretrain (or fine-tune) a T5 model from layered Gin files.
+"""The training run: `train()` and the builders the other training runs share.
 
-  private-t5 train --gin_file=configs/models/t5_1_0_tiny.gin \
-      --gin_file=configs/runs/pretrain.gin \
-      --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000 --gin.CORPUS=builtin:python_docs \
-      --gin.VOCAB_PATH=/tmp/vocab/spm.model --gin.DP=None
-
-Gin binds only this entry point (`train`) and the factories it is given; the library below
-is plain Python. Re-running the same command resumes from the latest checkpoint in MODEL_DIR.
+`train` checks every setting, builds the privacy mechanism (`dp.mechanism`), the trainer and the
+checkpoint manager, runs the loop and writes the run's summary. It is plain Python: the
+`private-t5 train` stage (`private_t5.stages.train`) binds it with Gin; fine-tuning, JFT and
+adaptive DP call it with their own arguments. Re-running the same run resumes from the latest
+checkpoint in MODEL_DIR.
 """
 import dataclasses
 import inspect
 import os
-import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from private_t5 import gin_utils
 from private_t5.errors import ConfigError
-
-USAGE = """usage: private-t5 train --gin_file=FILE [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
-
-Layered Gin files: a model (configs/models/*.gin), then a run (configs/runs/pretrain.gin), then
-experiments (configs/experiments/*.gin); --gin.NAME=VALUE overrides come last.
-Required macros of configs/runs/pretrain.gin: MODEL_DIR, TRAIN_STEPS, TASK_FEATURE_LENGTHS,
-CORPUS, VOCAB_PATH. Non-private baseline: --gin.DP=None. See docs/training.md.
-"""
 
 
 def _fingerprint_data(description: Mapping[str, Any]) -> dict:
@@ -145,7 +133,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
           mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
           initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
           log: Callable[[str], None] = print, privacy_hook: Optional[Callable] = None,
-          summary_hook: Optional[Callable[[dict], dict]] = None) -> dict:
+          summary_hook: Optional[Callable[[dict], dict]] = None,
+          operative_config: Optional[Callable[[], str]] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
   Every setting is checked before anything is written to `model_dir`; what only the built
@@ -185,7 +174,11 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     summary_hook: for other training entry points (adaptive DP), not a Gin knob:
       `hook(summary) -> dict` of entries added to the finished run's summary before it is
       written (summary.json is written once, complete).
+    operative_config: returns the text of the run's configuration, written to
+      MODEL_DIR/config.gin by process 0 once the mechanism is fixed (the training stages pass
+      Gin's operative config); None: no config.gin is written.
   """
+  from private_t5 import io as io_lib  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as mechanism_lib  # pylint: disable=g-import-not-at-top
@@ -219,8 +212,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint)
-    if partitioning.is_primary():
-      gin_utils.save_operative_config(run_dir.config_path(model_dir))
+    if operative_config is not None and partitioning.is_primary():
+      io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate)
     trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
@@ -242,7 +235,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
   finally:
     manager.close(discard_if_unused=failed)
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
-                 config_gin=os.path.abspath(run_dir.config_path(model_dir)),
+                 config_gin=(os.path.abspath(run_dir.config_path(model_dir)) if operative_config is not None
+                             else None),
                  noise_multiplier=setup.noise_multiplier)
   if summary_hook is not None:
     summary.update(summary_hook(summary))
@@ -257,7 +251,8 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
   log(f"  checkpoints:    {summary['checkpoint_dir']}")
-  log(f"  config:         {summary['config_gin']}")
+  if summary.get("config_gin"):
+    log(f"  config:         {summary['config_gin']}")
   log(f"  tensorboard:    {summary['tensorboard_dir']}")
   log(f"  summary:        {ledger_lib.summary_path(summary['model_dir'])}")
   log(f"  privacy report: {summary['privacy_report']}")
@@ -287,48 +282,3 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
     log(f"  privacy: {optimizer_name}: no formal DP guarantee (the ledger records ε = ∞)")
   else:
     log("  privacy: NON-PRIVATE baseline (ε = ∞)")
-
-
-def add_training_flags(parser) -> None:
-  """The plain flags of every training stage (train, jft, adaptive); each sets a Gin macro/binding."""
-  parser.add_flag("model_dir", gin="MODEL_DIR", help="run directory (checkpoints, summary)")
-  parser.add_flag("corpus", gin="CORPUS", help="training corpus spec (pretraining)")
-  parser.add_flag("vocab_path", gin="VOCAB_PATH", help="SentencePiece model")
-  parser.add_flag("train_steps", gin="TRAIN_STEPS", type=int, help="number of training steps")
-  parser.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="batch size")
-  parser.add_flag("initial_checkpoint", gin="INITIAL_CHECKPOINT",
-                  help="model directory to start from (fine-tuning; e.g. from `private-t5 import`)")
-  parser.add_flag("target_epsilon", gin="DPConfig.target_epsilon", type=float,
-                  help="ε the DP run ends at (σ calibrated)")
-  parser.add_flag("noise_multiplier", gin="DPConfig.noise_multiplier", type=float,
-                  help="σ instead of --target_epsilon")
-  parser.add_flag("delta", gin="DPConfig.delta", type=float, help="δ of the DP run")
-
-
-def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train",
-                  description: str = USAGE) -> dict:
-  """Parses the stage's flags and runs the configured `entry` (default `train()`); returns its result.
-
-  The other training entry points (`just_fine_tune_twice`, `train_adaptive`) come through
-  here, so they parse and check Gin exactly as `train` does.
-  """
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
-  parser = flags.StageParser(stage, description, gin_required=True)
-  add_training_flags(parser)
-  parsed = parser.parse_stage_args(argv)
-  if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
-    parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
-  return gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, entry)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if not argv:
-    print(USAGE)
-    return 0
-  run_from_args(argv)
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -16,10 +16,13 @@ import sys
 import time
 from typing import List, Optional
 
-from private_t5 import flags
+import gin
+
 from private_t5.data import beam_io
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError
+from private_t5.stages import flags
+from private_t5.stages import gin_utils
 
 # Plain flag -> the Gin macro of configs/runs/pretrain.gin that gives its default.
 _MACROS = {"corpus": "CORPUS", "vocab_path": "VOCAB_PATH", "cache_dir": "DATA_CACHE_DIR"}
@@ -55,8 +58,6 @@ def _parser() -> flags.StageParser:
 def _settings(argv: List[str]):
   args, files, bindings = _parser().parse_stage_args(argv)
   if files or bindings:
-    import gin  # pylint: disable=g-import-not-at-top
-    from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
     gin_utils.parse(files, bindings, check_required=False, entry="train", files_required=False)
     for name, macro in _MACROS.items():
       if getattr(args, name) is None:

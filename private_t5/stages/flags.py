@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from private_t5 import gin_utils
+from private_t5.stages import gin_utils
 from private_t5 import progress
 from private_t5.errors import ConfigError
 

@@ -7,8 +7,9 @@ import json
 import sys
 from typing import List, Optional
 
-from private_t5 import gin_utils
+from private_t5.stages import gin_utils
 from private_t5.errors import ConfigError
+from private_t5.stages import flags
 
 
 def summarize(config) -> dict:
@@ -40,7 +41,6 @@ def summarize(config) -> dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   parser = flags.StageParser(
       "info", "Print a T5 model's summary (parameter count, shapes) as JSON. "
               "Flags: --gin_file=configs/models/<preset>.gin (repeatable), --gin.NAME=VALUE.")

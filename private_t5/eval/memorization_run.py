@@ -1,40 +1,23 @@
-"""`private-t5 memorization`: does this checkpoint leak its training data?
+"""The memorization evaluation of a checkpoint: does it leak its training data?
 
-  private-t5 memorization --gin_file=configs/runs/memorization.gin \
-      --gin.MODEL_DIR=/path/run --gin.TRAIN_CORPUS=/path/train.jsonl.gz \
-      --gin.VALID_CORPUS=/path/valid.jsonl.gz --gin.OUTPUT_DIR=/path/memorization
-
-Builds (or reuses) the four splits of Lee et al. (train dup / train unique / valid in train /
+`run_memorization` (the `private-t5 memorization` stage binds it with Gin) builds (or reuses) the four splits of Lee et al. (train dup / train unique / valid in train /
 valid unique), prompts the checkpoint with the first P tokens of up to N documents of each
 split, generates T tokens greedily (and with beam search when BEAM_SIZE > 0), scores EM / TA /
 MED, optionally the span-corruption variant, the exposure of recorded canaries and the one-run
 privacy audit (an ε lower bound from audit canaries, beside the ledger's ε), and writes
-report.json, report.md and plots to OUTPUT_DIR. Gin binds only `run_memorization` and
-`SplitConfig`.
+report.json, report.md and plots to the output directory.
 """
 import dataclasses
 import os
 import re
-import sys
 import time
 from typing import Any, Callable, List, Optional
 
-from private_t5 import gin_utils
 from private_t5 import progress as progress_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import file_sha256
 from private_t5.eval import extraction_metrics, memorization
 from private_t5.eval import splits as splits_lib
-
-USAGE = """usage: private-t5 memorization --gin_file=configs/runs/memorization.gin [--gin.NAME=VALUE ...]
-
-Required macros: MODEL_DIR (a training run's directory), TRAIN_CORPUS and VALID_CORPUS (corpus
-specs: .jsonl[.gz], .txt, folder, .tsv, tfds:NAME[:SPLIT]), OUTPUT_DIR. Common overrides:
-PROMPT_LENGTH (512), GENERATION_LENGTH (114), MAX_EXAMPLES_PER_SPLIT, BATCH_SIZE, BEAM_SIZE
-(0 = greedy only), VOCAB_PATH (default: the checkpoint's), CANARIES (a .canaries.json record
-written by `private-t5 canaries`), AUDIT (a .audit.json membership record written by
-`private-t5 canaries --audit`). See docs/memorization.md.
-"""
 
 AUTO = "auto"
 
@@ -348,27 +331,3 @@ def write_report(report: dict, output_dir: str, log: Callable[[str], None] = pri
   paths = report_lib.write_report(report, output_dir)
   log(f"[memorization] wrote {', '.join(paths)} in {report['wall_seconds']:.1f} s")
   return report
-
-
-def _parser():
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
-  p = flags.StageParser("memorization", "Measure training-data extraction and canary exposure.",
-                        epilog=USAGE, gin_required=True)
-  p.add_flag("model_dir", gin="MODEL_DIR", help="model directory (a training run or `private-t5 import`)")
-  p.add_flag("train_corpus", gin="TRAIN_CORPUS", help="corpus the model was trained on")
-  p.add_flag("valid_corpus", gin="VALID_CORPUS", help="held-out corpus of the same distribution")
-  p.add_flag("output", gin="OUTPUT_DIR", help="report directory")
-  p.add_flag("vocab_path", gin="VOCAB_PATH", help="SentencePiece model (default: the checkpoint's)")
-  p.add_flag("canaries", gin="CANARIES", help="canary record written by `private-t5 canaries`")
-  p.add_flag("audit", gin="AUDIT", help="audit membership record written by `private-t5 canaries --audit`")
-  p.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="decoding batch size")
-  return p
-
-
-def main(argv) -> int:
-  if not argv:
-    print(USAGE, file=sys.stderr)
-    return 2
-  parsed = _parser().parse_stage_args(argv)
-  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "run_memorization")
-  return 0

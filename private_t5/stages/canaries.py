@@ -21,10 +21,10 @@ import string
 import sys
 
 from private_t5.errors import ConfigError, DataError
+from private_t5.stages import flags
 
 
 def _parser():
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("canaries", __doc__.split("\n\n")[0])
   p.add_flag("corpus", aliases=("input",), help="corpus spec of the training corpus (required)")
   p.add_flag("output", help="path of the new corpus (.jsonl or .jsonl.gz) (required)")
@@ -50,7 +50,6 @@ def _parser():
 def main(argv) -> int:
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.eval import canaries as canaries_lib  # pylint: disable=g-import-not-at-top
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   parser = _parser()
   args = parser.parse_stage_args(argv).args
   flags.check_required(parser, args, ("corpus", "output"))

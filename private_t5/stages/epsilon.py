@@ -21,10 +21,10 @@ from typing import List, Optional
 
 from private_t5.dp import accounting
 from private_t5.errors import PrivacyError
+from private_t5.stages import flags
 
 
 def _parser():
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("epsilon", __doc__.split("\n\n")[0])
   p.add_flag("noise_multiplier", type=float, help="σ: noise std / clip norm")
   p.add_flag("target_epsilon", aliases=("epsilon",), type=float,
@@ -84,7 +84,6 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   parser = _parser()
   args = parser.parse_stage_args(sys.argv[1:] if argv is None else argv).args
   if (args.noise_multiplier is None) == (args.target_epsilon is None):

@@ -30,9 +30,10 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from private_t5 import gin_utils
+from private_t5.stages import gin_utils
 from private_t5.errors import ConfigError
 from private_t5.io import write_text_atomic
+from private_t5.stages import flags
 
 logger = logging.getLogger(__name__)
 
@@ -400,7 +401,6 @@ def _write(output_dir: str, report: Dict[str, Any]) -> None:
 
 def main(argv: Sequence[str]) -> int:
   """`private-t5 bench --gin_file=... [--gin.benchmark.NAME=VALUE ...]`."""
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   parser = flags.StageParser("bench", USAGE.split("\n\n", 1)[1].strip(), epilog=USAGE.split("\n")[0],
                              gin_required=True)
   parser.add_flag("output", gin="benchmark.output_dir", help="directory of bench.json and bench.md")

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import List, Optional
 
-from private_t5 import flags, gin_utils
+from private_t5.stages import flags, gin_utils
 from private_t5.data import beam_io
 from private_t5.documents import Document
 from private_t5.errors import ConfigError

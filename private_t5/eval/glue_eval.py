@@ -1,7 +1,4 @@
-"""`private-t5 evaluate`: GLUE-style evaluation of a checkpoint by greedy decoding.
-
-  private-t5 evaluate --gin_file=configs/runs/eval.gin \
-      --gin.MODEL_DIR=/tmp/ft_rt --gin.MIXTURE_OR_TASK_NAME=rotten_tomatoes
+"""GLUE-style evaluation of a checkpoint by greedy decoding (the `private-t5 evaluate` stage).
 
 Each validation example is greedy-decoded, the text postprocessed as t5 does (label name ->
 class id, STS-B string -> float), and scored with the task's GLUE metric
@@ -12,12 +9,10 @@ label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
 import dataclasses
 import logging
 import os
-import sys
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
-from private_t5 import gin_utils
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
@@ -196,28 +191,3 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
                     f"# GLUE evaluation ({split}) of {name}\n\n" + results["table_markdown"])
   print(results["table_markdown"])
   return results
-
-
-def _parser():
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
-  parser = flags.StageParser(
-      "evaluate", "Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
-      epilog="Configure with --gin_file=configs/runs/eval.gin and --model_dir=... --task=... "
-             "(or --gin.MODEL_DIR=... --gin.MIXTURE_OR_TASK_NAME=...).", gin_required=True)
-  parser.add_flag("model_dir", gin="MODEL_DIR", help="model directory (a training run or `private-t5 import`)")
-  parser.add_flag("task", gin="MIXTURE_OR_TASK_NAME", help="task or mixture to evaluate")
-  parser.add_flag("vocab_path", gin="evaluate.vocab_path", help="SentencePiece model (default: the checkpoint's)")
-  parser.add_flag("output", gin="evaluate.output_dir", help="results directory (default: MODEL_DIR/eval)")
-  parser.add_flag("batch_size", gin="evaluate.batch_size", type=int, help="decoding batch size")
-  return parser
-
-
-def main(argv=None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  parsed = _parser().parse_stage_args(argv)
-  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "evaluate")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -19,6 +19,7 @@ from private_t5 import io as io_lib
 from private_t5.data import corpora
 from private_t5.errors import ConfigError
 from private_t5.tokenizer import spm as spm_lib
+from private_t5.stages import flags
 
 
 def document_lines(docs: Iterator[corpora.Document], counts: dict) -> Iterator[str]:
@@ -74,7 +75,6 @@ def check_output(output: str) -> None:
 
 
 def _parser():
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("spm", __doc__.split("\n\n")[0])
   p.add_flag("corpus", aliases=("input",), help="corpus spec: file.txt, folder, file.jsonl[.gz], file.tsv, "
              "tfds:NAME[:SPLIT], builtin:python_docs")
@@ -94,7 +94,6 @@ def _parser():
 
 
 def main(argv: List[str]) -> int:
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   parser = _parser()
   args = parser.parse_stage_args(argv).args
   flags.check_required(parser, args, ("corpus", "vocab_size", "output"))

@@ -12,11 +12,11 @@ documents skipped because nothing public was left, and the detector backend of e
 import sys
 
 from private_t5.errors import ConfigError
+from private_t5.stages import flags
 
 
 def _parser():
   from private_t5.selective import detectors  # pylint: disable=g-import-not-at-top
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("redact", __doc__.split("\n\n")[0])
   p.add_flag("corpus", help="corpus spec (see private_t5.data.corpora)")
   p.add_flag("output", help="redacted corpus path (.jsonl or .jsonl.gz)")
@@ -37,7 +37,6 @@ def _parser():
 def main(argv) -> int:
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.selective import detectors, redaction  # pylint: disable=g-import-not-at-top
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   parser = _parser()
   args = parser.parse_stage_args(argv).args
   flags.check_required(parser, args, ("corpus", "output"))

@@ -21,8 +21,8 @@ import json
 import sys
 from typing import List, Optional
 
-from private_t5 import flags
-from private_t5 import gin_utils
+from private_t5.stages import flags
+from private_t5.stages import gin_utils
 from private_t5.data import beam_io
 from private_t5.tokenizer import dp_spm
 

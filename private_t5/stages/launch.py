@@ -190,11 +190,11 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
 
   Args:
     num_processes, devices_per_process: the cluster's shape.
-    stage_argv: `<stage> [its flags]`, run as `python -m private_t5.cli <stage> [its flags]`.
+    stage_argv: `<stage> [its flags]`, run as `python -m private_t5.stages.cli <stage> [its flags]`.
     port: the coordinator's port (default: a free one); refused if in use.
     out: where the prefixed output of the processes goes.
     grace_s: seconds between SIGTERM and SIGKILL when stopping the others after a failure.
-    command: the program run before `stage_argv` (default `python -m private_t5.cli`).
+    command: the program run before `stage_argv` (default `python -m private_t5.stages.cli`).
   """
   if port is None:
     port = free_port()
@@ -218,7 +218,7 @@ def _run(num_processes: int, devices_per_process: int, stage_argv: Sequence[str]
     for i in range(num_processes):
       env = process_env(os.environ, process_id=i, num_processes=num_processes,
                         devices_per_process=devices_per_process, port=port)
-      program = list(command) if command is not None else [sys.executable, "-m", "private_t5.cli"]
+      program = list(command) if command is not None else [sys.executable, "-m", "private_t5.stages.cli"]
       p = subprocess.Popen([*program, *stage_argv], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
       procs.append(p)

@@ -1,9 +1,10 @@
-"""Gin plumbing for the entry points (T5X style): layered files, `--gin.NAME=value` overrides.
+"""Gin plumbing for the stages (T5X style): layered files, `--gin.NAME=value` overrides.
 
-Gin binds only entry points: the core library never imports gin. `CONFIGURABLES` is the one
-registry of the names .gin files may use; each name maps to "module:attribute" and is imported
-and registered only when a stage asks for it (`parse(..., entry=NAME)` registers the names
-`STAGE_CONFIGURABLES[NAME]` lists), so that `private-t5 info` does not import the trainer.
+Gin binds only the stages (this package): the library below never imports gin.
+`CONFIGURABLES` is the one registry of the names .gin files may use; each name maps to
+"module:attribute" and is imported and registered only when a stage asks for it
+(`parse(..., entry=NAME)` registers the names `STAGE_CONFIGURABLES[NAME]` lists), so that
+`private-t5 info` does not import the trainer.
 """
 import importlib
 import io
@@ -17,10 +18,10 @@ import gin
 from gin import config_parser
 
 from private_t5 import errors
-from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package folder (this module lives in its `stages/` subfolder).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT_ROOT = os.path.dirname(PACKAGE_DIR)
 # The Gin files shipped inside the package (`configs` at the project root links here).
 PACKAGE_CONFIGS = os.path.join(PACKAGE_DIR, "configs")
@@ -74,15 +75,15 @@ CONFIGURABLES = {
     "just_fine_tune_twice": "private_t5.selective.jft:just_fine_tune_twice",
     "train_adaptive": "private_t5.selective.adaptive_train:train_adaptive",
     # evaluation
-    "run_memorization": "private_t5.eval.memorization_cli:run_memorization",
+    "run_memorization": "private_t5.eval.memorization_run:run_memorization",
     "SplitConfig": "private_t5.eval.splits:SplitConfig",
-    "evaluate": "private_t5.eval.evaluate_cli:evaluate",
+    "evaluate": "private_t5.eval.glue_eval:evaluate",
     # tokenizer
     "train_dp_vocabulary": "private_t5.tokenizer.dp_spm:train_dp_vocabulary",
     # benchmarks
-    "benchmark": "private_t5.bench:benchmark",
+    "benchmark": "private_t5.stages.bench:benchmark",
     # the end-to-end study
-    "run_study": "private_t5.study_cli:run_study",
+    "run_study": "private_t5.stages.study:run_study",
 }
 
 _MODEL = ("T5Config",)
@@ -382,15 +383,15 @@ def unwrap_error(e: errors.PrivateT5Error) -> errors.PrivateT5Error:
   return cls(error_message(e))
 
 
-def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str):
+def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str, **kwargs):
   """Runs a Gin stage: joins the JAX processes (several processes only; before any other JAX
   call), parses the files and overrides for `entry`, keeps TensorFlow off the accelerators,
-  then calls `entry`; returns its result."""
+  then calls `entry` (with `kwargs`, which are not Gin's); returns its result."""
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()
   parse(gin_files, gin_bindings, entry=entry)
   partitioning.hide_accelerators_from_tensorflow()
-  return call_configured(configured(entry))
+  return call_configured(configured(entry), **kwargs)
 
 
 def call_configured(fn, *args, **kwargs):
@@ -413,7 +414,6 @@ def call_configured(fn, *args, **kwargs):
     raise
 
 
-def save_operative_config(path: str) -> str:
-  """Writes the operative config atomically to `path` (a run's MODEL_DIR/config.gin); returns it."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  return io_lib.write_text_atomic(path, gin.operative_config_str())
+def operative_config() -> str:
+  """The operative Gin config so far (what a run's MODEL_DIR/config.gin holds)."""
+  return gin.operative_config_str()

@@ -15,7 +15,7 @@ import shutil
 import sys
 from typing import List, Optional
 
-from private_t5 import flags
+from private_t5.stages import flags
 from private_t5 import io as io_lib
 from private_t5.errors import CheckpointError
 

@@ -17,24 +17,24 @@ from private_t5.errors import PrivateT5Error  # pylint: disable=g-import-not-at-
 
 # stage name -> (module, one-line help)
 STAGES = {
-    "info": ("private_t5.models.info", "print a model preset's summary (parameters, shapes) as JSON"),
-    "spm": ("private_t5.tokenizer.spm_cli", "train a (non-private) SentencePiece vocabulary from a corpus"),
-    "dp-spm": ("private_t5.tokenizer.dp_spm_cli", "train a differentially private SentencePiece vocabulary"),
-    "store": ("private_t5.data.store_cli", "tokenize a corpus into the token store cache (local or Apache Beam)"),
-    "train": ("private_t5.train.main", "pretrain or fine-tune a T5 model from Gin configs (DP or not)"),
-    "epsilon": ("private_t5.dp.epsilon_cli", "compute epsilon for a DP run, or the noise for a target epsilon"),
-    "splits": ("private_t5.eval.splits_cli", "find the memorization splits (near-duplicates) of train/validation"),
-    "memorization": ("private_t5.eval.memorization_cli", "measure training-data extraction and canary exposure"),
-    "canaries": ("private_t5.eval.canaries_cli", "insert random canaries into a corpus and record them"),
-    "evaluate": ("private_t5.eval.evaluate_cli", "evaluate a checkpoint on GLUE-style tasks"),
-    "study": ("private_t5.study_cli", "reproduce the paper's memorization findings end to end on a corpus"),
-    "bench": ("private_t5.bench", "benchmark non-DP vs DP training steps side by side"),
-    "redact": ("private_t5.selective.redact_cli", "detect secrets and write a redacted corpus"),
-    "jft": ("private_t5.selective.jft", "selective DP: Just Fine-tune Twice (redacted phase, then DP phase)"),
-    "adaptive": ("private_t5.selective.adaptive_train", "adaptive-noise DP training (no formal guarantee)"),
-    "import": ("private_t5.models.import_cli", "import a Hugging Face T5 directory as a model directory"),
-    "export": ("private_t5.models.export_cli", "export a model directory to the Hugging Face T5 format"),
-    "launch": ("private_t5.launch_cli", "run a stage as N cooperating JAX processes on this machine"),
+    "info": ("private_t5.stages.info", "print a model preset's summary (parameters, shapes) as JSON"),
+    "spm": ("private_t5.stages.spm", "train a (non-private) SentencePiece vocabulary from a corpus"),
+    "dp-spm": ("private_t5.stages.dp_spm", "train a differentially private SentencePiece vocabulary"),
+    "store": ("private_t5.stages.store", "tokenize a corpus into the token store cache (local or Apache Beam)"),
+    "train": ("private_t5.stages.train", "pretrain or fine-tune a T5 model from Gin configs (DP or not)"),
+    "epsilon": ("private_t5.stages.epsilon", "compute epsilon for a DP run, or the noise for a target epsilon"),
+    "splits": ("private_t5.stages.splits", "find the memorization splits (near-duplicates) of train/validation"),
+    "memorization": ("private_t5.stages.memorization", "measure training-data extraction and canary exposure"),
+    "canaries": ("private_t5.stages.canaries", "insert random canaries into a corpus and record them"),
+    "evaluate": ("private_t5.stages.evaluate", "evaluate a checkpoint on GLUE-style tasks"),
+    "study": ("private_t5.stages.study", "reproduce the paper's memorization findings end to end on a corpus"),
+    "bench": ("private_t5.stages.bench", "benchmark non-DP vs DP training steps side by side"),
+    "redact": ("private_t5.stages.redact", "detect secrets and write a redacted corpus"),
+    "jft": ("private_t5.stages.jft", "selective DP: Just Fine-tune Twice (redacted phase, then DP phase)"),
+    "adaptive": ("private_t5.stages.adaptive", "adaptive-noise DP training (no formal guarantee)"),
+    "import": ("private_t5.stages.import_hf", "import a Hugging Face T5 directory as a model directory"),
+    "export": ("private_t5.stages.export", "export a model directory to the Hugging Face T5 format"),
+    "launch": ("private_t5.stages.launch", "run a stage as N cooperating JAX processes on this machine"),
 }
 
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     print(f"error: unknown stage {name!r}\n\n{_usage(stages)}", file=sys.stderr)
     return 2
   try:
-    from private_t5 import flags  # pylint: disable=g-import-not-at-top
+    from private_t5.stages import flags  # pylint: disable=g-import-not-at-top
     rest, setting = flags.pop_verbosity(rest)
     flags.configure_logging(*(setting or (logging.INFO, False)))
     # The RDP accountant's Python warnings for orders it leaves out (see accounting.ConvergenceFilter).
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     module = importlib.import_module(stages[name][0])
     return int(module.main(rest) or 0)
   except PrivateT5Error as e:
-    from private_t5 import gin_utils  # pylint: disable=g-import-not-at-top
+    from private_t5.stages import gin_utils  # pylint: disable=g-import-not-at-top
     print("error: " + gin_utils.error_message(e), file=sys.stderr)
     return 2
 

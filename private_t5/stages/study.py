@@ -24,9 +24,10 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from private_t5 import gin_utils
+from private_t5.stages import gin_utils
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError, PrivacyError
+from private_t5.stages import flags
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
       trains one model with the study's Gin files plus these bindings.
   """
   from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import memorization_cli  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import memorization_run  # pylint: disable=g-import-not-at-top
   from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
   t_start = time.time()
@@ -285,7 +286,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     summary = train_model(run_dir, bindings)
     t1 = time.time()
     logger.info("[study] phase %d/%d: memorization of %s", next(phase), steps, name)
-    report = memorization_cli.run_memorization(
+    report = memorization_run.run_memorization(
         model_dir=run_dir, train_corpus=data["train"], valid_corpus=data["valid"],
         output_dir=os.path.join(model_root, "memorization"), prompt_length=prompt_length,
         generation_length=generation_length, batch_size=memorization_batch_size,
@@ -309,7 +310,6 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
 
 
 def _parser():
-  from private_t5 import flags  # pylint: disable=g-import-not-at-top
   p = flags.StageParser("study", "Reproduce the memorization findings of Ponomareva et al. 2022 on a corpus.",
                         epilog=USAGE)
   p.add_flag("corpus", gin="run_study.corpus", help="corpus spec (.jsonl[.gz], .txt, folder, .tsv, tfds:NAME)")
@@ -329,7 +329,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   def train_model(model_dir: str, extra: List[str]) -> dict:
     gin_utils.parse(files, bindings + [gin_utils.Binding(b) for b in extra], entry="run_study")
-    return gin_utils.call_configured(gin_utils.configured("train"), log=logger.info)
+    return gin_utils.call_configured(gin_utils.configured("train"), log=logger.info,
+                                    operative_config=gin_utils.operative_config)
 
   gin_utils.call_configured(gin_utils.configured("run_study"), train_model=train_model)
   return 0

@@ -1,0 +1,36 @@
+"""`private-t5 evaluate`: GLUE-style evaluation of a checkpoint by greedy decoding.
+
+  private-t5 evaluate --gin_file=configs/runs/eval.gin \
+      --gin.MODEL_DIR=/tmp/ft_rt --gin.MIXTURE_OR_TASK_NAME=rotten_tomatoes
+
+Runs `eval.glue_eval.evaluate` (Gin: `evaluate`): writes `MODEL_DIR/eval/results.json` and
+`MODEL_DIR/eval/results.md`.
+"""
+import sys
+
+from private_t5.stages import flags
+from private_t5.stages import gin_utils
+
+
+def _parser():
+  parser = flags.StageParser(
+      "evaluate", "Evaluate a checkpoint on GLUE-style tasks (greedy decoding, GLUE metrics).",
+      epilog="Configure with --gin_file=configs/runs/eval.gin and --model_dir=... --task=... "
+             "(or --gin.MODEL_DIR=... --gin.MIXTURE_OR_TASK_NAME=...).", gin_required=True)
+  parser.add_flag("model_dir", gin="MODEL_DIR", help="model directory (a training run or `private-t5 import`)")
+  parser.add_flag("task", gin="MIXTURE_OR_TASK_NAME", help="task or mixture to evaluate")
+  parser.add_flag("vocab_path", gin="evaluate.vocab_path", help="SentencePiece model (default: the checkpoint's)")
+  parser.add_flag("output", gin="evaluate.output_dir", help="results directory (default: MODEL_DIR/eval)")
+  parser.add_flag("batch_size", gin="evaluate.batch_size", type=int, help="decoding batch size")
+  return parser
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parsed = _parser().parse_stage_args(argv)
+  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "evaluate")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,70 @@
+"""`private-t5 train`: pretrain (or fine-tune) a T5 model from layered Gin files.
+
+  private-t5 train --gin_file=configs/models/t5_1_0_tiny.gin \
+      --gin_file=configs/runs/pretrain.gin \
+      --gin.MODEL_DIR=/tmp/run --gin.TRAIN_STEPS=1000 --gin.CORPUS=builtin:python_docs \
+      --gin.VOCAB_PATH=/tmp/vocab/spm.model --gin.DP=None
+
+Gin binds only this stage's entry point (`train`, the library's `train.main.train`) and the
+factories it is given; the library below is plain Python. Re-running the same command resumes
+from the latest checkpoint in MODEL_DIR.
+"""
+import sys
+from typing import Optional, Sequence
+
+from private_t5.stages import flags
+from private_t5.stages import gin_utils
+
+USAGE = """usage: private-t5 train --gin_file=FILE [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
+
+Layered Gin files: a model (configs/models/*.gin), then a run (configs/runs/pretrain.gin), then
+experiments (configs/experiments/*.gin); --gin.NAME=VALUE overrides come last.
+Required macros of configs/runs/pretrain.gin: MODEL_DIR, TRAIN_STEPS, TASK_FEATURE_LENGTHS,
+CORPUS, VOCAB_PATH. Non-private baseline: --gin.DP=None. See docs/training.md.
+"""
+
+
+def add_training_flags(parser: flags.StageParser) -> None:
+  """The plain flags of every training stage (train, jft, adaptive); each sets a Gin macro/binding."""
+  parser.add_flag("model_dir", gin="MODEL_DIR", help="run directory (checkpoints, summary)")
+  parser.add_flag("corpus", gin="CORPUS", help="training corpus spec (pretraining)")
+  parser.add_flag("vocab_path", gin="VOCAB_PATH", help="SentencePiece model")
+  parser.add_flag("train_steps", gin="TRAIN_STEPS", type=int, help="number of training steps")
+  parser.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="batch size")
+  parser.add_flag("initial_checkpoint", gin="INITIAL_CHECKPOINT",
+                  help="model directory to start from (fine-tuning; e.g. from `private-t5 import`)")
+  parser.add_flag("target_epsilon", gin="DPConfig.target_epsilon", type=float,
+                  help="ε the DP run ends at (σ calibrated)")
+  parser.add_flag("noise_multiplier", gin="DPConfig.noise_multiplier", type=float,
+                  help="σ instead of --target_epsilon")
+  parser.add_flag("delta", gin="DPConfig.delta", type=float, help="δ of the DP run")
+
+
+def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train",
+                  description: str = USAGE) -> dict:
+  """Parses the stage's flags and runs the configured `entry` (default `train()`); returns its result.
+
+  The other training stages (`just_fine_tune_twice`, `train_adaptive`) come through here, so
+  they parse and check Gin exactly as `train` does; each run writes Gin's operative config to
+  MODEL_DIR/config.gin.
+  """
+  parser = flags.StageParser(stage, description, gin_required=True)
+  add_training_flags(parser)
+  parsed = parser.parse_stage_args(argv)
+  if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
+    parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
+  return gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, entry,
+                             operative_config=gin_utils.operative_config)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv:
+    print(USAGE)
+    return 0
+  run_from_args(argv)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
