@@ -151,6 +151,17 @@ def test_store_read_only_cache_dir_is_one_line(tmp_path, shared_data, vocab_path
   assert not os.listdir(tmp_path / "ro")
 
 
+@pytest.mark.parametrize("cache", ["file", "file/cache"], ids=["is_a_file", "under_a_file"])
+def test_store_cache_dir_that_is_a_file_is_named(tmp_path, shared_data, vocab_path, capsys, cache):
+  """A regular file where the cache folder should be is named as such (not 'File exists')."""
+  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 20), 1)
+  (tmp_path / "file").write_text("")
+  file, cache = str(tmp_path / "file"), str(tmp_path / cache)
+  assert cli.main(["store", f"--corpus={pattern}", f"--vocab_path={vocab_path}", f"--cache_dir={cache}"]) == 2
+  assert capsys.readouterr().err == (f"error: store cache_dir {cache!r} is not writable: {file!r} is a file, "
+                                     "not a folder\n")
+
+
 @pytest.mark.parametrize("options,reason", [
     ('--direct_num_workers="2', "No closing quotation"),
     ("--direct_num_workers=two", "argument --direct_num_workers: invalid int value: 'two'"),

@@ -342,7 +342,17 @@ class CacheTarget:
       remove_stale_builds(self.cache_dir)
       return make_temp_dir(self.cache_dir, BUILDING_PREFIX)
     except OSError as e:
-      raise DataError(f"store cache_dir {self.cache_dir!r} is not writable: {e.strerror or e}") from None
+      file = _file_in_the_way(self.cache_dir)
+      reason = f"{file!r} is a file, not a folder" if file else (e.strerror or e)
+      raise DataError(f"store cache_dir {self.cache_dir!r} is not writable: {reason}") from None
+
+
+def _file_in_the_way(path: str) -> Optional[str]:
+  """`path` or the nearest of its parents that exists, if that is not a folder; else None."""
+  path = os.path.abspath(path)
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return None if os.path.isdir(path) else path
 
 
 def _missing_folders(path: str) -> List[str]:
