@@ -393,6 +393,26 @@ def test_unreadable_latest_metadata_falls_back_to_the_previous(tmp_path, damage)
   reopened.close()
 
 
+def test_an_emptied_checkpoint_file_is_refused_before_the_storage_layer_reads(tmp_path, capfd):
+  """An empty file (the array manifest here) is named in one line before TensorStore starts its
+  parallel reads: none of its threads' "Event loop is closed" tracebacks reach the console."""
+  manager = checkpoints.CheckpointManager(str(tmp_path), keep=3, fingerprint={"model": 1})
+  for step in (1, 2):
+    manager.save(step, _state(step), {"seeds": {"root_seed": 7}, "note": f"s{step}"})
+  manager.close()
+  open(os.path.join(str(tmp_path), "checkpoints", "2", "state", "manifest.ocdbt"), "w").close()
+  reopened = checkpoints.CheckpointManager(str(tmp_path), keep=3, fingerprint={"model": 1})
+  capfd.readouterr()
+  with pytest.raises(checkpoints.CheckpointError, match=r"checkpoint 2 .* unreadable: state/manifest.ocdbt is empty"):
+    reopened.restore(_target(), 2)
+  messages = []
+  step, _, saved = loop._restore_latest_readable(reopened, _target(), messages.append)
+  assert step == 1 and saved["note"] == "s1"
+  assert len(messages) == 1 and "manifest.ocdbt is empty" in messages[0]
+  reopened.close()
+  assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.slow
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous(corpus_and_vocab, tmp_path, capsys):
   corpus, vocab = corpus_and_vocab

@@ -195,6 +195,7 @@ class CheckpointManager:
     step = self.latest_step() if step is None else step
     if step is None:
       raise CheckpointError(f"no checkpoint in {self.directory}")
+    _check_no_empty_file(os.path.join(self.directory, str(int(step))), step, self.directory)
     ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()}))
@@ -304,6 +305,7 @@ class CheckpointManager:
     step = self.latest_step() if step is None else step
     if step is None:
       raise CheckpointError(f"no checkpoint in {self.directory}")
+    _check_no_empty_file(os.path.join(self.directory, str(int(step))), step, self.directory)
     ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
@@ -382,6 +384,26 @@ def _make_private_dir(path: str) -> None:
     os.mkdir(path, 0o700)
   except OSError:
     pass  # it exists, or orbax names the problem when it opens the directory
+
+
+def _check_no_empty_file(step_dir: str, step: int, directory: str) -> None:
+  """Raises CheckpointError when a file of a checkpoint is empty (cut short by a crash or a copy).
+
+  Every file orbax commits holds data, so an empty one means the checkpoint is damaged. Found
+  here, before the storage layer starts its many parallel reads, the checkpoint is set aside
+  with one line; a read that fails half-way instead leaves the storage threads printing stray
+  tracebacks after the restore has given up.
+  """
+  for root, _, files in os.walk(step_dir):
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      try:
+        empty = os.path.getsize(path) == 0
+      except OSError:
+        continue  # gone meanwhile: the restore names it
+      if empty:
+        raise CheckpointError(f"checkpoint {step} in {directory} is unreadable: "
+                              f"{os.path.relpath(path, step_dir)} is empty")
 
 
 def _metadata_dict(metadata: Any) -> Dict[str, Any]:

@@ -27,7 +27,6 @@ and the global batch is assembled on the devices; the run's files
 together; the caller writes the summary the loop returns (`dp.ledger.write_summary`).
 """
 import dataclasses
-import logging
 import math
 import os
 import time
@@ -137,23 +136,20 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
   Unreadable newer checkpoints (a truncated or emptied array file) are set aside with a
   warning; if none is readable, the newest one's error is raised.
   """
-  first_error = None
+  errors: Dict[int, checkpoints_lib.CheckpointError] = {}
   for step in reversed(manager.all_steps()):
     try:
       state, saved = manager.restore(abstract_state, step)
     except checkpoints_lib.CheckpointError as e:
-      first_error = first_error or e
+      errors[step] = e
       continue
-    if first_error is not None:
-      for bad in [s for s in manager.all_steps() if s > step]:
-        moved = manager.set_aside(bad)
-        message = (f"[train] WARNING: checkpoint {bad} in {manager.directory} is unreadable; moved to "
-                   f"{moved}; resuming from checkpoint {step}")
-        logging.warning(message)
-        log(message)
+    for bad in [s for s in manager.all_steps() if s > step]:
+      moved = manager.set_aside(bad)
+      reason = errors.get(bad, f"checkpoint {bad} in {manager.directory} is unreadable")
+      log(f"[train] WARNING: {reason}; moved to {moved}; resuming from checkpoint {step}")
     return step, state, saved
-  if first_error is not None:
-    raise first_error
+  if errors:
+    raise errors[max(errors)]
   return None, None, None
 
 
