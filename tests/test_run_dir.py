@@ -3,6 +3,7 @@ launch), failed saves as one CheckpointError naming the step, a privacy report t
 ahead of the checkpoints, and a fallback from an unreadable latest checkpoint."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -391,6 +392,22 @@ def test_unreadable_latest_metadata_falls_back_to_the_previous(tmp_path, damage)
   assert reopened.all_steps() == [1, 2]
   assert len(messages) == 1 and "checkpoint 3" in messages[0] and "resuming from checkpoint 2" in messages[0]
   reopened.close()
+
+
+def test_a_save_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capfd):
+  manager = checkpoints.CheckpointManager(str(tmp_path), keep=3, fingerprint={"model": 1})
+  manager.save(1, _state(1), {"seeds": {"root_seed": 7}})
+  manager.wait()
+  usage = shutil.disk_usage(str(tmp_path))
+  monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda _: usage._replace(free=1 << 20))
+  capfd.readouterr()
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"saving checkpoint 2 .* failed: No space left on device \(needs about 4\.\d MiB, "
+                           r"1\.0 MiB free\); training stopped, earlier checkpoints are intact"):
+    manager.save(2, _state(2), {"seeds": {"root_seed": 7}})
+  assert manager.all_steps() == [1] and sorted(os.listdir(manager.directory)) == ["1"]
+  manager.close()
+  assert "Traceback" not in capfd.readouterr().err
 
 
 def test_an_emptied_checkpoint_file_is_refused_before_the_storage_layer_reads(tmp_path, capfd):

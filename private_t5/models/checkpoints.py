@@ -250,6 +250,7 @@ class CheckpointManager:
         visible, its temporaries are removed, and earlier checkpoints stay intact.
     """
     self.wait()
+    _check_free_space(self.directory, int(step), state)
     ocp = _ocp()
     metadata = dict(metadata, step=int(step), fingerprint=self.fingerprint, format_version=FORMAT_VERSION)
     metadata = json.loads(json.dumps(metadata, default=json_default))
@@ -384,6 +385,40 @@ def _make_private_dir(path: str) -> None:
     os.mkdir(path, 0o700)
   except OSError:
     pass  # it exists, or orbax names the problem when it opens the directory
+
+
+# Room kept beyond the arrays' bytes for a checkpoint's metadata, sharding and index files.
+_SAVE_MARGIN_BYTES = 4 << 20
+
+
+def _bytes_to_write(state: PyTree) -> int:
+  """The array bytes this process writes for `state` (one copy of each of its shards)."""
+  total = 0
+  for leaf in jax.tree.leaves(state):
+    shards = getattr(leaf, "addressable_shards", None)
+    if shards is not None:
+      total += sum(s.data.nbytes for s in shards if s.replica_id == 0)
+    else:
+      total += int(np.asarray(leaf).nbytes)
+  return total
+
+
+def _check_free_space(directory: str, step: int, state: PyTree) -> None:
+  """Refuses a save that cannot fit, before the storage layer starts writing.
+
+  A save that runs out of space half-way fails inside the storage layer's writer threads, which
+  print stray tracebacks beside the one-line error; a disk already too full is named here.
+  """
+  try:
+    free = shutil.disk_usage(directory).free
+  except OSError:
+    return  # the save itself names the problem
+  need = _bytes_to_write(state) + _SAVE_MARGIN_BYTES
+  if free < need:
+    raise CheckpointError(
+        f"saving checkpoint {step} to {directory} failed: {os.strerror(28)} (needs about "
+        f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free); training stopped, earlier "
+        "checkpoints are intact")
 
 
 def _check_no_empty_file(step_dir: str, step: int, directory: str) -> None:
