@@ -399,11 +399,11 @@ def test_a_save_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path,
   manager.save(1, _state(1), {"seeds": {"root_seed": 7}})
   manager.wait()
   usage = shutil.disk_usage(str(tmp_path))
-  monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda _: usage._replace(free=1 << 20))
+  monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda _: usage._replace(free=100 << 10))
   capfd.readouterr()
   with pytest.raises(checkpoints.CheckpointError,
-                     match=r"saving checkpoint 2 .* failed: No space left on device \(needs about 4\.\d MiB, "
-                           r"1\.0 MiB free\); training stopped, earlier checkpoints are intact"):
+                     match=r"saving checkpoint 2 .* failed: No space left on device \(needs about 0\.\d MiB, "
+                           r"0\.1 MiB free\); training stopped, earlier checkpoints are intact"):
     manager.save(2, _state(2), {"seeds": {"root_seed": 7}})
   assert manager.all_steps() == [1] and sorted(os.listdir(manager.directory)) == ["1"]
   manager.close()

@@ -387,8 +387,10 @@ def _make_private_dir(path: str) -> None:
     pass  # it exists, or orbax names the problem when it opens the directory
 
 
-# Room kept beyond the arrays' bytes for a checkpoint's metadata, sharding and index files.
-_SAVE_MARGIN_BYTES = 4 << 20
+# Room kept beyond the arrays' bytes for a checkpoint's metadata, sharding and index files
+# (about 100 KiB for a small model): a fixed part and a share of the arrays.
+_SAVE_MARGIN_BYTES = 256 << 10
+_SAVE_MARGIN_SHARE = 0.05
 
 
 def _bytes_to_write(state: PyTree) -> int:
@@ -413,7 +415,8 @@ def _check_free_space(directory: str, step: int, state: PyTree) -> None:
     free = shutil.disk_usage(directory).free
   except OSError:
     return  # the save itself names the problem
-  need = _bytes_to_write(state) + _SAVE_MARGIN_BYTES
+  arrays = _bytes_to_write(state)
+  need = int(arrays * (1 + _SAVE_MARGIN_SHARE)) + _SAVE_MARGIN_BYTES
   if free < need:
     raise CheckpointError(
         f"saving checkpoint {step} to {directory} failed: {os.strerror(28)} (needs about "
