@@ -49,7 +49,9 @@ def atomic_open(path: str, mode: str = "w", **kwargs) -> Iterator[IO]:
     raise ValueError(f"atomic_open writes only ('w' or 'wb'), got {mode!r}")
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = make_temp_file(directory, "." + os.path.basename(path) + ".", ".tmp")
+  prefix = "." + os.path.basename(path) + "."
+  remove_stale_temp_files(directory, prefix, ".tmp")  # of writers of `path` that were killed
+  fd, tmp = make_temp_file(directory, f"{prefix}{socket.gethostname()}-{os.getpid()}-", ".tmp")
   try:
     with os.fdopen(fd, mode, **kwargs) as f:
       yield f
@@ -168,8 +170,8 @@ def make_temp_dir(parent: str, prefix: str) -> str:
   return _create_unique(parent, owner, "", lambda path: os.mkdir(path, 0o777))[1]
 
 
-def _temp_dir_is_stale(path: str, name: str, prefix: str, now: float) -> bool:
-  """True if the temporary folder `name` belongs to a dead process on this host, or is old."""
+def _temp_is_stale(path: str, name: str, prefix: str, now: float) -> bool:
+  """True if the temporary file or folder `name` belongs to a dead process on this host, or is old."""
   parts = name[len(prefix):].rsplit("-", 2)  # host, pid, random suffix
   if len(parts) == 3 and parts[0] == socket.gethostname() and parts[1].isdigit():
     try:
@@ -201,7 +203,25 @@ def remove_stale_temp_dirs(parent: str, prefix: str) -> List[str]:
     return removed
   for name in names:
     path = os.path.join(parent, name)
-    if os.path.isdir(path) and _temp_dir_is_stale(path, name, prefix, now):
+    if os.path.isdir(path) and _temp_is_stale(path, name, prefix, now):
       shutil.rmtree(path, ignore_errors=True)
       removed.append(path)
+  return removed
+
+
+def remove_stale_temp_files(directory: str, prefix: str, suffix: str) -> List[str]:
+  """Deletes the temporary files `directory/<prefix><host>-<pid>-<random><suffix>` that killed
+  processes left (as `remove_stale_temp_dirs` does for folders); returns their paths."""
+  removed = []
+  now = time.time()
+  try:
+    names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(suffix)]
+  except OSError:
+    return removed
+  for name in names:
+    path = os.path.join(directory, name)
+    if os.path.isfile(path) and _temp_is_stale(path, name, prefix, now):
+      with contextlib.suppress(OSError):
+        os.remove(path)
+        removed.append(path)
   return removed

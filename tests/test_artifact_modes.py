@@ -80,3 +80,26 @@ def test_artifacts_follow_the_umask_and_the_seeds_stay_private(tmp_path, umask_0
   assert "root_seed" in open(seeds).read()
   assert _mode(os.path.join(model_dir, "checkpoints")) == 0o700
   assert _mode(model_dir) == 0o755 and _mode(os.path.join(model_dir, ".lock")) == 0o644
+
+
+def test_an_atomic_write_removes_the_temporaries_of_killed_writers(tmp_path):
+  """A killed writer leaves `.NAME.<host>-<pid>-<random>.tmp` beside NAME; the next write of
+  NAME removes those of dead processes (and old ones of unknown owner), never a live writer's."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                        text=True, check=True).stdout.strip()
+  host = socket.gethostname()
+  killed = tmp_path / f".report.json.{host}-{dead}-0a1b2c.tmp"
+  live = tmp_path / f".report.json.{host}-{os.getpid()}-3d4e5f.tmp"
+  old_style = tmp_path / ".report.json.9f8e7d.tmp"
+  recent_style = tmp_path / ".report.json.6c5b4a.tmp"
+  other = tmp_path / f".other.json.{host}-{dead}-0a1b2c.tmp"
+  for path in (killed, live, old_style, recent_style, other):
+    path.write_text("half")
+  os.utime(old_style, (0, 0))
+  io_lib.write_json_atomic(str(tmp_path / "report.json"), {"ok": True})
+  assert json.load(open(tmp_path / "report.json")) == {"ok": True}
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+      ["report.json", live.name, recent_style.name, other.name])

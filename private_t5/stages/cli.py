@@ -61,7 +61,10 @@ def main(argv=None) -> int:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   stages = _available()
   if not argv or argv[0] in ("-h", "--help", "help"):
-    print(_usage(stages))
+    try:
+      print(_usage(stages), flush=True)
+    except BrokenPipeError:  # `private-t5 --help | head`: the reader has what it wanted
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
   name, rest = argv[0], argv[1:]
   if name not in stages:
