@@ -66,8 +66,9 @@ def test_phase2_report_records_phase1_and_is_not_the_full_guarantee(tmp_path):
     setup = types.SimpleNamespace(ledger=PrivacyLedger.create(
         noise_multiplier=1.0, clip_norm=1.0, delta=1e-5, num_examples=1000, sampling_rate=0.01))
     hook = jft.phase1_in_ledger(phase1_report, str(tmp_path / jft.PHASE1_DIR))
-    setup, data, extra = hook(setup, "data")
-    assert data == "data" and extra == {}
+    override = hook(setup, "data")
+    assert override.mechanism is setup and override.source == "data" and override.extra == {}
+    assert override.summarize is None
     setup.ledger.record_steps(100)
     return setup.ledger
   ordinary = _ledger_report(0, 50, non_private=True)

@@ -11,9 +11,9 @@ and STS-B scores rounded to the nearest 0.2 ("3.4"). Rows come from
   `register_local_tsv_task` (how a user adds their own classification task; the three
   `glue_like` tasks of this project's test data are registered the same way).
 
-`GlueSource` exposes one split of a task or mixture with the `ExampleSource` contract of
-docs/architecture.md (`num_examples`, `privacy_unit == "example"`: one labelled example is
-the privacy unit, `feature_lengths`, `get_batch`, `describe`, `user_ids`), so fine-tuning
+`GlueSource` exposes one split of a task or mixture as a `train.main.ExampleSource`
+(`num_examples`, `privacy_unit == "example"`: one labelled example is the privacy unit,
+`feature_lengths`, `vocab_size`, `get_batch`, `describe`; also `user_ids`), so fine-tuning
 runs through the same trainer as pretraining, DP or not. A mixture concatenates its tasks'
 examples: uniform (or Poisson) sampling over the concatenation is T5's examples-proportional
 mixing (Raffel et al. 2020, Sec. 3.5.2) without a cap, and keeps the DP population explicit.
@@ -430,7 +430,7 @@ def tokenize(texts: Sequence[str], vocab_path: str, length: int, vocab_size: Opt
 
 
 class GlueSource:
-  """One split of a task or mixture as an `ExampleSource` (privacy unit: one example).
+  """One split of a task or mixture as a `train.main.ExampleSource` (privacy unit: one example).
 
   Args:
     task_or_mixture: registered task or mixture name.
@@ -504,6 +504,12 @@ class GlueSource:
   @property
   def feature_lengths(self) -> Dict[str, int]:
     return dict(self._lengths)
+
+  @property
+  def vocab_size(self) -> int:
+    """0: no id bound is recorded here; the vocabulary was checked against the model's
+    `vocab_size` (when given) as the examples were tokenized."""
+    return 0
 
   def user_ids(self) -> np.ndarray:
     return np.arange(self.num_examples, dtype=np.int64)

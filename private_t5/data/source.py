@@ -2,7 +2,8 @@
 
 DP rules "privacy unit is explicit" and "sampling matches accounting" (docs/privacy.md).
 
-`ExampleSource.get_batch(indices, seed, batch_size)` builds the fixed-shape batch of the
+`CorpusSource`, the `train.main.ExampleSource` of a token store:
+`CorpusSource.get_batch(indices, seed, batch_size)` builds the fixed-shape batch of the
 trainer contract (docs/architecture.md) for an arbitrary set of example indices, drawing the
 objective's randomness (window position, span-corruption noise, prefix split) fresh from
 `(seed, example index)`: the same (indices, seed) gives the same batch, a new seed new noise.
@@ -65,8 +66,11 @@ def assemble_batch(enc: np.ndarray, tgt: np.ndarray, indices: np.ndarray) -> Dic
       "example_index": example_index,
   }
 
-class ExampleSource:
-  """Examples of one objective over one store, addressed by index in [0, num_examples)."""
+class CorpusSource:
+  """Examples of one objective over one store, addressed by index in [0, num_examples).
+
+  A `train.main.ExampleSource`.
+  """
 
   def __init__(self, store: store_lib.DocumentStore, objective, privacy_unit: str = "document",
                document_indices: Optional[np.ndarray] = None, split: str = "all",
@@ -117,6 +121,11 @@ class ExampleSource:
   @property
   def feature_lengths(self) -> Dict[str, int]:
     return {"inputs": self.objective.inputs_length, "targets": self.objective.targets_length}
+
+  @property
+  def vocab_size(self) -> int:
+    """Token ids the store's vocabulary uses, sentinels included (its manifest; 0 if unrecorded)."""
+    return int(self.store.manifest.get("vocab_size", 0))
 
   def user_ids(self) -> np.ndarray:
     """int64[N]: the group of each example for user-level DP.
@@ -220,8 +229,8 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
                 max_documents: Optional[int] = None, text_field: str = "text", id_field: str = "id",
                 user_field: Optional[str] = None, errors: str = "strict", data_dir: Optional[str] = None,
                 noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
-                progress: bool = True) -> ExampleSource:
-  """Builds (or reuses) the token store of `corpus` and returns its `ExampleSource`.
+                progress: bool = True) -> CorpusSource:
+  """Builds (or reuses) the token store of `corpus` and returns its `CorpusSource`.
 
   Args:
     corpus: corpus spec (see `corpora.iter_documents`).
@@ -262,4 +271,4 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
     want_validation = split == "validation"
     docs = np.asarray([i for i, doc_id in enumerate(store.ids)
                        if in_validation(doc_id, validation_fraction) == want_validation], dtype=np.int64)
-  return ExampleSource(store, obj, privacy_unit, docs, split, validation_fraction)
+  return CorpusSource(store, obj, privacy_unit, docs, split, validation_fraction)

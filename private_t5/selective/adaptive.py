@@ -19,7 +19,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -128,8 +128,8 @@ def example_perplexities(params, model_config, source, *, batch_size: int = 64, 
   return out
 
 
-def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *, normalization: str = "max",
-                                   batch_size: int = 64, seed: int = 0,
+def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *,
+                                   normalization: str = "max", batch_size: int = 64, seed: int = 0,
                                    log: Callable[[str], None] = print) -> PrivacyProbabilities:
   """rho(s) of every example of `source` under the public reference model in `reference_model_dir`.
 
@@ -146,11 +146,11 @@ def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *
     raise CheckpointError(f"reference model checkpoint not found: {reference_model_dir!r}")
   from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, model_config, info = checkpoints.restore_for_inference(reference_model_dir)
-  vocab_size = int(source.store.manifest.get("vocab_size", 0)) if hasattr(source, "store") else 0
+  vocab_size = source.vocab_size
   if vocab_size > model_config.vocab_size:
     raise ConfigError(f"reference model {reference_model_dir} has vocab_size {model_config.vocab_size} but the "
                       f"training data uses {vocab_size} ids: it must share the training vocabulary")
-  data_vocab = source.describe().get("vocab_path") if hasattr(source, "describe") else None
+  data_vocab = source.describe().get("vocab_path")
   if info.get("vocab_path") and data_vocab and _sha256(info["vocab_path"]) != _sha256(data_vocab):
     raise ConfigError(f"reference model {reference_model_dir} was trained with vocabulary {info['vocab_path']}, "
                       f"the training data with {data_vocab}: perplexities would be meaningless")
@@ -167,7 +167,7 @@ def _sha256(path: str) -> Optional[str]:
 
 
 class AdaptiveSource:
-  """An `ExampleSource` whose batches carry each row's rho in `privacy_probability`."""
+  """The `train.main.ExampleSource` `source` whose batches carry each row's rho in `privacy_probability`."""
 
   def __init__(self, source, rho: np.ndarray):
     rho = np.asarray(rho, np.float32)
@@ -179,8 +179,24 @@ class AdaptiveSource:
     self.source = source
     self.rho = rho
 
-  def __getattr__(self, name):
-    return getattr(self.source, name)
+  @property
+  def num_examples(self) -> int:
+    return self.source.num_examples
+
+  @property
+  def privacy_unit(self) -> str:
+    return self.source.privacy_unit
+
+  @property
+  def feature_lengths(self) -> Mapping[str, int]:
+    return self.source.feature_lengths
+
+  @property
+  def vocab_size(self) -> int:
+    return self.source.vocab_size
+
+  def describe(self) -> Dict[str, Any]:
+    return self.source.describe()
 
   def get_batch(self, indices, seed: int, batch_size: int) -> Dict[str, np.ndarray]:
     batch = self.source.get_batch(indices, seed, batch_size)

@@ -8,6 +8,7 @@ checkpoint records epsilon = infinity, and `adaptive_dp_report.json` beside it g
 implied-epsilon number of Wu et al. 2022 with its caveat.
 """
 import dataclasses
+import functools
 import os
 from typing import Callable, Optional
 
@@ -41,8 +42,8 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
     raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "
                       "estimate privacy probabilities; none was given")
   train_main.check_train_kwargs(train_kwargs, "train_adaptive")
-  if "privacy_hook" in train_kwargs or "summary_hook" in train_kwargs:
-    raise ConfigError("train_adaptive sets train's privacy_hook and summary_hook itself; do not pass one")
+  if "privacy_hook" in train_kwargs:
+    raise ConfigError("train_adaptive sets train's privacy_hook itself; do not pass one")
   missing = [k for k in ("model_config", "train_data", "model_dir", "train_steps", "batch_size")
              if train_kwargs.get(k) is None]
   if missing:
@@ -65,13 +66,11 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
   summary_rho = probabilities.summary()
   log(f"[adaptive] privacy probabilities: mean {summary_rho['rho_mean']:.3f} (min {summary_rho['rho_min']:.3f}, "
       f"max {summary_rho['rho_max']:.3f}), normalization {probabilities.normalization}")
-  nominal = {}
 
-  def make_adaptive(dp_setup, data):
+  def make_adaptive(dp_setup, data) -> train_main.PrivacyOverride:
     # The DP setup (sampler, clip, divisor, nominal σ) is kept; the aggregator scales its noise
     # by γ_B, and since that breaks the formal guarantee the ledger that travels with the
     # checkpoints says ε = ∞.
-    nominal["setup"] = dp_setup
     log(f"[adaptive] nominal σ={dp_setup.noise_multiplier:.4f} scaled by γ_B each step "
         "(NOT a formal DP guarantee)")
     # The same sampler and rows; the whole sample runs as one batch (no microbatch accumulation).
@@ -82,11 +81,12 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
         private=False, microbatch_size=None, dp_spm_report=None)
     extra = {"adaptive_dp": True, "normalization": probabilities.normalization,
              "optimizer": "Adaptive-DP-Adafactor"}
-    return setup, adaptive.AdaptiveSource(data, probabilities.rho), extra
+    return train_main.PrivacyOverride(mechanism=setup, source=adaptive.AdaptiveSource(data, probabilities.rho),
+                                      extra=extra, summarize=functools.partial(adaptive_summary, dp_setup))
 
-  def adaptive_summary(summary):
-    # The adaptive report, from the γ_t of the steps taken, goes into the run's one summary.json.
-    dp_setup = nominal["setup"]
+  def adaptive_summary(dp_setup, summary):
+    # The adaptive report, from the γ_t of the steps taken under the nominal DP setup, goes into
+    # the run's one summary.json.
     ledger = dp_setup.ledger
     gammas = adaptive.step_privacy_weights(dp_setup.sampler, probabilities.rho, summary["final_step"])
     report = adaptive.adaptive_report(
@@ -98,7 +98,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
     return {"adaptive_dp": report, "noise_multiplier": dp_setup.noise_multiplier,
             "adaptive_dp_report": os.path.abspath(report_path)}
 
-  summary = train_main.train(log=log, privacy_hook=make_adaptive, summary_hook=adaptive_summary, **train_kwargs)
+  summary = train_main.train(log=log, privacy_hook=make_adaptive, **train_kwargs)
   report = summary["adaptive_dp"]
   implied = report["implied_epsilon"]
   log(f"[adaptive] privacy: ADAPTIVE DP — no formal (ε, δ) guarantee (ledger: ε = ∞); mean γ_B "

@@ -213,7 +213,7 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
   return report
 
 
-def phase1_in_ledger(phase1_report: Dict[str, Any], phase1_dir: str) -> Callable:
+def phase1_in_ledger(phase1_report: Dict[str, Any], phase1_dir: str) -> train_main.PrivacyHook:
   """The `train` privacy hook of phase 2: its ledger records phase 1 as the initial checkpoint.
 
   Phase 1 trained on a redacted copy of phase 2's data, so phase 2's privacy report does not
@@ -223,7 +223,7 @@ def phase1_in_ledger(phase1_report: Dict[str, Any], phase1_dir: str) -> Callable
   note = (f"trained {'with' if phase1_report.get('dp') else 'WITHOUT'} DP on a redacted copy of this data "
           f"(JFT phase 1; the selective guarantee is in ../{REPORT_FILENAME})")
 
-  def hook(setup, data):
+  def hook(setup, data) -> train_main.PrivacyOverride:
     setup.ledger.add_initial_checkpoint(phase1_report, phase1_dir, note)
-    return setup, data, {}
+    return train_main.PrivacyOverride(mechanism=setup, source=data)
   return hook

@@ -160,7 +160,8 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary
   (written to summary.json by the caller, once it is complete).
 
-  `initial_params_fn` (fine-tuning) supplies the step-0 parameters of a fresh run; a resumed
+  `source` and `validation_source` (or None) are `train.main.ExampleSource`s: the loop reads their
+  `num_examples` and `get_batch`. `initial_params_fn` (fine-tuning) supplies the step-0 parameters of a fresh run; a resumed
   run ignores it and continues from its own checkpoint.
   """
   model_dir = config.model_dir

@@ -5,13 +5,75 @@ checkpoint manager, runs the loop and writes the run's summary. It is plain Pyth
 `private-t5 train` stage (`private_t5.stages.train`) binds it with Gin; fine-tuning, JFT and
 adaptive DP call it with their own arguments. Re-running the same run resumes from the latest
 checkpoint in MODEL_DIR.
+
+`ExampleSource` is what a run reads from its training and validation data; `PrivacyHook` and
+`PrivacyOverride` are how JFT and adaptive DP change the run once its DP mechanism is fixed.
 """
 import dataclasses
 import inspect
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
 
 from private_t5.errors import ConfigError
+
+if TYPE_CHECKING:
+  from private_t5.dp.mechanism import Mechanism
+
+
+class ExampleSource(Protocol):
+  """The examples of a run, addressed by index in [0, num_examples) (training or validation).
+
+  Conforming: `data.source.CorpusSource` (a token store under an objective),
+  `data.glue_tasks.GlueSource` (GLUE splits) and `selective.adaptive.AdaptiveSource` (adds each
+  row's privacy probability).
+  """
+
+  @property
+  def num_examples(self) -> int:
+    """N, the population DP sampling draws from."""
+
+  @property
+  def privacy_unit(self) -> str:
+    """What one example is: "document", "example" or "user"."""
+
+  @property
+  def feature_lengths(self) -> Mapping[str, int]:
+    """{"inputs": Li, "targets": Lt} of every batch."""
+
+  @property
+  def vocab_size(self) -> int:
+    """Token ids the data uses, sentinels included; 0 when the source records no bound."""
+
+  def get_batch(self, indices: Sequence[int], seed: int, batch_size: int) -> Dict[str, Any]:
+    """The trainer's batch of `indices` padded to `batch_size` rows; `seed` draws objective noise."""
+
+  def describe(self) -> Dict[str, Any]:
+    """Public facts about the data (JSON-able) for fingerprints, metadata and reports."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyOverride:
+  """What another training entry point changes in a run once its DP mechanism is fixed.
+
+  Attributes:
+    mechanism: the `Mechanism` the run trains with.
+    source: the training `ExampleSource` the loop reads.
+    extra: JSON-able entries added to the checkpoint fingerprint's privacy entry and to the
+      checkpoint metadata ("optimizer" also names the optimizer in the logs).
+    summarize: `summarize(summary) -> dict` of entries added to the finished run's summary
+      before it is written (summary.json is written once, complete); None: none.
+  """
+  mechanism: "Mechanism"
+  source: ExampleSource
+  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  summarize: Optional[Callable[[dict], dict]] = None
+
+
+class PrivacyHook(Protocol):
+  """`train`'s privacy_hook: the run's override given the built mechanism and training data."""
+
+  def __call__(self, mechanism: "Mechanism", train_data: ExampleSource) -> PrivacyOverride:
+    ...
 
 
 def _fingerprint_data(description: Mapping[str, Any]) -> dict:
@@ -23,7 +85,7 @@ def _fingerprint_data(description: Mapping[str, Any]) -> dict:
 
 # --- builders: the steps of `train`, shared with the other training entry points ---------------
 
-def validate_train_args(*, model_config, train_data, train_steps: int, batch_size: int, dp=None,
+def validate_train_args(*, model_config, train_data: ExampleSource, train_steps: int, batch_size: int, dp=None,
                         checkpoint_every: int = 1000, keep_checkpoints: int = 3, eval_every: int = 0,
                         eval_examples: int = 256, log_every: int = 50) -> None:
   """Checks every setting of a training run; raises ConfigError, creates nothing.
@@ -42,7 +104,7 @@ def validate_train_args(*, model_config, train_data, train_steps: int, batch_siz
                                ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0)):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
       raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-  vocab_size = int(train_data.store.manifest.get("vocab_size", 0)) if hasattr(train_data, "store") else 0
+  vocab_size = train_data.vocab_size
   if vocab_size > model_config.vocab_size:
     raise ConfigError(f"the vocabulary has {vocab_size} ids (with sentinels) but the model's vocab_size is "
                       f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
@@ -126,14 +188,14 @@ def describe_run(model_config, mesh, train_data, batch_size: int, optimizer_name
           f"examples ({train_data.privacy_unit} unit), batch {batch_size}; {optimizer_name}")
 
 
-def train(*, model_config, train_data, validation_data=None, model_dir: str, train_steps: int,
+def train(*, model_config, train_data: ExampleSource, validation_data: Optional[ExampleSource] = None,
+          model_dir: str, train_steps: int,
           batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
           optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
           initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
-          log: Callable[[str], None] = print, privacy_hook: Optional[Callable] = None,
-          summary_hook: Optional[Callable[[dict], dict]] = None,
+          log: Callable[[str], None] = print, privacy_hook: Optional[PrivacyHook] = None,
           operative_config: Optional[Callable[[], str]] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
@@ -167,13 +229,10 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
     insecure_deterministic_seed: fix every seed (init, dropout, DP noise, sampling) for tests
       and reproductions. INSECURE for DP: the noise is then predictable. Default: OS entropy.
     log: progress output.
-    privacy_hook: for other training entry points (adaptive DP), not a Gin knob:
-      `hook(mechanism, train_data) -> (mechanism, source, extra)` swaps the `Mechanism` and the
-      training source after the DP mechanism is fixed; `extra` (JSON-able) is added to the
-      checkpoint fingerprint's privacy entry and to the checkpoint metadata.
-    summary_hook: for other training entry points (adaptive DP), not a Gin knob:
-      `hook(summary) -> dict` of entries added to the finished run's summary before it is
-      written (summary.json is written once, complete).
+    privacy_hook: for other training entry points (JFT, adaptive DP), not a Gin knob: a
+      `PrivacyHook`, called once the DP mechanism is built, whose `PrivacyOverride` gives the
+      mechanism and training source the run uses, the entries added to its fingerprint and
+      metadata, and those added to its summary.
     operative_config: returns the text of the run's configuration, written to
       MODEL_DIR/config.gin by process 0 once the mechanism is fixed (the training stages pass
       Gin's operative config); None: no config.gin is written.
@@ -206,9 +265,9 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
         noise_secret=not seeds.deterministic, log=log)
     mechanism = setup.fingerprint()
-    source, extra = train_data, {}
-    if privacy_hook is not None:
-      setup, source, extra = privacy_hook(setup, train_data)
+    override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
+                else privacy_hook(setup, train_data))
+    setup, source, extra = override.mechanism, override.source, override.extra
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint)
@@ -238,8 +297,8 @@ def train(*, model_config, train_data, validation_data=None, model_dir: str, tra
                  config_gin=(os.path.abspath(run_dir.config_path(model_dir)) if operative_config is not None
                              else None),
                  noise_multiplier=setup.noise_multiplier)
-  if summary_hook is not None:
-    summary.update(summary_hook(summary))
+  if override.summarize is not None:
+    summary.update(override.summarize(summary))
   if partitioning.is_primary():
     ledger_lib.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
