@@ -24,8 +24,6 @@ from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
 
-# Plain flag -> the Gin macro of configs/runs/pretrain.gin that gives its default.
-_MACROS = {"corpus": "CORPUS", "vocab_path": "VOCAB_PATH", "cache_dir": "DATA_CACHE_DIR"}
 # Reader options: their defaults (make_source's), or the Gin files' `make_source.NAME` bindings.
 _READER_DEFAULTS = {"text_field": "text", "id_field": "id", "user_field": None, "errors": "strict",
                     "max_documents": None, "data_dir": None}
@@ -35,13 +33,13 @@ def _parser() -> flags.StageParser:
   p = flags.StageParser("store", __doc__.split("\n\n")[0], epilog=(
       "With --gin_file (e.g. runs/pretrain.gin plus the run's overrides) the corpus, vocabulary and "
       "cache folder default to its CORPUS, VOCAB_PATH and DATA_CACHE_DIR, and the reader options to its "
-      "make_source bindings, so the store lands in the cache entry that run's training looks up."))
-  p.add_flag("corpus", macro=False, help="corpus spec or file pattern (train-*.jsonl.gz) [Gin macro: CORPUS]")
-  p.add_flag("vocab_path", aliases=("vocab",), macro=False,
-             help="SentencePiece model (T5 layout) [Gin macro: VOCAB_PATH]")
-  p.add_flag("cache_dir", macro=False,
-             help="store cache folder (default $PRIVATE_T5_CACHE/stores or ~/.cache/private_t5/stores) "
-                  "[Gin macro: DATA_CACHE_DIR]")
+      "make_source bindings, so the store lands in the cache entry that run's training looks up."),
+      macro_entry="train", macros_from_bindings=True)
+  # The Gin macros of configs/runs/pretrain.gin give the defaults of these three.
+  p.add_flag("corpus", help="corpus spec or file pattern (train-*.jsonl.gz)")
+  p.add_flag("vocab_path", aliases=("vocab",), help="SentencePiece model (T5 layout)")
+  p.add_flag("cache_dir", macro="DATA_CACHE_DIR",
+             help="store cache folder (default $PRIVATE_T5_CACHE/stores or ~/.cache/private_t5/stores)")
   p.add_flag("text_field", macro=False, help="field / column holding the text (default text)")
   p.add_flag("id_field", macro=False, help="field holding the document id (default id)")
   p.add_flag("user_field", macro=False, help="field holding the user id (user-level DP)")
@@ -57,11 +55,7 @@ def _parser() -> flags.StageParser:
 
 def _settings(argv: List[str]):
   args, files, bindings = _parser().parse_stage_args(argv)
-  if files or bindings:
-    gin_utils.parse(files, bindings, check_required=False, entry="train", files_required=False)
-    for name, macro in _MACROS.items():
-      if getattr(args, name) is None:
-        setattr(args, name, gin_utils.macro_value(macro))
+  if files or bindings:  # parsed by parse_stage_args (the plain flags' macros)
     for name in _READER_DEFAULTS:
       if getattr(args, name) is None:
         try:
