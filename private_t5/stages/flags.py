@@ -225,6 +225,8 @@ class StageParser(argparse.ArgumentParser):
       raise ConfigError(f"{self.prog} needs --gin_file=... (see --help)")
     for name, gin_name in self._gin_names.items():
       value = getattr(args, name)
+      if isinstance(value, list) and len(value) == 1:  # a repeatable flag given once binds its value
+        value = value[0]
       if value is not None:
         bindings.append(gin_utils.Binding(f"{gin_name}={_gin_literal(value)}", f"--{name}={value}"))
     if self._macro_flags and (files or (self.macros_from_bindings and bindings)):
