@@ -11,6 +11,7 @@ options: `private-t5 train` with DATA_CACHE_DIR set to the same folder reuses it
 already built is reused. Prints a JSON summary (path, documents, tokens, shards, seconds, and
 the build's MB/s and documents/s) and the Beam counters.
 """
+import inspect
 import json
 import sys
 import time
@@ -24,9 +25,14 @@ from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
 
-# Reader options: their defaults (make_source's), or the Gin files' `make_source.NAME` bindings.
-_READER_DEFAULTS = {"text_field": "text", "id_field": "id", "user_field": None, "errors": "strict",
-                    "max_documents": None, "data_dir": None}
+# Reader options: the Gin files' `make_source.NAME` bindings, else make_source's own defaults.
+_READER_OPTIONS = ("text_field", "id_field", "user_field", "errors", "max_documents", "data_dir")
+
+
+def _reader_defaults() -> dict:
+  """make_source's defaults of the reader options (read from its signature, not copied)."""
+  params = inspect.signature(gin_utils.resolve(gin_utils.CONFIGURABLES["make_source"])).parameters
+  return {name: params[name].default for name in _READER_OPTIONS}
 
 
 def _parser() -> flags.StageParser:
@@ -56,13 +62,13 @@ def _parser() -> flags.StageParser:
 def _settings(argv: List[str]):
   args, files, bindings = _parser().parse_stage_args(argv)
   if files or bindings:  # parsed by parse_stage_args (the plain flags' macros)
-    for name in _READER_DEFAULTS:
+    for name in _READER_OPTIONS:
       if getattr(args, name) is None:
         try:
           setattr(args, name, gin.query_parameter(f"make_source.{name}"))
         except ValueError:
           pass
-  for name, default in _READER_DEFAULTS.items():
+  for name, default in _reader_defaults().items():
     if getattr(args, name) is None:
       setattr(args, name, default)
   flags.check_required(_parser(), args, ("corpus", "vocab_path"))
