@@ -12,8 +12,15 @@ def test_registry_entries_resolve_and_stages_use_registered_names():
   for name, target in gin_utils.CONFIGURABLES.items():
     assert callable(gin_utils.resolve(target)), name
   for entry, names in gin_utils.STAGE_CONFIGURABLES.items():
-    assert entry in names or entry == "T5Config"
+    assert entry in names
     assert set(names) <= set(gin_utils.CONFIGURABLES), entry
+  for name, (_, users) in gin_utils.GIN_TABLE.items():
+    assert set(users) <= set(gin_utils.ENTRIES) <= set(gin_utils.GIN_TABLE), name
+
+
+def test_unknown_stage_entry_is_a_config_error():
+  with pytest.raises(ConfigError, match="no Gin stage entry named 'nope'"):
+    gin_utils.parse([], entry="nope", files_required=False)
 
 
 def test_unknown_registry_name_is_a_config_error():

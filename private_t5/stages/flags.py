@@ -10,8 +10,11 @@ A stage declares each plain flag in one line with `StageParser.add_flag`:
 
   * a Gin-configured stage names the binding the flag sets (`gin="MODEL_DIR"`): the flag is
     the same as `--gin.MODEL_DIR=VALUE`, applied after the other overrides;
-  * a plain-argument stage reads its defaults from the Gin files' macros named after the flag
-    in capitals (`CORPUS = "a.txt"` in a .gin file is `--corpus=a.txt`); the flag wins.
+  * a plain-argument stage reads its defaults from the Gin files' macros: the macro named
+    after the flag in capitals (`CORPUS = "a.txt"` in a .gin file is `--corpus=a.txt`), or the
+    one the flag names (`macro="DATA_CACHE_DIR"`); the flag wins.
+
+So each flag's Gin counterpart is declared once, beside the flag, and shown in its --help.
 
 Old flag names stay accepted as aliases (`aliases=("input",)`) and log a deprecation warning.
 """
@@ -20,7 +23,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from private_t5.stages import gin_utils
 from private_t5 import progress
@@ -122,14 +125,26 @@ class StageArgs:
 class StageParser(argparse.ArgumentParser):
   """argparse with the common flags of every stage (Gin, verbosity) and declared plain flags."""
 
-  def __init__(self, stage: str, description: str, epilog: Optional[str] = None, gin_required: bool = False):
+  def __init__(self, stage: str, description: str, epilog: Optional[str] = None, gin_required: bool = False,
+               macro_entry: str = "T5Config", macros_from_bindings: bool = False):
+    """A stage's parser.
+
+    Args:
+      gin_required: --gin_file is required.
+      macro_entry: the Gin entry whose names the Gin files may use when the plain flags'
+        macros are read (`gin_utils.parse(..., entry=...)`).
+      macros_from_bindings: the macros are read from --gin.NAME=VALUE overrides alone too
+        (default: only with a --gin_file).
+    """
     super().__init__(prog=f"private-t5 {stage}", description=description, epilog=epilog,
                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     self.stage = stage
     self.gin_required = gin_required
+    self.macro_entry = macro_entry
+    self.macros_from_bindings = macros_from_bindings
     self._aliases: Dict[str, str] = {}    # "--input" -> "--corpus"
     self._gin_names: Dict[str, str] = {}  # dest -> Gin binding the flag sets
-    self._macro_flags: Dict[str, Any] = {}  # dest -> type, for flags read from Gin macros
+    self._macro_flags: Dict[str, Tuple[str, Any, bool]] = {}  # dest -> (macro, type, repeatable)
     self._options: Dict[str, List[str]] = {}  # dest -> its option strings
     gin = self.add_argument_group("Gin configuration", _GIN_HELP)
     gin.add_argument("--gin_file", action="append", metavar="FILE",
@@ -149,14 +164,15 @@ class StageParser(argparse.ArgumentParser):
     self.flag_group = self.add_argument_group("common settings")
 
   def add_flag(self, name: str, *, gin: Optional[str] = None, aliases: Sequence[str] = (),
-               macro: bool = True, **kwargs) -> None:
+               macro: Union[bool, str] = True, **kwargs) -> None:
     """Declares `--name` (plus deprecated `--alias` names).
 
     Args:
       name: the flag's name without dashes.
       gin: the Gin binding the flag sets (a macro `MODEL_DIR` or `configurable.param`).
       aliases: old names still accepted, with a deprecation warning.
-      macro: without `gin`, a value the Gin files give macro NAME.upper() is the default.
+      macro: without `gin`, a value the Gin files give macro NAME.upper() (True) or the macro
+        named here (a string) is the default; False: none.
       **kwargs: `argparse.add_argument` keywords (type, help, choices, action, ...).
     """
     for alias in aliases:
@@ -168,8 +184,9 @@ class StageParser(argparse.ArgumentParser):
       kwargs["help"] = (kwargs.get("help") or "") + f" [Gin: {gin}]"
       self._gin_names[name] = gin
     elif macro:
-      kwargs["help"] = (kwargs.get("help") or "") + f" [Gin macro: {name.upper()}]"
-      self._macro_flags[name] = kwargs.get("type", str)
+      macro_name = macro if isinstance(macro, str) else name.upper()
+      kwargs["help"] = (kwargs.get("help") or "") + f" [Gin macro: {macro_name}]"
+      self._macro_flags[name] = (macro_name, kwargs.get("type", str), kwargs.get("action") == "append")
     kwargs.setdefault("dest", name)
     self._options[name] = ["--" + name] + ["--" + a for a in aliases]
     self.flag_group.add_argument("--" + name, *["--" + a for a in aliases], **kwargs)
@@ -208,28 +225,32 @@ class StageParser(argparse.ArgumentParser):
       raise ConfigError(f"{self.prog} needs --gin_file=... (see --help)")
     for name, gin_name in self._gin_names.items():
       value = getattr(args, name)
+      if isinstance(value, list) and len(value) == 1:  # a repeatable flag given once binds its value
+        value = value[0]
       if value is not None:
         bindings.append(gin_utils.Binding(f"{gin_name}={_gin_literal(value)}", f"--{name}={value}"))
-    if self._macro_flags and files:
+    if self._macro_flags and (files or (self.macros_from_bindings and bindings)):
       given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
       self._defaults_from_macros(args, files, bindings, given)
     return StageArgs(args, files, bindings)
 
   def _defaults_from_macros(self, args: argparse.Namespace, files: List[str], bindings: List[str],
                             given: set) -> None:
-    """Fills unset plain flags from the Gin files' macros (CORPUS -> --corpus)."""
-    import gin  # pylint: disable=g-import-not-at-top
-    # Only macros are read: register the smallest set of configurables (the model's).
-    gin_utils.parse(files, bindings, check_required=False, entry="T5Config")
-    for name, kind in self._macro_flags.items():
+    """Fills plain flags not on the command line from the Gin files' macros (CORPUS -> --corpus).
+
+    The parsed config stays in place for the stage (its other bindings can be queried).
+    """
+    gin_utils.parse(files, bindings, check_required=False, entry=self.macro_entry, files_required=False)
+    for name, (macro, kind, repeatable) in self._macro_flags.items():
       if given.intersection(self._options[name]):
         continue
-      try:
-        value = gin.query_parameter(f"{name.upper()}/gin.macro.value")
-      except ValueError:
+      value = gin_utils.macro_value(macro)
+      if value is None:
         continue
-      if value is not None and not isinstance(value, (list, tuple)) and callable(kind):
+      if not isinstance(value, (list, tuple)) and callable(kind):
         value = kind(value)
+      if repeatable and not isinstance(value, (list, tuple)):
+        value = [value]
       setattr(args, name, value)
 
 

@@ -1,10 +1,10 @@
 """Gin plumbing for the stages (T5X style): layered files, `--gin.NAME=value` overrides.
 
 Gin binds only the stages (this package): the library below never imports gin.
-`CONFIGURABLES` is the one registry of the names .gin files may use; each name maps to
-"module:attribute" and is imported and registered only when a stage asks for it
-(`parse(..., entry=NAME)` registers the names `STAGE_CONFIGURABLES[NAME]` lists), so that
-`private-t5 info` does not import the trainer.
+`GIN_TABLE` is the one table of the names .gin files may use: each name maps to
+"module:attribute" and to the stage entries that use it, and is imported and registered only
+when such a stage asks for it (`parse(..., entry=NAME)`), so that `private-t5 info` does not
+import the trainer. `CONFIGURABLES` and `STAGE_CONFIGURABLES` are views of it.
 """
 import importlib
 import io
@@ -57,50 +57,46 @@ def search_paths(extra: Union[None, str, Sequence[str]] = None) -> List[str]:
   paths = [os.getcwd()] + [os.path.abspath(os.path.expanduser(p.strip())) for p in extra if p.strip()]
   return list(dict.fromkeys(paths + list(CONFIG_SEARCH_PATHS)))
 
-# Gin name -> "module:attribute" of the class or function it configures.
-CONFIGURABLES = {
+# The one Gin table: each name .gin files may use -> ("module:attribute" of the class or
+# function it configures, the stage entries whose `parse(..., entry=...)` registers it).
+# The entries are the names listed as users (each lists itself); `CONFIGURABLES`,
+# `STAGE_CONFIGURABLES` and `ENTRIES` below are views of this table, never edited by hand.
+_MODEL_USERS = ("T5Config", "train", "just_fine_tune_twice", "train_adaptive", "run_memorization", "evaluate", "run_study")
+_TRAINING_USERS = ("train", "just_fine_tune_twice", "train_adaptive", "run_study")
+GIN_TABLE = {
     # models
-    "T5Config": "private_t5.models.config:T5Config",
+    "T5Config": ("private_t5.models.config:T5Config", _MODEL_USERS),
     # training (`private-t5 train`, and the runs built on it)
-    "train": "private_t5.train.main:train",
-    "DPConfig": "private_t5.dp.mechanism:DPConfig",
-    "make_source": "private_t5.data.source:make_source",
-    "make_glue_source": "private_t5.data.glue_tasks:make_glue_source",
-    "finetune_vocab_path": "private_t5.train.initial_checkpoint:finetune_vocab_path",
-    "adafactor": "private_t5.train.optimizers:adafactor",
-    "rsqrt_schedule": "private_t5.train.optimizers:rsqrt_schedule",
-    "constant_schedule": "private_t5.train.optimizers:constant_schedule",
-    "linear_warmup_schedule": "private_t5.train.optimizers:linear_warmup_schedule",
+    "train": ("private_t5.train.main:train", _TRAINING_USERS),
+    "DPConfig": ("private_t5.dp.mechanism:DPConfig", _TRAINING_USERS),
+    "make_source": ("private_t5.data.source:make_source", _TRAINING_USERS),
+    "make_glue_source": ("private_t5.data.glue_tasks:make_glue_source", _TRAINING_USERS),
+    "finetune_vocab_path": ("private_t5.train.initial_checkpoint:finetune_vocab_path", _TRAINING_USERS),
+    "adafactor": ("private_t5.train.optimizers:adafactor", _TRAINING_USERS),
+    "rsqrt_schedule": ("private_t5.train.optimizers:rsqrt_schedule", _TRAINING_USERS),
+    "constant_schedule": ("private_t5.train.optimizers:constant_schedule", _TRAINING_USERS),
+    "linear_warmup_schedule": ("private_t5.train.optimizers:linear_warmup_schedule", _TRAINING_USERS),
     # selective DP
-    "just_fine_tune_twice": "private_t5.selective.jft:just_fine_tune_twice",
-    "train_adaptive": "private_t5.selective.adaptive_train:train_adaptive",
+    "just_fine_tune_twice": ("private_t5.selective.jft:just_fine_tune_twice", ("just_fine_tune_twice",)),
+    "train_adaptive": ("private_t5.selective.adaptive_train:train_adaptive", ("train_adaptive",)),
     # evaluation
-    "run_memorization": "private_t5.eval.memorization_run:run_memorization",
-    "SplitConfig": "private_t5.eval.splits:SplitConfig",
-    "evaluate": "private_t5.eval.glue_eval:evaluate",
+    "run_memorization": ("private_t5.eval.memorization_run:run_memorization", ("run_memorization",)),
+    "SplitConfig": ("private_t5.eval.splits:SplitConfig", ("run_memorization", "run_study")),
+    "evaluate": ("private_t5.eval.glue_eval:evaluate", ("evaluate",)),
     # tokenizer
-    "train_dp_vocabulary": "private_t5.tokenizer.dp_spm:train_dp_vocabulary",
+    "train_dp_vocabulary": ("private_t5.tokenizer.dp_spm:train_dp_vocabulary", ("train_dp_vocabulary",)),
     # benchmarks
-    "benchmark": "private_t5.stages.bench:benchmark",
+    "benchmark": ("private_t5.stages.bench:benchmark", ("benchmark",)),
     # the end-to-end study
-    "run_study": "private_t5.stages.study:run_study",
+    "run_study": ("private_t5.stages.study:run_study", ("run_study",)),
 }
-
-_MODEL = ("T5Config",)
-_TRAINING = _MODEL + ("train", "DPConfig", "make_source", "make_glue_source", "finetune_vocab_path",
-                      "adafactor", "rsqrt_schedule", "constant_schedule", "linear_warmup_schedule")
-# Entry configurable -> the names its configs may use (registered by `parse(..., entry=...)`).
-STAGE_CONFIGURABLES = {
-    "T5Config": _MODEL,
-    "train": _TRAINING,
-    "just_fine_tune_twice": _TRAINING + ("just_fine_tune_twice",),
-    "train_adaptive": _TRAINING + ("train_adaptive",),
-    "run_memorization": _MODEL + ("run_memorization", "SplitConfig"),
-    "evaluate": _MODEL + ("evaluate",),
-    "train_dp_vocabulary": ("train_dp_vocabulary",),
-    "benchmark": ("benchmark",),
-    "run_study": _TRAINING + ("run_study", "SplitConfig"),
-}
+# Views of GIN_TABLE. Gin name -> "module:attribute".
+CONFIGURABLES = {name: target for name, (target, _) in GIN_TABLE.items()}
+# The stage entries (the names a `parse(..., entry=...)` may give), in the table's order.
+ENTRIES = tuple(dict.fromkeys(user for _, users in GIN_TABLE.values() for user in users))
+# Entry -> the names its configs may use (registered by `parse(..., entry=...)`).
+STAGE_CONFIGURABLES = {entry: tuple(name for name, (_, users) in GIN_TABLE.items() if entry in users)
+                       for entry in ENTRIES}
 
 # name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.
 _WRAPPED = {}
@@ -285,15 +281,12 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
       `--gin_search_paths=a,b` (`set_search_paths`).
     files_required: False for stages whose Gin files are optional (bindings alone are parsed).
   """
+  if entry and entry not in STAGE_CONFIGURABLES:
+    raise ConfigError(f"no Gin stage entry named {entry!r} (one of {', '.join(ENTRIES)})")
   register(STAGE_CONFIGURABLES[entry] if entry else None)
   gin.clear_config()
   paths = search_paths(gin_search_paths)
-  # Gin keeps its include search path across parses: rebuild it. The folders come before Gin's
-  # default "" so that an `include` is found as a file first: with "" first, Gin's package
-  # reader would take `configs/models` for a Python package name and can fail on it.
-  del gin.config._LOCATION_PREFIXES[:]  # pylint: disable=protected-access
-  for base in paths + [""]:
-    gin.add_config_file_search_path(base)
+  _set_include_search_path(paths)
   if not gin_files and files_required:
     raise ConfigError("at least one --gin_file is required")
   files = [_resolve(f, paths) for f in gin_files]
@@ -314,6 +307,31 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     root_logger.removeFilter(_quiet_include_lookups)
   if check_required:
     check_required_macros()
+
+
+# Gin's private state: the only two uses, kept here. Gin 0.5 has no public call that
+# replaces its include search path (`add_config_file_search_path` only appends, and a file
+# reader registered with `register_file_reader` comes after Gin's package reader, which fails
+# on names such as `configs/models/x.gin`), nor one that lists the macros bound so far.
+
+
+def _set_include_search_path(paths: Sequence[str]) -> None:
+  """Makes `paths`, then Gin's default "", the folders where Gin looks up `include`d files.
+
+  Gin keeps its search path across parses: it is rebuilt. The folders come before "" so that
+  an `include` is found as a file first: with "" first, Gin's package reader would take
+  `configs/models` for a Python package name and can fail on it.
+  """
+  del gin.config._LOCATION_PREFIXES[:]  # pylint: disable=protected-access
+  for base in list(paths) + [""]:
+    gin.add_config_file_search_path(base)
+
+
+def _bound_macros() -> dict:
+  """Macro name -> the value the parsed config binds it to (every macro bound so far)."""
+  return {scope: params.get("value")
+          for (scope, selector), params in gin.config._CONFIG.items()  # pylint: disable=protected-access
+          if selector == "gin.macro"}
 
 
 def _read_text(path: Optional[str]) -> Optional[str]:
@@ -340,8 +358,7 @@ def check_required_macros() -> None:
   Gin itself only checks `%gin.REQUIRED` bound directly to a parameter; a required *macro*
   would otherwise reach the code as an opaque sentinel object.
   """
-  missing = sorted(scope for (scope, selector), params in gin.config._CONFIG.items()  # pylint: disable=protected-access
-                   if selector == "gin.macro" and str(params.get("value")) == "%gin.REQUIRED")
+  missing = sorted(name for name, value in _bound_macros().items() if str(value) == "%gin.REQUIRED")
   if missing:
     flags = " ".join(f"--gin.{name}=..." for name in missing)
     raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")

@@ -25,22 +25,20 @@ from private_t5.errors import ConfigError
 from private_t5.eval import splits as splits_lib
 from private_t5.io import file_sha256, write_json_atomic
 
-# Plain flag -> the Gin macro of configs/runs/memorization.gin that gives its default.
-_MACROS = {"train_corpus": "TRAIN_CORPUS", "valid_corpus": "VALID_CORPUS", "vocab_path": "VOCAB_PATH"}
 
 
 def _parser() -> flags.StageParser:
   p = flags.StageParser("splits", __doc__.split("\n\n")[0], epilog=(
       "With --gin_file (e.g. runs/memorization.gin) the corpora and vocabulary default to its "
       "TRAIN_CORPUS, VALID_CORPUS and VOCAB_PATH, and its SplitConfig bindings apply; "
-      "--gin.SplitConfig.NAME=VALUE sets one detection setting."))
-  p.add_flag("train_corpus", action="append", macro=False,
-             help="training corpus (pattern or spec; repeatable) [Gin macro: TRAIN_CORPUS]")
-  p.add_flag("valid_corpus", action="append", macro=False,
-             help="validation corpus (pattern or spec; repeatable) [Gin macro: VALID_CORPUS]")
+      "--gin.SplitConfig.NAME=VALUE sets one detection setting."),
+      macro_entry="run_memorization", macros_from_bindings=True)
+  # The Gin macros of configs/runs/memorization.gin give the defaults of the corpora and vocabulary.
+  p.add_flag("train_corpus", action="append", help="training corpus (pattern or spec; repeatable)")
+  p.add_flag("valid_corpus", action="append", help="validation corpus (pattern or spec; repeatable)")
   p.add_flag("output", macro=False, help="split file (.json) or folder for splits_<key>.json")
-  p.add_flag("vocab_path", aliases=("vocab",), macro=False,
-             help="SentencePiece model for the exact-substring test (default: words) [Gin macro: VOCAB_PATH]")
+  p.add_flag("vocab_path", aliases=("vocab",),
+             help="SentencePiece model for the exact-substring test (default: words)")
   p.add_flag("text_field", default="text", macro=False)
   for name in ("ngram", "num_perm", "num_bands", "exact_substring_tokens", "seed", "max_candidates_per_doc",
                "num_workers"):
@@ -54,13 +52,8 @@ def _settings(argv: List[str]):
   """(args, SplitConfig): plain flags, then Gin files and bindings for what they leave unset."""
   args, files, bindings = _parser().parse_stage_args(argv)
   cfg = splits_lib.SplitConfig()
-  if files or bindings:
-    gin_utils.parse(files, bindings, check_required=False, entry="run_memorization", files_required=False)
+  if files or bindings:  # parsed by parse_stage_args (the plain flags' macros)
     cfg = gin_utils.configured("SplitConfig")()
-    for name, macro in _MACROS.items():
-      value = gin_utils.macro_value(macro)
-      if getattr(args, name) is None and value is not None:
-        setattr(args, name, [value] if name.endswith("corpus") and isinstance(value, str) else value)
   flags.check_required(_parser(), args, ("train_corpus", "valid_corpus", "output"))
   return args, cfg.validate()
 

@@ -11,6 +11,7 @@ options: `private-t5 train` with DATA_CACHE_DIR set to the same folder reuses it
 already built is reused. Prints a JSON summary (path, documents, tokens, shards, seconds, and
 the build's MB/s and documents/s) and the Beam counters.
 """
+import inspect
 import json
 import sys
 import time
@@ -24,24 +25,27 @@ from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
 
-# Plain flag -> the Gin macro of configs/runs/pretrain.gin that gives its default.
-_MACROS = {"corpus": "CORPUS", "vocab_path": "VOCAB_PATH", "cache_dir": "DATA_CACHE_DIR"}
-# Reader options: their defaults (make_source's), or the Gin files' `make_source.NAME` bindings.
-_READER_DEFAULTS = {"text_field": "text", "id_field": "id", "user_field": None, "errors": "strict",
-                    "max_documents": None, "data_dir": None}
+# Reader options: the Gin files' `make_source.NAME` bindings, else make_source's own defaults.
+_READER_OPTIONS = ("text_field", "id_field", "user_field", "errors", "max_documents", "data_dir")
+
+
+def _reader_defaults() -> dict:
+  """make_source's defaults of the reader options (read from its signature, not copied)."""
+  params = inspect.signature(gin_utils.resolve(gin_utils.CONFIGURABLES["make_source"])).parameters
+  return {name: params[name].default for name in _READER_OPTIONS}
 
 
 def _parser() -> flags.StageParser:
   p = flags.StageParser("store", __doc__.split("\n\n")[0], epilog=(
       "With --gin_file (e.g. runs/pretrain.gin plus the run's overrides) the corpus, vocabulary and "
       "cache folder default to its CORPUS, VOCAB_PATH and DATA_CACHE_DIR, and the reader options to its "
-      "make_source bindings, so the store lands in the cache entry that run's training looks up."))
-  p.add_flag("corpus", macro=False, help="corpus spec or file pattern (train-*.jsonl.gz) [Gin macro: CORPUS]")
-  p.add_flag("vocab_path", aliases=("vocab",), macro=False,
-             help="SentencePiece model (T5 layout) [Gin macro: VOCAB_PATH]")
-  p.add_flag("cache_dir", macro=False,
-             help="store cache folder (default $PRIVATE_T5_CACHE/stores or ~/.cache/private_t5/stores) "
-                  "[Gin macro: DATA_CACHE_DIR]")
+      "make_source bindings, so the store lands in the cache entry that run's training looks up."),
+      macro_entry="train", macros_from_bindings=True)
+  # The Gin macros of configs/runs/pretrain.gin give the defaults of these three.
+  p.add_flag("corpus", help="corpus spec or file pattern (train-*.jsonl.gz)")
+  p.add_flag("vocab_path", aliases=("vocab",), help="SentencePiece model (T5 layout)")
+  p.add_flag("cache_dir", macro="DATA_CACHE_DIR",
+             help="store cache folder (default $PRIVATE_T5_CACHE/stores or ~/.cache/private_t5/stores)")
   p.add_flag("text_field", macro=False, help="field / column holding the text (default text)")
   p.add_flag("id_field", macro=False, help="field holding the document id (default id)")
   p.add_flag("user_field", macro=False, help="field holding the user id (user-level DP)")
@@ -57,18 +61,14 @@ def _parser() -> flags.StageParser:
 
 def _settings(argv: List[str]):
   args, files, bindings = _parser().parse_stage_args(argv)
-  if files or bindings:
-    gin_utils.parse(files, bindings, check_required=False, entry="train", files_required=False)
-    for name, macro in _MACROS.items():
-      if getattr(args, name) is None:
-        setattr(args, name, gin_utils.macro_value(macro))
-    for name in _READER_DEFAULTS:
+  if files or bindings:  # parsed by parse_stage_args (the plain flags' macros)
+    for name in _READER_OPTIONS:
       if getattr(args, name) is None:
         try:
           setattr(args, name, gin.query_parameter(f"make_source.{name}"))
         except ValueError:
           pass
-  for name, default in _READER_DEFAULTS.items():
+  for name, default in _reader_defaults().items():
     if getattr(args, name) is None:
       setattr(args, name, default)
   flags.check_required(_parser(), args, ("corpus", "vocab_path"))
