@@ -28,6 +28,7 @@ import os
 import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+import editdistance
 import numpy as np
 
 from private_t5 import progress as progress_lib
@@ -240,7 +241,6 @@ def _pow_u64(base: np.uint64, exps: np.ndarray) -> np.ndarray:
 
 def edit_similarity(a: Sequence, b: Sequence) -> float:
   """1 - ED(a, b) / max(|a|, |b|) (Lee et al. 2021), 1.0 for two empty sequences."""
-  import editdistance  # pylint: disable=g-import-not-at-top
   longest = max(len(a), len(b))
   if longest == 0:
     return 1.0
