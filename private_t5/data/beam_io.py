@@ -44,6 +44,9 @@ from private_t5.data import corpora
 from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
 
+# Apache Beam (optional: `import_beam` says so in one line when it is missing) and
+# tensorflow_datasets (it imports TensorFlow) are imported inside the functions that use them.
+
 LOCAL_RUNNER = "local"
 BEAM_RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
                 "PortableRunner", "SwitchingDirectRunner")

@@ -149,6 +149,7 @@ _WORKER_PERMUTATIONS = {}
 def _minhash_band_keys(args) -> np.ndarray:
   """Worker: band keys [len(texts), num_bands] for a chunk of texts."""
   texts, ngram, num_perm, num_bands, seed = args
+  # Lazy: datasketch takes about a second to import; only the MinHash workers need it.
   from datasketch import MinHash  # pylint: disable=g-import-not-at-top
   perm_key = (num_perm, seed)
   if perm_key not in _WORKER_PERMUTATIONS:
