@@ -24,6 +24,7 @@ def enabled() -> bool:
 def bar(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: Optional[str] = None,
         unit: str = "it", **kwargs: Any):
   """A `tqdm` bar over `iterable` (or a manual one with `total`), disabled as `enabled()` says."""
+  # Lazy: tqdm is not loaded by `private-t5 --help`, which imports this module.
   from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   kwargs.setdefault("disable", not enabled())
   kwargs.setdefault("dynamic_ncols", True)

@@ -21,6 +21,7 @@ def load_vocabulary(model_path: str, extra_ids: int = NUM_EXTRA_IDS):
     DataError: the file is missing, not a SentencePiece model, or not in T5's layout.
   """
   quiet_tf.import_tensorflow()  # seqio imports it
+  # Lazy: a base-layer module imports nothing heavy at the top (seqio imports TensorFlow).
   import seqio  # pylint: disable=g-import-not-at-top
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(model_path):
@@ -38,6 +39,7 @@ def load_vocabulary(model_path: str, extra_ids: int = NUM_EXTRA_IDS):
 
 def sentencepiece_processor(vocab):
   """A SentencePieceProcessor holding the model of `vocab` (from `load_vocabulary`)."""
+  # Lazy: a base-layer module imports nothing heavy at the top.
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   proc = spm.SentencePieceProcessor()
   proc.LoadFromSerializedProto(vocab.sp_model)

@@ -38,8 +38,14 @@ import tempfile
 import uuid
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from private_t5 import errors as errors_lib
 from private_t5 import quiet_tf
+from private_t5.data import corpora
+from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
+
+# Apache Beam (optional: `import_beam` says so in one line when it is missing) and
+# tensorflow_datasets (it imports TensorFlow) are imported inside the functions that use them.
 
 LOCAL_RUNNER = "local"
 BEAM_RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
@@ -139,18 +145,17 @@ def run_pipeline(pipeline) -> Dict[str, int]:
   An error raised inside a worker comes back wrapped in the runner's traceback: a package
   error in it is re-raised as that one line.
   """
-  from private_t5 import errors  # pylint: disable=g-import-not-at-top
   try:
     result = pipeline.run()
     result.wait_until_finish()
-  except errors.PrivateT5Error:
+  except errors_lib.PrivateT5Error:
     raise
   except Exception as e:  # pylint: disable=broad-except
     match = _ERROR_IN_WORKER.search(str(e))
     if match:
       name = match.group(1) or match.group(3)
       message = match.group(2) or match.group(4)
-      raise getattr(errors, name, DataError)(message.strip()) from None
+      raise getattr(errors_lib, name, DataError)(message.strip()) from None
     raise
   counters = pipeline_counters(result)
   if counters:
@@ -294,7 +299,6 @@ def read_documents(pipeline, specs: Union[str, Sequence[str]], *, label: str = "
           | f"{step} reshuffle" >> beam.Reshuffle()
           | f"{step} read" >> beam.FlatMap(_read_file, c, text_field, id_field, errors, skip_bad_lines))
     else:
-      from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
       docs = [((c, 0, i), (d.id, d.text)) for i, d in enumerate(corpora.iter_documents(
           spec, text_field=text_field, id_field=id_field, errors=errors, data_dir=data_dir))]
       parts.append(pipeline | f"{step} create" >> beam.Create(docs))
@@ -315,7 +319,6 @@ def stream_documents(specs: Union[str, Sequence[str]], *, text_field: str = "tex
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   for spec in ([specs] if isinstance(specs, str) else list(specs)):
     if spec.startswith(TFDS_PREFIX) or not _is_pattern_or_file(spec):
-      from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
       for d in corpora.iter_documents(spec, text_field=text_field, id_field=id_field, errors=errors,
                                       data_dir=data_dir):
         yield d.id, d.text
@@ -401,7 +404,6 @@ def _read_file(element, corpus_index: int, text_field: str, id_field: str, error
 
 
 def _read_tfds(pipeline, beam, spec, c, step, text_field, id_field, errors, data_dir):
-  from private_t5.data import tfds as tfds_lib  # pylint: disable=g-import-not-at-top
   quiet_tf.import_tensorflow()  # tensorflow_datasets imports it
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   body = spec[len(TFDS_PREFIX):]

@@ -18,6 +18,8 @@ import os
 import sysconfig
 from typing import Iterator, List
 
+from pydoc_data import topics
+
 from private_t5.documents import Document
 from private_t5.errors import DataError
 
@@ -72,7 +74,6 @@ def _module_docstrings(path: str):
 
 def iter_python_docs() -> Iterator[Document]:
   """Yields the Python reference topics, then the stdlib module docstrings."""
-  from pydoc_data import topics  # pylint: disable=g-import-not-at-top
   for name in sorted(topics.topics):
     yield Document(id=f"topic:{name}", text=topics.topics[name])
   root = _stdlib_dir()

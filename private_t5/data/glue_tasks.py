@@ -384,6 +384,7 @@ def load_examples(name: str, split: str, glue_dir: Optional[str] = None,
 def _text_to_text(task: GlueTask, texts: Mapping[str, List[str]], labels: np.ndarray):
   """Runs t5's GLUE preprocessor over the rows (as `t5.data.glue_utils` configures it)."""
   tf = quiet_tf.import_tensorflow()
+  # Lazy: t5 imports TensorFlow; only this preprocessor needs it.
   from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
   features = {f: np.asarray(texts[f], dtype=object) for f in task.feature_names}
   features["label"] = labels

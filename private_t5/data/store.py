@@ -93,6 +93,7 @@ def _corpus_fingerprint(spec: str) -> Dict[str, object]:
   if spec.startswith(corpora.TFDS_PREFIX):
     return {}
   if "://" in spec:  # a remote pattern (gs://...): sizes and times from Beam's file systems
+    # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
     from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
     found = sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
                    for r in FileSystems.match([spec]) for m in r.metadata_list)

@@ -23,6 +23,8 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import sentencepiece as spm
+
 from private_t5 import documents as documents_lib
 from private_t5.data import beam_io, corpora
 from private_t5.data import store as store_lib
@@ -56,6 +58,7 @@ def _documents_of(path: str, reader_options, stats: documents_lib.CorpusStats):
 
 
 def _remote_documents(path: str, reader_options, stats: documents_lib.CorpusStats):
+  # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
   from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
   with FileSystems.open(path) as f:
     for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=reader_options["text_field"],
@@ -76,7 +79,6 @@ class _WriteShard:
     self.proc = None
 
   def setup(self):
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     self.proc = spm.SentencePieceProcessor()
     self.proc.LoadFromSerializedProto(self.model_proto)
 

@@ -13,6 +13,7 @@ def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
     DataError: unknown dataset, not a builder directory, or not prepared under `data_dir`.
   """
   quiet_tf.import_tensorflow()  # tensorflow_datasets imports it
+  # Lazy: tensorflow_datasets imports TensorFlow; `data.corpora` and `data.source` must not.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   if os.path.isdir(name_or_dir):
     try:

@@ -39,6 +39,7 @@ from dp_accounting.pld import accountant as pld_accountant
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting import mechanism_calibration
+from scipy import optimize, special, stats
 
 from private_t5.errors import PrivacyError
 
@@ -343,7 +344,6 @@ def truncation_probability(num_examples: int, sampling_rate: float, max_batch_si
   Uses the larger of two add/remove-neighbouring datasets (N + 1 examples), so the bound holds
   for both: P[Binomial(N + 1, q) > max_batch_size].
   """
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   if max_batch_size is None:
     return 0.0
   validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
@@ -371,7 +371,6 @@ def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_p
   E.g. `max_batch_size_for(N, q, 0.1 * delta / (steps * (1 + e^eps)))` keeps the truncation term
   of δ (`total_delta`) at 10% of δ.
   """
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
   p = _check_number("max_truncation_probability", max_truncation_probability, low=0, high=1)
   n = int(num_examples) + 1
@@ -458,19 +457,16 @@ def paper_epsilon(sigma: float, delta: float, k: float) -> float:
 
 def paper_threshold(sigma: float, delta: float, m: float, n: int) -> float:
   """The threshold as printed in Ponomareva et al. 2022: C = m + σ·erf⁻¹(1 − δ/(2N))."""
-  from scipy import special  # pylint: disable=g-import-not-at-top
   return m + sigma * float(special.erfinv(1.0 - delta / (2.0 * n)))
 
 
 def threshold_for(sigma: float, delta_threshold: float, m: float, n: int) -> float:
   """T with n·P[m + N(0, σ²) ≥ T] = δ_t: T = m + σ·Φ⁻¹(1 − δ_t/n)."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   return m + sigma * float(stats.norm.isf(delta_threshold / n))
 
 
 def threshold_tail(sigma: float, threshold: float, m: float, n: int) -> float:
   """δ spent by thresholding: the union bound n·Q((T − m)/σ) that a new word is released."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   return min(1.0, n * float(stats.norm.sf((threshold - m) / sigma)))
 
 
@@ -480,7 +476,6 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
   Inverts dp_accounting's exact hockey-stick divergence of the Gaussian mechanism (Balle &
   Wang 2018, Thm 8), δ(ε) = Φ(1/(2s) − εs) − e^ε·Φ(−1/(2s) − εs) with s = noise_multiplier.
   """
-  from scipy import optimize  # pylint: disable=g-import-not-at-top
   loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation=noise_multiplier, sensitivity=1.0)
   f = lambda eps: float(loss.get_delta_for_epsilon(eps)) - delta
   if f(0.0) <= 0:

@@ -34,6 +34,7 @@ import secrets
 from typing import Optional, Sequence
 
 import numpy as np
+from scipy import special, stats
 
 from private_t5.errors import ConfigError
 
@@ -51,7 +52,6 @@ def _check_counts(num_canaries: int, guesses: int, correct: int) -> None:
 
 def p_value(num_canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
   """Upper bound on P[>= `correct` correct guesses out of `guesses`] for an (ε, δ)-DP run."""
-  from scipy import special, stats  # pylint: disable=g-import-not-at-top
   _check_counts(num_canaries, guesses, correct)
   if not epsilon >= 0 or not 0 <= delta <= 1:
     raise ConfigError(f"need epsilon >= 0 and 0 <= delta <= 1, got {epsilon}, {delta}")

@@ -17,6 +17,7 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+from scipy import stats
 
 from private_t5.errors import DataError
 from private_t5.eval.canaries import Canary, CanaryFormat
@@ -43,7 +44,6 @@ def exact_rank(canary_log_perplexity: float, candidate_log_perplexities: np.ndar
 def skewnorm_exposure(canary_log_perplexity: float, sample_log_perplexities: np.ndarray,
                       space_size: int) -> Tuple[float, float, dict]:
   """(exposure, estimated rank, fit) from a skew-normal fit of sampled log-perplexities."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   sample = np.asarray(sample_log_perplexities, dtype=np.float64)
   a, loc, scale = stats.skewnorm.fit(sample)
   log_cdf = float(stats.skewnorm.logcdf(canary_log_perplexity, a, loc, scale))

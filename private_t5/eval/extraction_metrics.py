@@ -15,6 +15,7 @@ the pad id, so they count as mismatches.
 import dataclasses
 from typing import Dict, List, Sequence
 
+import editdistance
 import numpy as np
 
 PAD_ID = 0
@@ -35,7 +36,6 @@ def per_example_scores(prediction: Sequence[int], target: Sequence[int], eos_id:
     target: the true continuation (length T, no EOS).
     eos_id: the end-of-sequence id.
   """
-  import editdistance  # pylint: disable=g-import-not-at-top
   target = np.asarray(target, dtype=np.int64)
   pred = truncate_after_eos(prediction, eos_id).astype(np.int64)
   t = target.shape[0]

@@ -11,14 +11,18 @@ import logging
 import os
 from typing import Any, Dict, Mapping, Optional
 
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
+from private_t5 import models
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
-from private_t5.errors import DataError
+from private_t5.errors import ConfigError, DataError
 from private_t5.io import write_json_atomic, write_text_atomic
-from private_t5.eval import glue_metrics
+from private_t5.eval import glue_metrics, memorization
+from private_t5.models import checkpoints, hf_convert
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +52,6 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
   With several JAX processes each decodes its share of the examples
   (`memorization.process_rows`) and the decoded tokens are gathered on every process.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import memorization  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(model_config)
   params = jax.tree.map(jax.numpy.asarray, params)
   decode = _decoder(source.vocab_path)
@@ -69,7 +70,6 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
   bar.close()
   tokens = np.concatenate(rows)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     share = np.zeros((per, length), np.int32)
     share[:len(tokens)] = tokens
     tokens = np.asarray(multihost_utils.process_allgather(share)).reshape(-1, length)[:n]
@@ -160,9 +160,6 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
     max_examples: evaluate only the first N examples of each task (quick checks).
     output_dir: default MODEL_DIR/eval.
   """
-  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   for macro, value in (("MODEL_DIR", model_dir), ("MIXTURE_OR_TASK_NAME", task_or_mixture)):
     if not isinstance(value, str) or not value:
       raise ConfigError(f"{macro} is required: pass --gin.{macro}=...")
@@ -182,7 +179,6 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   name = f"{os.path.basename(os.path.abspath(model_dir))} (step {info.get('step')})"
   results["table_markdown"] = results_table(results, name)
   output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:  # several processes: the results are written once
     return results
   os.makedirs(output_dir, exist_ok=True)

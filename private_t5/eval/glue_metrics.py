@@ -38,6 +38,7 @@ COLUMN_TITLES = {"mnli_matched": "mnli_m", "mnli_mismatched": "mnli_msm"}
 def postprocess(prediction: str, label_names: Optional[Sequence[str]]):
   """Decoded text -> class id (-1 when not a label) or float score (-1.0 when not a number)."""
   quiet_tf.import_tensorflow()  # t5 imports it
+  # Lazy: t5 imports TensorFlow; only the GLUE postprocessors and metrics need it.
   from t5.data import postprocessors  # pylint: disable=g-import-not-at-top
   if label_names is None:
     return float(postprocessors.string_to_float(prediction, default=-1.0))
@@ -48,6 +49,7 @@ def postprocess(prediction: str, label_names: Optional[Sequence[str]]):
 def compute_metrics(metric: str, targets: Sequence, predictions: Sequence) -> Dict[str, float]:
   """The task's GLUE metrics (percent) of postprocessed `predictions` against `targets`."""
   quiet_tf.import_tensorflow()  # t5 imports it
+  # Lazy: t5 imports TensorFlow; only the GLUE metrics need it.
   from t5.evaluation import metrics as t5_metrics  # pylint: disable=g-import-not-at-top
   if metric not in TASK_METRICS:
     raise ValueError(f"unknown GLUE metric {metric!r}; valid: {', '.join(TASK_METRICS)}")

@@ -19,9 +19,14 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
 import numpy as np
 
+from private_t5 import models
 from private_t5 import progress as progress_lib
+from private_t5.data import objectives
 from private_t5.errors import CheckpointError, ConfigError
 from private_t5.eval import extraction_metrics
 
@@ -110,7 +115,6 @@ def span_corruption_examples(doc_ids: Sequence[str], token_lists: Sequence[np.nd
     cfg: lengths, masking and seed (encoder length P with EOS, as in training).
     vocab_size: size of the vocabulary including the sentinels (sentinel k = vocab_size-1-k).
   """
-  from private_t5.data import objectives  # pylint: disable=g-import-not-at-top
   raw, targets_length = objectives.span_corruption_lengths(cfg.prompt_length, cfg.noise_density,
                                                            cfg.mean_noise_span_length)
   keep = [i for i, toks in enumerate(token_lists) if len(toks) >= raw]
@@ -169,7 +173,6 @@ def process_rows(n: int) -> Tuple[int, int, int]:
   With several JAX processes the prompts are split into equal contiguous shares (the last
   ones padded); with one process it is every row.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   count, index = jax.process_count(), jax.process_index()
   per = -(-n // count)
   return min(index * per, n), min((index + 1) * per, n), per
@@ -187,8 +190,6 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
     (tokens int32 [n, max_decode_length] with zeros after the first EOS, DecodeStats). For beam
     search the best beam of each row.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
   if method not in (GREEDY, BEAM):
     raise ConfigError(f"decoding method must be {GREEDY!r} or {BEAM!r}, got {method!r}")
   model = models.EncoderDecoderModel(model_config)
@@ -219,7 +220,6 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
       progress.update(rows)
   stats.seconds = time.time() - start
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     share = np.zeros((per, max_decode_length), dtype=np.int32)
     share[:n] = out
     out = np.asarray(multihost_utils.process_allgather(share)).reshape(-1, max_decode_length)[:total]
@@ -245,8 +245,6 @@ def evaluate_split(params, model_config, examples: ExtractionExamples, cfg: Extr
 
 def check_model_matches(params, model_config, vocab_size: int) -> None:
   """CheckpointError when the parameters, the config and the vocabulary disagree."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
   if vocab_size > model_config.vocab_size:
     raise CheckpointError(f"the vocabulary has {vocab_size} ids (with sentinels) but the checkpoint's model "
                           f"has only {model_config.vocab_size} embedding rows: wrong vocabulary for this "
@@ -266,9 +264,6 @@ def make_scorer(params, model_config) -> Callable[[np.ndarray, np.ndarray, np.nd
   log p is the weighted sum of token log-probabilities of the targets under teacher forcing
   (the negative log-perplexity of Carlini et al. 2019, in nats).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
   model = models.EncoderDecoderModel(model_config)
   params = jax.device_put(params)
 

@@ -13,18 +13,26 @@ import re
 import time
 from typing import Any, Callable, List, Optional
 
+import jax
+from jax.experimental import multihost_utils
+
 from private_t5 import progress as progress_lib
+from private_t5.data import corpora
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import file_sha256
-from private_t5.eval import extraction_metrics, memorization
+from private_t5.eval import audit as audit_lib
+from private_t5.eval import canaries as canaries_lib
+from private_t5.eval import exposure, extraction_metrics, memorization
+from private_t5.eval import report as report_lib
 from private_t5.eval import splits as splits_lib
+from private_t5.models import checkpoints, run_dir
+from private_t5.tokenizer import spm
 
 AUTO = "auto"
 
 
 def _objective_of(info: dict, model_dir: str) -> Optional[str]:
   """The pretraining objective: from the checkpoint info, else the run's operative config.gin."""
-  from private_t5.models import run_dir  # pylint: disable=g-import-not-at-top
   for source in (info, info.get("data") or {}):
     if isinstance(source, dict) and source.get("objective"):
       return str(source["objective"])
@@ -92,7 +100,6 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
   if audit:  # a bad record is refused before the long passes
-    from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
     audit_lib.load_record(audit)
   warnings = []
 
@@ -106,7 +113,6 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
   canary_results, canary_fmt, audit_result = [], None, None
   if canary_scoring == AUTO:
-    from private_t5.eval import exposure  # pylint: disable=g-import-not-at-top
     canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
                       else exposure.PREFIX_SCORING)
   if audit:
@@ -114,7 +120,6 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                                   guesses_per_side=audit_guesses, delta=audit_delta,
                                   batch_size=canary_batch_size, log=log)
     if audit_result["violation"]:
-      from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
       warnings.append("PRIVACY AUDIT FAILED: " + audit_lib.audit_failure_text(audit_result))
   if canaries:
     canary_fmt, canary_results = evaluate_canaries(
@@ -179,9 +184,6 @@ class SplitData:
 def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
                log: Callable[[str], None] = print) -> LoadedModel:
   """The checkpoint, its vocabulary (the recorded one unless `vocab_path`) and its privacy ledger."""
-  from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
   recorded_vocab = info.get("vocab_path")
   if vocab_path is None:
@@ -214,8 +216,6 @@ def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, outpu
   (atomically), the others wait at a barrier and then read it (on a file system that they do
   not share with process 0 they find no file and build the same splits themselves).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   train_docs, _ = corpora.read_corpus(train_corpus, text_field=text_field)
   valid_docs, _ = corpora.read_corpus(valid_corpus, text_field=text_field)
   log(f"[memorization] {len(train_docs)} training and {len(valid_docs)} validation documents")
@@ -230,7 +230,6 @@ def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, outpu
   if jax.process_count() == 1:
     splits, split_path, reused = load_or_build()
   else:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     if jax.process_index() == 0:
       splits, split_path, reused = load_or_build()
     multihost_utils.sync_global_devices("private_t5 memorization splits written")
@@ -296,7 +295,6 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
 def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_exact: int, num_samples: int,
                       batch_size: int, seed: int, log: Callable[[str], None] = print):
   """The exposure of each recorded canary: (canary format, results as dicts)."""
-  from private_t5.eval import canaries as canaries_lib, exposure  # pylint: disable=g-import-not-at-top
   canary_fmt, canary_list = canaries_lib.load_canaries(canaries)
   encoder = exposure.CandidateEncoder(model.vocab, canary_fmt, scoring)
   evaluator = exposure.ExposureEvaluator(
@@ -314,7 +312,6 @@ def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence:
                    guesses_per_side: Optional[int], delta: Optional[float], batch_size: int,
                    log: Callable[[str], None] = print) -> dict:
   """The one-run privacy audit of the checkpoint on the audit canaries of `record` (eval/audit.py)."""
-  from private_t5.eval import audit as audit_lib  # pylint: disable=g-import-not-at-top
   targets = (model.info.get("feature_lengths") or {}).get("targets")
   return audit_lib.run_audit(memorization.make_scorer(model.params, model.model_config), model.vocab, record,
                              scoring=scoring, privacy_report=model.privacy_report, confidence=confidence,
@@ -324,8 +321,6 @@ def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence:
 
 def write_report(report: dict, output_dir: str, log: Callable[[str], None] = print) -> dict:
   """Writes report.json, report.md and the plots to `output_dir`; returns the report."""
-  from private_t5.eval import report as report_lib  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:  # several processes: the report is written once
     return report
   paths = report_lib.write_report(report, output_dir)

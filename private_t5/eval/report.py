@@ -13,6 +13,9 @@ from typing import List, Optional
 from private_t5.eval.splits import SPLIT_NAMES
 from private_t5.io import atomic_open, write_text_atomic
 
+# Matplotlib is imported inside the plotting functions: it takes about a second to import, and
+# the Agg backend must be chosen before `matplotlib.pyplot` is.
+
 SPLIT_TITLES = {"train_dup": "Train dup", "train_unique": "Train unique",
                 "valid_in_train": "Valid in train", "valid_unique": "Valid unique"}
 

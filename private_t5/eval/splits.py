@@ -28,6 +28,7 @@ import os
 import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+import editdistance
 import numpy as np
 
 from private_t5 import progress as progress_lib
@@ -148,6 +149,7 @@ _WORKER_PERMUTATIONS = {}
 def _minhash_band_keys(args) -> np.ndarray:
   """Worker: band keys [len(texts), num_bands] for a chunk of texts."""
   texts, ngram, num_perm, num_bands, seed = args
+  # Lazy: datasketch takes about a second to import; only the MinHash workers need it.
   from datasketch import MinHash  # pylint: disable=g-import-not-at-top
   perm_key = (num_perm, seed)
   if perm_key not in _WORKER_PERMUTATIONS:
@@ -240,7 +242,6 @@ def _pow_u64(base: np.uint64, exps: np.ndarray) -> np.ndarray:
 
 def edit_similarity(a: Sequence, b: Sequence) -> float:
   """1 - ED(a, b) / max(|a|, |b|) (Lee et al. 2021), 1.0 for two empty sequences."""
-  import editdistance  # pylint: disable=g-import-not-at-top
   longest = max(len(a), len(b))
   if longest == 0:
     return 1.0

@@ -24,6 +24,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import sentencepiece as spm
 
 from private_t5.data import beam_io
 from private_t5.errors import ConfigError
@@ -39,7 +40,7 @@ def _tokenizer(vocab_path: Optional[str]):
   if not vocab_path:
     return splits_lib.word_token_ids
   if vocab_path not in _SENTENCEPIECE:
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
     from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
     with FileSystems.open(vocab_path) as f:
       _SENTENCEPIECE[vocab_path] = spm.SentencePieceProcessor(model_proto=f.read())
@@ -90,6 +91,7 @@ def _attach_text(element) -> Iterator[Tuple[Any, Tuple[int, Any, str]]]:
 
 def _verify(element, threshold: float):
   """(query, {text, cands}) -> flagged refs (first verified candidate wins); checks on 'checked'."""
+  # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
   from apache_beam import pvalue  # pylint: disable=g-import-not-at-top
   q, groups = element
   texts = list(groups["text"])

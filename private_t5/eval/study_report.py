@@ -149,6 +149,7 @@ def results_markdown(results: dict) -> str:
 def write_figure(results: dict, path: str) -> Optional[str]:
   """figure.png: EM per split per model (bars), validation accuracy vs ε (points)."""
   try:
+    # Lazy: Matplotlib takes about a second to import, and the Agg backend must be chosen first.
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top

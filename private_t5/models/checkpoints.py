@@ -43,6 +43,7 @@ FORMAT_VERSION = 1
 
 
 def _ocp():
+  # Lazy: Orbax is slow to import and its loggers are quieted right after (`_quiet_orbax_errors`).
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   _quiet_orbax_errors()
   return ocp

@@ -27,10 +27,13 @@ import json
 import os
 from typing import Any, Dict, Mapping, Tuple
 
+import jax
 import numpy as np
+from safetensors import numpy as st_numpy
 
 from private_t5.errors import CheckpointError
 from private_t5.models.config import T5Config
+from private_t5.models.network import param_shapes
 
 Params = Dict[str, Any]
 CONFIG_FILE = "config.json"
@@ -107,7 +110,6 @@ def config_from_hf(hf: Mapping[str, Any], *, tie_embeddings: bool) -> T5Config:
 
 def read_safetensors(path: str) -> Dict[str, np.ndarray]:
   """All tensors of `model.safetensors` (or of every shard listed in the index)."""
-  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   single = os.path.join(path, WEIGHTS_FILE)
   index = os.path.join(path, WEIGHTS_INDEX_FILE)
   if os.path.exists(single):
@@ -239,8 +241,6 @@ def _check_unused(r: _Reader, config: T5Config) -> None:
 
 def check_param_shapes(params: Params, config: T5Config, source: str = "checkpoint") -> None:
   """Raises CheckpointError unless `params` has exactly the tree and shapes of `config`."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.models.network import param_shapes  # pylint: disable=g-import-not-at-top
   expected = {jax.tree_util.keystr(k): tuple(v.shape)
               for k, v in jax.tree_util.tree_flatten_with_path(param_shapes(config))[0]}
   got = {jax.tree_util.keystr(k): tuple(np.shape(v))

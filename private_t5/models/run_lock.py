@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
+import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from private_t5.errors import CheckpointError
@@ -86,7 +88,6 @@ def acquire_on_process_0(model_dir: str, before: Optional[Callable[[], None]] = 
   Raises:
     CheckpointError: on every process, with process 0's message, when it was refused.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     if before is not None:
       before()
@@ -110,7 +111,6 @@ _VERDICT_BYTES = 4096
 
 def _from_process_0(text: str) -> str:
   """Process 0's `text` on every process (a collective: every process must call it)."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   data = text.encode("utf-8")[:_VERDICT_BYTES]
   words = np.zeros(_VERDICT_BYTES, np.uint8)
   words[:len(data)] = np.frombuffer(data, np.uint8)

@@ -25,11 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from private_t5 import models
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ledger as ledger_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError, PrivacyError
 from private_t5.io import atomic_open, file_sha256
+from private_t5.models import checkpoints
 
 NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
@@ -105,7 +107,6 @@ class PrivacyProbabilities:
 
 
 def _perplexity_fn(model_config):
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
   # Eq. 3: exp of the mean token negative log-likelihood.
   return jax.jit(models.EncoderDecoderModel(model_config).per_example_perplexity)
 
@@ -144,7 +145,6 @@ def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *
     raise ConfigError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
   if not os.path.isdir(reference_model_dir):
     raise CheckpointError(f"reference model checkpoint not found: {reference_model_dir!r}")
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, model_config, info = checkpoints.restore_for_inference(reference_model_dir)
   vocab_size = source.vocab_size
   if vocab_size > model_config.vocab_size:

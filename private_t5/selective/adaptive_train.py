@@ -13,6 +13,7 @@ import os
 from typing import Callable, Optional
 
 from private_t5 import io as io_lib
+from private_t5.dp import ledger as ledger_lib
 from private_t5.errors import ConfigError
 from private_t5.selective import adaptive
 from private_t5.train import main as train_main
@@ -36,7 +37,6 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
   Raises:
     ConfigError: no reference checkpoint, `dp` is None, or an argument `train` does not take.
   """
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
 
   if not reference_model_dir:
     raise ConfigError("adaptive DP needs a public reference model checkpoint (reference_model_dir) to "

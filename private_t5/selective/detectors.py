@@ -262,6 +262,7 @@ def _sentence_start(text: str, start: int) -> bool:
 def _spacy_pipeline():
   """The spaCy English pipeline when both spaCy and `en_core_web_sm` are installed, else None."""
   try:
+    # Lazy: spaCy is optional and used by this detector only.
     import spacy  # pylint: disable=g-import-not-at-top
     return spacy.load("en_core_web_sm")
   except Exception:  # pylint: disable=broad-except  (not installed, or the model is missing)
@@ -272,6 +273,7 @@ def _spacy_pipeline():
 def _nltk_tagger():
   """NLTK's `pos_tag` when NLTK and its perceptron tagger data are installed, else None."""
   try:
+    # Lazy: NLTK is optional and used by this detector only.
     import nltk  # pylint: disable=g-import-not-at-top
     nltk.pos_tag(["a", "test"])
     return nltk.pos_tag

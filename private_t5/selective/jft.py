@@ -22,10 +22,13 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from scipy import stats
+
 from private_t5 import io as io_lib
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.mechanism import DPConfig
 from private_t5.errors import ConfigError, DataError
+from private_t5.selective import detectors
 from private_t5.train import main as train_main
 from private_t5.train import metrics
 
@@ -35,7 +38,6 @@ PHASE2_DIR = "phase2_private"
 
 
 def _clopper_pearson(k: int, n: int, confidence: float = 0.95):
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   alpha = 1.0 - confidence
   lo = 0.0 if k == 0 else float(stats.beta.ppf(alpha / 2, k, n - k + 1))
   hi = 1.0 if k == n else float(stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
@@ -53,7 +55,6 @@ def measure_miss_rate(level: str, records: Sequence[Dict[str, Any]], backend: st
   Returns:
     {"secrets", "missed", "miss_rate", "miss_rate_95ci", "examples_missed"}.
   """
-  from private_t5.selective import detectors  # pylint: disable=g-import-not-at-top
   detector = detectors.SecretDetector(level, backend)
   total = missed = 0
   examples: List[str] = []

@@ -38,6 +38,7 @@ divergence of noise multiplier σ/k at δ/2), valid for every ε. The accounting
 """
 import collections
 import dataclasses
+import io
 import itertools
 import logging
 import math
@@ -55,6 +56,9 @@ import numpy as np
 from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import write_bytes_atomic
+
+# The other package modules and SentencePiece are imported inside the functions that use them:
+# the counting workers (`build_histogram`) import only this module, so starting them stays cheap.
 
 logger = logging.getLogger(__name__)
 
@@ -658,7 +662,6 @@ def builtin_dp_is_ignored() -> bool:
   SentencePiece ≥ 0.2 accepts the flags but logs them as deprecated and ignores them; a model
   trained with them then equals the non-private one (see docs/privacy.md).
   """
-  import io  # pylint: disable=g-import-not-at-top
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as tmp:
     tsv = os.path.join(tmp, "h.tsv")

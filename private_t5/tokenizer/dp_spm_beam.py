@@ -32,6 +32,7 @@ def _bounded_batch(batch, mode: str, max_words: int):
   Each document is bounded on its own (`dp_spm.bounded_counts`, as the local path does it)
   before it is added to the batch's sum, so the sum has the local path's sensitivity.
   """
+  # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
   from apache_beam import pvalue  # pylint: disable=g-import-not-at-top
   bound = dp_spm.ContributionBound(mode, max_words)
   total = collections.Counter()

@@ -21,8 +21,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from private_t5.errors import CheckpointError
-from private_t5.models import hf_convert
+from private_t5.errors import CheckpointError, ConfigError
+from private_t5.models import checkpoints, hf_convert
 from private_t5.models.config import T5Config
 
 Params = Dict[str, Any]
@@ -87,7 +87,6 @@ def _read_uncached(path: str):
     info = {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
             "vocab_path": hf_convert.hf_vocabulary_path(path), "privacy_report": None}
     return params, config, info
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   params, config, info = checkpoints.restore_for_inference(path)
   info = dict(info, kind="private_t5", path=os.path.abspath(path))
   return params, config, info
@@ -130,7 +129,6 @@ def vocabulary_of(path: str) -> Optional[str]:
 def finetune_vocab_path(vocab_path: Optional[str] = None,
                         initial_checkpoint: Optional[str] = None) -> str:
   """`vocab_path` if given, else the vocabulary recorded with `initial_checkpoint`."""
-  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
   if vocab_path:
     return vocab_path
   if not initial_checkpoint:

@@ -14,7 +14,19 @@ import inspect
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
 
+import jax
+
+from private_t5 import io as io_lib
+from private_t5 import models
+from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import mechanism as mechanism_lib
+from private_t5.dp.mechanism import DPConfig
 from private_t5.errors import ConfigError
+from private_t5.models import checkpoints, run_dir
+from private_t5.train import initial_checkpoint as initial_lib
+from private_t5.train import loop, metrics, optimizers, partitioning
+from private_t5.train.state import RunSeeds
+from private_t5.train.trainer import Trainer, make_loss_fn
 
 if TYPE_CHECKING:
   from private_t5.dp.mechanism import Mechanism
@@ -94,8 +106,6 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
   sizes against N, the δ of a truncation) are checked once, when the mechanism is built
   (`dp.mechanism.build_mechanism`).
   """
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.dp.mechanism import DPConfig  # pylint: disable=g-import-not-at-top
   if not isinstance(model_config, models.T5Config):
     raise ConfigError(f"model_config must be a T5Config (e.g. %MODEL_CONFIG), got {type(model_config).__name__}")
   for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
@@ -122,7 +132,6 @@ def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
 
 def build_mesh(mesh_shape: Sequence[int], batch_size: int):
   """The (data, model) device mesh; the batch must split evenly over its data axis."""
-  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   mesh = partitioning.create_mesh(mesh_shape)
   partitioning.check_batch_divisible(batch_size, mesh)
   return mesh
@@ -134,8 +143,6 @@ def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
   With several processes the seeds of process 0 are sent to all the others before the first
   step, so that every process samples the same batches and draws the same noise key.
   """
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
-  from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   saved = checkpoints.saved_seeds(manager)
   seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
   return seeds.shared_across_processes()
@@ -151,7 +158,6 @@ def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], ex
 
 def build_optimizer(optimizer=None, learning_rate=None):
   """(optimizer, schedule): default Adafactor with `learning_rate` (default the T5X rsqrt schedule)."""
-  from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
   if optimizer is not None:
     return optimizer, (learning_rate if callable(learning_rate) else None)
   lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
@@ -166,7 +172,6 @@ def build_metadata(*, model_config, train_data, vocab_path: Optional[str], num_p
               "feature_lengths": dict(train_data.feature_lengths), "data": train_data.describe(),
               "num_params": num_params, "batch_size": batch_size, **extra}
   if initial_checkpoint:
-    from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
     metadata["initial_checkpoint"] = initial_lib.describe_initial_checkpoint(initial_checkpoint)
   return metadata
 
@@ -175,14 +180,11 @@ def initial_params_loader(initial_checkpoint: Optional[str], model_config) -> Op
   """A function returning the fine-tuning start parameters, or None (random init)."""
   if not initial_checkpoint:
     return None
-  from private_t5.train import initial_checkpoint as initial_lib  # pylint: disable=g-import-not-at-top
   return lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
 
 
 def describe_run(model_config, mesh, train_data, batch_size: int, optimizer_name: str) -> str:
   """The one-line summary logged when a run starts."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
   return (f"[train] model: {models.num_params(model_config) / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} on "
           f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
           f"examples ({train_data.privacy_unit} unit), batch {batch_size}; {optimizer_name}")
@@ -237,13 +239,6 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       MODEL_DIR/config.gin by process 0 once the mechanism is fixed (the training stages pass
       Gin's operative config); None: no config.gin is written.
   """
-  from private_t5 import io as io_lib  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import mechanism as mechanism_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints, run_dir  # pylint: disable=g-import-not-at-top
-  from private_t5.train import loop, metrics, partitioning  # pylint: disable=g-import-not-at-top
-  from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
                       batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
@@ -307,7 +302,6 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
 
 def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None) -> None:
   """Logs where a finished run's files are and its privacy guarantee."""
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
   log(f"  checkpoints:    {summary['checkpoint_dir']}")
   if summary.get("config_gin"):

@@ -76,6 +76,7 @@ class SummaryWriter:
 
 def _scalar_metadata():
   quiet_tf.import_tensorflow()
+  # Lazy: TensorFlow takes seconds to import; only the TensorBoard writer needs it.
   from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
   return summary_pb2.SummaryMetadata(
       plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import flax
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -69,7 +70,6 @@ class RunSeeds:
     """
     if jax.process_count() == 1:
       return self
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     words = np.asarray([self.root_seed >> 32, self.root_seed & 0xFFFFFFFF, int(self.deterministic)], np.uint32)
     words = np.asarray(multihost_utils.broadcast_one_to_all(words))
     return RunSeeds(root_seed=int(words[0]) << 32 | int(words[1]), deterministic=bool(words[2]))
