@@ -456,3 +456,38 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(corpus_and_voca
     assert manager.read_metadata(step)["ledger"]["steps"] == step
   manager.close()
   assert json.load(open(os.path.join(model_dir, "privacy_report.json")))["steps"] == 5
+
+
+def test_late_storage_callbacks_are_not_printed_by_the_command_line(capfd, monkeypatch):
+  """When a checkpoint read or write fails half-way, TensorStore's threads post their late results
+  to the closed asyncio loop and Python reports each "Event loop is closed" as unraisable; the
+  command line drops exactly those (shown with --verbosity=debug) and keeps every other report."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import gc  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import flags  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after the test
+  closed = asyncio.new_event_loop()
+  closed.close()
+
+  class LateCallback:  # an error raised where nothing can catch it, as in a storage thread
+    def __del__(self):
+      closed.call_soon_threadsafe(lambda: None)
+
+  class OtherError:
+    def __del__(self):
+      raise ValueError("a real problem")
+
+  def unraisable(cls) -> str:
+    capfd.readouterr()
+    obj = cls()
+    del obj
+    gc.collect()
+    return capfd.readouterr().err
+
+  flags.configure_logging(logging.INFO)
+  assert unraisable(LateCallback) == ""
+  assert "ValueError: a real problem" in unraisable(OtherError)
+  flags.configure_logging(logging.DEBUG)
+  assert "Event loop is closed" in unraisable(LateCallback)
+  flags.configure_logging(logging.INFO)

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import os
 import sys
+import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from private_t5.stages import gin_utils
@@ -94,6 +95,29 @@ class _StderrHandler(logging.StreamHandler):
     pass
 
 
+def is_late_storage_callback(exc_value: BaseException, exc_traceback) -> bool:
+  """The error a storage thread meets when it hands a late result to a finished asyncio loop.
+
+  The checkpoint library's storage layer (TensorStore) completes its reads and writes on its own
+  threads and posts each result to the asyncio loop that asked for it. When one read or write
+  fails (a corrupt checkpoint file, a disk that fills up half-way), the loop ends with that
+  error while other transfers are in flight, and each late one raises "Event loop is closed"
+  in `call_soon_threadsafe`, which Python reports as an unraisable exception. The real error is
+  the one the stage reports in one line.
+  """
+  if not isinstance(exc_value, RuntimeError) or str(exc_value) != "Event loop is closed":
+    return False
+  return any(frame.name == "call_soon_threadsafe" and frame.filename.endswith(os.path.join("asyncio", "base_events.py"))
+             for frame in traceback.extract_tb(exc_traceback))
+
+
+def _quiet_unraisablehook(unraisable) -> None:
+  """`sys.unraisablehook` without the storage threads' late callbacks (shown with debug)."""
+  if is_late_storage_callback(unraisable.exc_value, unraisable.exc_traceback):
+    return
+  sys.__unraisablehook__(unraisable)
+
+
 def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
   """Sets up stdlib logging for a command-line run: one stderr handler, `level` for this package."""
   root = logging.getLogger()
@@ -105,6 +129,7 @@ def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
   # Other libraries (JAX, TensorFlow, orbax, absl) speak at WARNING and above unless --verbosity=debug.
   root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
   logging.getLogger("private_t5").setLevel(level)
+  sys.unraisablehook = sys.__unraisablehook__ if level <= logging.DEBUG else _quiet_unraisablehook
   if quiet:
     os.environ[QUIET_ENV] = "1"
   else:
