@@ -14,7 +14,7 @@ import pytest
 
 from private_t5.stages import launch
 from private_t5.errors import ConfigError
-from private_t5.models import checkpoints
+from private_t5.models import checkpoints, run_dir
 from private_t5.train import loop, partitioning
 
 from conftest import expected
@@ -253,18 +253,20 @@ def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
 def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vocab, tmp_path):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
-  args = _train_args(model_dir, corpus, vocab, 40, "--gin.train.mesh_shape=(4, 1)",
+  steps = 120  # long enough that the kill lands mid-run however fast the steps are
+  args = _train_args(model_dir, corpus, vocab, steps, "--gin.train.mesh_shape=(4, 1)",
                      "--gin.train.checkpoint_every=1", "--gin.train.eval_examples=0")
   env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   launcher = subprocess.Popen([sys.executable, "-m", "private_t5.stages.cli", "launch", "--num_processes=2",
                                "--devices_per_process=2", "--", *args], cwd=PROJECT_ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
-    ckpt = os.path.join(model_dir, "checkpoints", "1")
+    # Any committed checkpoint (rotation keeps only the newest few, so step 1 may be gone already).
     deadline = time.monotonic() + 1200
-    while not os.path.isdir(ckpt) and time.monotonic() < deadline and launcher.poll() is None:
-      time.sleep(1)
-    assert os.path.isdir(ckpt), "no checkpoint was written"
+    while not run_dir.checkpoint_step_names(model_dir) and time.monotonic() < deadline and launcher.poll() is None:
+      time.sleep(0.2)
+    assert run_dir.checkpoint_step_names(model_dir), "no checkpoint was written"
+    assert launcher.poll() is None, "the run ended before it could be killed"
     pids = {}
     with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
       children = [int(x) for x in f.read().split()]
@@ -292,7 +294,7 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
   assert f"[p0] [train] resuming from checkpoint step {last}" in done.stdout
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
-    assert json.load(f)["steps"] == 40
+    assert json.load(f)["steps"] == steps
 
 
 # -- GLUE evaluation: 2 processes x 2 devices == 1 process x 4 devices (slow) ----------------------
