@@ -192,11 +192,16 @@ class CheckpointManager:
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
 
-  def read_metadata(self, step: Optional[int] = None) -> Dict[str, Any]:
+  def _readable_step(self, step: Optional[int]) -> int:
+    """`step` (default: the latest), once no file of it is empty; CheckpointError otherwise."""
     step = self.latest_step() if step is None else step
     if step is None:
       raise CheckpointError(f"no checkpoint in {self.directory}")
     _check_no_empty_file(os.path.join(self.directory, str(int(step))), step, self.directory)
+    return step
+
+  def read_metadata(self, step: Optional[int] = None) -> Dict[str, Any]:
+    step = self._readable_step(step)
     ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()}))
@@ -304,10 +309,7 @@ class CheckpointManager:
 
   def restore(self, abstract_state: PyTree, step: Optional[int] = None) -> Tuple[PyTree, Dict[str, Any]]:
     """(state, metadata) of checkpoint `step` (default: latest), placed as `abstract_state`."""
-    step = self.latest_step() if step is None else step
-    if step is None:
-      raise CheckpointError(f"no checkpoint in {self.directory}")
-    _check_no_empty_file(os.path.join(self.directory, str(int(step))), step, self.directory)
+    step = self._readable_step(step)
     ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
