@@ -87,13 +87,21 @@ def throughput(args, vocab_path: str) -> dict:
       # Full batches in both modes so that both time the same number of rows.
       batches = [source.get_batch(rng.choice(source.num_examples, args.batch_size, replace=False), 0,
                                   args.batch_size) for _ in range(args.steps + 1)]
+      micro = args.microbatch_size if args.microbatch_size and args.microbatch_size < args.batch_size else None
+
+      def step(state, batch):
+        """One step: fused, or in microbatches through the trainer's accumulate loop."""
+        if micro is None:
+          return trainer.train_step(state, batch, *keys)
+        return trainer.train_step_microbatched(state, batch, micro, *keys)
+
       start = time.perf_counter()
-      state, metrics = trainer.train_step(state, batches[0], *keys)
+      state, metrics = step(state, batches[0])
       jax.block_until_ready(metrics)
       compile_s = time.perf_counter() - start
       start = time.perf_counter()
       for batch in batches[1:]:
-        state, metrics = trainer.train_step(state, batch, *keys)
+        state, metrics = step(state, batch)
       jax.block_until_ready(metrics)
       elapsed = time.perf_counter() - start
       row[mode] = {"examples_per_s": args.batch_size * args.steps / elapsed,

@@ -1,8 +1,8 @@
 """Property tests of the gradient aggregators on a tiny T5 fed with real text (fortunes).
 
 Compiling a per-example-gradient step of even a tiny T5 takes seconds on CPU, so the jitted
-functions are built once per module and shared: `clipped_sum` (no noise) for microbatch sizes
-None and 2, the full DP call (noise on, microbatch 4), the mean aggregator, one sharded step,
+functions are built once per module and shared: `clipped_sum` (no noise) whole and in microbatches
+of 2 rows, the full DP call (noise on), the mean aggregator, one sharded step,
 and a single-example gradient for the explicit Python-loop reference.
 """
 import gzip
@@ -19,7 +19,7 @@ import sentencepiece as spm
 from private_t5.dp import aggregator as agg_lib
 from private_t5.dp import clipping
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
-from private_t5.errors import ConfigError, PrivacyError
+from private_t5.errors import PrivacyError
 from private_t5.models import example_loss_fn, init_params, load_preset
 from private_t5.tokenizer.spm import train_from_sentences
 
@@ -161,36 +161,58 @@ def reference_clipped_sum(grads, weights, clip):
   return total, np.array(norms)
 
 
+def accumulate_microbatches(aggregator, params, batch, microbatch_size, dropout_rng):
+  """The accumulator of `batch` run as microbatches of `microbatch_size` rows through
+  `zero_sum` / `accumulate`, as `Trainer.accumulate_microbatches` does."""
+  accumulate = jax.jit(aggregator.accumulate)
+  acc = aggregator.zero_sum(params)
+  rows = batch["example_weight"].shape[0]
+  for start in range(0, rows, microbatch_size):
+    micro = {k: v[start:start + microbatch_size] for k, v in batch.items()}
+    acc = accumulate(params, acc, micro, dropout_rng, jnp.int32(start))
+  return acc
+
+
 @pytest.fixture(scope="module")
-def clipped_sum_fns(loss_fn):
-  """microbatch_size -> jitted noiseless `clipped_sum(params, batch, dropout_rng)`."""
-  fns = {}
-  for mb in (None, 2):
-    aggregator = DPAggregator(loss_fn, CLIP, 0.0, EXPECTED_BATCH, microbatch_size=mb)
-    fns[mb] = jax.jit(aggregator.clipped_sum)
-  return fns
+def dp_aggregator(loss_fn):
+  """A noiseless DP aggregator."""
+  return DPAggregator(loss_fn, CLIP, 0.0, EXPECTED_BATCH)
+
+
+@pytest.fixture(scope="module")
+def clipped_sum_fns(dp_aggregator):
+  """microbatch_size -> noiseless `clipped_sum(params, batch, dropout_rng)`: None, one jitted
+  call on the whole batch; 2, microbatches of 2 rows through `accumulate`."""
+
+  def in_microbatches(params, batch, dropout_rng):
+    grad_sum, sums = accumulate_microbatches(dp_aggregator, params, batch, 2, dropout_rng)
+    return grad_sum, clipping.metrics_from_sums(**sums)
+
+  return {None: jax.jit(dp_aggregator.clipped_sum), 2: in_microbatches}
 
 
 @pytest.fixture(scope="module")
 def dp_step(loss_fn):
-  """The full DP aggregation (noise on), microbatch size 4."""
-  aggregator = DPAggregator(loss_fn, CLIP, SIGMA, EXPECTED_BATCH, microbatch_size=4)
+  """The full DP aggregation (noise on)."""
+  aggregator = DPAggregator(loss_fn, CLIP, SIGMA, EXPECTED_BATCH)
   return jax.jit(lambda p, b, d, n: aggregator(p, b, dropout_rng=d, noise_rng=n))
 
 
 @pytest.fixture(scope="module")
 def mean_step(loss_fn):
-  """The non-private mean, microbatch size 2, with DPAggregator's per-row dropout keys."""
-  aggregator = MeanAggregator(loss_fn, microbatch_size=2, per_example_dropout_keys=True)
+  """The non-private mean with DPAggregator's per-row dropout keys."""
+  aggregator = MeanAggregator(loss_fn, per_example_dropout_keys=True)
   return jax.jit(lambda p, b, d: aggregator(p, b, dropout_rng=d))
 
 
 def test_batched_mean_equals_per_example_mean_without_dropout(params, batch, loss_fn, mean_step):
-  """The fast batched non-DP path is the same weighted mean (dropout masks aside)."""
+  """The fast batched non-DP path is the same weighted mean (dropout masks aside), in one call
+  or in microbatches of 4 rows."""
   per_example, m1 = mean_step(params, batch, None)
-  for mb in (None, 4):
-    batched = MeanAggregator(loss_fn, microbatch_size=mb)
-    grads, m2 = jax.jit(lambda p, b: batched(p, b))(params, batch)
+  batched = MeanAggregator(loss_fn)
+  whole = jax.jit(lambda p, b: batched(p, b))(params, batch)
+  micro = batched.finish(params, accumulate_microbatches(batched, params, batch, 4, None))
+  for grads, m2 in (whole, micro):
     np.testing.assert_allclose(flat(grads), flat(per_example), rtol=2e-4, atol=1e-6)
     for k in m1:
       np.testing.assert_allclose(float(m2[k]), float(m1[k]), rtol=1e-5)
@@ -423,13 +445,6 @@ def test_expected_batch_size_larger_than_dataset_is_refused():
   with pytest.raises(PrivacyError, match="larger than the dataset"):
     agg_lib.validate_dp_parameters(1.0, 1.0, expected_batch_size=200, num_examples=100)
   agg_lib.validate_dp_parameters(1.0, 1.0, expected_batch_size=100, num_examples=100)
-
-
-def test_microbatch_size_must_divide_batch():
-  aggregator = DPAggregator(lambda p, b, k: jnp.zeros(1), 1.0, 1.0, 4.0, microbatch_size=3)
-  batch = {"example_weight": np.ones(8, np.float32)}
-  with pytest.raises(ConfigError, match="microbatch_size=3"):
-    aggregator.clipped_sum({"w": jnp.zeros(1)}, batch)
 
 
 def test_noise_needs_a_key():

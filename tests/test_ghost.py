@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import models
-from private_t5.dp import ghost
+from private_t5.dp import clipping, ghost
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.dp.factory import make_dp_aggregator
 from private_t5.errors import ConfigError
@@ -101,6 +101,18 @@ def _micro_setup(**overrides):
                                   **overrides})
 
 
+def _clipped_sum_in_microbatches(agg, params, batch, microbatch_size, dropout_rng=None):
+  """(clipped sum, metrics) of `batch` run as microbatches through `zero_sum` / `accumulate`,
+  as the trainer's accumulate loop runs them."""
+  accumulate = jax.jit(agg.accumulate)
+  acc = agg.zero_sum(params)
+  for start in range(0, batch["example_weight"].shape[0], microbatch_size):
+    micro = {k: v[start:start + microbatch_size] for k, v in batch.items()}
+    acc = accumulate(params, acc, micro, dropout_rng, jnp.int32(start))
+  grad_sum, sums = acc
+  return grad_sum, clipping.metrics_from_sums(**sums)
+
+
 @pytest.mark.slow
 def test_second_pass_microbatches_and_instantiation_agree_with_vmap_aggregator():
   config, params, loss_fn = _micro_setup(dropout_rate=0.1)
@@ -109,10 +121,14 @@ def test_second_pass_microbatches_and_instantiation_agree_with_vmap_aggregator()
   step = lambda agg: jax.jit(functools.partial(agg, dropout_rng=dropout_rng))(params, batch)
   want, want_metrics = step(DPAggregator(loss_fn, CLIP, 0.0, 3.0))
   assert float(want_metrics["nondp/fraction_clipped"]) == 1.0  # clipping really happened
-  for variant in (dict(microbatch_size=2, clipped_sum_method=ghost.SECOND_PASS),
-                  # Book-keeping that sums the instantiated per-example kernel gradients.
-                  dict(norm_method="instantiate", reuse_instantiated=True)):
-    got, got_metrics = step(ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 3.0, **variant))
+  second_pass = ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 3.0, clipped_sum_method=ghost.SECOND_PASS)
+  grad_sum, micro_metrics = _clipped_sum_in_microbatches(second_pass, params, batch, 2, dropout_rng)
+  micro = second_pass.finalize(params, grad_sum, None), micro_metrics
+  # Book-keeping that sums the instantiated per-example kernel gradients.
+  instantiated = step(ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 3.0, norm_method="instantiate",
+                                              reuse_instantiated=True))
+  for variant, (got, got_metrics) in (("second pass in microbatches of 2", micro),
+                                      ("instantiated book-keeping", instantiated)):
     assert _max_rel_err(got, want) <= 1e-4, variant
     for name, value in want_metrics.items():
       np.testing.assert_allclose(got_metrics[name], value, rtol=1e-4, err_msg=f"{name} {variant}")
@@ -292,9 +308,13 @@ def test_every_method_drops_a_nonfinite_example_exactly(method, poison, microbat
   batch = {"x": x, "example_weight": np.array([1, 1, 1, 0], np.float32)}
   # The same batch without the poisoned row (a zero padding row keeps the shape).
   without = {"x": x[[0, 2, 3, 3]], "example_weight": np.array([1, 1, 0, 0], np.float32)}
-  agg = _aggregator(method, loss_fn, microbatch_size=microbatch_size)
-  got, metrics = jax.jit(agg.clipped_sum)(p, batch)
-  want, _ = jax.jit(agg.clipped_sum)(p, without)
+  agg = _aggregator(method, loss_fn)
+  if microbatch_size is None:
+    clipped_sum = jax.jit(agg.clipped_sum)
+  else:
+    clipped_sum = functools.partial(_clipped_sum_in_microbatches, agg, microbatch_size=microbatch_size)
+  got, metrics = clipped_sum(p, batch)
+  want, _ = clipped_sum(p, without)
   assert np.isfinite(got["kernel"]).all() and np.isfinite(metrics["nondp/grad_norm_mean"])
   np.testing.assert_allclose(got["kernel"], want["kernel"], rtol=1e-6)
   assert np.abs(want["kernel"]).sum() > 0
@@ -311,7 +331,7 @@ def test_a_batch_of_only_nonfinite_examples_sums_to_zero(method):
 def test_make_dp_aggregator_switches_between_vmap_and_ghost():
   loss_fn = _dense_loss_fn()
   assert type(make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0)) is DPAggregator
-  agg = make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0, microbatch_size=2, method="ghost")
-  assert isinstance(agg, ghost.GhostDPAggregator) and agg.microbatch_size == 2
+  agg = make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0, spmd_axis_name="data", method="ghost")
+  assert isinstance(agg, ghost.GhostDPAggregator) and agg.spmd_axis_name == "data"
   with pytest.raises(ConfigError, match="ghost"):
     make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0, method="jit")

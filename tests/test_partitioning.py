@@ -84,8 +84,8 @@ def test_sharded_step_equals_single_device_step(private):
   def aggregator(spmd_axis_name):
     if private:  # noise off: the comparison is exact up to float reassociation
       return DPAggregator(loss_fn, clip_norm=0.1, noise_multiplier=0.0, expected_batch_size=6.0,
-                          microbatch_size=4, spmd_axis_name=spmd_axis_name)
-    return MeanAggregator(loss_fn, microbatch_size=4)
+                          spmd_axis_name=spmd_axis_name)
+    return MeanAggregator(loss_fn)
   single = partitioning.create_mesh((1, 1), jax.devices()[:1])
   sharded = partitioning.create_mesh((4, 2))
   params_1, metrics_1 = _two_steps(single, aggregator(None))

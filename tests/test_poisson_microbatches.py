@@ -1,9 +1,11 @@
-"""Untruncated Poisson sampling: a step's sample of any size runs as fixed-size microbatches.
+"""The one microbatching path: a step's rows run as fixed-size microbatches through the
+trainer's accumulate loop (an untruncated Poisson sample of any size, or a fixed batch larger
+than the microbatch size).
 
 The step's result must not depend on the microbatch size m (same sample, same noise key), for
-both DP aggregators; the noise is added once; adding or removing one example moves the
-pre-noise sum by at most C for any sample size, including 0 and sizes that are not a multiple
-of m.
+both DP aggregators and the non-private mean, and equals the fused single-call step; the noise
+is added once; adding or removing one example moves the pre-noise sum by at most C for any
+sample size, including 0 and sizes that are not a multiple of m.
 """
 import jax
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 
 from private_t5 import models
 from private_t5.dp import factory
+from private_t5.dp.aggregator import MeanAggregator
 from private_t5.train import optimizers, partitioning
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
@@ -124,6 +127,24 @@ def test_adding_or_removing_one_example_moves_the_sum_by_at_most_c(trainer, seed
   moved = np.linalg.norm(clipped_sum(grown) - clipped_sum(base))
   assert moved <= CLIP * (1 + 1e-4)
   assert moved >= 0.5 * CLIP  # the added example is clipped to exactly C: the bound is tight
+
+
+def test_a_non_private_fixed_batch_in_microbatches_equals_the_fused_step(seeds):
+  """A fixed batch larger than m runs through the same accumulate loop: the weighted mean of the
+  non-private aggregator (with per-row dropout keys) does not depend on m."""
+  aggregator = MeanAggregator(make_loss_fn(CONFIG), per_example_dropout_keys=True)
+  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  batch = _batch(_examples(), [1, 4, 0, 7, 2, 6], 8)
+  state = trainer.init_state(seeds.init_key)
+  fused, fused_metrics = trainer.train_step(state, batch, seeds.dropout_base_key, seeds.noise_base_key)
+  for m in (2, 4):
+    state = trainer.init_state(seeds.init_key)
+    micro, metrics = trainer.train_step_microbatched(state, batch, m, seeds.dropout_base_key,
+                                                     seeds.noise_base_key)
+    np.testing.assert_allclose(_flat(micro.params), _flat(fused.params), rtol=1e-5, atol=1e-7, err_msg=str(m))
+    for name in ("nondp/loss", "nondp/batch_size"):
+      assert float(metrics[name]) == pytest.approx(float(fused_metrics[name]), rel=1e-5), (m, name)
 
 
 class _ExamplesSource:

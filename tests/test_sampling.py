@@ -209,7 +209,8 @@ def test_every_sampled_example_runs_in_exactly_one_microbatch():
     seen = np.concatenate(chunks) if chunks else np.array([], int)
     real = seen[seen >= 0]
     assert sorted(real.tolist()) == sorted(indices.tolist()) and len(set(real.tolist())) == len(real)
-  assert sampler.padded_rows(0) == 0 and sampler.padded_batch_size == 4
+  # Untruncated, no batch has a fixed size: a step's rows follow its sample.
+  assert sampler.padded_rows(0) == 0 and sampler.padded_batch_size is None
 
 
 def test_untruncated_resume_draws_the_same_samples():

@@ -57,7 +57,8 @@ def test_dp_pieces_share_one_mechanism():
 def test_untruncated_poisson_is_the_default():
   setup = _setup(DPConfig(noise_multiplier=1.1, delta=1e-5), microbatch_size=8)
   sampler, ledger = setup.sampler, setup.ledger
-  assert not sampler.truncated and setup.microbatch_size == 8 and sampler.padded_batch_size == 8
+  assert not sampler.truncated and setup.microbatch_size == 8 and setup.batch_rows == 8
+  assert sampler.padded_batch_size is None  # a step's rows follow its sample
   # The expected batch defaults to the configured batch size; no cap, no truncation term.
   assert sampler.expected_batch_size == pytest.approx(32) and setup.aggregator.expected_batch_size == 32
   assert ledger.max_batch_size is None and ledger.truncation_probability == 0.0
@@ -305,6 +306,15 @@ def test_mechanism_reports_the_rows_of_each_step():
   truncated = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED))
   assert (truncated.batch_rows, truncated.variable_rows, truncated.microbatch_size) == (32, False, None)
   assert truncated.rows_for_step(3, microbatched=False) == 32
+  # A fixed batch larger than the microbatch size runs through the trainer's accumulate loop.
+  assert _setup(None, microbatch_size=8).microbatch_size == 8
+  assert _setup(None, microbatch_size=64).microbatch_size is None  # one fused step
+  micro_truncated = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED),
+                           microbatch_size=16)
+  assert (micro_truncated.batch_rows, micro_truncated.variable_rows, micro_truncated.microbatch_size) == \
+      (32, False, 16)
+  with pytest.raises(ConfigError, match="microbatch_size=12 must divide batch_size=32"):
+    _setup(None, microbatch_size=12)
   whole = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=20), microbatch_size=8)
   assert (whole.batch_rows, whole.variable_rows, whole.microbatch_size) == (8, True, 8)
   for n, microbatched, want in ((0, True, 0), (0, False, 8), (1, True, 8), (8, True, 8), (9, True, 16),

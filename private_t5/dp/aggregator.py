@@ -6,12 +6,13 @@ Both aggregators share one call signature, used inside the jitted train step:
 
 * `MeanAggregator` (non-private): sum_i w_i grad l_i / sum_i w_i over the real rows of the
   batch (`example_weight` w_i is 1 for a real row and 0 for a padding row), one batched
-  backward pass per microbatch.
+  backward pass per call.
 * `DPAggregator` (DP-SGD, Abadi et al. 2016, Alg. 1; Ponomareva et al. 2022, Sec. 3): each example's gradient
   is clipped to L2 norm <= C, the clipped gradients are summed, N(0, sigma^2 C^2) noise is
   added to the SUM and the result is divided by the public expected batch size q N. A step's
-  sample may also run as several microbatches (`zero_sum`, `accumulate`, `finish`): the noise
-  is then added once, to the sum over all of them.
+  sample may also run as several microbatches (`zero_sum`, `accumulate`, `finish`, driven by
+  `Trainer.train_step_microbatched`, the one microbatching path): the noise is then added
+  once, to the sum over all of them.
 
 `loss_fn(params, batch, dropout_rng) -> loss[B]` returns one loss per example (the model's
 `example_loss_fn` partially applied). Each example is evaluated as a batch of one under
@@ -31,8 +32,8 @@ Why this module is written here rather than taken from a library:
 * jax-privacy's `clipping.clipped_grad` does the same vmap / clip / sum (with the same
   strided microbatch layout and `spmd_axis_name`), but it is not a dependency of this
   project and brings a large dependency tree for ~100 lines. The code here is small enough
-  to audit line by line, accumulates microbatches with `lax.scan` so that memory is bounded
-  by the microbatch size, and keeps the noise on the sum with its own key.
+  to audit line by line, accumulates microbatches one compiled call at a time so that memory
+  is bounded by the microbatch size, and keeps the noise on the sum with its own key.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -58,48 +59,69 @@ class MeanAggregator:
   """Non-private aggregation: the weighted mean gradient over the real rows of the batch.
 
   Attributes:
-    per_example_dropout_keys: False (default, the fast baseline): each microbatch runs as one
-      batched forward/backward pass with the key `fold_in(dropout_rng, microbatch index)`.
+    per_example_dropout_keys: False (default, the fast baseline): each (micro)batch runs as
+      one batched forward/backward pass with the key `fold_in(dropout_rng, its first row)`.
       True: every row runs as a batch of one with the per-row keys `DPAggregator` uses, so the
       two aggregators see the same dropout masks (for comparisons; about 15% slower on CPU
       for T5-small at 512/114).
   """
 
-  def __init__(self, loss_fn: LossFn, microbatch_size: Optional[int] = None,
-               per_example_dropout_keys: bool = False):
+  def __init__(self, loss_fn: LossFn, per_example_dropout_keys: bool = False):
     self.loss_fn = loss_fn
-    self.microbatch_size = microbatch_size
     self.per_example_dropout_keys = bool(per_example_dropout_keys)
     self.is_private = False
+
+  def weighted_sum(self, params: PyTree, batch: Batch, dropout_rng: Optional[jax.Array] = None
+                   ) -> Tuple[PyTree, jax.Array, jax.Array]:
+    """(float32 sum_i w_i grad l_i, sum_i w_i l_i, sum_i w_i) over the rows of `batch`, in one
+    batched backward pass."""
+    batch, row_ids = clipping.split_row_ids(batch)
+
+    def weighted_loss_sum(p):
+      if self.per_example_dropout_keys:
+        keys = clipping.example_keys(dropout_rng, row_ids)
+        per_example = jax.vmap(lambda ex, k: clipping.single_example_loss(self.loss_fn, p, ex, k),
+                               in_axes=(0, None if keys is None else 0))(batch, keys)
+      else:
+        key = None if dropout_rng is None else jax.random.fold_in(dropout_rng, row_ids[0])
+        per_example = self.loss_fn(p, batch, key)
+      return jnp.sum(per_example.astype(jnp.float32) * batch["example_weight"])
+
+    loss, grads = jax.value_and_grad(weighted_loss_sum)(params)
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    return grads, loss, jnp.sum(batch["example_weight"].astype(jnp.float32))
 
   def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,
                noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
     del noise_rng  # no noise in the non-private mean
+    grad_sum, loss_sum, weight_sum = self.weighted_sum(params, batch, dropout_rng)
+    return self.finish(params, (grad_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum}), None)
 
-    def weighted_loss_sum(p, micro, micro_row_ids):
-      if self.per_example_dropout_keys:
-        keys = clipping.example_keys(dropout_rng, micro_row_ids)
-        per_example = jax.vmap(lambda ex, k: clipping.single_example_loss(self.loss_fn, p, ex, k),
-                               in_axes=(0, None if keys is None else 0))(micro, keys)
-      else:
-        key = None if dropout_rng is None else jax.random.fold_in(dropout_rng, micro_row_ids[0])
-        per_example = self.loss_fn(p, micro, key)
-      return jnp.sum(per_example.astype(jnp.float32) * micro["example_weight"])
+  # -- a step's batch in several microbatches (`Trainer.train_step_microbatched`) ---------------
 
-    grad_fn = jax.value_and_grad(weighted_loss_sum)
+  def zero_sum(self, params: PyTree) -> Accumulator:
+    """The accumulator before a step's first microbatch: float32 zeros and zero sums."""
+    return clipping.zeros_like_f32(params), {"loss_sum": jnp.float32(0), "weight_sum": jnp.float32(0)}
 
-    def body(carry, xs):
-      grad_sum, loss_sum, weight_sum = carry
-      micro, micro_row_ids = xs
-      loss, grads = grad_fn(params, micro, micro_row_ids)
-      grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
-      return (grad_sum, loss_sum + loss, weight_sum + jnp.sum(micro["example_weight"])), None
+  def accumulate(self, params: PyTree, acc: Accumulator, micro: Batch, dropout_rng: Optional[jax.Array],
+                 row_offset: jax.Array) -> Accumulator:
+    """`acc` + the weighted gradient and loss sums of one microbatch, rows `row_offset + [0, m)`
+    of the step's batch."""
+    micro = dict(micro)
+    micro[clipping.ROW_ID] = row_offset + jnp.arange(clipping.num_rows(micro), dtype=jnp.int32)
+    grad_sum, loss_sum, weight_sum = self.weighted_sum(params, micro, dropout_rng)
+    acc_sum, acc_stats = acc
+    return (jax.tree.map(jnp.add, acc_sum, grad_sum),
+            {"loss_sum": acc_stats["loss_sum"] + loss_sum, "weight_sum": acc_stats["weight_sum"] + weight_sum})
 
-    init = (clipping.zeros_like_f32(params), jnp.float32(0), jnp.float32(0))
-    grad_sum, loss_sum, weight_sum = clipping.scan_microbatches(batch, self.microbatch_size, body, init)
-    denominator = jnp.maximum(weight_sum, 1e-12)
+  def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array] = None
+             ) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(the weighted mean gradient, its metrics) from the sums over all the step's rows."""
+    del noise_rng
+    grad_sum, sums = acc
+    denominator = jnp.maximum(sums["weight_sum"], 1e-12)
     grads = jax.tree.map(lambda g: g / denominator, grad_sum)
-    metrics = {METRIC_LOSS: loss_sum / denominator, METRIC_BATCH_SIZE: weight_sum}
+    metrics = {METRIC_LOSS: sums["loss_sum"] / denominator, METRIC_BATCH_SIZE: sums["weight_sum"]}
     return _cast_like(grads, params), metrics
 
 
@@ -128,21 +150,17 @@ class DPAggregator:
       (tests only: no privacy).
     expected_batch_size: the public q N the noisy sum is divided by (DP rule "noise on the sum,
       divide by a public constant").
-    microbatch_size: examples per `lax.scan` step (memory knob; the result does not depend
-      on it). None: the whole batch at once.
     spmd_axis_name: mesh axis that the examples are sharded over (e.g. "data"), passed to
       `jax.vmap` so that per-example gradients stay on the device holding the example.
   """
 
   def __init__(self, loss_fn: LossFn, clip_norm: float, noise_multiplier: float,
-               expected_batch_size: float, microbatch_size: Optional[int] = None,
-               spmd_axis_name: Optional[str] = None):
+               expected_batch_size: float, spmd_axis_name: Optional[str] = None):
     validate_dp_parameters(clip_norm, noise_multiplier, expected_batch_size)
     self.loss_fn = loss_fn
     self.clip_norm = float(clip_norm)
     self.noise_multiplier = float(noise_multiplier)
     self.expected_batch_size = float(expected_batch_size)
-    self.microbatch_size = microbatch_size
     self.spmd_axis_name = spmd_axis_name
     self.is_private = self.noise_multiplier > 0
 
@@ -170,19 +188,13 @@ class DPAggregator:
     (each term has norm <= C because min(1, C/||g||) ||g|| <= C and w_i in {0, 1}).
     """
 
-    def body(carry, xs):
-      grad_sum, stats = carry
-      micro, micro_row_ids = xs
-      losses, grads = self.per_example_grads(params, micro, micro_row_ids, dropout_rng)
-      c = clipping.clip(jax.vmap(optax.tree.norm)(grads), micro["example_weight"], self.clip_norm)
-      # Rows not kept (padding, NaN/inf gradients) are zeroed before the sum: 0 * NaN = NaN.
-      grads = clipping.zero_dropped(grads, c.keep)
-      grad_sum = jax.tree.map(lambda acc, g: acc + jnp.tensordot(c.scale, g.astype(jnp.float32), axes=1),
-                              grad_sum, grads)
-      return (grad_sum, clipping.add_stats(stats, losses, micro["example_weight"], c)), None
-
-    init = (clipping.zeros_like_f32(params), clipping.init_stats())
-    grad_sum, stats = clipping.scan_microbatches(batch, self.microbatch_size, body, init)
+    batch, row_ids = clipping.split_row_ids(batch)
+    losses, grads = self.per_example_grads(params, batch, row_ids, dropout_rng)
+    c = clipping.clip(jax.vmap(optax.tree.norm)(grads), batch["example_weight"], self.clip_norm)
+    # Rows not kept (padding, NaN/inf gradients) are zeroed before the sum: 0 * NaN = NaN.
+    grads = clipping.zero_dropped(grads, c.keep)
+    grad_sum = jax.tree.map(lambda g: jnp.tensordot(c.scale, g.astype(jnp.float32), axes=1), grads)
+    stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
     return grad_sum, clipping.clipping_metrics(batch, *stats)
 
   def add_noise(self, grad_sum: PyTree, noise_rng: jax.Array) -> PyTree:
@@ -214,7 +226,7 @@ class DPAggregator:
     grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
     return self.finalize(params, grad_sum, noise_rng), metrics
 
-  # -- a step's sample in several microbatches (untruncated Poisson sampling) -------------------
+  # -- a step's sample in several microbatches (`Trainer.train_step_microbatched`) -------------
 
   def zero_sum(self, params: PyTree) -> Accumulator:
     """The accumulator before a step's first microbatch: float32 zeros shaped like `params`

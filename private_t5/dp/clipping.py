@@ -1,4 +1,4 @@
-"""Pieces shared by every clipped sum: per-example evaluation, the clip, the microbatch fold.
+"""Pieces shared by every clipped sum: per-example evaluation, row ids, the clip.
 
 Both DP aggregators (`aggregator.DPAggregator`, per-example gradients under `jax.vmap`, and
 `ghost.GhostDPAggregator`, ghost norms) build on these, so that they evaluate each example
@@ -16,7 +16,6 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from private_t5.errors import ConfigError
 
 PyTree = Any
 Batch = Dict[str, jax.Array]
@@ -53,47 +52,17 @@ def single_example_loss(loss_fn: LossFn, params: PyTree, example: Batch,
   return loss_fn(params, as_batch, key)[0]
 
 
-def _microbatch_layout(batch_size: int, microbatch_size: Optional[int]) -> Tuple[int, int]:
-  """Returns (num_microbatches, microbatch_size) for a batch of `batch_size` rows."""
-  size = batch_size if microbatch_size is None else int(microbatch_size)
-  if size <= 0 or batch_size % size:
-    raise ConfigError(f"microbatch_size={microbatch_size} must be a positive divisor of the "
-                      f"batch size {batch_size}")
-  return batch_size // size, size
+def split_row_ids(batch: Batch) -> Tuple[Batch, jax.Array]:
+  """(the batch without its `ROW_ID` column, int32 row ids [B]).
 
-
-def _split_microbatches(tree: PyTree, num_micro: int) -> PyTree:
-  """[B, ...] -> [num_micro, B // num_micro, ...] with microbatch k = rows {k, k + n, ...}.
-
-  The strided layout keeps the rows each device holds (a contiguous block when the batch is
-  sharded along B) inside every microbatch, so no data moves between devices.
+  Row ids index the step's sample when the batch carries a `ROW_ID` column (one microbatch of
+  a larger sample; dropout keys fold them in, so the result does not depend on how the sample
+  is cut into microbatches), else the batch itself.
   """
-  def split(x):
-    x = x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
-  return jax.tree.map(split, tree)
-
-
-def scan_microbatches(batch: Batch, microbatch_size: Optional[int], body: Callable, init: Any) -> Any:
-  """Folds `body(carry, (microbatch, row_ids)) -> (carry, None)` over the batch's microbatches.
-
-  `lax.scan` keeps one microbatch's intermediates alive at a time (the memory knob); a single
-  microbatch runs directly. Row ids index the whole batch, or the step's sample when the batch
-  carries a `ROW_ID` column (dropout keys fold them in), so the result does not depend on the
-  microbatch size. The `ROW_ID` column is not passed on to `body`.
-  """
-  num_micro, _ = _microbatch_layout(num_rows(batch), microbatch_size)
   if ROW_ID in batch:
     batch = dict(batch)
-    rows = batch.pop(ROW_ID).astype(jnp.int32)
-  else:
-    rows = jnp.arange(num_rows(batch), dtype=jnp.int32)
-  xs = (_split_microbatches(batch, num_micro), _split_microbatches(rows, num_micro))
-  if num_micro == 1:
-    carry, _ = body(init, jax.tree.map(lambda x: x[0], xs))
-    return carry
-  carry, _ = jax.lax.scan(body, init, xs)
-  return carry
+    return batch, batch.pop(ROW_ID).astype(jnp.int32)
+  return batch, jnp.arange(num_rows(batch), dtype=jnp.int32)
 
 
 class Clip(NamedTuple):

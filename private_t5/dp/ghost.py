@@ -400,11 +400,10 @@ class GhostDPAggregator(DPAggregator):
   """
 
   def __init__(self, loss_fn, clip_norm: float, noise_multiplier: float,
-               expected_batch_size: float, microbatch_size: Optional[int] = None,
-               spmd_axis_name: Optional[str] = None, *, norm_method: str = gn.AUTO,
+               expected_batch_size: float, spmd_axis_name: Optional[str] = None, *, norm_method: str = gn.AUTO,
                clipped_sum_method: str = BOOKKEEPING, reuse_instantiated: bool = True):
     super().__init__(loss_fn, clip_norm, noise_multiplier, expected_batch_size,
-                     microbatch_size=microbatch_size, spmd_axis_name=spmd_axis_name)
+                     spmd_axis_name=spmd_axis_name)
     if norm_method not in gn.LINEAR_METHODS:
       raise ConfigError(f"norm_method must be one of {gn.LINEAR_METHODS}, got {norm_method!r}")
     if clipped_sum_method not in CLIPPED_SUM_METHODS:
@@ -463,18 +462,11 @@ class GhostDPAggregator(DPAggregator):
                   ) -> Tuple[PyTree, Dict[str, jax.Array]]:
     """Noiseless sum_i w_i clip_C(grad l_i) in float32 and its (non-DP) statistics."""
 
-    def body(carry, xs):
-      grad_sum, stats = carry
-      micro, micro_row_ids = xs
-      keys = clipping.example_keys(dropout_rng, micro_row_ids)
-      grads, losses, norms, _ = self.ghost_clipped_sum(params, micro, keys)
-      c = clipping.clip(norms, micro["example_weight"], self.clip_norm)  # the same clip again
-      stats = clipping.add_stats(stats, losses, micro["example_weight"], c)
-      return (jax.tree.map(jnp.add, grad_sum, grads), stats), None
-
-    init = (clipping.zeros_like_f32(params), clipping.init_stats())
-    grad_sum, stats = clipping.scan_microbatches(batch, self.microbatch_size, body, init)
-    return grad_sum, clipping.clipping_metrics(batch, *stats)
+    batch, row_ids = clipping.split_row_ids(batch)
+    grads, losses, norms, _ = self.ghost_clipped_sum(params, batch, clipping.example_keys(dropout_rng, row_ids))
+    c = clipping.clip(norms, batch["example_weight"], self.clip_norm)  # the same clip again
+    stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
+    return grads, clipping.clipping_metrics(batch, *stats)
 
   def per_example_norms(self, params: PyTree, batch: Batch,
                         dropout_rng: Optional[jax.Array] = None) -> jax.Array:

@@ -148,9 +148,9 @@ class ExecutionSettings:
     method: how the DP clipped sum is computed: "ghost" (default: ghost norms and book-keeping,
       no per-example gradients; docs/ghost_clipping.md) or "vmap" (per-example gradients, the
       reference implementation). Ignored by a non-private run.
-    microbatch_size: examples per accumulation step (memory knob); None: the whole batch. With
-      untruncated Poisson sampling a step's sample runs as microbatches of this many rows
-      (default: `batch_size`).
+    microbatch_size: examples per accumulation step (memory knob); None: the whole batch. A
+      step with more rows runs as microbatches of this many rows through the trainer's
+      accumulate loop; with untruncated Poisson sampling it always does (default: `batch_size`).
   """
   method: str = GHOST
   microbatch_size: Optional[int] = None
@@ -194,8 +194,8 @@ class Mechanism:
   """A run's privacy mechanism, built by `build_mechanism`: what the loop and the trainer use.
 
   Attributes:
-    aggregator: `aggregate(params, batch, *, dropout_rng, noise_rng) -> (grads, metrics)`; a DP
-      aggregator also accumulates microbatches (`zero_sum`, `accumulate`, `finish`).
+    aggregator: `aggregate(params, batch, *, dropout_rng, noise_rng) -> (grads, metrics)` on the
+      rows it is given; it also accumulates microbatches (`zero_sum`, `accumulate`, `finish`).
     sampler: draws each step's example indices.
     ledger: the privacy spent so far (replaced by the checkpoint's on resume).
     private: whether the run has a formal DP guarantee.
@@ -203,8 +203,10 @@ class Mechanism:
       sampling the rows of one microbatch.
     variable_rows: untruncated Poisson sampling: a step runs every sampled example, in as many
       batches of `batch_rows` rows as it needs.
-    microbatch_size: the rows of one microbatch when a step's sample runs as microbatches
-      (`Trainer.train_step_microbatched`); None: one batch per step.
+    microbatch_size: the rows of one microbatch when a step's rows run as microbatches through
+      the trainer's accumulate loop (`Trainer.train_step_microbatched`; always with untruncated
+      Poisson sampling, and for a fixed batch larger than `ExecutionSettings.microbatch_size`);
+      None: one fused compiled step per batch.
     noise_multiplier: σ (calibrated when a target ε was given); None for a non-private run.
     dp_spm_report: the DP-SentencePiece report composed into the ledger, if any.
   """
@@ -300,11 +302,12 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
     if batch_size > num_examples:
       raise ConfigError(f"batch_size={batch_size} is larger than the dataset ({num_examples} examples)")
     return Mechanism(
-        aggregator=aggregator_lib.MeanAggregator(loss_fn, microbatch_size),
+        aggregator=aggregator_lib.MeanAggregator(loss_fn),
         sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed),
         ledger=PrivacyLedger.non_private_baseline(num_examples=num_examples, privacy_unit=privacy_unit,
                                                   batch_size=batch_size, noise_secret=noise_secret),
-        private=False, batch_rows=batch_size)
+        private=False, batch_rows=batch_size,
+        microbatch_size=_fixed_batch_microbatch(batch_size, microbatch_size))
   if not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
   truncated = dp.truncated
@@ -335,7 +338,7 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                   configured_batch_size=batch_size, clipping_method=execution.method,
                                   noise_secret=noise_secret)
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log)
-  aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples, microbatch_size,
+  aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
                                          spmd_axis_name=spmd_axis_name, method=execution.method)
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
               if truncated else f"untruncated, run in microbatches of {rows} rows")
@@ -344,7 +347,18 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
       f"clipped sum by {execution.method}")
   return Mechanism(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
                    batch_rows=batch_size if truncated else rows, variable_rows=not truncated,
-                   microbatch_size=None if truncated else rows, noise_multiplier=sigma, dp_spm_report=report)
+                   microbatch_size=_fixed_batch_microbatch(batch_size, microbatch_size) if truncated else rows,
+                   noise_multiplier=sigma, dp_spm_report=report)
+
+
+def _fixed_batch_microbatch(batch_size: int, microbatch_size: Optional[int]) -> Optional[int]:
+  """The microbatch size of a fixed batch of `batch_size` rows: None (one compiled step) unless
+  `microbatch_size` is smaller; it must then divide the batch (ConfigError)."""
+  if microbatch_size is None or int(microbatch_size) >= batch_size:
+    return None
+  if batch_size % int(microbatch_size):
+    raise ConfigError(f"microbatch_size={microbatch_size} must divide batch_size={batch_size}")
+  return int(microbatch_size)
 
 
 def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public: bool, privacy_unit: str,

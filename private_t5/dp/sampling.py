@@ -3,8 +3,9 @@
 Samplers are stateless in the step: `indices_for_step(step)` is a pure function of
 (seed, step), so the data position of a run is just its step counter and a resumed run draws
 exactly the batches an uninterrupted one would have drawn. The returned indices are unpadded;
-`ExampleSource.get_batch(indices, seed, batch_size=sampler.padded_batch_size)` pads them to the
-fixed shape (padding rows have `example_weight` 0), so XLA compiles the train step once.
+`ExampleSource.get_batch(indices, seed, batch_size=rows)` pads them to the step's rows
+(`Mechanism.rows_for_step`; padding rows have `example_weight` 0): a fixed shape, so XLA
+compiles the train step once.
 
 * `PoissonSampler` (for DP): each example joins each step independently with probability q;
   the privacy accounting (`accounting.make_dp_event`, PoissonSampled / TruncatedSubsampledGaussian
@@ -163,10 +164,10 @@ class PoissonSampler:
     return cls(num_examples, q, max_batch_size, seed)
 
   @property
-  def padded_batch_size(self) -> int:
-    """Rows of every batch, or of every microbatch when untruncated (the fixed shape the train
-    step compiles for)."""
-    return self.max_batch_size if self.truncated else self.microbatch_size
+  def padded_batch_size(self) -> Optional[int]:
+    """Rows of every batch when truncated; None untruncated, where a step's rows follow its
+    sample (`padded_rows`)."""
+    return self.max_batch_size
 
   @property
   def expected_batch_size(self) -> float:

@@ -70,8 +70,7 @@ def _random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, s
 
 
 def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
-                  noise_multiplier: float, dropout_rate: Optional[float],
-                  microbatch_size: Optional[int] = None):
+                  noise_multiplier: float, dropout_rate: Optional[float]):
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
@@ -80,13 +79,12 @@ def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   config = models.load_preset(preset, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
   if method == NONDP:
-    aggregator = aggregator_lib.MeanAggregator(loss_fn, microbatch_size)
+    aggregator = aggregator_lib.MeanAggregator(loss_fn)
   elif method == VMAP:
-    aggregator = aggregator_lib.DPAggregator(loss_fn, clip_norm, noise_multiplier, batch_size,
-                                             microbatch_size)
+    aggregator = aggregator_lib.DPAggregator(loss_fn, clip_norm, noise_multiplier, batch_size)
   else:
     aggregator = ghost.GhostDPAggregator(
-        loss_fn, clip_norm, noise_multiplier, batch_size, microbatch_size,
+        loss_fn, clip_norm, noise_multiplier, batch_size,
         clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
         reuse_instantiated=method == GHOST)
   mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
@@ -186,19 +184,30 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   import jax  # pylint: disable=g-import-not-at-top
   shape = (case["inputs"], case["targets"])
   config, trainer = _make_trainer(case["preset"], case["method"], case["batch_size"],
-                                  case["clip_norm"], case["noise_multiplier"], case["dropout_rate"],
-                                  case.get("microbatch_size"))
+                                  case["clip_norm"], case["noise_multiplier"], case["dropout_rate"])
+  batch_size, micro = case["batch_size"], case.get("microbatch_size")
+  if micro is not None and micro >= batch_size:
+    micro = None
+  if micro is not None and batch_size % micro:
+    raise ValueError(f"microbatch_size={micro} must divide batch_size={batch_size}")
   state = trainer.init_state(jax.random.PRNGKey(0))
   rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  compiled, compile_s, batch, keys = _compile(trainer, state, case["batch_size"], shape, 0)
+  # The compiled call measured: the fused step on the whole batch, or on one microbatch (the
+  # memory of the trainer's accumulate loop, which runs `batch_size / micro` such calls).
+  compiled_rows = micro or batch_size
+  compiled, compile_s, _, keys = _compile(trainer, state, compiled_rows, shape, 0)
+  batch = _random_batch(config.vocab_size, batch_size, shape[0], shape[1], 0)
   memory = _memory(compiled)
-  result = dict(case, compile_s=compile_s, memory=memory, flops=_flops(compiled),
+  result = dict(case, compile_s=compile_s, memory=memory, flops=_flops(compiled), compiled_rows=compiled_rows,
                 num_params=sum(int(x.size) for x in jax.tree.leaves(state.params)))
-  placed = trainer.place_batch(batch)
+  placed = trainer.place_batch(batch) if micro is None else None
   times, cpu_times = [], []
   for step in range(case["warmup"] + case["steps"]):
     start, cpu_start = time.perf_counter(), time.process_time()
-    state, metrics = compiled(state, placed, *keys)
+    if micro is None:
+      state, metrics = compiled(state, placed, *keys)
+    else:
+      state, metrics = trainer.train_step_microbatched(state, batch, micro, *keys)
     jax.block_until_ready((state, metrics))
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     if step >= case["warmup"]:
@@ -219,9 +228,9 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     result["ghost_breakdown"] = _ghost_breakdown(config, trainer, shape)
   if case.get("memory_budget_gb"):
     result["max_batch"] = _max_batch(
-        trainer, state, shape, case["batch_size"], int(case["memory_budget_gb"] * GIB),
+        trainer, state, shape, compiled_rows, int(case["memory_budget_gb"] * GIB),
         case["max_batch_cap"], case["max_batch_resolution"],
-        {case["batch_size"]: memory.get("peak_bytes", 0)}, case.get("microbatch_size") or 1)
+        {compiled_rows: memory.get("peak_bytes", 0)})
   return result
 
 
@@ -261,7 +270,9 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
     clip_norm, noise_multiplier: DP parameters (they do not change the cost).
     dropout_rate: overrides the preset's dropout (None keeps it).
     microbatch_size: examples per accumulation step of every method (None: the whole batch
-      at once); it must divide every batch size measured.
+      in one fused step); it must divide every batch size measured. A microbatched step runs
+      through the trainer's accumulate loop; memory and flops are those of one microbatch's
+      compiled call, and the max-batch search then finds the largest microbatch that fits.
     memory_budget_gb: when set, also searches the largest batch whose compiled peak memory
       fits this budget (compilations only).
     max_batch_shapes: `(inputs, targets)` pairs the search runs for (None: all shapes).

@@ -5,9 +5,10 @@ Order of one step t (t = the state's step = the data position), with `mechanism`
   indices = mechanism.indices_for_step(t); rows = mechanism.rows_for_step(len(indices), ...);
   batch = source.get_batch(indices, data_seed(t), rows);
   state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
-`rows` is the fixed batch size B, or with untruncated Poisson sampling (`mechanism.microbatch_size`
-= m) the n sampled examples padded to ceil(n / m) m rows, run as microbatches
-(`Trainer.train_step_microbatched`).
+`rows` is the fixed batch size B, or with untruncated Poisson sampling the n sampled examples
+padded to ceil(n / m) m rows. With `mechanism.microbatch_size` = m set, the rows run as
+microbatches of m rows (`Trainer.train_step_microbatched`, the one microbatching path); else
+as one fused compiled step (`Trainer.train_step`).
 Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
 a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
 rewritten only once that checkpoint is committed (complete on disk), so it never claims more

@@ -212,7 +212,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     model_dir: where checkpoints, config.gin, TensorBoard files and reports go.
     train_steps: total optimizer steps (a resumed run continues up to it).
     batch_size: rows of every batch (the padded size; for DP the Poisson truncation cap).
-    microbatch_size: examples per accumulation step inside the step (memory knob).
+    microbatch_size: examples per accumulation step (memory knob; the trainer's accumulate loop).
     clipping_method: how the DP clipped sum is computed, "ghost" (default) or "vmap" (speed
       only: the same mechanism and ledger; `dp.mechanism.ExecutionSettings`).
     optimizer: optax GradientTransformation; default Adafactor with `learning_rate`.

@@ -5,11 +5,12 @@ the step is ordinary (non-private) training; with `dp.aggregator.DPAggregator` (
 clip, sum, Gaussian noise on the sum, divide by the public q N) followed by the same Adafactor
 it is DP-Adafactor (Ponomareva et al. 2022, Sec. 3.2). Nothing else in the step changes.
 
-Untruncated Poisson sampling (`train_step_microbatched`): a step's sample of any size n runs
-as ceil(n / m) calls of one compiled accumulate step (`aggregator.accumulate`: the clipped
-per-example sum of m rows, added to a float32 accumulator) and one compiled finalize step
-(`aggregator.finish`: Gaussian noise added once to the accumulated sum with the step's noise
-key, divided by the public q N; then Adafactor). Each compiled step calls one method of the
+Microbatching has one path, `train_step_microbatched`: a step's n rows (an untruncated Poisson
+sample of any size, or a fixed batch larger than the microbatch size) run as ceil(n / m) calls
+of one compiled accumulate step (`aggregator.accumulate`: the (clipped) sum of m rows, added to
+a float32 accumulator) and one compiled finalize step (`aggregator.finish`: for DP, Gaussian
+noise added once to the accumulated sum with the step's noise key, divided by the public q N;
+then Adafactor). Without microbatching, `train_step` is one fused compiled call for the batch. Each compiled step calls one method of the
 aggregator; what the aggregator must offer is declared here (`Aggregator`,
 `MicrobatchAggregator`).
 
@@ -44,7 +45,8 @@ class Aggregator(Protocol):
 
 
 class MicrobatchAggregator(Aggregator, Protocol):
-  """An aggregator that also runs a step's sample as several microbatches (the DP ones)."""
+  """An aggregator that also runs a step's rows as several microbatches (every aggregator of
+  `dp.aggregator`)."""
 
   def zero_sum(self, params: PyTree) -> Accumulator:
     ...
@@ -111,7 +113,7 @@ class Trainer:
         in_shardings=(self.state_shardings, self._batch_sharding, self._replicated, self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
-    # Untruncated Poisson sampling: accumulate microbatches, then noise and update once.
+    # A step in microbatches: accumulate them, then (noise and) update once.
     self._zero_sum = jax.jit(self._zero_sum_fn, out_shardings=(self.param_shardings, self._replicated))
     self._accumulate = jax.jit(
         self._accumulate_fn,
@@ -152,7 +154,7 @@ class Trainer:
     return self.aggregator.zero_sum(self._abstract.params)
 
   def _accumulate_fn(self, params, acc, micro, dropout_base_key, step, row_offset):
-    """acc + the clipped per-example sum of one microbatch (rows `row_offset + [0, m)` of the
+    """acc + the (clipped) sum of one microbatch (rows `row_offset + [0, m)` of the
     step's sample)."""
     dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
     return self.aggregator.accumulate(params, acc, micro, dropout_rng if self.use_dropout else None,
@@ -219,10 +221,10 @@ class Trainer:
   def train_step_microbatched(self, state: TrainState, batch: Dict[str, np.ndarray], microbatch_size: int,
                               dropout_base_key: jax.Array, noise_base_key: jax.Array
                               ) -> Tuple[TrainState, Dict[str, jax.Array]]:
-    """One optimizer step on a whole Poisson sample: `batch` (host arrays, a multiple of
+    """One optimizer step on all of a step's rows: `batch` (host arrays, a multiple of
     `microbatch_size` rows, possibly 0) runs as consecutive microbatches through the compiled
-    accumulate step, then the noise is added once and the update applied. Needs a
-    `MicrobatchAggregator` (a DP one); `state` is donated."""
+    accumulate step, then (for DP) the noise is added once and the update applied. Needs a
+    `MicrobatchAggregator`; `state` is donated."""
     acc = self.accumulate_microbatches(state.params, batch, microbatch_size, dropout_base_key, state.step)
     with self._mesh_context():
       return self._finalize(state, acc, dropout_base_key, noise_base_key)
