@@ -22,6 +22,7 @@ from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.errors import PrivacyError
 from private_t5.models import example_loss_fn, init_params, load_preset
 from private_t5.tokenizer.spm import train_from_sentences
+from private_t5.train.trainer import split_microbatches
 
 VOCAB_PIECES = 256
 MODEL_VOCAB = 384  # 256 pieces + 100 sentinels, padded to a multiple of 128
@@ -166,10 +167,8 @@ def accumulate_microbatches(aggregator, params, batch, microbatch_size, dropout_
   `zero_sum` / `accumulate`, as `Trainer.accumulate_microbatches` does."""
   accumulate = jax.jit(aggregator.accumulate)
   acc = aggregator.zero_sum(params)
-  rows = batch["example_weight"].shape[0]
-  for start in range(0, rows, microbatch_size):
-    micro = {k: v[start:start + microbatch_size] for k, v in batch.items()}
-    acc = accumulate(params, acc, micro, dropout_rng, jnp.int32(start))
+  for micro in split_microbatches({k: np.asarray(v) for k, v in batch.items()}, microbatch_size):
+    acc = accumulate(params, acc, micro, dropout_rng)
   return acc
 
 

@@ -16,6 +16,7 @@ from private_t5.dp.aggregator import DPAggregator
 from private_t5.dp.factory import make_dp_aggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
+from private_t5.train.trainer import split_microbatches
 
 NORM_RTOL = 1e-4
 CLIP = 0.5  # well below the tiny models' gradient norms: every real example is clipped
@@ -106,9 +107,8 @@ def _clipped_sum_in_microbatches(agg, params, batch, microbatch_size, dropout_rn
   as the trainer's accumulate loop runs them."""
   accumulate = jax.jit(agg.accumulate)
   acc = agg.zero_sum(params)
-  for start in range(0, batch["example_weight"].shape[0], microbatch_size):
-    micro = {k: v[start:start + microbatch_size] for k, v in batch.items()}
-    acc = accumulate(params, acc, micro, dropout_rng, jnp.int32(start))
+  for micro in split_microbatches({k: np.asarray(v) for k, v in batch.items()}, microbatch_size):
+    acc = accumulate(params, acc, micro, dropout_rng)
   grad_sum, sums = acc
   return grad_sum, clipping.metrics_from_sums(**sums)
 

@@ -228,8 +228,11 @@ def _params_and_report(model_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,extra", [
-    ("dp_vmap", ["--gin.DPConfig.method='vmap'", "--gin.train.mesh_shape=(4, 1)"]),
-    ("dp_ghost", ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(4, 1)"]),
+    # Poisson samples of about 6 run as global microbatches of 4 rows, spread over both processes.
+    ("dp_vmap", ["--gin.train.clipping_method='vmap'", "--gin.train.mesh_shape=(4, 1)",
+                 "--gin.train.microbatch_size=4", "--gin.DPConfig.expected_batch_size=6"]),
+    ("dp_ghost", ["--gin.train.clipping_method='ghost'", "--gin.train.mesh_shape=(4, 1)",
+                  "--gin.train.microbatch_size=4", "--gin.DPConfig.expected_batch_size=6"]),
     ("nonprivate", ["--gin.DP=None", "--gin.train.mesh_shape=(2, 2)"]),
 ])
 def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
@@ -240,6 +243,8 @@ def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
     done = _launch(procs, devices, _train_args(model_dir, corpus, vocab, 3, *extra))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "[p0] [train] done: step 3" in done.stdout
+    shapes = "microbatch of 4 rows" if name.startswith("dp") else "step of 16 rows"
+    assert f"[p0] [train] compiled train-step shapes this session: 1 ({shapes})" in done.stdout
     if procs == 2:
       assert "[p1] [train] done: step 3" in done.stdout
     results[procs] = _params_and_report(model_dir)

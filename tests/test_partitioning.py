@@ -9,6 +9,7 @@ from private_t5 import models
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.errors import ConfigError
 from private_t5.train import optimizers, partitioning
+from private_t5.train.main import build_mesh
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -42,6 +43,10 @@ def test_create_mesh_shapes():
     partitioning.create_mesh((8, 2))
   with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
     partitioning.check_batch_divisible(6, mesh)
+  # Each global microbatch is split over the data axis (of every process) too.
+  assert dict(build_mesh((4, 2), 16, 8).shape) == {"data": 4, "model": 2}
+  with pytest.raises(ConfigError, match="microbatch_size=6 must be a multiple of the mesh's data axis"):
+    build_mesh((4, 2), 16, 6)
 
 
 def test_logical_rules_shard_large_dims_on_model_axis():

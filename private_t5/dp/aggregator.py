@@ -103,12 +103,10 @@ class MeanAggregator:
     """The accumulator before a step's first microbatch: float32 zeros and zero sums."""
     return clipping.zeros_like_f32(params), {"loss_sum": jnp.float32(0), "weight_sum": jnp.float32(0)}
 
-  def accumulate(self, params: PyTree, acc: Accumulator, micro: Batch, dropout_rng: Optional[jax.Array],
-                 row_offset: jax.Array) -> Accumulator:
-    """`acc` + the weighted gradient and loss sums of one microbatch, rows `row_offset + [0, m)`
-    of the step's batch."""
-    micro = dict(micro)
-    micro[clipping.ROW_ID] = row_offset + jnp.arange(clipping.num_rows(micro), dtype=jnp.int32)
+  def accumulate(self, params: PyTree, acc: Accumulator, micro: Batch,
+                 dropout_rng: Optional[jax.Array]) -> Accumulator:
+    """`acc` + the weighted gradient and loss sums of one microbatch (its `ROW_ID` column: the
+    rows' positions in the step's batch)."""
     grad_sum, loss_sum, weight_sum = self.weighted_sum(params, micro, dropout_rng)
     acc_sum, acc_stats = acc
     return (jax.tree.map(jnp.add, acc_sum, grad_sum),
@@ -233,12 +231,11 @@ class DPAggregator:
     (concrete arrays or ShapeDtypeStructs) and zero statistics."""
     return clipping.zeros_like_f32(params), {name: jnp.float32(0) for name in clipping.SUM_NAMES}
 
-  def accumulate(self, params: PyTree, acc: Accumulator, micro: Batch, dropout_rng: Optional[jax.Array],
-                 row_offset: jax.Array) -> Accumulator:
-    """`acc` + the noiseless clipped sum of one microbatch, rows `row_offset + [0, m)` of the
-    step's sample (their dropout keys fold in those positions, so m does not matter)."""
-    micro = dict(micro)
-    micro[clipping.ROW_ID] = row_offset + jnp.arange(clipping.num_rows(micro), dtype=jnp.int32)
+  def accumulate(self, params: PyTree, acc: Accumulator, micro: Batch,
+                 dropout_rng: Optional[jax.Array]) -> Accumulator:
+    """`acc` + the noiseless clipped sum of one microbatch. Its `ROW_ID` column holds the rows'
+    positions in the step's sample (their dropout keys fold them in, so neither the microbatch
+    size nor the rows' layout over the devices and processes changes the result)."""
     grad_sum, metrics = self.clipped_sum(params, micro, dropout_rng)
     acc_sum, acc_stats = acc
     sums = clipping.sums_from_metrics(metrics)

@@ -97,19 +97,20 @@ def sample_positions(num_sampled: int, batch_size: int, data_size: int, rows: ra
 
 
 def local_batch(source, indices: np.ndarray, seed: int, batch_size: int, data_size: int,
-                rows: range) -> Dict[str, np.ndarray]:
+                rows: range, row_offset: int = 0) -> Dict[str, np.ndarray]:
   """This process's `rows` of the global batch of `indices`, real rows spread over the data axis.
 
   Position p of the `data` axis holds indices p, p + D, p + 2D, ... then padding
   (`partitioning.spread_over_data`); only the examples of this process's positions are read.
   The `dp.clipping.ROW_ID` column holds each row's position in the step's sample
-  (`sample_positions`), so the dropout keys do not depend on the layout.
+  (`sample_positions`, plus `row_offset` when `indices` are the sample's rows from
+  `row_offset` on: one microbatch of it), so the dropout keys do not depend on the layout.
   """
   per = batch_size // data_size
   blocks = partitioning.spread_over_data(indices, data_size)
   parts = [source.get_batch(blocks[p], seed, per) for p in range(rows.start // per, rows.stop // per)]
   batch = parts[0] if len(parts) == 1 else {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-  batch[clipping.ROW_ID] = sample_positions(len(indices), batch_size, data_size, rows)
+  batch[clipping.ROW_ID] = row_offset + sample_positions(len(indices), batch_size, data_size, rows)
   return batch
 
 
@@ -120,11 +121,6 @@ def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
     for k, v in trainer.eval_batch(params, batch).items():
       totals[k] = totals.get(k, 0.0) + v
   return summarize_eval(totals)
-
-
-def _host_chunks(batch: Dict[str, np.ndarray], size: int) -> List[Dict[str, np.ndarray]]:
-  rows = len(batch["example_weight"])
-  return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
 
 def _finite(x: Optional[float]) -> Optional[float]:
@@ -221,42 +217,37 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   step = start_step
   first_step_time = None
   microbatch_size = privacy.microbatch_size
-  if jax.process_count() > 1:
-    # Several processes: each step runs as one batch of a multiple of batch_size rows (the
-    # sample's microbatches side by side), split over the processes' data positions.
-    if microbatch_size not in (None, padded):
-      raise ConfigError("microbatch_size smaller than batch_size runs on one process only for now; "
-                        "on several processes leave train.microbatch_size unset")
-    microbatch_size = None
+  shapes_compiled = set()  # (path, rows) of the compiled train-step calls this session
   while step < config.train_steps:
     indices = privacy.indices_for_step(step)
     step_rows = privacy.rows_for_step(len(indices), microbatched=microbatch_size is not None)
-    if microbatch_size is None:  # rows spread over the data axis; each process reads its own
-      batch = local_batch(source, indices, seeds.data_seed(step), step_rows, data_size,
-                          range(*trainer.local_rows(step_rows)))
-    else:  # one process (checked above): the whole sample, cut into microbatches by the trainer
-      batch = source.get_batch(indices, seeds.data_seed(step), step_rows)
+    seed = seeds.data_seed(step)
+    if microbatch_size is None:  # one batch, rows spread over the data axis; each process reads its own
+      chunks = [local_batch(source, indices, seed, step_rows, data_size, range(*trainer.local_rows(step_rows)))]
+      shapes_compiled.add(("step", step_rows))
+    else:  # consecutive global microbatches of the sample, each spread over the data axis
+      micro_rows = range(*trainer.local_rows(microbatch_size))
+      chunks = [local_batch(source, indices[start:start + microbatch_size], seed, microbatch_size, data_size,
+                            micro_rows, row_offset=start)
+                for start in range(0, step_rows, microbatch_size)]
+      shapes_compiled.add(("microbatch", microbatch_size))
     real_rows = float(min(len(indices), step_rows))
     rows_run += step_rows
     log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
     batch_accuracy = None
     if microbatch_size is None:
-      device_batch = trainer.place_batch(batch)
-      eval_chunks = [device_batch]
-    else:
-      eval_chunks = _host_chunks(batch, microbatch_size)
+      chunks = [trainer.place_batch(chunks[0])]
     if log_now:  # accuracy before the update, like the loss the aggregator reports
       sums: Dict[str, float] = {}
-      for chunk in eval_chunks:
+      for chunk in chunks:
         for k, v in trainer.eval_batch(state.params, chunk).items():
           sums[k] = sums.get(k, 0.0) + v
       batch_accuracy = sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
     t0 = time.time()
     if microbatch_size is None:
-      state, step_metrics = trainer.train_step(state, device_batch, dropout_key, noise_key)
+      state, step_metrics = trainer.train_step(state, chunks[0], dropout_key, noise_key)
     else:
-      state, step_metrics = trainer.train_step_microbatched(state, batch, microbatch_size, dropout_key,
-                                                            noise_key)
+      state, step_metrics = trainer.train_step_on_microbatches(state, chunks, dropout_key, noise_key)
     step += 1
     ledger.record_steps(1)
     examples_seen += real_rows
@@ -299,6 +290,9 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   writer.close()
   steps_run = step - start_step
   real_fraction = examples_seen / rows_run if rows_run else None
+  if shapes_compiled:
+    log(f"[train] compiled train-step shapes this session: {len(shapes_compiled)} ("
+        + ", ".join(f"{kind} of {rows} rows" for kind, rows in sorted(shapes_compiled)) + ")")
   if rows_run:
     log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
         f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if privacy.private else ''})")

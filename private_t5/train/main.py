@@ -130,10 +130,14 @@ def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
                       f"(see private_t5.train.main.train)")
 
 
-def build_mesh(mesh_shape: Sequence[int], batch_size: int):
-  """The (data, model) device mesh; the batch must split evenly over its data axis."""
+def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Optional[int] = None):
+  """The (data, model) device mesh; the batch and a microbatch must split evenly over its data
+  axis (every global microbatch is spread over the data positions of all processes)."""
   mesh = partitioning.create_mesh(mesh_shape)
   partitioning.check_batch_divisible(batch_size, mesh)
+  if microbatch_size is not None and microbatch_size % mesh.shape[partitioning.DATA_AXIS]:
+    raise ConfigError(f"microbatch_size={microbatch_size} must be a multiple of the mesh's data axis "
+                      f"({mesh.shape[partitioning.DATA_AXIS]} devices): each microbatch is split over it")
   return mesh
 
 
@@ -248,7 +252,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
-  mesh = build_mesh(mesh_shape, batch_size)
+  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size)
   manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
   failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:

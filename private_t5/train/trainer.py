@@ -18,7 +18,7 @@ Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `
 derived inside the compiled step, so a resumed run continues the key sequence.
 """
 import contextlib
-from typing import Any, Callable, Dict, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from private_t5 import models
+from private_t5.dp import clipping
 from private_t5.train import partitioning
 from private_t5.train.state import TrainState, step_keys
 
@@ -51,8 +52,8 @@ class MicrobatchAggregator(Aggregator, Protocol):
   def zero_sum(self, params: PyTree) -> Accumulator:
     ...
 
-  def accumulate(self, params: PyTree, acc: Accumulator, micro, dropout_rng: Optional[jax.Array],
-                 row_offset: jax.Array) -> Accumulator:
+  def accumulate(self, params: PyTree, acc: Accumulator, micro, dropout_rng: Optional[jax.Array]
+                 ) -> Accumulator:
     ...
 
   def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array]
@@ -118,7 +119,7 @@ class Trainer:
     self._accumulate = jax.jit(
         self._accumulate_fn,
         in_shardings=(self.param_shardings, (self.param_shardings, self._replicated), self._batch_sharding,
-                      self._replicated, self._replicated, self._replicated),
+                      self._replicated, self._replicated),
         out_shardings=(self.param_shardings, self._replicated),
         donate_argnums=(1,))
     # Only the state is donated: the outputs of the accumulator's shapes already reuse the donated
@@ -153,12 +154,11 @@ class Trainer:
   def _zero_sum_fn(self):
     return self.aggregator.zero_sum(self._abstract.params)
 
-  def _accumulate_fn(self, params, acc, micro, dropout_base_key, step, row_offset):
-    """acc + the (clipped) sum of one microbatch (rows `row_offset + [0, m)` of the
-    step's sample)."""
+  def _accumulate_fn(self, params, acc, micro, dropout_base_key, step):
+    """acc + the (clipped) sum of one microbatch (its `ROW_ID` column: the rows' positions in
+    the step's sample)."""
     dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
-    return self.aggregator.accumulate(params, acc, micro, dropout_rng if self.use_dropout else None,
-                                      row_offset)
+    return self.aggregator.accumulate(params, acc, micro, dropout_rng if self.use_dropout else None)
 
   def _finalize_fn(self, state: TrainState, acc, dropout_base_key, noise_base_key):
     _, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
@@ -222,27 +222,39 @@ class Trainer:
                               dropout_base_key: jax.Array, noise_base_key: jax.Array
                               ) -> Tuple[TrainState, Dict[str, jax.Array]]:
     """One optimizer step on all of a step's rows: `batch` (host arrays, a multiple of
-    `microbatch_size` rows, possibly 0) runs as consecutive microbatches through the compiled
-    accumulate step, then (for DP) the noise is added once and the update applied. Needs a
-    `MicrobatchAggregator`; `state` is donated."""
-    acc = self.accumulate_microbatches(state.params, batch, microbatch_size, dropout_base_key, state.step)
+    `microbatch_size` rows, possibly 0) runs as consecutive microbatches (`split_microbatches`)
+    through the compiled accumulate step, then (for DP) the noise is added once and the update
+    applied. Needs a `MicrobatchAggregator`; `state` is donated."""
+    return self.train_step_on_microbatches(state, split_microbatches(batch, microbatch_size),
+                                           dropout_base_key, noise_base_key)
+
+  def train_step_on_microbatches(self, state: TrainState, microbatches: Iterable[Dict[str, np.ndarray]],
+                                 dropout_base_key: jax.Array, noise_base_key: jax.Array
+                                 ) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """One optimizer step on a step's microbatches (host arrays of one shape, each with its
+    `dp.clipping.ROW_ID` column; with several processes each process's own rows of every global
+    microbatch, `train.loop.local_batch`): accumulated one compiled call at a time, then (for DP)
+    the noise is added once and the update applied. `state` is donated."""
+    acc = self.accumulate(state.params, microbatches, dropout_base_key, state.step)
     with self._mesh_context():
       return self._finalize(state, acc, dropout_base_key, noise_base_key)
 
-  def accumulate_microbatches(self, params: PyTree, batch: Dict[str, np.ndarray], microbatch_size: int,
-                              dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    """(noiseless float32 clipped sum over every row of `batch`, its non-DP sums), computed
-    microbatch by microbatch; row r of `batch` is row r of the step's sample whatever the
-    microbatch size (its dropout key is `fold_in(fold_in(dropout_base_key, step), r)`)."""
-    rows = len(batch["example_weight"])
-    if rows % microbatch_size:
-      raise ValueError(f"a batch of {rows} rows is not a multiple of microbatch_size={microbatch_size}")
+  def accumulate(self, params: PyTree, microbatches: Iterable[Dict[str, np.ndarray]],
+                 dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(noiseless float32 (clipped) sum over every row of `microbatches`, its non-DP sums),
+    computed microbatch by microbatch; a row's dropout key is
+    `fold_in(fold_in(dropout_base_key, step), its ROW_ID)`, whatever the microbatch size."""
     with self._mesh_context():
       acc = self._zero_sum()
-      for start in range(0, rows, microbatch_size):
-        micro = self.place_batch({k: v[start:start + microbatch_size] for k, v in batch.items()})
-        acc = self._accumulate(params, acc, micro, dropout_base_key, step, np.int32(start))
+      for micro in microbatches:
+        acc = self._accumulate(params, acc, self.place_batch(micro), dropout_base_key, step)
       return acc
+
+  def accumulate_microbatches(self, params: PyTree, batch: Dict[str, np.ndarray], microbatch_size: int,
+                              dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """`accumulate` over `split_microbatches(batch, microbatch_size)`: row r of `batch` is row r
+    of the step's sample."""
+    return self.accumulate(params, split_microbatches(batch, microbatch_size), dropout_base_key, step)
 
   def eval_batch(self, params: PyTree, batch) -> Dict[str, float]:
     """Teacher-forced sums over the real rows: loss, examples, correct and target tokens."""
@@ -258,6 +270,17 @@ class Trainer:
       batch = self.place_batch(batch)
     with self._mesh_context():
       return self._train_step.lower(state, batch, dropout_base_key, noise_base_key).compile()
+
+
+def split_microbatches(batch: Dict[str, np.ndarray], microbatch_size: int) -> List[Dict[str, np.ndarray]]:
+  """The consecutive microbatches of `microbatch_size` rows of a whole host batch (a multiple of
+  it, possibly 0 rows); each carries its rows' positions in `batch` as `dp.clipping.ROW_ID`."""
+  rows = len(batch["example_weight"])
+  if rows % microbatch_size:
+    raise ValueError(f"a batch of {rows} rows is not a multiple of microbatch_size={microbatch_size}")
+  return [dict({k: v[start:start + microbatch_size] for k, v in batch.items()},
+               **{clipping.ROW_ID: np.arange(start, start + microbatch_size, dtype=np.int32)})
+          for start in range(0, rows, microbatch_size)]
 
 
 def summarize_eval(sums: Dict[str, float]) -> Dict[str, float]:
