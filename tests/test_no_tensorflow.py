@@ -5,7 +5,6 @@
 batches; a tiny-preset bench step compiles for ~20 s on two busy cores, more than this test may
 take, so here its stage module is only imported; scripts/bench_startup.py runs it without
 TensorFlow."""
-import gzip
 import json
 import os
 import subprocess
@@ -13,7 +12,7 @@ import sys
 
 from private_t5.train import metrics
 
-from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab, split_corpus
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIDE_TENSORFLOW = os.path.join(PROJECT_ROOT, "scripts", "no_tensorflow")
@@ -36,11 +35,7 @@ print(json.dumps({"codes": codes, "imported": heavy}))
 
 def test_stages_run_without_tensorflow(shared_data, tmp_path):
   corpus, vocab = fortunes_corpus_and_vocab(shared_data, str(tmp_path))
-  with gzip.open(corpus, "rt") as f:
-    rows = [next(f) for _ in range(340)]
-  train_corpus, valid_corpus = tmp_path / "train.jsonl", tmp_path / "valid.jsonl"
-  train_corpus.write_text("".join(rows[:300]))
-  valid_corpus.write_text("".join(rows[300:]))
+  train_corpus, valid_corpus = split_corpus(corpus, str(tmp_path), 300, 40)
   model_dir = tmp_path / "model"
   stages = [
       ["train", "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
