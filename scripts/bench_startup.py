@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Start-up of `private-t5` with and without TensorFlow: `train --help`, and a tiny training's
-time to its first step (process start to the end of step 1, compilation included).
+time to its first step (process start to the end of step 1, compilation included) and the CPU
+seconds of that one-step run.
 
-  .venv/bin/python scripts/bench_startup.py [--baseline=DIR] [--repeats=3] [--output=startup.json]
+  .venv/bin/python scripts/bench_startup.py [--baseline=DIR] [--repeats=3] [--skip_bench] [--output=startup.json]
 
 Each setup runs the same command in a fresh process, interleaved with the others:
   no_tensorflow  this tree in a Python where TensorFlow, seqio and t5 are not found
@@ -18,6 +19,7 @@ to --output; `bench` is run once per setup too, to show it starts without Tensor
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,6 +36,7 @@ def _parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--baseline", default=None, help="another checkout whose package to time as well")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--skip_bench", action="store_true", help="do not run `bench` once per setup")
   p.add_argument("--output", default=None)
   return p.parse_args(argv)
 
@@ -45,14 +48,20 @@ def _setups(baseline):
   return setups
 
 
-def _timed(cmd, pythonpath, marker=None) -> float:
-  """Seconds from launch to the line holding `marker` (or to the exit); raises on failure.
+def _children_cpu_s() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def _timed(cmd, pythonpath, marker=None):
+  """(wall seconds from launch to the line holding `marker`, or to the exit; CPU seconds of the
+  whole process); raises on failure. CPU time depends far less on other load than wall time.
 
   The command runs in the last folder of `pythonpath` (the tree whose package it times:
   `python -m` puts the working directory first on the path).
   """
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath), TF_CPP_MIN_LOG_LEVEL="2")
-  start = time.perf_counter()
+  start, cpu = time.perf_counter(), _children_cpu_s()
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           cwd=pythonpath[-1])
   seen, lines = None, []
@@ -62,7 +71,7 @@ def _timed(cmd, pythonpath, marker=None) -> float:
       seen = time.perf_counter() - start
   if proc.wait() != 0 or (marker and seen is None):
     raise RuntimeError(f"{' '.join(cmd[:4])} failed:\n{''.join(lines[-20:])}")
-  return seen if marker else time.perf_counter() - start
+  return (seen if marker else time.perf_counter() - start), _children_cpu_s() - cpu
 
 
 def _train_command(model_dir, vocab, cache):
@@ -83,7 +92,8 @@ def _bench_command(output_dir):
 def main(argv=None):
   args = _parse_args(argv)
   setups = _setups(args.baseline)
-  times = {name: {"train_help_s": [], "first_step_s": [], "bench_s": []} for name in setups}
+  times = {name: {"train_help_s": [], "train_help_cpu_s": [], "first_step_s": [], "train_cpu_s": [],
+                  "bench_s": []} for name in setups}
   with tempfile.TemporaryDirectory() as tmp:
     from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
     from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
@@ -94,22 +104,26 @@ def main(argv=None):
     for name, path in setups.items():  # untimed: builds the stores, warms the file cache
       _timed(_train_command(os.path.join(tmp, f"warm_{name}"), vocab, os.path.join(tmp, f"cache_{name}")), path,
              FIRST_STEP_LINE)
-      times[name]["bench_s"].append(_timed(_bench_command(os.path.join(tmp, f"bench_{name}")), path))
+      if not args.skip_bench:
+        times[name]["bench_s"].append(_timed(_bench_command(os.path.join(tmp, f"bench_{name}")), path)[0])
     for _ in range(args.repeats):
       for name, path in setups.items():
         run += 1
         help_cmd = [sys.executable, "-m", "private_t5.stages.cli", "train", "--help"]
-        times[name]["train_help_s"].append(_timed(help_cmd, path))
+        for key, value in zip(("train_help_s", "train_help_cpu_s"), _timed(help_cmd, path)):
+          times[name][key].append(value)
         model_dir = os.path.join(tmp, f"run_{run}")
-        times[name]["first_step_s"].append(
-            _timed(_train_command(model_dir, vocab, os.path.join(tmp, f"cache_{name}")), path, FIRST_STEP_LINE))
+        train = _timed(_train_command(model_dir, vocab, os.path.join(tmp, f"cache_{name}")), path, FIRST_STEP_LINE)
+        for key, value in zip(("first_step_s", "train_cpu_s"), train):
+          times[name][key].append(value)
         print(name, {k: round(v[-1], 2) for k, v in times[name].items() if v}, flush=True)
   result = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeats": args.repeats,
-            "median": {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()},
+            "median": {name: {k: statistics.median(v) for k, v in t.items() if v} for name, t in times.items()},
             "all": times}
   for other in [n for n in setups if n != "no_tensorflow"]:
     result[f"no_tensorflow/{other}"] = {
-        k: result["median"]["no_tensorflow"][k] / result["median"][other][k] for k in ("train_help_s", "first_step_s")}
+        k: result["median"]["no_tensorflow"][k] / result["median"][other][k]
+        for k in ("train_help_s", "train_help_cpu_s", "first_step_s", "train_cpu_s")}
   print(json.dumps({k: v for k, v in result.items() if k != "all"}, indent=1))
   if args.output:
     with open(args.output, "w", encoding="utf-8") as f:
