@@ -6,16 +6,57 @@ from setuptools import find_packages, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _requirements(name: str = "requirements.txt"):
-  """The pinned runtime stack of requirements.txt (comments and blank lines dropped).
+def _requirements_section(extra: str):
+  """The lines of requirements.txt after its `# extra: <extra>` marker, up to the next comment."""
+  out, inside = [], False
+  with open(os.path.join(HERE, "requirements.txt"), encoding="utf-8") as f:
+    for line in f:
+      line = line.strip()
+      if line.startswith("#"):
+        inside = line == f"# extra: {extra}"
+      elif inside and line:
+        out.append(line)
+  return out
 
-  `t5` itself is not among them: its declared dependencies pull duplicate nightly builds, so
-  scripts/install.sh installs it with `pip install --no-deps t5==0.9.4` (see the README).
-  """
-  with open(os.path.join(HERE, name), encoding="utf-8") as f:
-    lines = (line.split("#", 1)[0].strip() for line in f)
-    return [line for line in lines if line]
 
+# Version ranges around the stack that requirements.txt pins and the tests run on (a range
+# holds each pin; tests/test_packaging.py checks it). Training, benchmarking, memorization
+# and GLUE evaluation on local corpora need no TensorFlow; `tfds:` corpora, GLUE from TFDS
+# and the TensorFlow-based interop take the `tf` extra.
+JAX = "jax>=0.10.2,<0.11"
+INSTALL_REQUIRES = [
+    JAX,
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "sentencepiece>=0.2.3,<0.3",
+    "protobuf>=7,<8",  # sentencepiece 0.2.3's model protocol buffers are protobuf-7 generated code
+    "dp-accounting>=0.6,<0.7",
+    "absl-py>=2",
+    "gin-config>=0.5,<0.6",
+    "numpy>=2.4,<3",
+    "scipy>=1.17,<2",
+    "scikit-learn>=1.6,<2",
+    "datasketch>=2,<3",
+    "editdistance>=0.8,<1",
+    "matplotlib>=3.11,<4",
+    "safetensors>=0.8,<1",
+    "tqdm>=4,<5",
+]
+EXTRAS_REQUIRE = {
+    # JAX for an accelerator (the default `jax` runs on the CPU).
+    "cuda12": [JAX.replace("jax", "jax[cuda12]", 1)],
+    "cuda13": [JAX.replace("jax", "jax[cuda13]", 1)],
+    "tpu": [JAX.replace("jax", "jax[tpu]", 1)],
+    # Corpus-scale stages on Apache Beam: its runtime needs. apache-beam itself declares
+    # protobuf<7, which sentencepiece's generated code cannot run on, so it goes in after, without
+    # its declared dependencies: `pip install --no-deps apache-beam==2.77.0` (it runs on protobuf 7).
+    "beam": _requirements_section("beam"),
+    # Hugging Face: load an exported checkpoint in `transformers` (PyTorch) and compare.
+    "hf": ["torch>=2.13,<3", "transformers>=5.23,<6"],
+    # TensorFlow: `tfds:` corpora and GLUE from TensorFlow Datasets.
+    "tf": ["tensorflow>=2.21,<2.22", "tensorflow-datasets>=4.9.10,<5"],
+}
 
 setup(
     name="private_t5",
@@ -23,7 +64,8 @@ setup(
     description="Differentially private pretraining and fine-tuning of T5 (JAX/Flax)",
     packages=find_packages(include=["private_t5", "private_t5.*"]),
     python_requires=">=3.10",
-    install_requires=_requirements(),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
     package_data={"private_t5": ["configs/*/*.gin"]},
     include_package_data=True,
     entry_points={"console_scripts": ["private-t5=private_t5.stages.cli:main"]},

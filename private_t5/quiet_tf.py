@@ -9,6 +9,7 @@ Every module that imports TensorFlow, or a library that imports it, calls `impor
 first. Base layer: imports nothing from the package.
 """
 import contextlib
+import logging
 import os
 import sys
 from typing import Iterator
@@ -41,12 +42,32 @@ def silenced_stderr() -> Iterator[None]:
 def import_tensorflow():
   """The `tensorflow` module, imported the first time with its start-up lines silenced.
 
-  Later C++ log lines below errors are held back by `TF_CPP_MIN_LOG_LEVEL` (set to 2 unless
-  the environment sets it). Raises ImportError as `import tensorflow` does.
+  On that first import TensorFlow is kept off the GPUs (`hide_accelerators`). Later C++ log
+  lines below errors are held back by `TF_CPP_MIN_LOG_LEVEL` (set to 2 unless the environment
+  sets it). Raises ImportError as `import tensorflow` does.
   """
   if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with silenced_stderr():
       # Lazy: importing TensorFlow with its start-up lines silenced is this function's job.
       import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+    hide_accelerators()
   return sys.modules["tensorflow"]
+
+
+def hide_accelerators() -> None:
+  """Keeps an imported TensorFlow, which runs input pipelines only, on the CPU; else a no-op.
+
+  Otherwise TensorFlow claims (nearly all of) every GPU's memory the first time it runs an
+  op, and JAX's training step then runs out of memory (T5X does the same). It must run
+  before TensorFlow's first op; later it is a no-op (logged). TensorFlow is never imported
+  for this: `import_tensorflow` calls it when it imports TensorFlow.
+  """
+  tf = sys.modules.get("tensorflow")
+  if tf is None or not hasattr(tf, "config"):  # not imported, or still importing
+    return
+  try:
+    with silenced_stderr():  # its look at the devices logs "failed call to cuInit" without a GPU
+      tf.config.set_visible_devices([], "GPU")
+  except RuntimeError as e:  # TensorFlow's runtime already started in this process
+    logging.debug("TensorFlow keeps its devices: %s", e)

@@ -25,3 +25,14 @@ def fortunes_corpus_and_vocab(shared_data: str, directory: str):
   vocab = os.path.join(directory, "spm.model")
   spm.train_from_sentences(texts, vocab, vocab_size=300)
   return corpus, vocab
+
+
+def split_corpus(corpus: str, directory, num_train: int, num_valid: int):
+  """(train.jsonl, valid.jsonl) in `directory`: the first rows of `corpus`, then the next ones."""
+  with gzip.open(corpus, "rt") as f:
+    rows = [next(f) for _ in range(num_train + num_valid)]
+  train, valid = os.path.join(directory, "train.jsonl"), os.path.join(directory, "valid.jsonl")
+  for path, part in ((train, rows[:num_train]), (valid, rows[num_train:])):
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("".join(part))
+  return train, valid

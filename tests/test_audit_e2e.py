@@ -4,13 +4,12 @@ A micro T5 (tests/micro_run.py) on 100 fortunes plus 64 random-word audit canari
 the included canaries repeated 20 times are memorized and the audit proves a clearly positive ε;
 with DP (a few steps, repetitions 1) the audit's bound stays at most the ledger's ε.
 """
-import gzip
 import json
 import os
 
 import pytest
 
-from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab, split_corpus
 
 QUICKSTART = "configs/experiments/quickstart.gin"
 SPLIT_CONFIG_FLAGS = ["--gin.SplitConfig.num_perm=900", "--gin.SplitConfig.num_bands=90",
@@ -43,11 +42,7 @@ def _run(tmp, name, corpus, valid, vocab, repetitions, train_flags):
 @pytest.mark.slow
 def test_audit_separates_a_non_dp_model_and_respects_a_dp_models_epsilon(shared_data, tmp_path):
   corpus, vocab = fortunes_corpus_and_vocab(shared_data, str(tmp_path))
-  with gzip.open(corpus, "rt") as f:
-    rows = [next(f) for _ in range(140)]
-  base, valid = tmp_path / "base.jsonl", tmp_path / "valid.jsonl"
-  base.write_text("".join(rows[:100]))
-  valid.write_text("".join(rows[100:]))
+  base, valid = split_corpus(corpus, str(tmp_path), 100, 40)
 
   # Non-private, each included canary 20 times: memorized, so the guesses are (nearly) all right.
   report, out = _run(tmp_path, "nondp", base, valid, vocab, 20,

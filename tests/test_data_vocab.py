@@ -51,3 +51,27 @@ def test_not_a_sentencepiece_model(tmp_path):
     spm_lib.load_vocabulary(str(bad))
   with pytest.raises(DataError, match="not found"):
     spm_lib.load_vocabulary(str(tmp_path / "missing.model"))
+
+
+def test_same_ids_pieces_and_model_as_seqio(vocab_path):
+  """The vocabulary adds T5's sentinels itself: the serialized model, the ids and the decoded
+  text are seqio's SentencePieceVocabulary's, without importing seqio."""
+  from private_t5 import quiet_tf  # pylint: disable=g-import-not-at-top
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
+  quiet_tf.import_tensorflow()
+  import seqio  # pylint: disable=g-import-not-at-top
+  ours = spm_lib.load_vocabulary(vocab_path)
+  reference = seqio.SentencePieceVocabulary(vocab_path, extra_ids=spm_lib.NUM_EXTRA_IDS)
+  assert ours.sp_model == reference.sp_model
+  assert (ours.vocab_size, ours.eos_id, ours.unk_id, ours.pad_id) == (
+      reference.vocab_size, reference.eos_id, reference.unk_id, reference.pad_id)
+  texts = [d.text for d in corpora.iter_documents(shared_or_fixture(FORTUNES), max_documents=50)]
+  texts.append("Fill <extra_id_0> in and <extra_id_7> here.")
+  for text in texts:
+    ids = ours.encode(text)
+    assert ids == reference.encode(text)
+    assert ours.decode(ids) == reference.decode(ids)
+  # Sentinels, an EOS in the middle and ids past the vocabulary decode as seqio's do.
+  odd = [ours.vocab_size - 1, 5, 1, 7, ours.vocab_size + 3]
+  assert ours.decode(odd) == reference.decode(odd)
+  assert ours.decode([5, ours.vocab_size + 3]) == reference.decode([5, ours.vocab_size + 3])

@@ -95,6 +95,45 @@ def test_official_glue_layout_matches_t5_preprocessing(glue_dir):
     assert mnli["targets"] == ["neutral"]
 
 
+def _t5_text_to_text(task, texts, labels):
+  """The reference: t5's own GLUE preprocessors over a tf.data dataset of the rows."""
+  from private_t5 import quiet_tf  # pylint: disable=g-import-not-at-top
+  tf = quiet_tf.import_tensorflow()
+  from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
+  features = {f: np.asarray(texts[f], dtype=object) for f in task.feature_names}
+  features.update(label=labels, idx=np.arange(len(labels), dtype=np.int32))
+  ds = tf.data.Dataset.from_tensor_slices(features)
+  if task.is_regression:
+    ds = preprocessors.stsb(ds)
+  else:
+    ds = preprocessors.glue(ds, benchmark_name=task.benchmark_name, label_names=list(task.label_names),
+                            feature_names=None if task.tfds_name else list(task.feature_names))
+  rows = list(ds.as_numpy_iterator())
+  return [r["inputs"].decode() for r in rows], [r["targets"].decode() for r in rows]
+
+
+def test_text_to_text_port_equals_t5_preprocessors(glue_dir):
+  """The plain-Python text-to-text form is t5's, byte for byte: local tasks (the user's feature
+  order), GLUE tasks (sorted features, unlabelled test rows) and STS-B's rounding (halves to even)."""
+  scores = [f"{x:.2f}" for x in np.arange(0, 5.0001, 0.01)] + ["0.1", "0.3", "2.5", "4.9"]
+  _write_tsv(os.path.join(glue_dir, "STS-B", "train.tsv"),
+             [[str(i), "main", "f", "2012", "0", "a", "b", f"Left {i}.", f"Right {i}.", s]
+              for i, s in enumerate(scores)],
+             ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
+              "sentence2", "score"])
+  for name, split, root in (("rotten_tomatoes", "validation", None), ("bible_paraphrase", "train", None),
+                            ("bbc_news", "test", None), ("mnli", "train", glue_dir), ("stsb", "train", glue_dir),
+                            ("sst2", "validation", glue_dir)):
+    ex = glue_tasks.load_examples(name, split, glue_dir=root)
+    texts, labels = glue_tasks.read_tsv_rows(ex["task"], ex["source"])
+    assert (ex["inputs"], ex["targets"]) == _t5_text_to_text(ex["task"], texts, labels), name
+  unlabelled = glue_tasks.get_task("sst2")
+  texts = {"sentence": ["no label here", "a label"]}
+  labels = np.array([-1, 1])
+  assert _t5_text_to_text(unlabelled, texts, labels)[1] == ["<unk>", "positive"]
+  assert glue_tasks.text_to_text(unlabelled, texts, labels) == _t5_text_to_text(unlabelled, texts, labels)
+
+
 def test_unknown_task_missing_split_and_bad_label(tmp_path, glue_dir):
   with pytest.raises(ConfigError, match=r"unknown task 'sst3'.*sst2"):
     glue_tasks.get_task("sst3")
@@ -200,6 +239,20 @@ def test_classification_metrics_equal_scikit_learn():
   multi_t, multi_p = [0, 1, 2, 3, 4, 4, 2], [0, 1, 2, 3, 3, 4, 1]
   assert glue_metrics.compute_metrics("accuracy", multi_t, multi_p)["accuracy"] == pytest.approx(
       sklearn.metrics.accuracy_score(multi_t, multi_p) * 100)
+
+
+def test_metrics_equal_t5s():
+  from private_t5 import quiet_tf  # pylint: disable=g-import-not-at-top
+  quiet_tf.import_tensorflow()
+  from t5.evaluation import metrics as t5_metrics  # pylint: disable=g-import-not-at-top
+  t, p = list(_TARGETS), list(_PREDICTIONS)
+  assert glue_metrics.compute_metrics("mrpc", t, p) == pytest.approx(
+      {**t5_metrics.f1_score_with_invalid(t, p), **t5_metrics.accuracy(t, p)})
+  mcc = t5_metrics.sklearn_metrics_wrapper("matthews_corrcoef", metric_post_process_fn=lambda x: 100 * x)
+  assert glue_metrics.compute_metrics("cola", t, p) == pytest.approx(mcc(t, p))
+  st, sp = [0.0, 1.2, 2.4, 3.0, 4.8], [0.4, 1.0, 2.8, 3.2, -1.0]
+  assert glue_metrics.compute_metrics("stsb", st, sp) == pytest.approx(
+      {**t5_metrics.pearson_corrcoef(st, sp), **t5_metrics.spearman_corrcoef(st, sp)})
 
 
 def test_regression_metrics_equal_scipy():

@@ -1,8 +1,8 @@
 """GLUE (and GLUE-layout) tasks in T5's text-to-text form, as random-access example sources.
 
-Each task turns a labelled row into `inputs` / `targets` text with t5's own GLUE
-preprocessors (`t5.data.preprocessors.glue` / `.stsb`, configured as `t5.data.glue_utils`
-does), e.g. `{"sentence": "a gem", "label": 1}` -> `"sst2 sentence: a gem"` -> `"positive"`,
+Each task turns a labelled row into `inputs` / `targets` text as t5's GLUE preprocessors do
+(`t5.data.preprocessors.glue` / `.stsb`, configured as `t5.data.glue_utils` does; ported,
+so no TensorFlow is imported), e.g. `{"sentence": "a gem", "label": 1}` -> `"sst2 sentence: a gem"` -> `"positive"`,
 and STS-B scores rounded to the nearest 0.2 ("3.4"). Rows come from
 
 * TFDS `glue/<task>` when it is prepared under `tfds_data_dir` (never downloaded), or
@@ -28,7 +28,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from private_t5 import quiet_tf
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import source as source_lib
 from private_t5.data import tfds as tfds_lib
@@ -369,7 +368,7 @@ def _load_rows(name: str, split: str, glue_dir: Optional[str], tfds_data_dir: Op
 
 def load_examples(name: str, split: str, glue_dir: Optional[str] = None,
                   tfds_data_dir: Optional[str] = None) -> Dict[str, object]:
-  """Text-to-text examples of one task split, preprocessed by t5's GLUE preprocessors.
+  """Text-to-text examples of one task split, in t5's GLUE text-to-text form.
 
   Returns:
     dict with `inputs`, `targets` (lists of str), `labels` (int64 class ids, or float32
@@ -377,35 +376,29 @@ def load_examples(name: str, split: str, glue_dir: Optional[str] = None,
   """
   task = get_task(name)
   (texts, labels), source = _load_rows(name, split, glue_dir, tfds_data_dir)
-  inputs, targets = _text_to_text(task, texts, labels)
+  inputs, targets = text_to_text(task, texts, labels)
   return {"task": task, "inputs": inputs, "targets": targets, "labels": labels, "source": source}
 
 
-def _text_to_text(task: GlueTask, texts: Mapping[str, List[str]], labels: np.ndarray):
-  """Runs t5's GLUE preprocessor over the rows (as `t5.data.glue_utils` configures it)."""
-  tf = quiet_tf.import_tensorflow()
-  # Lazy: t5 imports TensorFlow; only this preprocessor needs it.
-  from t5.data import preprocessors  # pylint: disable=g-import-not-at-top
-  features = {f: np.asarray(texts[f], dtype=object) for f in task.feature_names}
-  features["label"] = labels
-  features["idx"] = np.arange(len(labels), dtype=np.int32)
-  ds = tf.data.Dataset.from_tensor_slices(features)
+def text_to_text(task: GlueTask, texts: Mapping[str, List[str]], labels: np.ndarray):
+  """T5's text-to-text form of the rows: `t5.data.preprocessors.glue` / `.stsb` (configured as
+  `t5.data.glue_utils` does), ported to plain Python so that no TensorFlow is needed;
+  tests/test_glue_tasks.py checks it against t5's own preprocessors."""
   if task.is_regression:
     if task.feature_names != ("sentence1", "sentence2"):
       raise ConfigError(f"task {task.name!r}: regression tasks use the STS-B layout "
                         "(sentence1, sentence2)")
-    ds = preprocessors.stsb(ds)
-  else:
-    # GLUE tasks use t5's default order (feature names sorted, e.g. MNLI "hypothesis: ...
-    # premise: ..."); a registered local task keeps the order its user gave.
-    feature_names = None if task.tfds_name else list(task.feature_names)
-    ds = preprocessors.glue(ds, benchmark_name=task.benchmark_name, label_names=list(task.label_names),
-                            feature_names=feature_names)
-  ds = ds.batch(4096)
-  inputs, targets = [], []
-  for batch in ds.as_numpy_iterator():
-    inputs.extend(x.decode("utf-8") for x in batch["inputs"])
-    targets.extend(x.decode("utf-8") for x in batch["targets"])
+    inputs = [f"stsb sentence1: {a} sentence2: {b}" for a, b in zip(texts["sentence1"], texts["sentence2"])]
+    # The score rounded to the nearest 0.2 in float32, halves to even (as tf.round), one decimal.
+    rounded = np.round(np.asarray(labels, np.float32) * np.float32(5)) / np.float32(5)
+    return inputs, [f"{score:.1f}" for score in rounded]
+  # GLUE tasks use t5's default order (feature names sorted, e.g. MNLI "hypothesis: ...
+  # premise: ..."); a registered local task keeps the order its user gave.
+  keys = sorted(task.feature_names) if task.tfds_name else list(task.feature_names)
+  inputs = [" ".join([task.benchmark_name] + [part for key in keys for part in (f"{key}:", texts[key][i])])
+            for i in range(len(labels))]
+  # A row without a label (-1, GLUE's test splits) gets "<unk>", as in t5.
+  targets = ["<unk>" if label == -1 else task.label_names[label] for label in labels.tolist()]
   return inputs, targets
 
 

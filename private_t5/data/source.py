@@ -234,7 +234,7 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
 
   Args:
     corpus: corpus spec (see `corpora.iter_documents`).
-    vocab_path: SentencePiece model (T5 layout); seqio adds 100 sentinels.
+    vocab_path: SentencePiece model (T5 layout); the vocabulary adds 100 sentinels.
     objective: "span_corruption" or "prefix_lm".
     feature_lengths: {"inputs": Li, "targets": Lt}; default 512/114.
     privacy_unit: "document", "example" or "user" (see the module docstring).

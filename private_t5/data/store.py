@@ -242,7 +242,7 @@ def store_key(spec: str, vocab_sha256: str, reader_options: Dict[str, object]) -
 
 
 def _sentencepiece_processor(vocab_path: str):
-  """The SentencePiece model as seqio loads it (validated: T5 layout, real model)."""
+  """The vocabulary with its sentinels and its processor (validated: T5 layout, real model)."""
   vocab = vocab_lib.load_vocabulary(vocab_path)
   return vocab, vocab_lib.sentencepiece_processor(vocab)
 
@@ -385,7 +385,7 @@ def cache_target(corpus: str, vocab_path: str, reader_options, cache_dir: Option
 
 
 def load_processor(vocab_path: str):
-  """(seqio vocabulary, SentencePieceProcessor) exactly as the store build tokenizes with them."""
+  """(vocabulary, SentencePieceProcessor) exactly as the store build tokenizes with them."""
   return _sentencepiece_processor(vocab_path)
 
 

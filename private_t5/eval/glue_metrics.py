@@ -1,8 +1,11 @@
 """GLUE metrics of decoded predictions, as T5 computes them (`t5.data.glue_utils.GLUE_METRICS`).
 
-Predictions are decoded strings; they are mapped back to class ids (or STS-B scores) with
-t5's postprocessors (`string_label_to_class_id`, `string_to_float`): a string outside the
-label set becomes -1 and counts as wrong. Scores are in percent, as in T5 and Ponomareva et al. 2022:
+Predictions are decoded strings; they are mapped back to class ids (or STS-B scores) as t5's
+postprocessors (`string_label_to_class_id`, `string_to_float`) do: a string outside the label
+set becomes -1 and counts as wrong. The metrics are t5's (`t5.evaluation.metrics`): the same
+scikit-learn and SciPy calls, made here so that no TensorFlow is imported
+(tests/test_glue_tasks.py compares them with t5's). Scores are in percent, as in T5 and
+Ponomareva et al. 2022:
 
   cola: Matthews correlation   sst2, mnli_*, qnli, rte, wnli: accuracy
   mrpc, qqp: F1 and accuracy   stsb: Pearson and Spearman correlation
@@ -13,8 +16,8 @@ A task's headline score (one column of the paper's Table 2) is the mean of its m
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
-
-from private_t5 import quiet_tf
+import scipy.stats
+import sklearn.metrics
 
 # metric key -> names of the t5.evaluation.metrics results it reports
 TASK_METRICS = {
@@ -37,20 +40,34 @@ COLUMN_TITLES = {"mnli_matched": "mnli_m", "mnli_mismatched": "mnli_msm"}
 
 def postprocess(prediction: str, label_names: Optional[Sequence[str]]):
   """Decoded text -> class id (-1 when not a label) or float score (-1.0 when not a number)."""
-  quiet_tf.import_tensorflow()  # t5 imports it
-  # Lazy: t5 imports TensorFlow; only the GLUE postprocessors and metrics need it.
-  from t5.data import postprocessors  # pylint: disable=g-import-not-at-top
   if label_names is None:
-    return float(postprocessors.string_to_float(prediction, default=-1.0))
-  return int(postprocessors.string_label_to_class_id(prediction, label_classes=list(label_names),
-                                                     default=-1))
+    try:
+      return float(prediction)
+    except ValueError:
+      return -1.0
+  label_names = list(label_names)
+  return label_names.index(prediction) if prediction in label_names else -1
+
+
+def _f1_with_invalid(targets, predictions) -> float:
+  """Binary F1 where a prediction other than 0 or 1 counts as wrong (t5's f1_score_with_invalid)."""
+  targets, predictions = np.asarray(targets), np.array(predictions)
+  invalid = np.logical_and(predictions != 0, predictions != 1)
+  predictions[invalid] = 1 - targets[invalid]
+  return sklearn.metrics.f1_score(targets, predictions)
+
+
+_METRIC_FNS = {
+    "accuracy": sklearn.metrics.accuracy_score,
+    "f1": _f1_with_invalid,
+    "matthews_corrcoef": sklearn.metrics.matthews_corrcoef,
+    "pearson_corrcoef": lambda t, p: scipy.stats.pearsonr(t, p)[0],
+    "spearman_corrcoef": lambda t, p: scipy.stats.spearmanr(t, p)[0],
+}
 
 
 def compute_metrics(metric: str, targets: Sequence, predictions: Sequence) -> Dict[str, float]:
   """The task's GLUE metrics (percent) of postprocessed `predictions` against `targets`."""
-  quiet_tf.import_tensorflow()  # t5 imports it
-  # Lazy: t5 imports TensorFlow; only the GLUE metrics need it.
-  from t5.evaluation import metrics as t5_metrics  # pylint: disable=g-import-not-at-top
   if metric not in TASK_METRICS:
     raise ValueError(f"unknown GLUE metric {metric!r}; valid: {', '.join(TASK_METRICS)}")
   targets, predictions = list(targets), list(predictions)
@@ -58,25 +75,15 @@ def compute_metrics(metric: str, targets: Sequence, predictions: Sequence) -> Di
     raise ValueError(f"need equally many targets and predictions, got {len(targets)} and {len(predictions)}")
   out = {}
   for name in TASK_METRICS[metric]:
-    if name == "accuracy":
-      out.update(t5_metrics.accuracy(targets, predictions))
-    elif name == "f1":
-      out.update(t5_metrics.f1_score_with_invalid(targets, predictions))
-    elif name == "matthews_corrcoef":
-      fn = t5_metrics.sklearn_metrics_wrapper("matthews_corrcoef", metric_post_process_fn=lambda x: 100 * x)
-      out.update(fn(targets, predictions))
-    elif name == "pearson_corrcoef":
-      out.update(_correlation(t5_metrics.pearson_corrcoef, "pearson_corrcoef", targets, predictions))
-    elif name == "spearman_corrcoef":
-      out.update(_correlation(t5_metrics.spearman_corrcoef, "spearman_corrcoef", targets, predictions))
-  return {k: float(v) for k, v in out.items()}
+    if name in ("pearson_corrcoef", "spearman_corrcoef") and _constant(targets, predictions):
+      out[name] = 0.0  # a constant has no correlation (SciPy returns NaN): report 0
+    else:
+      out[name] = 100 * float(_METRIC_FNS[name](targets, predictions))
+  return out
 
 
-def _correlation(fn, name: str, targets, predictions) -> Dict[str, float]:
-  # A constant prediction has no correlation; SciPy returns NaN there: report 0.
-  if np.std(np.asarray(predictions, np.float64)) == 0 or np.std(np.asarray(targets, np.float64)) == 0:
-    return {name: 0.0}
-  return fn(targets, predictions)
+def _constant(targets, predictions) -> bool:
+  return bool(np.std(np.asarray(predictions, np.float64)) == 0 or np.std(np.asarray(targets, np.float64)) == 0)
 
 
 def headline(scores: Mapping[str, float]) -> float:

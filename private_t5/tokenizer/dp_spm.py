@@ -469,7 +469,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     corpus: a corpus spec (see `private_t5.data.corpora`) or a list of them.
     output: path of the `.model` file.
     vocab_size: requested SentencePiece pieces, including the 3 special, 256 byte and base
-      character pieces (T5's 100 sentinels come on top, from seqio).
+      character pieces (T5's 100 sentinels come on top, added by `load_vocabulary`).
     model_type: "unigram" (default), "bpe" or "char".
     delta: total δ (half to the Gaussian counts, half to the threshold).
     target_epsilon: calibrate σ for this ε (tight accounting); or give `noise_std`.

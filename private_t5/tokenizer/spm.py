@@ -1,6 +1,6 @@
 """SentencePiece training shared by `private-t5 spm` (public) and `private-t5 dp-spm` (private).
 
-Vocabularies follow T5's layout: pad=0, eos=1, unk=2, no BOS; seqio adds 100 sentinel
+Vocabularies follow T5's layout: pad=0, eos=1, unk=2, no BOS; `vocabulary.py` adds 100 sentinel
 extra ids on top (`<extra_id_0>` … `<extra_id_99>`) at the top of the id space.
 `load_vocabulary` (from `private_t5.vocabulary`) reads them back.
 """

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Dict, Mapping, Optional, TextIO
 
-from private_t5 import quiet_tf
 from private_t5.models import run_dir
+from private_t5.train import event_file
 
 # Tag prefix of metrics computed from private data without DP (training batches, validation).
 NOT_DP_PREFIX = "nondp/"
@@ -38,35 +38,25 @@ def validation_metrics(summary: Mapping) -> Optional[Dict]:
 
 
 class SummaryWriter:
-  """Scalars to TensorBoard event files in MODEL_DIR/tensorboard/<split> (tf.summary)."""
+  """Scalars to TensorBoard event files in MODEL_DIR/tensorboard/<split> (no TensorFlow needed)."""
 
   def __init__(self, model_dir: str, enabled: bool = True):
     self._root = run_dir.tensorboard_dir(model_dir)
     self._enabled = enabled
-    self._writers = {}
+    self._writers: Dict[str, event_file.EventFileWriter] = {}
 
   @property
   def log_dir(self) -> str:
     return self._root
 
-  def _writer(self, split: str):
-    if split not in self._writers:
-      tf = quiet_tf.import_tensorflow()
-      self._writers[split] = tf.summary.create_file_writer(os.path.join(self._root, split))
-    return self._writers[split]
-
   def scalars(self, split: str, step: int, values: Mapping[str, float]) -> None:
+    """Writes the finite values at `step` to the `split` event file and flushes it."""
     if not self._enabled:
       return
-    tf = quiet_tf.import_tensorflow()
-    writer = self._writer(split)
-    with writer.as_default(step=int(step)):
-      for name, value in values.items():
-        if value is not None and math.isfinite(float(value)):
-          # `tf.summary.write` with the scalars plugin's metadata is what `tf.summary.scalar`
-          # writes, without needing the tensorboard package installed.
-          tf.summary.write(name, tf.constant(float(value), tf.float32), metadata=_scalar_metadata())
-    writer.flush()
+    if split not in self._writers:
+      self._writers[split] = event_file.EventFileWriter(os.path.join(self._root, split))
+    self._writers[split].add_scalars(step, values)
+    self._writers[split].flush()
 
   def close(self) -> None:
     for writer in self._writers.values():
@@ -74,23 +64,9 @@ class SummaryWriter:
     self._writers.clear()
 
 
-def _scalar_metadata():
-  quiet_tf.import_tensorflow()
-  # Lazy: TensorFlow takes seconds to import; only the TensorBoard writer needs it.
-  from tensorflow.core.framework import summary_pb2  # pylint: disable=g-import-not-at-top
-  return summary_pb2.SummaryMetadata(
-      plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-
-
 def read_scalars(event_dir: str) -> Dict[str, list]:
   """{tag: [(step, value), ...]} from the event files in `event_dir` (for tests and tools)."""
-  tf = quiet_tf.import_tensorflow()
-  out: Dict[str, list] = {}
-  for name in sorted(os.listdir(event_dir)):
-    for event in tf.compat.v1.train.summary_iterator(os.path.join(event_dir, name)):
-      for value in event.summary.value:
-        out.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
-  return out
+  return event_file.read_scalars(event_dir)
 
 
 def format_duration(seconds: float) -> str:

@@ -53,21 +53,13 @@ INITIALIZATION_TIMEOUT_S = 120
 
 
 def hide_accelerators_from_tensorflow() -> None:
-  """TensorFlow, which runs the input pipelines and writes TensorBoard files, keeps to the CPU.
+  """TensorFlow, which runs the input pipelines of `tfds:` corpora and GLUE, keeps to the CPU.
 
-  Otherwise TensorFlow claims (nearly all of) every GPU's memory the first time it runs an
-  op, and JAX's training step then runs out of memory. T5X does the same. It must run before
-  TensorFlow's first op; later it is a no-op (logged). Without TensorFlow it does nothing.
+  `quiet_tf.import_tensorflow` hides the GPUs from TensorFlow when it imports it; this call
+  hides them from a TensorFlow that something else imported already. It never imports
+  TensorFlow (a run on local corpora needs none).
   """
-  try:
-    tf = quiet_tf.import_tensorflow()
-  except ImportError:
-    return
-  try:
-    with quiet_tf.silenced_stderr():  # its look at the devices logs "failed call to cuInit" without a GPU
-      tf.config.set_visible_devices([], "GPU")
-  except RuntimeError as e:  # TensorFlow's runtime already started in this process
-    logging.debug("TensorFlow keeps its devices: %s", e)
+  quiet_tf.hide_accelerators()
 
 
 def initialize_distributed() -> bool:
