@@ -43,12 +43,13 @@ def test_dtype_ratios_compare_each_method_with_its_float32_step():
   assert ratios[1]["compiled_memory"] == pytest.approx(1.1)
   # The DP / non-DP ratios stay within one dtype.
   dp = bench._ratios(results)  # pylint: disable=protected-access
-  assert [(r["preset"], r["throughput"]) for r in dp] == [
-      ("t5_1_0_tiny float32", pytest.approx(0.8)), ("t5_1_0_tiny bfloat16", pytest.approx(0.6))]
+  assert [(r["dtype"], r["throughput"]) for r in dp] == [
+      ("float32", pytest.approx(0.8)), ("bfloat16", pytest.approx(0.6))]
   text = bench.markdown({"machine": dict(platform="linux", cpu_count=2, jax="x", backend="cpu",
                                          load_average=(1.0,), time_utc="t"),
                          "results": results, "ratios": dp, "dtype_ratios": ratios})
   assert "| t5_1_0_tiny | 32/8 | 4 | ghost | bfloat16 | 2.00 | 2.00 | 1.10 | 1.00 |" in text
+  assert "| t5_1_0_tiny bfloat16 | 32/8 | 4 | ghost | 0.60 |" in text
 
 
 @pytest.mark.parametrize("kwargs,match", [

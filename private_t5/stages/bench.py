@@ -355,7 +355,8 @@ def _ratios(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     b = base.get(_case_key(r))
     if r["method"] == NONDP or b is None:
       continue
-    row = dict(preset=_model_label(r), inputs=r["inputs"], targets=r["targets"],
+    row = dict(preset=r["preset"], dtype=r.get("dtype"), activation_dtype=r.get("activation_dtype"),
+               inputs=r["inputs"], targets=r["targets"],
                batch_size=r["batch_size"], method=r["method"],
                throughput=r["examples_per_s"] / b["examples_per_s"],
                cpu_throughput=_safe_div(b.get("step_cpu_s"), r.get("step_cpu_s")),
@@ -409,7 +410,7 @@ def markdown(report: Dict[str, Any]) -> str:
            "| compiled peak memory × | peak RSS × | XLA FLOPs × | max batch × |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for r in report["ratios"]:
-    lines.append(f"| {r['preset']} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
+    lines.append(f"| {_model_label(r)} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
                  f"| {_fmt(r['throughput'])} | {_fmt(r.get('cpu_throughput'))} "
                  f"| {_fmt(r['compiled_memory'])} | {_fmt(r['rss'])} "
                  f"| {_fmt(r['flops'])} | {_fmt(r.get('max_batch'))} |")
