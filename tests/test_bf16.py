@@ -27,8 +27,12 @@ from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.stages import gin_utils
 from private_t5.tokenizer.spm import train_from_sentences
+from private_t5.models import checkpoints
+from private_t5.stages import train as train_stage
 from private_t5.train import optimizers, partitioning
 from private_t5.train.trainer import Trainer, make_loss_fn
+
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
 
 INPUT_LENGTH, TARGET_LENGTH, BATCH = 32, 8, 8
 CLIP = 1.0
@@ -254,3 +258,23 @@ def test_model_files_set_the_activation_dtype_macro(name, dtype):
   assert _dtype_from([f"configs/models/{name}.gin"]) == dtype == models.load_preset(name).dtype
   other = "float32" if dtype == "bfloat16" else "bfloat16"
   assert _dtype_from([f"configs/models/{name}.gin"], [f"ACTIVATION_DTYPE = '{other}'"]) == other
+
+
+@pytest.mark.slow
+def test_bf16_dp_training_end_to_end(shared_data, tmp_path):
+  """`private-t5 train` with `ACTIVATION_DTYPE='bfloat16'` on fortunes: DP steps with ghost
+  clipping, a checkpoint whose parameters are float32 and whose config keeps the dtype."""
+  corpus, vocab = fortunes_corpus_and_vocab(shared_data, str(tmp_path))
+  model_dir = str(tmp_path / "run")
+  summary = train_stage.run_from_args([
+      "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
+      f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", "--gin.TRAIN_STEPS=2",
+      f"--gin.DATA_CACHE_DIR={tmp_path}/cache", *MICRO_TRAIN_ARGS,
+      "--gin.ACTIVATION_DTYPE='bfloat16'", "--gin.train.clipping_method='ghost'"])
+  assert summary["final_step"] == 2 and summary["private"]
+  params, config, _ = checkpoints.restore_for_inference(model_dir)
+  assert config.dtype == "bfloat16"
+  leaves = jax.tree.leaves(params)
+  assert {np.asarray(x).dtype for x in leaves} == {np.dtype(np.float32)}
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
+
