@@ -295,8 +295,8 @@ def check_second_pass_dtype(recording: Recording) -> None:
 
   The second pass's backward pass forms `sum_i c_i a_i^T g_i` of each layer in one matmul in
   the activation dtype: with bfloat16 (8-bit mantissa) the rounding of that sum is about 2^-9
-  of the whole batch's sum, so adding or removing one example can move the result by more
-  than C (measured: 1.002 C on the tiny model, docs/model.md).
+  of the whole batch's sum (up to B C 2^-9 for B clipped examples), so adding or removing one
+  example can move the result by more than C (docs/model.md, "Activation dtype").
   """
   low = sorted({str(s.dtype) for s in recording.output_shapes.values()} - {"float32"})
   if low:
