@@ -210,6 +210,25 @@ def test_token_canaries_and_loss_scoring(tmp_path, shared_data):
   assert losses.tolist() == [float(i % 8) for i in range(30)]
 
 
+def _explicit_clipped_sum(vectors, clip_norm, clip=True):
+  """A clipped sum written out in numpy: sum_i w_i min(1, C / ||v_i||) v_i (or unclipped)."""
+  def run(batch):
+    norms = np.linalg.norm(vectors, axis=1)
+    factors = np.minimum(1.0, clip_norm / norms) if clip else np.ones_like(norms)
+    return {"w": np.einsum("b,bd->d", factors * batch["example_weight"], vectors)}
+  return run
+
+
+def test_sensitivity_ratios_of_an_explicit_clipped_sum():
+  vectors = np.array([[3.0, 4.0], [0.3, 0.4], [6.0, 8.0], [1.0, 1.0]])  # norms 5, 0.5, 10, sqrt 2
+  batch = {"example_weight": np.array([1, 1, 1, 0], np.float32)}  # the last row is padding
+  ratios = auditing.sensitivity_ratios(_explicit_clipped_sum(vectors, 2.0), batch, 2.0)
+  np.testing.assert_allclose(ratios, [1.0, 0.25, 1.0])  # min(||v_i||, C) / C for the real rows
+  unclipped = auditing.sensitivity_ratios(_explicit_clipped_sum(vectors, 2.0, clip=False), batch, 2.0)
+  assert unclipped.max() == pytest.approx(5.0)  # a sum without the clip fails the bound
+  assert batch["example_weight"].tolist() == [1, 1, 1, 0]  # the caller's batch is not modified
+
+
 def test_report_section_is_loud_on_a_violation():
   from private_t5.eval import report
   base = {"epsilon_lower_bound": 2.5, "confidence": 0.95, "delta": 1e-5, "num_canaries": 200, "num_included": 98,

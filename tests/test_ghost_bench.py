@@ -33,11 +33,32 @@ def test_ratios_are_against_the_non_dp_step_of_the_same_shape():
   assert "| t5_1_0_tiny | 32/8 | 4 | ghost | 0.80 | 0.80 | 1.10 | 1.20 | 1.20 | 0.75 |" in text
 
 
+def test_dtype_ratios_compare_each_method_with_its_float32_step():
+  results = [dict(_result(m, s, p, 1000, 10.0), dtype=d) for m, s, p, d in (
+      ("nondp", 2.0, 100, "float32"), ("nondp", 3.0, 150, "bfloat16"),
+      ("ghost", 2.5, 110, "float32"), ("ghost", 5.0, 121, "bfloat16"))]
+  ratios = bench._dtype_ratios(results)  # pylint: disable=protected-access
+  assert [(r["method"], r["dtype"]) for r in ratios] == [("nondp", "bfloat16"), ("ghost", "bfloat16")]
+  assert ratios[0]["step_time"] == pytest.approx(1.5) and ratios[1]["step_time"] == pytest.approx(2.0)
+  assert ratios[1]["compiled_memory"] == pytest.approx(1.1)
+  # The DP / non-DP ratios stay within one dtype.
+  dp = bench._ratios(results)  # pylint: disable=protected-access
+  assert [(r["dtype"], r["throughput"]) for r in dp] == [
+      ("float32", pytest.approx(0.8)), ("bfloat16", pytest.approx(0.6))]
+  text = bench.markdown({"machine": dict(platform="linux", cpu_count=2, jax="x", backend="cpu",
+                                         load_average=(1.0,), time_utc="t"),
+                         "results": results, "ratios": dp, "dtype_ratios": ratios})
+  assert "| t5_1_0_tiny | 32/8 | 4 | ghost | bfloat16 | 2.00 | 2.00 | 1.10 | 1.00 |" in text
+  assert "| t5_1_0_tiny bfloat16 | 32/8 | 4 | ghost | 0.60 |" in text
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(methods=["fast"]), "methods"),
     (dict(shapes=[(32, 8)]), "shapes"),
     (dict(presets=["t5_9_9"]), "preset"),
     (dict(steps=0), "steps"),
+    (dict(dtypes=["bf16"]), "dtypes"),
+    (dict(dtypes=[]), "dtypes"),
 ])
 def test_invalid_configuration_raises_config_error(kwargs, match, tmp_path):
   args = dict(presets=["t5_1_0_tiny"], shapes=[(32, 8, 2)], output_dir=str(tmp_path))

@@ -183,15 +183,20 @@ class DPAggregator:
     """Noiseless sum_i w_i clip_C(grad l_i) in float32, and its (non-DP) statistics.
 
     Sensitivity: adding or removing one example changes this sum by at most C in L2 norm
-    (each term has norm <= C because min(1, C/||g||) ||g|| <= C and w_i in {0, 1}).
+    (each term has norm <= C because min(1, C/||g||) ||g|| <= C and w_i in {0, 1}), up to
+    float32 rounding: the per-example gradients are cast to float32 once and both the norm
+    and the sum read those values, also with bfloat16 activations.
     """
 
     batch, row_ids = clipping.split_row_ids(batch)
     losses, grads = self.per_example_grads(params, batch, row_ids, dropout_rng)
+    # The norm and the sum read the same float32 values (whatever the activation dtype), so
+    # the norm that sets each clip factor is the norm of what is summed (docs/model.md).
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     c = clipping.clip(jax.vmap(optax.tree.norm)(grads), batch["example_weight"], self.clip_norm)
     # Rows not kept (padding, NaN/inf gradients) are zeroed before the sum: 0 * NaN = NaN.
     grads = clipping.zero_dropped(grads, c.keep)
-    grad_sum = jax.tree.map(lambda g: jnp.tensordot(c.scale, g.astype(jnp.float32), axes=1), grads)
+    grad_sum = jax.tree.map(lambda g: jnp.tensordot(c.scale, g, axes=1), grads)
     stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
     return grad_sum, clipping.clipping_metrics(batch, *stats)
 

@@ -31,8 +31,9 @@ bound itself is a few lines of scipy, tested here against closed forms and exact
 """
 import dataclasses
 import secrets
-from typing import Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
+import jax
 import numpy as np
 from scipy import special, stats
 
@@ -159,4 +160,35 @@ def max_lower_bound(guesses: int, delta: float = 0.0, confidence: float = 0.95,
                     num_canaries: Optional[int] = None) -> float:
   """The bound that `guesses` guesses, all correct, would give: the most this audit can show."""
   return epsilon_lower_bound(num_canaries or guesses, guesses, guesses, delta, confidence)
+
+
+def sensitivity_ratios(clipped_sum: Callable[[Dict[str, Any]], Any], batch: Dict[str, Any],
+                       clip_norm: float) -> np.ndarray:
+  """White-box audit of a clipped sum: ||S(D) - S(D minus example i)|| / C for each real row i.
+
+  The neighbour of the batch without example i is the same batch with row i turned into a
+  padding row (`example_weight` 0), as the Poisson sampler pads. The Gaussian mechanism's
+  guarantee assumes every ratio is at most 1; unlike the one-run audit above this checks the
+  implementation (clip, dtype, reductions) directly, before any noise.
+
+  Args:
+    clipped_sum: batch -> the noiseless clipped sum (a pytree), e.g. an aggregator's
+      `clipped_sum` with the parameters and dropout key fixed.
+    batch: a batch in the trainer's layout (numpy arrays, `example_weight` 1 on real rows).
+    clip_norm: C.
+
+  Returns:
+    float64 ratios [number of real rows], in row order.
+  """
+  def flat(tree):
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+
+  weights = np.asarray(batch["example_weight"])
+  full = flat(clipped_sum(batch))
+  ratios = []
+  for row in np.flatnonzero(weights > 0):
+    neighbour = dict(batch, example_weight=weights.copy())
+    neighbour["example_weight"][row] = 0
+    ratios.append(np.linalg.norm(full - flat(clipped_sum(neighbour))) / clip_norm)
+  return np.asarray(ratios, np.float64)
 

@@ -27,6 +27,14 @@ input, a layer type ghost norms do not know) is refused at trace time (`check_co
 Each example is evaluated as a batch of one under `jax.vmap` with dropout key
 `fold_in(dropout_rng, row)`, exactly like `DPAggregator`, so both methods compute the same
 function of the batch (same privacy semantics, same noise, same division by q N).
+
+Low-precision activations (`T5Config.dtype="bfloat16"`): the recorded inputs and output
+gradients are in the activation dtype; the norms and the book-keeping sum both cast those
+same values to float32 and compute in float32, so the norm that sets example i's clip factor
+is the norm of the term `c_i a_i^T g_i` that is summed, up to float32 rounding. The second
+pass instead sums the examples' weight gradients inside one bfloat16 backward pass: its
+rounding scales with the whole batch's sum, not with C, so it is refused for such models
+(`check_second_pass_dtype`).
 """
 import collections
 import inspect
@@ -282,6 +290,22 @@ def check_coverage(params: PyTree, recording: Recording) -> None:
                       "train.clipping_method='vmap'")
 
 
+def check_second_pass_dtype(recording: Recording) -> None:
+  """Raises ConfigError when the second pass would sum gradients in a low-precision dtype.
+
+  The second pass's backward pass forms `sum_i c_i a_i^T g_i` of each layer in one matmul in
+  the activation dtype: with bfloat16 (8-bit mantissa) the rounding of that sum is about 2^-9
+  of the whole batch's sum (up to B C 2^-9 for B clipped examples), so adding or removing one
+  example can move the result by more than C (docs/model.md, "Activation dtype").
+  """
+  low = sorted({str(s.dtype) for s in recording.output_shapes.values()} - {"float32"})
+  if low:
+    raise ConfigError(f"ghost clipping's second pass sums the clipped gradients in {low[0]} "
+                      "activations, whose rounding can exceed the clip norm's bound; use "
+                      "clipped_sum_method='bookkeeping' (the default) or vmap clipping, which sum "
+                      "in float32, or T5Config.dtype='float32'")
+
+
 def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array],
                          out_grads: Dict[str, jax.Array], norm_method: str = gn.AUTO,
                          instantiated: Optional[Dict[str, jax.Array]] = None
@@ -391,9 +415,10 @@ class GhostDPAggregator(DPAggregator):
     norm_method: "auto" (per layer, the cheaper of the Gram identity and the instantiated
       per-example gradient), "gram" or "instantiate".
     clipped_sum_method: "bookkeeping" (one backward pass) or "second_pass" (ghost clipping
-      with a second backward pass of the reweighted loss). Both drop an example with a
-      non-finite gradient exactly, as `DPAggregator` does (`clipping.clip`); when a batch has
-      one, the second pass recomputes its forward with a kept row in the dropped row's place.
+      with a second backward pass of the reweighted loss; float32 activations only). Both
+      drop an example with a non-finite gradient exactly, as `DPAggregator` does
+      (`clipping.clip`); when a batch has one, the second pass recomputes its forward with a
+      kept row in the dropped row's place.
     reuse_instantiated: with book-keeping, keep the per-example kernel gradients of the
       layers whose norms are instantiated and sum them with the clip factors (no second
       weight-gradient computation for those layers; memory B x their parameters).
@@ -419,6 +444,8 @@ class GhostDPAggregator(DPAggregator):
     first = jax.tree.map(lambda x: x[0], batch)
     recording = record_layer_uses(self.loss_fn, params, first, None if keys is None else keys[0])
     check_coverage(params, recording)
+    if self.clipped_sum_method == SECOND_PASS:
+      check_second_pass_dtype(recording)
     uses, shapes = recording.uses, recording.output_shapes
     rows = clipping.num_rows(batch)
     deltas = {k: jnp.zeros((rows,) + s.shape, s.dtype) for k, s in shapes.items()}

@@ -25,7 +25,9 @@ term (`tied_embedding_sq_norms`).
 RMSNorm scales and the relative position bias table are tiny: their per-example gradients
 are instantiated.
 
-Everything is accumulated in float32, whatever the activation dtype.
+Everything is computed and accumulated in float32, whatever the activation dtype: inputs
+and output gradients are cast to float32 once (`as_sequence`), and the norms and the
+book-keeping sums (`*_weighted_sum`) read the same cast values.
 """
 from typing import Optional, Sequence, Tuple
 

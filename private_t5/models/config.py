@@ -36,8 +36,11 @@ class T5Config:
       scaled by `d_model**-0.5`; False (v1.1) adds `decoder/logits_dense`.
     relative_attention_num_buckets: buckets of the relative position bias.
     relative_attention_max_distance: distance beyond which all offsets share one bucket.
-    dtype: activation dtype ("float32" or "bfloat16"); parameters are always float32 and
-      logits are returned in float32.
+    dtype: activation dtype ("float32", "bfloat16" or "float16") of the matmuls and the
+      residual stream, as T5X's `T5Config.dtype`. Parameters and optimizer state are always
+      float32; layer norms, attention softmax, logits and the loss are computed in float32.
+      The T5 v1.1 presets other than tiny use "bfloat16" (as T5X's v1.1 configs); every other
+      preset "float32" (see docs/model.md, "Activation dtype").
   """
   vocab_size: int
   d_model: int
@@ -108,11 +111,12 @@ def _v1_0(d_model, num_heads, d_ff, layers, vocab_size=T5_VOCAB_SIZE, d_kv=None)
               feed_forward="relu", tie_embeddings=True)
 
 
-def _v1_1(d_model, num_heads, d_ff, layers, vocab_size=T5_VOCAB_SIZE, d_kv=64):
-  # T5 v1.1 was pretrained without dropout (it is turned back on for fine-tuning).
+def _v1_1(d_model, num_heads, d_ff, layers, vocab_size=T5_VOCAB_SIZE, d_kv=64, dtype="bfloat16"):
+  # T5 v1.1 was pretrained without dropout (it is turned back on for fine-tuning), with
+  # bfloat16 activations (T5X's t5_1_1 gin files); the tiny test preset stays float32.
   return dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads, d_kv=d_kv, d_ff=d_ff,
               num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.0,
-              feed_forward="gated-gelu", tie_embeddings=False)
+              feed_forward="gated-gelu", tie_embeddings=False, dtype=dtype)
 
 
 # The public T5 checkpoints' shapes (T5 paper Table 14; T5 v1.1 gin files).
@@ -122,7 +126,7 @@ PRESETS: Dict[str, dict] = {
     "t5_1_0_base": _v1_0(d_model=768, num_heads=12, d_ff=3072, layers=12),
     "t5_1_0_large": _v1_0(d_model=1024, num_heads=16, d_ff=4096, layers=24),
     "t5_1_1_tiny": _v1_1(d_model=128, num_heads=4, d_ff=256, layers=2, vocab_size=TINY_VOCAB_SIZE,
-                         d_kv=32),
+                         d_kv=32, dtype="float32"),
     "t5_1_1_small": _v1_1(d_model=512, num_heads=6, d_ff=1024, layers=8),
     "t5_1_1_base": _v1_1(d_model=768, num_heads=12, d_ff=2048, layers=12),
     "t5_1_1_large": _v1_1(d_model=1024, num_heads=16, d_ff=2816, layers=24),

@@ -16,7 +16,9 @@ its peak RSS is its own. Per method it records:
   compilations only; nothing is run).
 
 Results go to OUTPUT_DIR/bench.json and OUTPUT_DIR/bench.md; the headline is the ratio of
-each DP method to the non-DP step measured in the same run (these machines are noisy). For the
+each DP method to the non-DP step measured in the same run (these machines are noisy). With
+`benchmark.dtypes` (e.g. ["float32", "bfloat16"]) every case runs once per activation dtype
+and the report adds each dtype's ratio to the float32 step of the same method. For the
 ghost step the Markdown also breaks down the per-layer cost of the norm computation.
 """
 import concurrent.futures
@@ -70,12 +72,14 @@ def _random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, s
 
 
 def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
-                  noise_multiplier: float, dropout_rate: Optional[float]):
+                  noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None):
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
+  if dtype is not None:
+    overrides["dtype"] = dtype
   config = models.load_preset(preset, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
   if method == NONDP:
@@ -184,7 +188,8 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   import jax  # pylint: disable=g-import-not-at-top
   shape = (case["inputs"], case["targets"])
   config, trainer = _make_trainer(case["preset"], case["method"], case["batch_size"],
-                                  case["clip_norm"], case["noise_multiplier"], case["dropout_rate"])
+                                  case["clip_norm"], case["noise_multiplier"], case["dropout_rate"],
+                                  case.get("dtype"))
   batch_size, micro = case["batch_size"], case.get("microbatch_size")
   if micro is not None and micro >= batch_size:
     micro = None
@@ -199,6 +204,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   batch = _random_batch(config.vocab_size, batch_size, shape[0], shape[1], 0)
   memory = _memory(compiled)
   result = dict(case, compile_s=compile_s, memory=memory, flops=_flops(compiled), compiled_rows=compiled_rows,
+                activation_dtype=config.dtype,
                 num_params=sum(int(x.size) for x in jax.tree.leaves(state.params)))
   placed = trainer.place_batch(batch) if micro is None else None
   times, cpu_times = [], []
@@ -256,7 +262,7 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
               memory_budget_gb: Optional[float] = None,
               max_batch_shapes: Optional[Sequence[Sequence[int]]] = None,
               max_batch_cap: int = 1024, max_batch_resolution: float = 0.125,
-              isolate: bool = True) -> Dict[str, Any]:
+              dtypes: Optional[Sequence[str]] = None, isolate: bool = True) -> Dict[str, Any]:
   """Runs every (preset, shape, method) and writes bench.json and bench.md to `output_dir`.
 
   Args:
@@ -277,6 +283,9 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
       fits this budget (compilations only).
     max_batch_shapes: `(inputs, targets)` pairs the search runs for (None: all shapes).
     max_batch_cap, max_batch_resolution: search limit, and relative precision of the search.
+    dtypes: activation dtypes (`T5Config.dtype`) each case runs with, e.g. ["float32",
+      "bfloat16"]; None keeps each preset's own. Each non-float32 case is also reported as a
+      ratio to the float32 case of the same method (`dtype_ratios`).
     isolate: run each case in a fresh process (clean peak RSS); False runs in this process.
   """
   unknown = [m for m in methods if m not in METHODS]
@@ -292,29 +301,33 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
   from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
   for preset in presets:
     model_config.load_preset(preset)  # ConfigError for an unknown preset, before any work
+  if dtypes is not None and (not dtypes or any(d not in model_config.DTYPES for d in dtypes)):
+    raise ConfigError(f"benchmark.dtypes must be a non-empty list of {model_config.DTYPES} (or "
+                      f"None for each preset's own), got {dtypes!r}")
   search_for = None if max_batch_shapes is None else {tuple(int(v) for v in s) for s in max_batch_shapes}
 
   results = []
-  total = len(presets) * len(parsed) * len(methods)
-  for preset in presets:
-    for inputs, targets, batch_size in parsed:
-      for method in methods:
-        search = memory_budget_gb if (search_for is None or (inputs, targets) in search_for) else None
-        case = dict(preset=preset, inputs=inputs, targets=targets, batch_size=batch_size,
-                    method=method, steps=steps, warmup=warmup, clip_norm=clip_norm,
-                    noise_multiplier=noise_multiplier, dropout_rate=dropout_rate,
-                    microbatch_size=microbatch_size,
-                    memory_budget_gb=search, max_batch_cap=max_batch_cap,
-                    max_batch_resolution=max_batch_resolution)
-        _log(f"[bench] {len(results) + 1}/{total}: {preset} {inputs}/{targets} batch {batch_size} "
-             f"{method}")
-        result = _run_isolated(case) if isolate else run_case(case)
-        _log(f"[bench]   {result['step_s']:.3f} s/step, {result['examples_per_s']:.2f} ex/s, "
-             f"compiled peak {result['memory'].get('peak_bytes', 0) / GIB:.2f} GiB, "
-             f"RSS {result['peak_rss_bytes'] / GIB:.2f} GiB, compile {result['compile_s']:.1f}s")
-        results.append(result)
-        report = {"machine": _machine(), "results": results, "ratios": _ratios(results)}
-        _write(output_dir, report)  # after every case: a long run keeps what it measured
+  dtype_list = [None] if dtypes is None else list(dtypes)
+  cases = [(preset, shape, method, dtype) for preset in presets for shape in parsed
+           for method in methods for dtype in dtype_list]
+  for preset, (inputs, targets, batch_size), method, dtype in cases:
+    search = memory_budget_gb if (search_for is None or (inputs, targets) in search_for) else None
+    case = dict(preset=preset, inputs=inputs, targets=targets, batch_size=batch_size,
+                method=method, steps=steps, warmup=warmup, clip_norm=clip_norm,
+                noise_multiplier=noise_multiplier, dropout_rate=dropout_rate,
+                microbatch_size=microbatch_size, dtype=dtype,
+                memory_budget_gb=search, max_batch_cap=max_batch_cap,
+                max_batch_resolution=max_batch_resolution)
+    _log(f"[bench] {len(results) + 1}/{len(cases)}: {preset} {inputs}/{targets} batch {batch_size} "
+         f"{method}{'' if dtype is None else ' ' + dtype}")
+    result = _run_isolated(case) if isolate else run_case(case)
+    _log(f"[bench]   {result['step_s']:.3f} s/step, {result['examples_per_s']:.2f} ex/s, "
+         f"compiled peak {result['memory'].get('peak_bytes', 0) / GIB:.2f} GiB, "
+         f"RSS {result['peak_rss_bytes'] / GIB:.2f} GiB, compile {result['compile_s']:.1f}s")
+    results.append(result)
+    report = {"machine": _machine(), "results": results, "ratios": _ratios(results),
+              "dtype_ratios": _dtype_ratios(results)}
+    _write(output_dir, report)  # after every case: a long run keeps what it measured
   return report
 
 
@@ -325,16 +338,25 @@ def _machine() -> Dict[str, Any]:
           "load_average": os.getloadavg(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def _case_key(r: Dict[str, Any]) -> tuple:
+  return r["preset"], r["inputs"], r["targets"], r["batch_size"], r.get("dtype")
+
+
+def _model_label(r: Dict[str, Any]) -> str:
+  """The preset, with its activation dtype when the run sets one (`benchmark.dtypes`)."""
+  return r["preset"] if r.get("dtype") is None else f"{r['preset']} {r['dtype']}"
+
+
 def _ratios(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """Each DP method against the non-DP step of the same preset and shape."""
-  base = {(r["preset"], r["inputs"], r["targets"], r["batch_size"]): r
-          for r in results if r["method"] == NONDP}
+  """Each DP method against the non-DP step of the same preset, shape and dtype."""
+  base = {_case_key(r): r for r in results if r["method"] == NONDP}
   rows = []
   for r in results:
-    b = base.get((r["preset"], r["inputs"], r["targets"], r["batch_size"]))
+    b = base.get(_case_key(r))
     if r["method"] == NONDP or b is None:
       continue
-    row = dict(preset=r["preset"], inputs=r["inputs"], targets=r["targets"],
+    row = dict(preset=r["preset"], dtype=r.get("dtype"), activation_dtype=r.get("activation_dtype"),
+               inputs=r["inputs"], targets=r["targets"],
                batch_size=r["batch_size"], method=r["method"],
                throughput=r["examples_per_s"] / b["examples_per_s"],
                cpu_throughput=_safe_div(b.get("step_cpu_s"), r.get("step_cpu_s")),
@@ -344,6 +366,25 @@ def _ratios(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     if "max_batch" in r and "max_batch" in b:
       row["max_batch"] = _safe_div(r["max_batch"]["max_batch"], b["max_batch"]["max_batch"])
     rows.append(row)
+  return rows
+
+
+def _dtype_ratios(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """Each non-float32 case against the float32 case of the same preset, shape and method:
+  step time (wall and CPU) and compiled peak memory, dtype ÷ float32."""
+  base = {_case_key(dict(r, dtype=None)) + (r["method"],): r
+          for r in results if r.get("dtype") == "float32"}
+  rows = []
+  for r in results:
+    b = base.get(_case_key(dict(r, dtype=None)) + (r["method"],))
+    if r.get("dtype") in (None, "float32") or b is None:
+      continue
+    rows.append(dict(preset=r["preset"], inputs=r["inputs"], targets=r["targets"],
+                     batch_size=r["batch_size"], method=r["method"], dtype=r["dtype"],
+                     step_time=_safe_div(r["step_s"], b["step_s"]),
+                     cpu_time=_safe_div(r.get("step_cpu_s"), b.get("step_cpu_s")),
+                     compiled_memory=_safe_div(r["memory"].get("peak_bytes"), b["memory"].get("peak_bytes")),
+                     rss=_safe_div(r["peak_rss_bytes"], b["peak_rss_bytes"])))
   return rows
 
 
@@ -369,10 +410,18 @@ def markdown(report: Dict[str, Any]) -> str:
            "| compiled peak memory × | peak RSS × | XLA FLOPs × | max batch × |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for r in report["ratios"]:
-    lines.append(f"| {r['preset']} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
+    lines.append(f"| {_model_label(r)} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
                  f"| {_fmt(r['throughput'])} | {_fmt(r.get('cpu_throughput'))} "
                  f"| {_fmt(r['compiled_memory'])} | {_fmt(r['rss'])} "
                  f"| {_fmt(r['flops'])} | {_fmt(r.get('max_batch'))} |")
+  if report.get("dtype_ratios"):
+    lines += ["", "## Activation dtype / float32 (same run)", "",
+              "| model | inputs/targets | batch | method | dtype | step time × (wall) | step time × (CPU) "
+              "| compiled peak memory × | peak RSS × |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["dtype_ratios"]:
+      lines.append(f"| {r['preset']} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
+                   f"| {r['dtype']} | {_fmt(r['step_time'])} | {_fmt(r['cpu_time'])} "
+                   f"| {_fmt(r['compiled_memory'])} | {_fmt(r['rss'])} |")
   lines += ["", "## Absolute numbers", "",
             "| model | inputs/targets | batch | method | s/step | CPU s/step | examples/s "
             "| compiled peak GiB | peak RSS GiB | compile s | GFLOPs/step | max batch (budget) |",
@@ -382,7 +431,7 @@ def markdown(report: Dict[str, Any]) -> str:
     max_batch = "–" if not mb else (f"{mb['max_batch']}{'+' if mb['capped'] else ''} "
                                     f"({r['memory_budget_gb']:g} GiB)")
     lines.append(
-        f"| {r['preset']} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
+        f"| {_model_label(r)} | {r['inputs']}/{r['targets']} | {r['batch_size']} | {r['method']} "
         f"| {r['step_s']:.3f} | {_fmt(r.get('step_cpu_s'), '.1f')} | {r['examples_per_s']:.2f} "
         f"| {_fmt(r['memory'].get('peak_bytes', 0) / GIB)} | {r['peak_rss_bytes'] / GIB:.2f} "
         f"| {r['compile_s']:.1f} | {_fmt(r['flops'] and r['flops'] / 1e9, '.1f')} | {max_batch} |")
@@ -390,7 +439,7 @@ def markdown(report: Dict[str, Any]) -> str:
     if "ghost_breakdown" not in r:
       continue
     g = r["ghost_breakdown"]
-    lines += ["", f"## Ghost norm cost per layer: {r['preset']} {r['inputs']}/{r['targets']} "
+    lines += ["", f"## Ghost norm cost per layer: {_model_label(r)} {r['inputs']}/{r['targets']} "
               f"({r['method']})", "",
               f"Norm multiply-adds per example: {g['norm_macs_per_example'] / 1e9:.3f} G "
               f"(the layers' weight gradients: {g['weight_grad_macs_per_example'] / 1e9:.3f} G).", "",
