@@ -2,8 +2,9 @@
 
 Each task turns a labelled row into `inputs` / `targets` text as t5's GLUE preprocessors do
 (`t5.data.preprocessors.glue` / `.stsb`, configured as `t5.data.glue_utils` does; ported,
-so no TensorFlow is imported), e.g. `{"sentence": "a gem", "label": 1}` -> `"sst2 sentence: a gem"` -> `"positive"`,
-and STS-B scores rounded to the nearest 0.2 ("3.4"). Rows come from
+so no TensorFlow is imported), e.g. `{"sentence": "a gem", "label": 1}` ->
+`"sst2 sentence: a gem"` -> `"positive"`, and STS-B scores rounded to the nearest 0.2 ("3.4").
+Rows come from
 
 * TFDS `glue/<task>` when it is prepared under `tfds_data_dir` (never downloaded), or
 * a local copy of the official GLUE directories (`<glue_dir>/SST-2/train.tsv`, `dev.tsv`, ...),
