@@ -84,8 +84,8 @@ for r in bench["results"]:
 eps = summary.get("epsilon")
 lines += ["", f"Short DP training (tiny T5, 128/32, bfloat16, {summary['final_step']} steps): "
           f"{summary.get('steps_per_second') or 0:.2f} steps/s after compilation, ε = "
-          f"{'∞' if eps is None else f'{eps:.3g}'} (training ε {summary.get('training_epsilon')}, "
-          f"δ {summary.get('delta')}); summary: {os.path.join(out, 'train', 'model', 'summary.json')}", ""]
+          f"{'∞' if eps is None else f'{eps:.3g}'} (DP-Adafactor's own ε {summary.get('training_epsilon') or 0:.3g}, "
+          f"δ {summary.get('delta') or 0:.3g}); summary: {os.path.join(out, 'train', 'model', 'summary.json')}", ""]
 text = "\n".join(lines)
 open(os.path.join(out, "accelerator_check.md"), "w").write(text)
 print(text)
