@@ -24,6 +24,8 @@ import os
 import sys
 import time
 
+from private_t5.io import write_text_atomic
+
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -136,13 +138,11 @@ def main(argv=None):
     print(f"{r['method']:>13} {r['mesh']} {r['sharding']:>13}: peak {r['peak_bytes'] / 2**20:.2f} MiB/device, "
           f"params+opt {r['param_opt_bytes_per_device'] / 2**20:.1f} MiB/device, lower {r['lower_cpu_s']:.1f} "
           f"CPU s, compile {r['compile_cpu_s']:.1f} CPU s ({r['compile_s']:.1f} s)", flush=True)
-  report = dict(results=results, ratios=ratios(results))
+    report = dict(results=results, ratios=ratios(results))
+    if args.output:  # after every case: a long run that is stopped keeps what it measured
+      write_text_atomic(args.output, json.dumps(report, indent=1))
   for name, values in report["ratios"].items():
     print(name, " ".join(f"{k} {v:.3f}x" for k, v in values.items()))
-  if args.output:
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as f:
-      json.dump(report, f, indent=1)
   return 0
 
 
