@@ -14,7 +14,6 @@ Nothing runs; each step is compiled from the abstract train state and its per-de
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from private_t5 import models
 from private_t5.dp import aggregator as aggregator_lib
