@@ -7,7 +7,9 @@ import pytest
 
 from private_t5 import models
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
+from private_t5.dp.ghost import GhostDPAggregator
 from private_t5.errors import ConfigError
+from private_t5.models import checkpoints
 from private_t5.train import optimizers, partitioning
 from private_t5.train.main import build_mesh
 from private_t5.train.state import RunSeeds
@@ -66,6 +68,28 @@ def test_logical_rules_shard_large_dims_on_model_axis():
   assert tuple(odd["w"].spec) == (None, None)
 
 
+def test_fully_sharded_rules_split_embed_over_data_and_the_moments_follow():
+  mesh = partitioning.create_mesh((4, 2))
+  tiny = models.load_preset("t5_1_1_tiny")  # dimensions >= 128: Adafactor factors its moments
+  trainer = Trainer(tiny, MeanAggregator(make_loss_fn(tiny)), optimizers.adafactor(0.01), mesh,
+                    rules=partitioning.axis_rules("fully_sharded"))
+  params = trainer.state_shardings.params
+  assert tuple(params["token_embedder"]["embedding"].spec) == ("model", "data")  # [vocab, embed]
+  assert tuple(params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"].spec) == ("model", "data")  # [mlp, embed]
+  assert tuple(params["encoder"]["encoder_norm"]["scale"].spec) == ("data",)
+  moments = trainer.state_shardings.opt_state[0]  # Adafactor's FactoredState
+  embedding = trainer.abstract_state().opt_state[0]
+  # [vocab, embed] is factored: a moment [embed] (mean over vocab) and a moment [vocab].
+  assert embedding.v_row["token_embedder"]["embedding"].shape == (tiny.d_model,)
+  assert tuple(moments.v_row["token_embedder"]["embedding"].spec) == ("data",)
+  assert embedding.v_col["token_embedder"]["embedding"].shape == (tiny.vocab_size,)
+  assert tuple(moments.v_col["token_embedder"]["embedding"].spec) == ("model",)
+  assert tuple(moments.v["encoder"]["encoder_norm"]["scale"].spec) == ("data",)  # unfactored: like the scale
+  assert tuple(moments.count.spec) == ()
+  with pytest.raises(ConfigError, match="parameter_sharding must be one of"):
+    partitioning.axis_rules("zero3")
+
+
 def _get(tree, path):
   for key in path:
     tree = tree[key]
@@ -101,6 +125,48 @@ def test_sharded_step_equals_single_device_step(private):
     assert metrics_1[k] == pytest.approx(metrics_8[k], rel=1e-5, abs=1e-5), k
   if private:
     assert metrics_1["nondp/fraction_clipped"] > 0  # the clip is active in this comparison
+
+
+def _resume_steps(aggregator, tmp_path, first, second, steps=3, split=2):
+  """Trains `split` steps on mesh and sharding `first`, saves, restores on `second` and trains
+  to `steps`; returns its parameters and those of `steps` uninterrupted steps on `first`."""
+  optimizer = optimizers.adafactor(optimizers.constant_schedule(0.01))
+  seeds = RunSeeds.create(insecure_deterministic_seed=11)
+  keys = (seeds.dropout_base_key, seeds.noise_base_key)
+
+  def trainer(mesh_shape, sharding):
+    return Trainer(CONFIG, aggregator, optimizer, partitioning.create_mesh(mesh_shape),
+                   rules=partitioning.axis_rules(sharding))
+
+  def run(t, state, start, stop):
+    for step in range(start, stop):
+      state, _ = t.train_step(state, _batch(seed=step), *keys)
+    return state
+
+  before = trainer(*first)
+  reference = jax.device_get(run(before, before.init_state(seeds.init_key), 0, steps).params)
+  manager = checkpoints.CheckpointManager(str(tmp_path), async_save=False)
+  manager.save(split, run(before, before.init_state(seeds.init_key), 0, split), {})
+  after = trainer(*second)
+  state, _ = manager.restore(after.abstract_state())
+  manager.close()
+  for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(after.state_shardings)):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+  return reference, jax.device_get(run(after, state, split, steps).params)
+
+
+@pytest.mark.parametrize("first,second", [
+    (((4, 2), "replicated"), ((8, 1), "fully_sharded")),
+    pytest.param(((8, 1), "fully_sharded"), ((2, 4), "replicated"), marks=pytest.mark.slow),
+], ids=["replicated_4x2_to_fully_sharded_8x1", "fully_sharded_8x1_to_replicated_2x4"])
+def test_resume_on_another_mesh_and_parameter_sharding(tmp_path, first, second):
+  """A checkpoint written on one mesh and sharding resumes on another: the run continues as
+  if uninterrupted (DP-ghost with noise on: the noise does not depend on the mesh either)."""
+  aggregator = GhostDPAggregator(make_loss_fn(CONFIG), clip_norm=0.1, noise_multiplier=1.0,
+                                 expected_batch_size=6.0, spmd_axis_name="data")
+  reference, resumed = _resume_steps(aggregator, tmp_path, first, second)
+  for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(resumed)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_init_from_given_params_is_sharded_by_the_rules():

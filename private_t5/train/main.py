@@ -187,9 +187,11 @@ def initial_params_loader(initial_checkpoint: Optional[str], model_config) -> Op
   return lambda: initial_lib.load_initial_params(initial_checkpoint, model_config)
 
 
-def describe_run(model_config, mesh, train_data, batch_size: int, optimizer_name: str) -> str:
+def describe_run(model_config, mesh, parameter_sharding: str, train_data, batch_size: int,
+                 optimizer_name: str) -> str:
   """The one-line summary logged when a run starts."""
-  return (f"[train] model: {models.num_params(model_config) / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} on "
+  return (f"[train] model: {models.num_params(model_config) / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} "
+          f"({parameter_sharding.replace('_', '-')} parameters) on "
           f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
           f"examples ({train_data.privacy_unit} unit), batch {batch_size}; {optimizer_name}")
 
@@ -199,8 +201,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
           batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
           optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
-          mesh_shape: Sequence[int] = (-1, 1), z_loss: float = 0.0,
-          initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
+          mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = partitioning.REPLICATED,
+          z_loss: float = 0.0, initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
           log: Callable[[str], None] = print, privacy_hook: Optional[PrivacyHook] = None,
           operative_config: Optional[Callable[[], str]] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
@@ -228,6 +230,10 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     eval_every, eval_examples: validation every N steps (0: only at the end) on K examples.
     log_every: console/TensorBoard progress every N steps.
     mesh_shape: (data, model) mesh; -1 takes the remaining devices.
+    parameter_sharding: "replicated" (each position of the data axis holds the whole
+      parameters and optimizer state, split over `model` only) or "fully_sharded" (also split
+      over `data`, ZeRO-3 / FSDP: about 1/D of them per device on a (D, 1) mesh);
+      `train.partitioning.axis_rules`. A run may resume with another mesh or sharding.
     z_loss: auxiliary log(Z)^2 coefficient of the loss.
     initial_checkpoint: start from these parameters instead of a random init (fine-tuning): a
       private_t5 MODEL_DIR or imported weights (`train.initial_checkpoint`); the optimizer
@@ -248,6 +254,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                       batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
                       keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
                       log_every=log_every)
+  rules = partitioning.axis_rules(parameter_sharding)
   execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
@@ -274,9 +281,9 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate)
-    trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule)
+    trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule, rules=rules)
     num_params = models.num_params(model_config)
-    log(describe_run(model_config, mesh, train_data, batch_size,
+    log(describe_run(model_config, mesh, parameter_sharding, train_data, batch_size,
                      extra.get("optimizer") or ("DP-Adafactor" if setup.private else "non-private Adafactor")))
     metadata = build_metadata(model_config=model_config, train_data=train_data, vocab_path=vocab_path,
                               num_params=num_params, batch_size=batch_size, extra=extra,

@@ -3,8 +3,20 @@
 A run uses a 2-D `jax.sharding.Mesh` with axes `data` (examples of a batch are split across
 it) and `model` (large parameter dimensions are split across it). Each parameter carries
 logical axis names (`models.param_logical_axes`: `vocab`, `embed`, `mlp`, `heads`,
-`joined_kv`, ...); `LOGICAL_AXIS_RULES` maps each logical name to a mesh axis or to None
-(replicated), T5X's default 1-D model-parallel rules.
+`joined_kv`, ...); a table of rules maps each logical name to a mesh axis or to None
+(replicated). Two tables, picked by `train.parameter_sharding`:
+
+* "replicated" (`LOGICAL_AXIS_RULES`, the default): T5X's 1-D model-parallel rules; every
+  position of the `data` axis holds a whole copy of the parameters and optimizer state.
+* "fully_sharded" (`FULLY_SHARDED_RULES`): also `embed` over `data`, the fully-sharded data
+  parallelism of ZeRO stage 3 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
+  Training Trillion Parameter Models") that T5X offers the same way: each parameter (and its
+  optimizer state) is split over every device, and XLA gathers a layer's weights where the step
+  uses them. On a (D, 1) mesh each device holds about 1/D of the parameters and moments.
+
+The optimizer state follows its parameter (`optimizer_state_shardings`): a moment shaped like
+its parameter is sharded like it, Adafactor's factored row and column moments keep the
+sharding of the dimensions they keep.
 
 Multi-host (TPU pods, GPU clusters, `private-t5 launch` on one machine): every process runs
 the same command; `initialize_distributed` calls `jax.distributed.initialize()` before any
@@ -21,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import quiet_tf
@@ -42,6 +55,11 @@ LOGICAL_AXIS_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
     ("relpos_buckets", None),
     ("length", None),
 )
+# The same, with the parameters' `embed` dimension also split over `data` (ZeRO-3 / FSDP).
+FULLY_SHARDED_RULES: Tuple[Tuple[str, Optional[str]], ...] = tuple(
+    (name, DATA_AXIS if name == "embed" else axis) for name, axis in LOGICAL_AXIS_RULES)
+REPLICATED, FULLY_SHARDED = "replicated", "fully_sharded"
+PARAMETER_SHARDINGS = {REPLICATED: LOGICAL_AXIS_RULES, FULLY_SHARDED: FULLY_SHARDED_RULES}
 
 
 # Environment of one process of a local cluster (set by `private-t5 launch`).
@@ -147,6 +165,64 @@ def param_shardings(logical_axes: PyTree, shapes: PyTree, mesh: Mesh,
     spec = _divisible_spec(logical_to_spec(axes, rules), shape.shape, mesh)
     return NamedSharding(mesh, spec)
   return jax.tree.map(one, logical_axes, shapes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def axis_rules(parameter_sharding: str) -> Tuple[Tuple[str, Optional[str]], ...]:
+  """The logical-axis rules of `parameter_sharding` ("replicated" | "fully_sharded").
+
+  Raises:
+    ConfigError: another name.
+  """
+  if parameter_sharding not in PARAMETER_SHARDINGS:
+    raise ConfigError(f"parameter_sharding must be one of {sorted(PARAMETER_SHARDINGS)}, "
+                      f"got {parameter_sharding!r}")
+  return PARAMETER_SHARDINGS[parameter_sharding]
+
+
+def _moment_spec(param_spec: PartitionSpec, param_shape: Sequence[int],
+                 shape: Sequence[int]) -> PartitionSpec:
+  """Spec of an optimizer-state array of `shape` that belongs to a parameter.
+
+  Shaped like the parameter: the parameter's spec. The parameter's shape less one dimension
+  (Adafactor's factored second moments, a mean over that dimension): the spec of the
+  dimensions kept. Anything else (a placeholder of shape (1,), a scalar): replicated.
+  """
+  spec = tuple(param_spec) + (None,) * (len(param_shape) - len(param_spec))
+  shape, param_shape = tuple(shape), tuple(param_shape)
+  if shape == param_shape:
+    return PartitionSpec(*spec)
+  for dropped in reversed(range(len(param_shape))):
+    if shape == param_shape[:dropped] + param_shape[dropped + 1:]:
+      return PartitionSpec(*(spec[:dropped] + spec[dropped + 1:]))
+  return PartitionSpec()
+
+
+def optimizer_state_shardings(optimizer, opt_state: PyTree, params: PyTree, param_shardings: PyTree,
+                              mesh: Mesh) -> PyTree:
+  """NamedSharding of every array of `opt_state` (abstract or concrete), following its parameter.
+
+  `optax.tree_map_params` pairs each per-parameter entry of the state with its parameter;
+  the rest (step counts) is replicated.
+  """
+  def one(moment, param, sharding):
+    spec = _moment_spec(sharding.spec, param.shape, moment.shape)
+    return NamedSharding(mesh, _divisible_spec(spec, moment.shape, mesh))
+
+  pairs = jax.tree.map(lambda p, s: (p, s), params, param_shardings)
+  return optax.tree_map_params(
+      optimizer, lambda moment, pair: one(moment, *pair), opt_state, pairs,
+      transform_non_params=lambda _: replicated(mesh), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def bytes_per_device(tree: PyTree) -> int:
+  """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs with a sharding): the
+  largest per-device total over the devices of the mesh."""
+  totals: Dict[Any, int] = {}
+  for leaf in jax.tree.leaves(tree):
+    sharding, itemsize = leaf.sharding, np.dtype(leaf.dtype).itemsize
+    for device in sharding.device_set:
+      totals[device] = totals.get(device, 0) + math.prod(sharding.shard_shape(leaf.shape)) * itemsize
+  return max(totals.values(), default=0)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

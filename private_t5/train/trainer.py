@@ -82,6 +82,8 @@ class Trainer:
     optimizer: an optax GradientTransformation (Adafactor).
     mesh: the (data, model) device mesh.
     learning_rate_fn: optional schedule, logged as `learning_rate`.
+    rules: the logical-axis rules of the parameters (`partitioning.axis_rules`: replicated over
+      `data`, or fully sharded); the optimizer state follows the parameters.
   """
 
   def __init__(self, model_config: models.T5Config, aggregator: Aggregator,
@@ -101,10 +103,11 @@ class Trainer:
     self._replicated = partitioning.replicated(mesh)
     self._batch_sharding = partitioning.batch_sharding(mesh)
     abstract = jax.eval_shape(self._init_fn, jax.random.PRNGKey(0))
-    # Adafactor's factored moments are small (rows + columns): replicate the optimizer state.
+    # Each moment is sharded like its parameter (Adafactor's factored ones like the kept dimensions).
     self.state_shardings = TrainState(
         step=self._replicated, params=self.param_shardings,
-        opt_state=jax.tree.map(lambda _: self._replicated, abstract.opt_state))
+        opt_state=partitioning.optimizer_state_shardings(optimizer, abstract.opt_state, abstract.params,
+                                                         self.param_shardings, mesh))
     self._abstract = abstract
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
     self._init_from = jax.jit(self._init_from_params_fn, in_shardings=(self.param_shardings,),
@@ -264,12 +267,17 @@ class Trainer:
       out = self._eval_step(params, batch)
     return {k: float(v) for k, v in jax.device_get(out).items()}
 
-  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
-    """Ahead-of-time compilation of the train step (for timing compile cost)."""
+  def lower_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    """The train step lowered for `state` (a state, or `abstract_state()` to compile without
+    allocating one) and `batch`; `.compile()` it for XLA's memory and cost analyses."""
     if isinstance(next(iter(batch.values())), np.ndarray):
       batch = self.place_batch(batch)
     with self._mesh_context():
-      return self._train_step.lower(state, batch, dropout_base_key, noise_base_key).compile()
+      return self._train_step.lower(state, batch, dropout_base_key, noise_base_key)
+
+  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    """Ahead-of-time compilation of the train step (for timing compile cost)."""
+    return self.lower_train_step(state, batch, dropout_base_key, noise_base_key).compile()
 
 
 def split_microbatches(batch: Dict[str, np.ndarray], microbatch_size: int) -> List[Dict[str, np.ndarray]]:
