@@ -41,6 +41,7 @@ LOGICAL_AXIS_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
     ("embed", None),
     ("relpos_buckets", None),
     ("length", None),
+    ("lora_rank", None),
 )
 
 
