@@ -244,6 +244,10 @@ class Trainer:
                             initial_params, self.param_shardings)
       return self._init_from(params)
 
+  def num_trainable_params(self) -> int:
+    """Parameters the optimizer updates (with LoRA: the adapters only)."""
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self._abstract.params))
+
   def abstract_state(self) -> TrainState:
     """ShapeDtypeStructs (with shardings) of the state: the restore target of a checkpoint."""
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
