@@ -13,6 +13,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 from safetensors import numpy as st_numpy
 
 from private_t5 import io as io_lib
@@ -102,7 +103,7 @@ def test_fresh_adapters_give_exactly_the_base_logits_and_merge_matches(base_dir)
 
 
 def _adapted_layers(tree):
-  flat = lora_lib._flatten(tree)  # pylint: disable=protected-access
+  flat = traverse_util.flatten_dict(tree)
   layers = {path[:path.index(lora_lib.A_NAME)] for path in flat if lora_lib.A_NAME in path}
   return [functools.reduce(lambda node, part: node[part], layer, tree) for layer in sorted(layers)]
 
@@ -167,7 +168,7 @@ def test_lora_run_checkpoints_only_adapters_and_trains_only_them(lora_run, base_
   assert summary["final_step"] == STEPS and summary["private"]
   adapters, config, info = checkpoints.restore_for_inference(lora_run, merge_adapters=False)
   assert config == CONFIG.replace(dropout_rate=0.1)
-  paths = list(lora_lib._flatten(adapters))  # pylint: disable=protected-access
+  paths = list(traverse_util.flatten_dict(adapters))
   assert paths and all(lora_lib.A_NAME in p or lora_lib.B_NAME in p for p in paths)  # no base weight stored
   assert summary["num_params"] == lora_lib.num_params(adapters) < models.num_params(CONFIG) / 10
   record = info["lora"]
@@ -177,8 +178,8 @@ def test_lora_run_checkpoints_only_adapters_and_trains_only_them(lora_run, base_
   # The merged model differs from the base exactly in the adapted kernels: nothing else moved.
   merged, _, _ = checkpoints.restore_for_inference(lora_run)
   adapted = {p[:p.index(lora_lib.A_NAME)] + ("kernel",) for p in paths if lora_lib.A_NAME in p}
-  for path, value in lora_lib._flatten(base).items():  # pylint: disable=protected-access
-    same = np.array_equal(np.asarray(lora_lib._flatten(merged)[path]), value)  # pylint: disable=protected-access
+  for path, value in traverse_util.flatten_dict(base).items():
+    same = np.array_equal(np.asarray(traverse_util.flatten_dict(merged)[path]), value)
     assert same != (path in adapted), path
   with open(os.path.join(lora_run, "privacy_report.json")) as f:
     assert json.load(f)["steps"] == STEPS

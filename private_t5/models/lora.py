@@ -19,6 +19,7 @@ import hashlib
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+from flax import traverse_util
 
 from private_t5.errors import ConfigError
 
@@ -89,46 +90,29 @@ def _is_adapter(path: Sequence[str]) -> bool:
   return any(part in ADAPTER_NAMES for part in path)
 
 
-def _flatten(tree: Params, prefix: Tuple[str, ...] = ()) -> Dict[Tuple[str, ...], Any]:
-  if not isinstance(tree, dict):
-    return {prefix: tree}
-  flat = {}
-  for k, v in tree.items():
-    flat.update(_flatten(v, prefix + (str(k),)))
-  return flat
-
-
-def _unflatten(flat: Dict[Tuple[str, ...], Any]) -> Params:
-  tree: Params = {}
-  for path, value in flat.items():
-    node = tree
-    for part in path[:-1]:
-      node = node.setdefault(part, {})
-    node[path[-1]] = value
-  return tree
-
-
 def adapters_of(params: Params) -> Params:
   """The adapter leaves (`lora_a`, `lora_b` kernels) of a LoRA network's parameter tree."""
-  return _unflatten({p: v for p, v in _flatten(params).items() if _is_adapter(p)})
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({path: v for path, v in flat.items() if _is_adapter(path)})
 
 
 def combine(base: Params, adapters: Params) -> Params:
   """The LoRA network's parameter tree: the frozen `base` with `adapters` beside their kernels."""
-  flat = _flatten(base)
-  flat.update(_flatten(adapters))
-  return _unflatten(flat)
+  flat = traverse_util.flatten_dict(base)
+  flat.update(traverse_util.flatten_dict(adapters))
+  return traverse_util.unflatten_dict(flat)
 
 
 def num_params(tree: Params) -> int:
-  return sum(int(np.prod(np.shape(v))) for v in _flatten(tree).values())
+  """Number of scalars in a parameter tree."""
+  return sum(int(np.prod(np.shape(v))) for v in traverse_util.flatten_dict(tree).values())
 
 
 def merge(base: Params, adapters: Params, lora: LoraConfig) -> Params:
   """Plain T5 parameters equal to base + adapters: each adapted `kernel` becomes
   `kernel + (alpha / r) A B` (float32 numpy; the model then runs without adapters)."""
-  flat = {p: np.asarray(v, np.float32) for p, v in _flatten(base).items()}
-  found = _flatten(adapters)
+  flat = {p: np.asarray(v, np.float32) for p, v in traverse_util.flatten_dict(base).items()}
+  found = traverse_util.flatten_dict(adapters)
   for path, a in found.items():
     if path[-2:] != (A_NAME, "kernel"):
       continue
@@ -138,13 +122,13 @@ def merge(base: Params, adapters: Params, lora: LoraConfig) -> Params:
     if kernel not in flat or b is None:
       raise ConfigError(f"adapter {'/'.join(path)} has no base kernel or no {B_NAME} beside it")
     flat[kernel] = flat[kernel] + np.float32(lora.scaling) * (np.asarray(a, np.float32) @ np.asarray(b, np.float32))
-  return _unflatten(flat)
+  return traverse_util.unflatten_dict(flat)
 
 
 def params_sha256(params: Params) -> str:
   """SHA-256 of a parameter tree's float32 values and paths (the base a LoRA run depends on)."""
   digest = hashlib.sha256()
-  for path, value in sorted(_flatten(params).items()):
+  for path, value in sorted(traverse_util.flatten_dict(params).items()):
     array = np.ascontiguousarray(np.asarray(value, np.float32))
     digest.update("/".join(path).encode() + b"\0" + str(array.shape).encode() + b"\0")
     digest.update(array.tobytes())
