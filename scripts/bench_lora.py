@@ -102,11 +102,10 @@ def clipping_costs(config, lora, base, dp_setup, batch, lr) -> dict:
     compiled = trainer.compile_train_step(state, batch, *keys)
     compile_s = time.perf_counter() - start
     placed = trainer.place_batch(batch)
-    base_arg = trainer._base  # pylint: disable=protected-access
     times = []
     for _ in range(4):
       t0 = time.perf_counter()
-      state, metrics = compiled(state, base_arg, placed, *keys)
+      state, metrics = compiled(state, placed, *keys)
       jax.block_until_ready((state, metrics))
       times.append(time.perf_counter() - t0)
     out[method] = {"peak_bytes": compiled_memory(compiled).get("peak_bytes"), "compile_s": compile_s,

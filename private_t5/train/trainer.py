@@ -307,12 +307,31 @@ class Trainer:
       out = self._eval_step(params, self._base, batch)
     return {k: float(v) for k, v in jax.device_get(out).items()}
 
-  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key) -> "CompiledStep":
     """Ahead-of-time compilation of the train step (for timing compile cost)."""
     if isinstance(next(iter(batch.values())), np.ndarray):
       batch = self.place_batch(batch)
     with self._mesh_context():
-      return self._train_step.lower(state, self._base, batch, dropout_base_key, noise_base_key).compile()
+      return CompiledStep(self._train_step.lower(state, self._base, batch, dropout_base_key, noise_base_key).compile(),
+                          self._base)
+
+
+class CompiledStep:
+  """An ahead-of-time compiled train step: `step(state, batch, dropout_base_key, noise_base_key)`
+  (the frozen LoRA base, if any, is passed in), with the executable's analyses."""
+
+  def __init__(self, compiled, base):
+    self.compiled = compiled
+    self.base = base
+
+  def __call__(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    return self.compiled(state, self.base, batch, dropout_base_key, noise_base_key)
+
+  def memory_analysis(self):
+    return self.compiled.memory_analysis()
+
+  def cost_analysis(self):
+    return self.compiled.cost_analysis()
 
 
 def summarize_eval(sums: Dict[str, float]) -> Dict[str, float]:
