@@ -529,7 +529,7 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
     before = run_dir.checkpoint_step_names(model_dir)
     try:
       params, config, info = _read_for_inference(model_dir, step)
-      if info["lora"] and merge_adapters:
+      if info.get("lora") and merge_adapters:
         params = lora_lib.merge(read_lora_base(info["lora"], model_dir), params, lora_lib.config_of(info["lora"]))
       return params, config, info
     except CheckpointError:

@@ -157,12 +157,17 @@ def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], ex
           "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
 
 
-def build_optimizer(optimizer=None, learning_rate=None):
-  """(optimizer, schedule): default Adafactor with `learning_rate` (default the T5X rsqrt schedule)."""
+def build_optimizer(optimizer=None, learning_rate=None, lora=None):
+  """(optimizer, schedule): default Adafactor with `learning_rate` (default the T5X rsqrt schedule).
+
+  With `lora` the default Adafactor takes absolute steps (`multiply_by_parameter_scale=False`):
+  T5's steps relative to a parameter's RMS would barely move LoRA's zero-initialised B (its scale
+  is floored at 1e-3), so the adapters would stay at the base model.
+  """
   if optimizer is not None:
     return optimizer, (learning_rate if callable(learning_rate) else None)
   lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
-  return optimizers.adafactor(lr), (lr if callable(lr) else None)
+  return optimizers.adafactor(lr, multiply_by_parameter_scale=lora is None), (lr if callable(lr) else None)
 
 
 def build_metadata(*, model_config, train_data, vocab_path: Optional[str], num_params: int, batch_size: int,
@@ -301,7 +306,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
-    optimizer, schedule = build_optimizer(optimizer, learning_rate)
+    optimizer, schedule = build_optimizer(optimizer, learning_rate, lora)
     trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule, lora=lora,
                       base_params=None if lora is None else base.params)
     num_params = trainer.num_trainable_params()
