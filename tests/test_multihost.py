@@ -254,6 +254,41 @@ def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
   assert r1 == r2 and r2["steps"] == 3
 
 
+@pytest.fixture(scope="module")
+def lora_base(tmp_path_factory):
+  """Random weights of the micro model in the Hugging Face layout: a LoRA run's frozen base."""
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from private_t5 import io as io_lib  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
+  config = models.T5Config(vocab_size=512, d_model=32, num_heads=2, d_kv=16, d_ff=64, num_encoder_layers=1,
+                           num_decoder_layers=1)
+  tensors, hf_config = hf_export.export_hf_t5(jax.tree.map(np.asarray, models.init_params(config, jax.random.PRNGKey(0))),
+                                              config)
+  path = tmp_path_factory.mktemp("lora_base")
+  io_lib.write_json_atomic(str(path / "config.json"), hf_config)
+  io_lib.write_bytes_atomic(str(path / "model.safetensors"), st_numpy.save(tensors, metadata={"format": "pt"}))
+  return str(path)
+
+
+@pytest.mark.slow
+def test_two_processes_train_lora_adapters_like_one(corpus_and_vocab, lora_base, tmp_path):
+  """DP-LoRA (ghost): the frozen base goes to every process's devices, the adapters agree."""
+  corpus, vocab = corpus_and_vocab
+  extra = ["--gin.DPConfig.method='ghost'", "--gin.train.mesh_shape=(2, 2)", f"--gin.train.initial_checkpoint='{lora_base}'",
+           "--gin.train.lora=@LoraConfig()", "--gin.LoraConfig.targets=('query', 'value', 'wo')"]
+  adapters = {}
+  for procs, devices in ((1, 4), (2, 2)):
+    model_dir = str(tmp_path / f"lora_{procs}x{devices}")
+    done = _launch(procs, devices, _train_args(model_dir, corpus, vocab, 2, *extra))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    adapters[procs] = checkpoints.restore_for_inference(model_dir, merge_adapters=False)[0]
+  leaves = jax.tree.leaves(adapters[1])
+  assert len(leaves) == 2 * (3 + 5)  # A and B of query, value, wo (encoder); of both attentions' query, value and wo (decoder)
+  for a, b in zip(leaves, jax.tree.leaves(adapters[2])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vocab, tmp_path):
   corpus, vocab = corpus_and_vocab

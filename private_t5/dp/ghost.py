@@ -24,6 +24,10 @@ every operation that reads a parameter, and a parameter read anywhere but inside
 call of its own layer (an L2 penalty on the embedding, a parameter fed into another layer's
 input, a layer type ghost norms do not know) is refused at trace time (`check_coverage`).
 
+Only the parameters being differentiated are recorded: a loss may close over other weights
+(LoRA's frozen base, `models.lora`), whose layers run untapped; the adapters' `lora_a` and
+`lora_b` are ordinary `Dense` layers, so their per-example norms are the dense-layer identities.
+
 Each example is evaluated as a batch of one under `jax.vmap` with dropout key
 `fold_in(dropout_rng, row)`, exactly like `DPAggregator`, so both methods compute the same
 function of the batch (same privacy semantics, same noise, same division by q N).
@@ -110,6 +114,9 @@ class _Recorder:
     if self.deltas is None:
       self.output_shapes[key] = jax.ShapeDtypeStruct(y.shape, y.dtype)
       return y
+    if key not in self.deltas:  # a layer of a parameter not differentiated (a LoRA base weight)
+      self.inputs.pop(key, None)
+      return y
     return y + self.deltas[key].astype(y.dtype)
 
   def __call__(self, next_fun, args, kwargs, context):
@@ -186,7 +193,12 @@ def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax
   owner = {scope: recorder.uses[key].param for scope, key in recorder.scopes.items()}
   unrecorded = {}
   _find_unrecorded_reads(closed.jaxpr, param_vars, owner, "", unrecorded)
-  return Recording(recorder.uses, recorder.output_shapes, recorder.input_shapes, unrecorded)
+  # Uses of parameters that are not in `params` (constants of the loss, such as the frozen base
+  # weights a LoRA loss closes over) have no gradient to bound: they are neither tapped nor kept.
+  trained = {key for key, use in recorder.uses.items() if use.param in set(paths)}
+  keep = lambda table: {k: v for k, v in table.items() if k in trained}
+  return Recording(keep(recorder.uses), keep(recorder.output_shapes), keep(recorder.input_shapes),
+                   unrecorded)
 
 
 def _key_name(key) -> str:
@@ -280,9 +292,6 @@ def check_coverage(params: PyTree, recording: Recording) -> None:
   if missing:
     raise ConfigError("ghost clipping cannot compute per-example norms of parameters that no "
                       f"supported layer uses: {missing}; use train.clipping_method='vmap'")
-  unknown = sorted("/".join(p) for p in covered if p not in flat)
-  if unknown:
-    raise ConfigError(f"recorded layers refer to unknown parameters: {unknown}")
   if recording.unrecorded:
     where = "; ".join(f"{'/'.join(p)} ({why})" for p, why in sorted(recording.unrecorded.items()))
     raise ConfigError("ghost clipping would not bound the whole per-example gradient: these "

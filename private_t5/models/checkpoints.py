@@ -31,7 +31,8 @@ import numpy as np
 
 from private_t5.errors import CheckpointError
 from private_t5.io import json_default
-from private_t5.models import run_dir, run_lock
+from private_t5.models import hf_convert, run_dir, run_lock
+from private_t5.models import lora as lora_lib
 from private_t5.models.config import T5Config
 
 logger = logging.getLogger(__name__)
@@ -496,8 +497,13 @@ def _lookup(tree: Any, dotted: Optional[str]) -> Any:
 ROTATION_RETRIES = 5
 
 
-def restore_for_inference(model_dir: str, step: Optional[int] = None):
+def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_adapters: bool = True):
   """Parameters of a trained model, for evaluation, memorization tests, fine-tuning and export.
+
+  A LoRA run's checkpoint holds only adapters: its base (the `lora` entry of the metadata: path
+  and SHA-256 of the frozen weights) is read too, checked against the hash, and the adapters are
+  merged into it (`lora.merge`), so every reader gets plain T5 parameters; `merge_adapters=False`
+  returns the adapters themselves (for an adapter export).
 
   Reading the latest checkpoint of a running training is safe: a checkpoint that its
   `keep_checkpoints` rotation deletes while it is read is read again from the new latest (up to
@@ -510,17 +516,22 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None):
   Returns:
     (params, model_config, info): params as a nested dict of jax arrays (no optimizer state,
     no seeds), the `models.T5Config`, and a dict with `vocab_path`, `step`, `privacy_report`
-    (the ledger's report at that step, or None), `feature_lengths`, and the training data's
-    `objective`, `vocab_sha256` and `privacy_unit`.
+    (the ledger's report at that step, or None), `feature_lengths`, the training data's
+    `objective`, `vocab_sha256` and `privacy_unit`, and `lora` (a LoRA run's settings and base,
+    else None).
 
   Raises:
-    CheckpointError: no checkpoint (or not that step) in `model_dir`, or an unreadable one.
+    CheckpointError: no checkpoint (or not that step) in `model_dir`, or an unreadable one; a
+      LoRA run whose base is missing or has changed.
   """
   attempt = 0
   while True:
     before = run_dir.checkpoint_step_names(model_dir)
     try:
-      return _read_for_inference(model_dir, step)
+      params, config, info = _read_for_inference(model_dir, step)
+      if info.get("lora") and merge_adapters:
+        params = lora_lib.merge(read_lora_base(info["lora"], model_dir), params, lora_lib.config_of(info["lora"]))
+      return params, config, info
     except CheckpointError:
       attempt += 1
       if step is not None or attempt >= ROTATION_RETRIES or run_dir.checkpoint_step_names(model_dir) == before:
@@ -571,11 +582,36 @@ def _read_for_inference(model_dir: str, step: Optional[int]):
       "privacy_report": metadata.get("privacy_report"),
       "feature_lengths": metadata.get("feature_lengths"),
       "model_dir": os.path.abspath(model_dir),
+      "lora": metadata.get("lora"),
   }
   data = (metadata.get("fingerprint") or {}).get("data") or {}
   info.update(objective=data.get("objective"), vocab_sha256=data.get("vocab_sha256"),
               privacy_unit=data.get("privacy_unit"))
   return params, model_config, info
+
+
+def read_model_dir(path: str):
+  """(params, T5Config, info) of a private_t5 MODEL_DIR (`restore_for_inference`, latest step) or
+  of a Hugging Face T5 directory (info: `kind`, `path`, `step` None, `vocab_path`,
+  `privacy_report` None)."""
+  if hf_convert.is_hf_t5_dir(path):
+    params, config = hf_convert.import_hf_t5(path)
+    return params, config, {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
+                            "vocab_path": hf_convert.hf_vocabulary_path(path), "privacy_report": None}
+  params, config, info = restore_for_inference(path)
+  return params, config, dict(info, kind="private_t5", path=os.path.abspath(path))
+
+
+def read_lora_base(record: Dict[str, Any], model_dir: str):
+  """The frozen base parameters of a LoRA run (its metadata's `lora` record), hash checked."""
+  path, sha256 = record["base"]["path"], record["base"]["sha256"]
+  if not os.path.isdir(path):
+    raise CheckpointError(f"the LoRA run {model_dir!r} adapts the weights in {path!r}, which are missing")
+  params = read_model_dir(path)[0]
+  if lora_lib.params_sha256(params) != sha256:
+    raise CheckpointError(f"the base weights in {path!r} changed since the LoRA run {model_dir!r} was trained "
+                          f"(SHA-256 {sha256[:12]}... expected)")
+  return params
 
 
 def saved_seeds(manager: CheckpointManager) -> Optional[Dict[str, Any]]:

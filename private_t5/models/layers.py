@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from private_t5.models.lora import A_NAME, B_NAME, LoraConfig
+
 Initializer = Callable[..., jax.Array]
 # A large negative logit for masked attention positions (not -inf, so that a row whose keys
 # are all masked, such as a padding row, gives uniform weights instead of NaN).
@@ -26,16 +28,35 @@ def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int]
 
 
 class Dense(nn.Module):
-  """`y = x @ kernel` without bias; kernel `[in, out]` named by `kernel_axes`."""
+  """`y = x @ kernel` without bias; kernel `[in, out]` named by `kernel_axes`.
+
+  With `lora` set (`models.lora`), `y = x @ kernel + (alpha / r) dropout(x) @ A @ B`: two inner
+  `Dense` layers `lora_a` (`[in, r]`, random init) and `lora_b` (`[r, out]`, zeros).
+  """
   features: int
   kernel_axes: Tuple[str, str]
   dtype: jnp.dtype = jnp.float32
   kernel_init: Initializer = default_kernel_init
+  lora: Optional[LoraConfig] = None
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, enable_dropout: bool = False) -> jax.Array:
     kernel = _param(self, "kernel", self.kernel_init, (x.shape[-1], self.features), self.kernel_axes)
-    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.lora is None:
+      return y
+    h = x
+    if enable_dropout and self.lora.dropout > 0:
+      h = nn.Dropout(self.lora.dropout)(h, deterministic=False)
+    h = Dense(self.lora.rank, (self.kernel_axes[0], "lora_rank"), self.dtype, name=A_NAME)(h)
+    h = Dense(self.features, ("lora_rank", self.kernel_axes[1]), self.dtype, kernel_init=nn.initializers.zeros,
+              name=B_NAME)(h)
+    return y + jnp.asarray(self.lora.scaling, self.dtype) * h
+
+
+def _adapted(lora: Optional[LoraConfig], name: str) -> Optional[LoraConfig]:
+  """`lora` if the dense layer `name` is one of its targets, else None."""
+  return lora if lora is not None and lora.adapts(name) else None
 
 
 class Embed(nn.Module):
@@ -130,6 +151,7 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
   cross_attention: bool = False
+  lora: Optional[LoraConfig] = None
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: Optional[jax.Array] = None,
@@ -141,8 +163,10 @@ class MultiHeadAttention(nn.Module):
     dense = functools.partial(Dense, features=joined, kernel_axes=("embed", "joined_kv"),
                               dtype=self.dtype)
     split = lambda x: x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
-    query = split(dense(kernel_init=query_init, name="query")(inputs_q))
-    project_kv = lambda: (split(dense(name="key")(inputs_kv)), split(dense(name="value")(inputs_kv)))
+    project = lambda name, x, **kw: split(dense(name=name, lora=_adapted(self.lora, name), **kw)(
+        x, enable_dropout=enable_dropout))
+    query = project("query", inputs_q, kernel_init=query_init)
+    project_kv = lambda: (project("key", inputs_kv), project("value", inputs_kv))
 
     if not decode:
       key, value = project_kv()
@@ -188,7 +212,7 @@ class MultiHeadAttention(nn.Module):
     out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
     out = out.reshape(out.shape[:-2] + (joined,))
     return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
-                 name="out")(out)
+                 lora=_adapted(self.lora, "out"), name="out")(out, enable_dropout=enable_dropout)
 
 
 class MlpBlock(nn.Module):
@@ -197,17 +221,20 @@ class MlpBlock(nn.Module):
   feed_forward: str = "relu"
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  lora: Optional[LoraConfig] = None
 
   @nn.compact
   def __call__(self, x: jax.Array, *, enable_dropout: bool = False) -> jax.Array:
-    dense = functools.partial(Dense, features=self.d_ff, kernel_axes=("embed", "mlp"), dtype=self.dtype)
+    dense = lambda name, h, **kw: Dense(dtype=self.dtype, lora=_adapted(self.lora, name), name=name, **kw)(
+        h, enable_dropout=enable_dropout)
+    wi = functools.partial(dense, h=x, features=self.d_ff, kernel_axes=("embed", "mlp"))
     if self.feed_forward == "relu":
-      hidden = nn.relu(dense(name="wi")(x))
+      hidden = nn.relu(wi("wi"))
     elif self.feed_forward == "gated-gelu":
       # T5 v1.1 (Shazeer 2020, GEGLU): gelu(x W0) * (x W1), tanh approximation as in T5.
-      hidden = nn.gelu(dense(name="wi_0")(x), approximate=True) * dense(name="wi_1")(x)
+      hidden = nn.gelu(wi("wi_0"), approximate=True) * wi("wi_1")
     else:
       raise ValueError(f"unknown feed_forward {self.feed_forward!r}")
     if enable_dropout and self.dropout_rate > 0:
       hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=False)
-    return Dense(features=x.shape[-1], kernel_axes=("mlp", "embed"), dtype=self.dtype, name="wo")(hidden)
+    return dense("wo", hidden, features=x.shape[-1], kernel_axes=("mlp", "embed"))

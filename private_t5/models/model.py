@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from private_t5.errors import ConfigError
 from private_t5.models import decoding, losses
 from private_t5.models.config import T5Config
+from private_t5.models.lora import LoraConfig
 from private_t5.models.network import Params, Transformer
 
 Batch = Mapping[str, Any]
@@ -43,13 +44,16 @@ class EncoderDecoderModel:
   Attributes:
     config: the T5Config.
     z_loss: coefficient of the auxiliary `log(Z)**2` term of the training loss (0 disables it).
+    lora: `models.lora.LoraConfig` of a network with low-rank adapters (its params then hold
+      the base weights and the adapters, `lora.combine`), or None.
   """
   config: T5Config
   z_loss: float = 0.0
+  lora: Optional[LoraConfig] = None
 
   @property
   def module(self) -> Transformer:
-    return Transformer(self.config)
+    return Transformer(self.config, self.lora)
 
   # -- logits ---------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from private_t5.models import layers
+from private_t5.models import lora as lora_lib
 from private_t5.models.config import T5Config
 
 Params = Dict[str, Any]
@@ -26,16 +27,18 @@ def _dropout(config: T5Config, x: jax.Array, enable_dropout: bool) -> jax.Array:
 class EncoderLayer(nn.Module):
   """Self-attention then feed-forward, each as `x + dropout(f(norm(x)))`."""
   config: T5Config
+  lora: Optional[lora_lib.LoraConfig] = None
 
   @nn.compact
   def __call__(self, x, mask, bias, enable_dropout=False):
     cfg, dtype = self.config, jnp.dtype(self.config.dtype)
     y = layers.RMSNorm(dtype=dtype, name="pre_attention_layer_norm")(x)
-    y = layers.MultiHeadAttention(cfg.num_heads, cfg.d_kv, cfg.dropout_rate, dtype, name="attention")(
+    y = layers.MultiHeadAttention(cfg.num_heads, cfg.d_kv, cfg.dropout_rate, dtype, lora=self.lora,
+                                  name="attention")(
         y, y, mask, bias, enable_dropout=enable_dropout)
     x = x + _dropout(cfg, y, enable_dropout)
     y = layers.RMSNorm(dtype=dtype, name="pre_mlp_layer_norm")(x)
-    y = layers.MlpBlock(cfg.d_ff, cfg.feed_forward, cfg.dropout_rate, dtype, name="mlp")(
+    y = layers.MlpBlock(cfg.d_ff, cfg.feed_forward, cfg.dropout_rate, dtype, lora=self.lora, name="mlp")(
         y, enable_dropout=enable_dropout)
     return x + _dropout(cfg, y, enable_dropout)
 
@@ -43,12 +46,13 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
   """Causal self-attention, attention over the encoder output, then feed-forward."""
   config: T5Config
+  lora: Optional[lora_lib.LoraConfig] = None
 
   @nn.compact
   def __call__(self, x, encoded, self_mask, cross_mask, bias, enable_dropout=False, decode=False):
     cfg, dtype = self.config, jnp.dtype(self.config.dtype)
     attention = functools.partial(layers.MultiHeadAttention, cfg.num_heads, cfg.d_kv,
-                                  cfg.dropout_rate, dtype)
+                                  cfg.dropout_rate, dtype, lora=self.lora)
     y = layers.RMSNorm(dtype=dtype, name="pre_self_attention_layer_norm")(x)
     y = attention(name="self_attention")(y, y, self_mask, bias, enable_dropout=enable_dropout,
                                          decode=decode)
@@ -58,7 +62,7 @@ class DecoderLayer(nn.Module):
         y, encoded, cross_mask, None, enable_dropout=enable_dropout, decode=decode)
     x = x + _dropout(cfg, y, enable_dropout)
     y = layers.RMSNorm(dtype=dtype, name="pre_mlp_layer_norm")(x)
-    y = layers.MlpBlock(cfg.d_ff, cfg.feed_forward, cfg.dropout_rate, dtype, name="mlp")(
+    y = layers.MlpBlock(cfg.d_ff, cfg.feed_forward, cfg.dropout_rate, dtype, lora=self.lora, name="mlp")(
         y, enable_dropout=enable_dropout)
     return x + _dropout(cfg, y, enable_dropout)
 
@@ -66,6 +70,7 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
+  lora: Optional[lora_lib.LoraConfig] = None
 
   @nn.compact
   def __call__(self, encoder_input_tokens, enable_dropout=False):
@@ -78,7 +83,7 @@ class Encoder(nn.Module):
     mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(encoder_input_tokens.astype(jnp.int32)), enable_dropout)
     for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f"layers_{i}")(x, mask, bias, enable_dropout)
+      x = EncoderLayer(cfg, self.lora, name=f"layers_{i}")(x, mask, bias, enable_dropout)
     x = layers.RMSNorm(dtype=dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, enable_dropout)
 
@@ -86,6 +91,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
+  lora: Optional[lora_lib.LoraConfig] = None
 
   @nn.compact
   def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout=False,
@@ -103,7 +109,7 @@ class Decoder(nn.Module):
     cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens.astype(jnp.int32)), enable_dropout)
     for i in range(cfg.num_decoder_layers):
-      x = DecoderLayer(cfg, name=f"layers_{i}")(x, encoded, self_mask, cross_mask, bias,
+      x = DecoderLayer(cfg, self.lora, name=f"layers_{i}")(x, encoded, self_mask, cross_mask, bias,
                                                 enable_dropout, decode)
     x = layers.RMSNorm(dtype=dtype, name="decoder_norm")(x)
     x = _dropout(cfg, x, enable_dropout)
@@ -116,14 +122,18 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-  """T5 encoder-decoder: `apply({"params": p}, enc_tokens, dec_tokens) -> logits [B, Lt, V]`."""
+  """T5 encoder-decoder: `apply({"params": p}, enc_tokens, dec_tokens) -> logits [B, Lt, V]`.
+
+  With `lora` (`models.lora.LoraConfig`) its targeted dense layers carry low-rank adapters.
+  """
   config: T5Config
+  lora: Optional[lora_lib.LoraConfig] = None
 
   def setup(self):
     cfg = self.config
     self.token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, jnp.dtype(cfg.dtype))
-    self.encoder = Encoder(cfg, self.token_embedder)
-    self.decoder = Decoder(cfg, self.token_embedder)
+    self.encoder = Encoder(cfg, self.token_embedder, self.lora)
+    self.decoder = Decoder(cfg, self.token_embedder, self.lora)
 
   def encode(self, encoder_input_tokens, enable_dropout: bool = False):
     """Encoder output `[B, Li, d_model]`."""
@@ -144,8 +154,9 @@ class Transformer(nn.Module):
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout)
 
 
-def _init_boxed(config: T5Config, rng: jax.Array, input_length: int = 4, target_length: int = 4):
-  model = Transformer(config)
+def _init_boxed(config: T5Config, rng: jax.Array, input_length: int = 4, target_length: int = 4,
+                lora: Optional[lora_lib.LoraConfig] = None):
+  model = Transformer(config, lora)
   enc = jnp.ones((1, input_length), jnp.int32)
   dec = jnp.ones((1, target_length), jnp.int32)
   return model.init({"params": rng}, enc, dec)["params"]
@@ -172,3 +183,17 @@ def param_logical_axes(config: T5Config) -> Params:
 def num_params(config: T5Config) -> int:
   """Total number of parameters (computed from shapes only)."""
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(param_shapes(config)))
+
+
+def init_adapters(config: T5Config, lora: lora_lib.LoraConfig, rng: jax.Array) -> Params:
+  """Fresh LoRA adapters (A random, B zero) of `config`'s network, as a plain nested dict."""
+  init = lambda key: lora_lib.adapters_of(nn.unbox(_init_boxed(config, key, lora=lora)))
+  return jax.jit(init)(rng)  # the base parameters' initialisation is dead code, dropped by XLA
+
+
+def adapter_logical_axes(config: T5Config, lora: lora_lib.LoraConfig) -> Params:
+  """The adapters' tree with each leaf replaced by its tuple of logical axis names."""
+  boxed = jax.eval_shape(functools.partial(_init_boxed, config, lora=lora), jax.random.PRNGKey(0))
+  axes = jax.tree_util.tree_map(lambda p: tuple(p.names), boxed,
+                                is_leaf=lambda p: isinstance(p, nn.Partitioned))
+  return lora_lib.adapters_of(axes)

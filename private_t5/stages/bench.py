@@ -96,7 +96,8 @@ def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   return config, trainer_lib.Trainer(config, aggregator, optimizer, mesh)
 
 
-def _memory(compiled) -> Dict[str, Any]:
+def compiled_memory(compiled) -> Dict[str, Any]:
+  """The memory analysis of a compiled step; `peak_bytes` = arguments + outputs + temporaries - aliased."""
   analysis = compiled.memory_analysis()
   if analysis is None:
     return {}
@@ -136,7 +137,7 @@ def _max_batch(trainer, state, shape, start_batch: int, budget_bytes: int, cap: 
   def peak(b: int) -> int:
     if b not in peaks:
       compiled, seconds, _, _ = _compile(trainer, state, b, shape, 0)
-      peaks[b] = _memory(compiled).get("peak_bytes", 0)
+      peaks[b] = compiled_memory(compiled).get("peak_bytes", 0)
       _log(f"    batch {b}: compiled peak {peaks[b] / GIB:.2f} GiB ({seconds:.0f}s to compile)")
     return peaks[b]
 
@@ -202,7 +203,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   compiled_rows = micro or batch_size
   compiled, compile_s, _, keys = _compile(trainer, state, compiled_rows, shape, 0)
   batch = _random_batch(config.vocab_size, batch_size, shape[0], shape[1], 0)
-  memory = _memory(compiled)
+  memory = compiled_memory(compiled)
   result = dict(case, compile_s=compile_s, memory=memory, flops=_flops(compiled), compiled_rows=compiled_rows,
                 activation_dtype=config.dtype,
                 num_params=sum(int(x.size) for x in jax.tree.leaves(state.params)))

@@ -11,6 +11,13 @@ whole export succeeds: the files are written into `.export_hf_<host>-<pid>-<rand
 OUTPUT, renamed to OUTPUT at the end; such folders left by killed exports are removed by the
 next export into the same parent folder. Exporting the latest checkpoint of a running training
 is safe: a checkpoint rotated away while it is read is read again from the new latest.
+
+A LoRA run (configs/runs/finetune_lora*.gin) exports its merged weights (`--lora=merged`, the
+default: a plain T5 as above) or a Hugging Face PEFT adapter (`--lora=adapter`):
+OUTPUT/adapter_config.json + OUTPUT/adapter_model.safetensors (+ spiece.model and
+privacy_report.json, whose `exported_from.lora` names the base weights by path and SHA-256), which
+`peft.PeftModel.from_pretrained(base, OUTPUT)` loads onto the base T5 (export the base with
+`private-t5 export` first if it is one of our run directories).
 """
 import logging
 import os
@@ -25,6 +32,7 @@ from private_t5.errors import CheckpointError, ConfigError
 logger = logging.getLogger(__name__)
 
 FORMATS = ("hf",)
+LORA_MODES = ("merged", "adapter")
 VOCAB_FILE = "spiece.model"
 TEMP_PREFIX = ".export_hf_"
 
@@ -41,37 +49,56 @@ def _privacy_report(model_dir: str, info: Dict[str, Any], ledger_lib) -> Dict[st
 
 
 def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Optional[int] = None,
-                     vocab_path: Optional[str] = None) -> str:
+                     vocab_path: Optional[str] = None, lora: str = "merged") -> str:
   """Exports the checkpoint of `model_dir` (latest, or `step`) to `output`; returns `output`.
 
+  `lora`: for a LoRA run, "merged" (plain T5 weights) or "adapter" (a PEFT adapter directory).
+
   Raises:
-    ConfigError: an unknown format, or an `output` that already holds files.
+    ConfigError: an unknown format or LoRA mode, "adapter" for a run without adapters, or an
+      `output` that already holds files.
     CheckpointError: no readable checkpoint, or no vocabulary file to ship.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   from private_t5.models import checkpoints, hf_export  # pylint: disable=g-import-not-at-top
+  from private_t5.models import lora as lora_lib  # pylint: disable=g-import-not-at-top
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r} is not supported (formats: {', '.join(FORMATS)})")
+  if lora not in LORA_MODES:
+    raise ConfigError(f"--lora={lora!r} is not supported (modes: {', '.join(LORA_MODES)})")
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
     raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
-  params, config, info = checkpoints.restore_for_inference(model_dir, step)
+  adapter = lora == "adapter"
+  params, config, info = checkpoints.restore_for_inference(model_dir, step, merge_adapters=not adapter)
+  if adapter and not info.get("lora"):
+    raise ConfigError(f"--lora=adapter: {model_dir!r} is not a LoRA run (it has no adapters); use --lora=merged")
   vocab_path = vocab_path or info.get("vocab_path")
   if not vocab_path or not os.path.isfile(vocab_path):
     raise CheckpointError(f"the vocabulary of {model_dir!r} ({vocab_path!r}) is missing; "
                           "give --vocab_path=FILE.model")
-  tensors, hf_config = hf_export.export_hf_t5(_to_numpy(params, np), config)
+  if adapter:
+    checkpoints.read_lora_base(info["lora"], model_dir)  # the base the adapter belongs to is unchanged
+    tensors, json_file = hf_export.peft_adapter(_to_numpy(params, np), lora_lib.config_of(info["lora"]), config,
+                                                info["lora"]["base"]["path"])
+    json_name, tensors_name = "adapter_config.json", "adapter_model.safetensors"
+  else:
+    tensors, json_file = hf_export.export_hf_t5(_to_numpy(params, np), config)
+    json_name, tensors_name = "config.json", "model.safetensors"
   report = _privacy_report(model_dir, info, ledger_lib)
-  report = dict(report, exported_from={"model_dir": os.path.abspath(model_dir), "step": info.get("step"),
-                                       "vocabulary_sha256": io_lib.file_sha256(vocab_path)})
+  exported_from = {"model_dir": os.path.abspath(model_dir), "step": info.get("step"),
+                   "vocabulary_sha256": io_lib.file_sha256(vocab_path)}
+  if info.get("lora"):  # the adapters' settings and base (path, SHA-256), and which form was written
+    exported_from.update(lora=info["lora"], lora_export=lora)
+  report = dict(report, exported_from=exported_from)
   parent = os.path.dirname(os.path.abspath(output)) or "."
   os.makedirs(parent, exist_ok=True)
   io_lib.remove_stale_temp_dirs(parent, TEMP_PREFIX)
   tmp_dir = io_lib.make_temp_dir(parent, TEMP_PREFIX)
   try:
-    io_lib.write_json_atomic(os.path.join(tmp_dir, "config.json"), hf_config)
-    io_lib.write_bytes_atomic(os.path.join(tmp_dir, "model.safetensors"),
+    io_lib.write_json_atomic(os.path.join(tmp_dir, json_name), json_file)
+    io_lib.write_bytes_atomic(os.path.join(tmp_dir, tensors_name),
                               st_numpy.save(tensors, metadata={"format": "pt"}))
     shutil.copyfile(vocab_path, os.path.join(tmp_dir, VOCAB_FILE))
     ledger_lib.write_report(ledger_lib.report_path(tmp_dir), report)
@@ -99,6 +126,8 @@ def _parser() -> flags.StageParser:
   p.add_flag("format", default="hf", choices=FORMATS, help="output format (hf: Hugging Face T5)")
   p.add_flag("step", type=int, help="checkpoint step (default: the latest)")
   p.add_flag("vocab_path", help="SentencePiece model to ship (default: the checkpoint's)")
+  p.add_flag("lora", default="merged", choices=LORA_MODES,
+             help="a LoRA run: merged weights (a plain T5) or a PEFT adapter directory")
   return p
 
 
@@ -107,7 +136,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = parser.parse_stage_args(sys.argv[1:] if argv is None else argv).args
   flags.check_required(parser, args, ("model_dir", "output"))
   out = export_model_dir(args.model_dir, args.output, fmt=args.format, step=args.step,
-                         vocab_path=args.vocab_path)
+                         vocab_path=args.vocab_path, lora=args.lora)
   print(f"exported {args.model_dir} to {out} ({', '.join(sorted(os.listdir(out)))})")
   return 0
 

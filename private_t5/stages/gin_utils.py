@@ -69,6 +69,7 @@ GIN_TABLE = {
     # training (`private-t5 train`, and the runs built on it)
     "train": ("private_t5.train.main:train", _TRAINING_USERS),
     "DPConfig": ("private_t5.dp.mechanism:DPConfig", _TRAINING_USERS),
+    "LoraConfig": ("private_t5.models.lora:LoraConfig", ("train",)),
     "make_source": ("private_t5.data.source:make_source", _TRAINING_USERS),
     "make_glue_source": ("private_t5.data.glue_tasks:make_glue_source", _TRAINING_USERS),
     "finetune_vocab_path": ("private_t5.train.initial_checkpoint:finetune_vocab_path", _TRAINING_USERS),

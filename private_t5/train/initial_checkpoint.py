@@ -73,23 +73,12 @@ def _read(path: str, keep: bool = True):
     value = _LAST_READ["value"]
   else:
     _LAST_READ.clear()
-    value = _read_uncached(path)
+    value = checkpoints.read_model_dir(path)
   if keep:
     _LAST_READ.update(key=key, value=value)
   else:
     _LAST_READ.clear()
   return value
-
-
-def _read_uncached(path: str):
-  if hf_convert.is_hf_t5_dir(path):
-    params, config = hf_convert.import_hf_t5(path)
-    info = {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
-            "vocab_path": hf_convert.hf_vocabulary_path(path), "privacy_report": None}
-    return params, config, info
-  params, config, info = checkpoints.restore_for_inference(path)
-  info = dict(info, kind="private_t5", path=os.path.abspath(path))
-  return params, config, info
 
 
 def load_initial_params(path: str, model_config: T5Config) -> Params:

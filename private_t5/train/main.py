@@ -23,6 +23,7 @@ from private_t5.dp import mechanism as mechanism_lib
 from private_t5.dp.mechanism import DPConfig
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints, run_dir
+from private_t5.models import lora as lora_lib
 from private_t5.train import initial_checkpoint as initial_lib
 from private_t5.train import loop, metrics, optimizers, partitioning
 from private_t5.train.state import RunSeeds
@@ -160,12 +161,17 @@ def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], ex
           "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
 
 
-def build_optimizer(optimizer=None, learning_rate=None):
-  """(optimizer, schedule): default Adafactor with `learning_rate` (default the T5X rsqrt schedule)."""
+def build_optimizer(optimizer=None, learning_rate=None, lora=None):
+  """(optimizer, schedule): default Adafactor with `learning_rate` (default the T5X rsqrt schedule).
+
+  With `lora` the default Adafactor takes absolute steps (`multiply_by_parameter_scale=False`):
+  T5's steps relative to a parameter's RMS would barely move LoRA's zero-initialised B (its scale
+  is floored at 1e-3), so the adapters would stay at the base model.
+  """
   if optimizer is not None:
     return optimizer, (learning_rate if callable(learning_rate) else None)
   lr = optimizers.rsqrt_schedule(base_learning_rate=0.5, warmup_steps=1000) if learning_rate is None else learning_rate
-  return optimizers.adafactor(lr), (lr if callable(lr) else None)
+  return optimizers.adafactor(lr, multiply_by_parameter_scale=lora is None), (lr if callable(lr) else None)
 
 
 def build_metadata(*, model_config, train_data, vocab_path: Optional[str], num_params: int, batch_size: int,
@@ -178,6 +184,30 @@ def build_metadata(*, model_config, train_data, vocab_path: Optional[str], num_p
   if initial_checkpoint:
     metadata["initial_checkpoint"] = initial_lib.describe_initial_checkpoint(initial_checkpoint)
   return metadata
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraBase:
+  """The frozen base of a LoRA run: its parameters and the `lora` record of its checkpoints."""
+  params: Any
+  record: Dict[str, Any]
+
+
+def build_lora(lora, initial_checkpoint: Optional[str], model_config) -> Optional[LoraBase]:
+  """The base weights a LoRA run adapts (None without `lora`), read once and hashed.
+
+  The hash goes into the fingerprint and the metadata of every checkpoint: a resumed run, an
+  evaluation or an export refuses a base whose weights changed.
+  """
+  if lora is None:
+    return None
+  if not isinstance(lora, lora_lib.LoraConfig):
+    raise ConfigError(f"lora must be a LoraConfig (@LoraConfig()) or None, got {type(lora).__name__}")
+  if not initial_checkpoint:
+    raise ConfigError("LoRA adapts pretrained weights: set INITIAL_CHECKPOINT (train.initial_checkpoint)")
+  params = initial_lib.load_initial_params(initial_checkpoint, model_config)
+  record = lora_lib.base_record(os.path.abspath(initial_checkpoint), lora_lib.params_sha256(params), lora)
+  return LoraBase(params, record)
 
 
 def initial_params_loader(initial_checkpoint: Optional[str], model_config) -> Optional[Callable]:
@@ -204,7 +234,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
           mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = partitioning.REPLICATED,
           z_loss: float = 0.0, initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
           log: Callable[[str], None] = print, privacy_hook: Optional[PrivacyHook] = None,
-          operative_config: Optional[Callable[[], str]] = None) -> dict:
+          operative_config: Optional[Callable[[], str]] = None,
+          lora: Optional[lora_lib.LoraConfig] = None) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
   Every setting is checked before anything is written to `model_dir`; what only the built
@@ -248,6 +279,9 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     operative_config: returns the text of the run's configuration, written to
       MODEL_DIR/config.gin by process 0 once the mechanism is fixed (the training stages pass
       Gin's operative config); None: no config.gin is written.
+    lora: a `models.lora.LoraConfig` (Gin: `@LoraConfig()`): train only low-rank adapters on
+      the frozen weights of `initial_checkpoint` (required). Checkpoints hold the adapters and
+      their optimizer state; the base is referenced by path and SHA-256 (`build_lora`).
   """
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
@@ -255,6 +289,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                       keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
                       log_every=log_every)
   rules = partitioning.axis_rules(parameter_sharding)
+  base = build_lora(lora, initial_checkpoint, model_config)
   execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
@@ -265,7 +300,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   try:
     seeds = build_seeds(manager, insecure_deterministic_seed)
     setup = mechanism_lib.build_mechanism(
-        dp, execution, loss_fn=make_loss_fn(model_config, z_loss), num_examples=train_data.num_examples,
+        dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
@@ -274,28 +309,35 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
                 else privacy_hook(setup, train_data))
     setup, source, extra = override.mechanism, override.source, override.extra
+    if lora is not None:
+      extra = dict(extra, lora=base.record)
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint)
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
-    optimizer, schedule = build_optimizer(optimizer, learning_rate)
-    trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule, rules=rules)
-    num_params = models.num_params(model_config)
+    optimizer, schedule = build_optimizer(optimizer, learning_rate, lora)
+    trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule, rules=rules,
+                      lora=lora, base_params=None if lora is None else base.params)
+    num_params = trainer.num_trainable_params()
     log(describe_run(model_config, mesh, parameter_sharding, train_data, batch_size,
                      extra.get("optimizer") or ("DP-Adafactor" if setup.private else "non-private Adafactor")))
     metadata = build_metadata(model_config=model_config, train_data=train_data, vocab_path=vocab_path,
                               num_params=num_params, batch_size=batch_size, extra=extra,
                               initial_checkpoint=initial_checkpoint)
-    if initial_checkpoint:
+    if lora is not None:
+      log(f"[train] LoRA (rank {lora.rank}, alpha {lora.alpha:g}, on {', '.join(lora.targets)}): {num_params} "
+          f"trainable adapter parameters on the frozen {initial_checkpoint} (sha256 {base.record['base']['sha256'][:12]})")
+    elif initial_checkpoint:
       log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
     summary = loop.run(
         trainer=trainer, privacy=setup, source=source, validation_source=validation_data, seeds=seeds,
         manager=manager,
         config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
                                eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
-        metadata=metadata, initial_params_fn=initial_params_loader(initial_checkpoint, model_config), log=log)
+        metadata=metadata, log=log,
+        initial_params_fn=None if lora is not None else initial_params_loader(initial_checkpoint, model_config))
     failed = False
   finally:
     manager.close(discard_if_unused=failed)
@@ -303,6 +345,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                  config_gin=(os.path.abspath(run_dir.config_path(model_dir)) if operative_config is not None
                              else None),
                  noise_multiplier=setup.noise_multiplier)
+  if lora is not None:
+    summary["lora"] = base.record
   if override.summarize is not None:
     summary.update(override.summarize(summary))
   if partitioning.is_primary():

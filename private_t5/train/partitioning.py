@@ -54,6 +54,7 @@ LOGICAL_AXIS_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
     ("embed", None),
     ("relpos_buckets", None),
     ("length", None),
+    ("lora_rank", None),
 )
 # The same, with the parameters' `embed` dimension also split over `data` (ZeRO-3 / FSDP).
 FULLY_SHARDED_RULES: Tuple[Tuple[str, Optional[str]], ...] = tuple(

@@ -14,10 +14,18 @@ then Adafactor). Without microbatching, `train_step` is one fused compiled call 
 aggregator; what the aggregator must offer is declared here (`Aggregator`,
 `MicrobatchAggregator`).
 
+LoRA (`models.lora`): with `lora` set the state's params are the adapters only (what the
+optimizer updates, the aggregator clips and noises, and checkpoints store); the frozen base
+weights are held by the trainer and passed to every compiled step as a separate argument,
+never differentiated, donated or updated. The aggregator's `loss_fn(adapters, batch,
+dropout_rng, base)` is bound to them (`functools.partial(..., base=...)`) inside each step.
+
 Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
 derived inside the compiled step, so a resumed run continues the key sequence.
 """
 import contextlib
+import copy
+import functools
 from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple
 
 import jax
@@ -27,6 +35,8 @@ import optax
 
 from private_t5 import models
 from private_t5.dp import clipping
+from private_t5.errors import ConfigError
+from private_t5.models import lora as lora_lib
 from private_t5.train import partitioning
 from private_t5.train.state import TrainState, step_keys
 
@@ -61,10 +71,19 @@ class MicrobatchAggregator(Aggregator, Protocol):
     ...
 
 
-def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0) -> Callable:
+def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0,
+                 lora: Optional[lora_lib.LoraConfig] = None) -> Callable:
   """`loss_fn(params, batch, dropout_rng) -> loss[B]`, the aggregators' per-example loss
-  (`EncoderDecoderModel(model_config, z_loss).per_example_loss`)."""
-  return models.EncoderDecoderModel(model_config, z_loss).per_example_loss
+  (`EncoderDecoderModel(model_config, z_loss).per_example_loss`).
+
+  With `lora`: `loss_fn(adapters, batch, dropout_rng, base) -> loss[B]` of the network with
+  adapters on the frozen `base` (the trainer binds `base` in each compiled step).
+  """
+  if lora is None:
+    return models.EncoderDecoderModel(model_config, z_loss).per_example_loss
+  model = models.EncoderDecoderModel(model_config, z_loss, lora)
+  return lambda adapters, batch, dropout_rng=None, base=None: model.per_example_loss(
+      lora_lib.combine(base, adapters), batch, dropout_rng)
 
 
 def device_features(batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -84,23 +103,37 @@ class Trainer:
     learning_rate_fn: optional schedule, logged as `learning_rate`.
     rules: the logical-axis rules of the parameters (`partitioning.axis_rules`: replicated over
       `data`, or fully sharded); the optimizer state follows the parameters.
+    lora: a `models.lora.LoraConfig` to train adapters on the frozen `base_params`, or None.
   """
 
   def __init__(self, model_config: models.T5Config, aggregator: Aggregator,
                optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                learning_rate_fn: Optional[Callable] = None,
-               rules=partitioning.LOGICAL_AXIS_RULES):
+               rules=partitioning.LOGICAL_AXIS_RULES, *, lora: Optional[lora_lib.LoraConfig] = None,
+               base_params: Optional[PyTree] = None):
     self.model_config = model_config
-    self.model = models.EncoderDecoderModel(model_config)
+    self.lora = lora
+    self.model = models.EncoderDecoderModel(model_config, lora=lora)
     self.aggregator = aggregator
     self.optimizer = optimizer
     self.mesh = mesh
     self.learning_rate_fn = learning_rate_fn
-    self.use_dropout = model_config.dropout_rate > 0
-    shapes = models.param_shapes(model_config)
-    self.param_shardings = partitioning.param_shardings(
-        models.param_logical_axes(model_config), shapes, mesh, rules)
+    self.use_dropout = model_config.dropout_rate > 0 or (lora is not None and lora.dropout > 0)
+    base_shardings = partitioning.param_shardings(
+        models.param_logical_axes(model_config), models.param_shapes(model_config), mesh, rules)
     self._replicated = partitioning.replicated(mesh)
+    if lora is None:
+      self.param_shardings, self._base, self._base_shardings = base_shardings, None, None
+    else:
+      if base_params is None or not hasattr(aggregator, "loss_fn"):
+        raise ConfigError("LoRA training needs the base parameters and an aggregator with a loss_fn")
+      axes = models.adapter_logical_axes(model_config, lora)
+      shapes = jax.eval_shape(functools.partial(models.init_adapters, model_config, lora), jax.random.PRNGKey(0))
+      self.param_shardings = partitioning.param_shardings(axes, shapes, mesh, rules)
+      self._base_shardings = base_shardings
+      with self._mesh_context():
+        self._base = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s),
+                                  base_params, base_shardings)
     self._batch_sharding = partitioning.batch_sharding(mesh)
     abstract = jax.eval_shape(self._init_fn, jax.random.PRNGKey(0))
     # Each moment is sharded like its parameter (Adafactor's factored ones like the kept dimensions).
@@ -112,44 +145,60 @@ class Trainer:
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
     self._init_from = jax.jit(self._init_from_params_fn, in_shardings=(self.param_shardings,),
                               out_shardings=self.state_shardings)
+    base = self._base_shardings
     self._train_step = jax.jit(
         self._train_step_fn,
-        in_shardings=(self.state_shardings, self._batch_sharding, self._replicated, self._replicated),
+        in_shardings=(self.state_shardings, base, self._batch_sharding, self._replicated, self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
     # A step in microbatches: accumulate them, then (noise and) update once.
     self._zero_sum = jax.jit(self._zero_sum_fn, out_shardings=(self.param_shardings, self._replicated))
     self._accumulate = jax.jit(
         self._accumulate_fn,
-        in_shardings=(self.param_shardings, (self.param_shardings, self._replicated), self._batch_sharding,
+        in_shardings=(self.param_shardings, base, (self.param_shardings, self._replicated), self._batch_sharding,
                       self._replicated, self._replicated),
         out_shardings=(self.param_shardings, self._replicated),
-        donate_argnums=(1,))
+        donate_argnums=(2,))
     # Only the state is donated: the outputs of the accumulator's shapes already reuse the donated
     # state's buffers, so none is left for the accumulator's (JAX would warn they were not usable).
     self._finalize = jax.jit(
         self._finalize_fn,
-        in_shardings=(self.state_shardings, (self.param_shardings, self._replicated), self._replicated,
+        in_shardings=(self.state_shardings, base, (self.param_shardings, self._replicated), self._replicated,
                       self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
     self._eval_step = jax.jit(
-        self._eval_step_fn, in_shardings=(self.param_shardings, self._batch_sharding),
+        self._eval_step_fn, in_shardings=(self.param_shardings, base, self._batch_sharding),
         out_shardings=self._replicated)
 
   # -- pure functions (traced under jit) --------------------------------------------------------
 
   def _init_fn(self, rng: jax.Array) -> TrainState:
-    params = models.init_params(self.model_config, rng)
+    params = (models.init_params(self.model_config, rng) if self.lora is None
+              else models.init_adapters(self.model_config, self.lora, rng))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=self.optimizer.init(params))
 
   def _init_from_params_fn(self, params) -> TrainState:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
 
-  def _train_step_fn(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+  def _bound(self, base) -> Aggregator:
+    """The aggregator, its loss bound to the frozen LoRA `base` (itself without LoRA)."""
+    if self.lora is None:
+      return self.aggregator
+    bound = copy.copy(self.aggregator)
+    bound.loss_fn = functools.partial(self.aggregator.loss_fn, base=base)
+    return bound
+
+  def model_params(self, params: PyTree, base=None) -> PyTree:
+    """The parameters `self.model` runs on: `params`, or with LoRA the base plus the adapters."""
+    if self.lora is None:
+      return params
+    return lora_lib.combine(self._base if base is None else base, params)
+
+  def _train_step_fn(self, state: TrainState, base, batch, dropout_base_key, noise_base_key):
     dropout_rng, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
-    grads, metrics = self.aggregator(state.params, batch,
+    grads, metrics = self._bound(base)(state.params, batch,
                                      dropout_rng=dropout_rng if self.use_dropout else None,
                                      noise_rng=noise_rng)
     return self._apply_fn(state, grads, metrics)
@@ -157,15 +206,15 @@ class Trainer:
   def _zero_sum_fn(self):
     return self.aggregator.zero_sum(self._abstract.params)
 
-  def _accumulate_fn(self, params, acc, micro, dropout_base_key, step):
+  def _accumulate_fn(self, params, base, acc, micro, dropout_base_key, step):
     """acc + the (clipped) sum of one microbatch (its `ROW_ID` column: the rows' positions in
     the step's sample)."""
     dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
-    return self.aggregator.accumulate(params, acc, micro, dropout_rng if self.use_dropout else None)
+    return self._bound(base).accumulate(params, acc, micro, dropout_rng if self.use_dropout else None)
 
-  def _finalize_fn(self, state: TrainState, acc, dropout_base_key, noise_base_key):
+  def _finalize_fn(self, state: TrainState, base, acc, dropout_base_key, noise_base_key):
     _, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
-    grads, metrics = self.aggregator.finish(state.params, acc, noise_rng)
+    grads, metrics = self._bound(base).finish(state.params, acc, noise_rng)
     return self._apply_fn(state, grads, metrics)
 
   def _apply_fn(self, state: TrainState, grads, metrics):
@@ -177,8 +226,8 @@ class Trainer:
       metrics["learning_rate"] = jnp.asarray(self.learning_rate_fn(state.step), jnp.float32)
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  def _eval_step_fn(self, params, batch) -> Dict[str, jax.Array]:
-    return self.model.eval_metrics(params, batch)
+  def _eval_step_fn(self, params, base, batch) -> Dict[str, jax.Array]:
+    return self.model.eval_metrics(self.model_params(params, base), batch)
 
   # -- host API ---------------------------------------------------------------------------------
 
@@ -189,12 +238,18 @@ class Trainer:
   def init_state(self, rng: jax.Array, initial_params: Optional[PyTree] = None) -> TrainState:
     """State at step 0: fresh parameters from `rng`, or `initial_params` (e.g. a pretrained
     model to fine-tune), sharded by the logical-axis rules, with a fresh optimizer state."""
+    if initial_params is not None and self.lora is not None:
+      raise ConfigError("a LoRA trainer starts from fresh adapters on its base; initial_params must be None")
     with self._mesh_context():
       if initial_params is None:
         return self._init(rng)
       params = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s),
                             initial_params, self.param_shardings)
       return self._init_from(params)
+
+  def num_trainable_params(self) -> int:
+    """Parameters the optimizer updates (with LoRA: the adapters only)."""
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self._abstract.params))
 
   def abstract_state(self) -> TrainState:
     """ShapeDtypeStructs (with shardings) of the state: the restore target of a checkpoint."""
@@ -219,7 +274,7 @@ class Trainer:
     if isinstance(next(iter(batch.values())), np.ndarray):
       batch = self.place_batch(batch)
     with self._mesh_context():
-      return self._train_step(state, batch, dropout_base_key, noise_base_key)
+      return self._train_step(state, self._base, batch, dropout_base_key, noise_base_key)
 
   def train_step_microbatched(self, state: TrainState, batch: Dict[str, np.ndarray], microbatch_size: int,
                               dropout_base_key: jax.Array, noise_base_key: jax.Array
@@ -240,7 +295,7 @@ class Trainer:
     the noise is added once and the update applied. `state` is donated."""
     acc = self.accumulate(state.params, microbatches, dropout_base_key, state.step)
     with self._mesh_context():
-      return self._finalize(state, acc, dropout_base_key, noise_base_key)
+      return self._finalize(state, self._base, acc, dropout_base_key, noise_base_key)
 
   def accumulate(self, params: PyTree, microbatches: Iterable[Dict[str, np.ndarray]],
                  dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
@@ -250,7 +305,7 @@ class Trainer:
     with self._mesh_context():
       acc = self._zero_sum()
       for micro in microbatches:
-        acc = self._accumulate(params, acc, self.place_batch(micro), dropout_base_key, step)
+        acc = self._accumulate(params, self._base, acc, self.place_batch(micro), dropout_base_key, step)
       return acc
 
   def accumulate_microbatches(self, params: PyTree, batch: Dict[str, np.ndarray], microbatch_size: int,
@@ -264,20 +319,40 @@ class Trainer:
     if isinstance(next(iter(batch.values())), np.ndarray):
       batch = self.place_batch(batch)
     with self._mesh_context():
-      out = self._eval_step(params, batch)
+      out = self._eval_step(params, self._base, batch)
     return {k: float(v) for k, v in jax.device_get(out).items()}
 
   def lower_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
     """The train step lowered for `state` (a state, or `abstract_state()` to compile without
-    allocating one) and `batch`; `.compile()` it for XLA's memory and cost analyses."""
+    allocating one) and `batch`; `.compile()` it for XLA's memory and cost analyses (the frozen
+    LoRA base, if any, is an argument of the lowered step)."""
     if isinstance(next(iter(batch.values())), np.ndarray):
       batch = self.place_batch(batch)
     with self._mesh_context():
-      return self._train_step.lower(state, batch, dropout_base_key, noise_base_key)
+      return self._train_step.lower(state, self._base, batch, dropout_base_key, noise_base_key)
 
-  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+  def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key) -> "CompiledStep":
     """Ahead-of-time compilation of the train step (for timing compile cost)."""
-    return self.lower_train_step(state, batch, dropout_base_key, noise_base_key).compile()
+    return CompiledStep(self.lower_train_step(state, batch, dropout_base_key, noise_base_key).compile(),
+                        self._base)
+
+
+class CompiledStep:
+  """An ahead-of-time compiled train step: `step(state, batch, dropout_base_key, noise_base_key)`
+  (the frozen LoRA base, if any, is passed in), with the executable's analyses."""
+
+  def __init__(self, compiled, base):
+    self.compiled = compiled
+    self.base = base
+
+  def __call__(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    return self.compiled(state, self.base, batch, dropout_base_key, noise_base_key)
+
+  def memory_analysis(self):
+    return self.compiled.memory_analysis()
+
+  def cost_analysis(self):
+    return self.compiled.cost_analysis()
 
 
 def split_microbatches(batch: Dict[str, np.ndarray], microbatch_size: int) -> List[Dict[str, np.ndarray]]:
