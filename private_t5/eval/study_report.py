@@ -40,6 +40,18 @@ def privacy_text(model: dict) -> tuple:
   return eps_text, ("–" if delta is None else f"{delta:.2g}")
 
 
+def windows_text(training_windows: Optional[int], units: List[str]) -> str:
+  """What training saw of each document, beside the privacy unit, in one sentence."""
+  unit = f" Privacy unit: {', '.join(units)}." if units else ""
+  if training_windows is None:
+    return ("Training drew one window at a random position of a longer document: on long documents the "
+            "prompted opening is rarely trained on." + unit)
+  if training_windows == 1:
+    return "Training drew each document's opening window, the window the prompts come from." + unit
+  return (f"Training drew one of each document's first {training_windows} grid windows; the prompts come from "
+          f"the first, trained on in 1/{training_windows} of a document's draws." + unit)
+
+
 def memorization_table(results: dict) -> List[str]:
   """Table-3-like: one row per model; EM % / TA % / MED (n) per split."""
   header = "| model | objective | ε | δ | " + " | ".join(f"{SPLIT_TITLES[s]} EM % / TA % / MED (n)" for s in SPLITS) + " |"
@@ -118,7 +130,10 @@ def results_markdown(results: dict) -> str:
            f"fraction {dup.get('fraction')}.",
            f"Greedy decoding of T = {settings.get('generation_length')} tokens after a "
            f"P = {settings.get('prompt_length')}-token prompt; EM exact match, TA token accuracy, MED median "
-           "edit distance (tokens); n documents evaluated per split.", "",
+           "edit distance (tokens); n documents evaluated per split.",
+           windows_text(settings.get("training_windows"),
+                        sorted({m.get("privacy_unit") for m in results["models"].values() if m.get("privacy_unit")})),
+           "",
            "## Memorization (Table 3 of Ponomareva et al. 2022)", ""]
   lines += memorization_table(results)
   by_repetitions = repetition_table(results)

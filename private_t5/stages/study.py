@@ -243,6 +243,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
               dp_vocab_max_words: int = 256, prompt_length: int = 32, generation_length: int = 16,
               max_examples_per_split: Optional[int] = 500, memorization_batch_size: int = 64,
               split_config=None, text_field: str = "text", audit_canaries: int = 0,
+              training_windows: Optional[int] = None,
               train_model: Optional[Callable[[str, List[str]], dict]] = None) -> dict:
   """Runs the study and writes results.json, results.md and figure.png to `output_dir`.
 
@@ -261,12 +262,16 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     text_field: JSONL/TSV field of the text.
     audit_canaries: m > 0 plants m audit canaries in the training corpus (each once, with
       probability 1/2) and reports every model's one-run privacy audit; 0: no audit.
+    training_windows: the training runs' `make_source.max_windows_per_document` (K: a draw
+      trains on one of a document's first K grid windows; 1: its opening, the window the
+      memorization prompts come from; None: a window anywhere), recorded and stated in results.md.
     train_model: `train_model(model_dir, gin_bindings) -> summary`, set by the command line:
       trains one model with the study's Gin files plus these bindings.
   """
   from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
   from private_t5.eval import memorization_run  # pylint: disable=g-import-not-at-top
   from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
   t_start = time.time()
   for name, value in (("corpus", corpus), ("output", output_dir)):
@@ -331,6 +336,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
         log=logger.info)
     wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
     results[name] = model_result(name, spec, summary, report, wall, data["repeated"])
+    results[name]["privacy_unit"] = ledger_lib.read_report(ledger_lib.report_path(run_dir))["privacy_unit"]
     io_lib.write_json_atomic(result_path, results[name])
 
   logger.info("[study] phase %d/%d: results", next(phase), steps)
@@ -338,7 +344,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
          "settings": {"duplication": dup_cfg.as_dict(), "vocab_size": vocab_size,
                       "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
                       "prompt_length": prompt_length, "generation_length": generation_length,
-                      "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields()},
+                      "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields(),
+                      "training_windows": training_windows},
          "wall_seconds": {"vocabularies": round(vocab_seconds, 1), "total_this_run": round(time.time() - t_start, 1)}}
   paths = study_report.write_results(out, output_dir)
   logger.info("[study] wrote %s in %.0f s", ", ".join(paths), time.time() - t_start)
