@@ -2,6 +2,7 @@
 every ledger is checked against the table."""
 import json
 
+import jax
 import numpy as np
 import pytest
 from sklearn import metrics as sk_metrics
@@ -91,11 +92,21 @@ def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def utility_study(tmp_path_factory):
+  # The fine-tuning runs of the four models share their shapes: one compilation serves them
+  # all through JAX's persistent cache (in a temporary folder; the settings are restored after).
+  saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
+                                                "jax_persistent_cache_min_compile_time_secs")}
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   out = tmp_path_factory.mktemp("utility") / "study"
   argv = ["study", "--part=utility", f"--corpus={shared_or_fixture('pretrain/fortunes.jsonl.gz')}",
           f"--task_dir={shared_or_fixture('glue_like/rotten_tomatoes')}", f"--output={out}", *MICRO_ARGS]
-  assert cli.main(argv) == 0
-  return out, argv
+  try:
+    assert cli.main(argv) == 0
+    yield out, argv
+  finally:
+    for key, value in saved.items():
+      jax.config.update(key, value)
 
 
 def test_utility_smoke_writes_the_table_and_resumes(utility_study):
