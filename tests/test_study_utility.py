@@ -109,7 +109,7 @@ def utility_study(tmp_path_factory):
       jax.config.update(key, value)
 
 
-def test_utility_smoke_writes_the_table_and_resumes(utility_study):
+def test_utility_smoke_writes_the_table_and_resumes(utility_study, capsys):
   out, argv = utility_study
   results = json.loads((out / "results.json").read_text())["utility"]
   assert set(results["models"]) == set(MODELS)
@@ -136,6 +136,10 @@ def test_utility_smoke_writes_the_table_and_resumes(utility_study):
   assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   # A second run trains nothing and reproduces the table.
   assert cli.main(argv) == 0
+  assert json.loads((out / "results.json").read_text())["utility"]["models"] == results["models"]
+  # Other fine-tuning settings in the same folder: one error line, the finished runs untouched.
+  assert cli.main(argv + ["--gin.run_utility_study.finetune_steps=3"]) == 2
+  assert "other task, fine-tuning or batch-sweep settings" in capsys.readouterr().err
   assert json.loads((out / "results.json").read_text())["utility"]["models"] == results["models"]
 
 

@@ -22,12 +22,14 @@ interrupted half-way resumes from its last checkpoint):
 The default Gin experiment is configs/experiments/study_utility.gin (pretraining and sweep
 settings); fine-tuning runs with `finetune_gin_files` (configs/experiments/study_utility_finetune.gin).
 """
+import json
 import logging
 import math
 import os
 import time
 from typing import Callable, List, Optional, Sequence
 
+from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
 from private_t5.stages import study
 
@@ -38,6 +40,7 @@ PRETRAINED = ("nondp_span", "dp_span", "fulldp_span")
 DEFAULT_MODELS = PRETRAINED + (SCRATCH,)
 FINETUNE_MODES = ("public", "dp")
 SUMMARY_FILE = "pretrain.json"
+SETTINGS_FILE = "utility_settings.json"
 
 
 def _positive_int(name: str, value) -> int:
@@ -115,6 +118,20 @@ def _finetune(name: str, mode: str, pretrained: Optional[dict], task: str, vocab
     return result
 
   return study.cached_json(os.path.join(root, study.RESULT_FILE), compute, f"fine-tuning {name} ({mode})")
+
+
+def _check_settings(output_dir: str, settings: dict) -> None:
+  """Records the fine-tuning and sweep settings of `output_dir` on its first run; ConfigError when a
+  re-run asks for others (its finished runs would be reused as if they were of the new settings)."""
+  path = os.path.join(output_dir, SETTINGS_FILE)
+  settings = json.loads(json.dumps(settings))  # as JSON reads it back (tuples become lists)
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      if json.load(f) != settings:
+        raise ConfigError(f"{output_dir} holds a utility study of other task, fine-tuning or batch-sweep "
+                          f"settings ({path}); use a new --output directory")
+    return
+  io_lib.write_json_atomic(path, settings)
 
 
 def sweep_points(batch_sizes: Sequence[int], examples: int, microbatch_size: int) -> List[dict]:
@@ -230,6 +247,9 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=0.0, repetitions=(2,),
                                           seed=seed, max_documents=max_documents).validate()
   output_dir = os.path.abspath(output_dir)
+  settings = {"steps": finetune_steps, "batch_size": finetune_batch_size, "feature_lengths": lengths,
+              "epsilon": finetune_epsilon, "eval_batch_size": eval_batch_size,
+              "max_eval_examples": max_eval_examples, "bootstrap_samples": bootstrap_samples}
   phases = ("data", "vocabularies", "pretraining", "fine-tuning", "batch sweep", "results")
   phase = iter(enumerate(phases, 1))
 
@@ -239,6 +259,8 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
 
   log_phase(f" from {corpus}")
   data = study.prepare_data(corpus, output_dir, dup_cfg, text_field)
+  _check_settings(output_dir, {"task": task, "task_dir": os.path.abspath(task_dir) if task_dir else None,
+                               "finetune": settings, "batch_sweep": points, "batch_sweep_epsilon": batch_sweep_epsilon})
   log_phase()
   pretrained_names = [m for m in models if m != SCRATCH]
   vocabs = study.train_vocabularies(
@@ -248,9 +270,6 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   log_phase(f": {', '.join(pretrained_names)}")
   pretrained = {m: _pretrain(m, data, vocabs, output_dir, train_model) for m in pretrained_names}
   log_phase(f" on {task}: {', '.join(models)} ({', '.join(finetune_modes)})")
-  settings = {"steps": finetune_steps, "batch_size": finetune_batch_size, "feature_lengths": lengths,
-              "epsilon": finetune_epsilon, "eval_batch_size": eval_batch_size,
-              "max_eval_examples": max_eval_examples, "bootstrap_samples": bootstrap_samples}
   table = {}
   for m in models:
     base = pretrained.get(m)
@@ -275,7 +294,7 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
       "models": table, "batch_sweep": sweep, "task": task, "corpus": corpus, "data": data["stats"],
       "settings": {"validation_fraction": validation_fraction, "max_documents": max_documents, "seed": seed,
                    "vocab_size": vocab_size, "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
-                   "finetune": {k: v for k, v in settings.items()}, "finetune_modes": list(finetune_modes),
+                   "finetune": dict(settings), "finetune_modes": list(finetune_modes),
                    "batch_sweep": {"sizes": [p["expected_batch_size"] for p in points],
                                    "examples": batch_sweep_examples, "epsilon": batch_sweep_epsilon,
                                    "microbatch_size": batch_sweep_microbatch_size}},
