@@ -206,7 +206,7 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
     finetune_steps, finetune_batch_size, finetune_feature_lengths: every fine-tuning run
       ({"inputs": Li, "targets": Lt}; Lt is also the decode length).
     finetune_epsilon: target ε of DP fine-tuning (over the task's training examples).
-    finetune_modes: "public" (the paper's fine-tuning) and / or "dp".
+    finetune_modes: "public" (the paper's fine-tuning) and / or "dp" ([] skips fine-tuning).
     eval_batch_size, max_eval_examples: validation decoding (None: every example).
     bootstrap_samples: resamples of the validation examples for each metric's 95% interval.
     batch_sweep_sizes: expected batch sizes of the sweep ([] skips it).
@@ -230,7 +230,7 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   unknown = [m for m in models if m not in DEFAULT_MODELS]
   if unknown or not models or len(set(models)) != len(models):
     raise ConfigError(f"models must be distinct names among {', '.join(DEFAULT_MODELS)}, got {list(models)!r}")
-  if not finetune_modes or any(m not in FINETUNE_MODES for m in finetune_modes):
+  if any(m not in FINETUNE_MODES for m in finetune_modes):
     raise ConfigError(f"finetune_modes must be among {FINETUNE_MODES}, got {list(finetune_modes)!r}")
   if train_model is None or finetune_model is None:
     raise ConfigError("run_utility_study needs train_model and finetune_model (run it as `private-t5 study`)")
@@ -259,8 +259,12 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
 
   log_phase(f" from {corpus}")
   data = study.prepare_data(corpus, output_dir, dup_cfg, text_field)
+  # What a finished run's result depends on; the lists of models, modes and batch sizes may
+  # change between runs of one folder (each run's result is its own file).
   _check_settings(output_dir, {"task": task, "task_dir": os.path.abspath(task_dir) if task_dir else None,
-                               "finetune": settings, "batch_sweep": points, "batch_sweep_epsilon": batch_sweep_epsilon})
+                               "finetune": settings, "batch_sweep_examples": batch_sweep_examples,
+                               "batch_sweep_microbatch_size": batch_sweep_microbatch_size,
+                               "batch_sweep_epsilon": batch_sweep_epsilon})
   log_phase()
   pretrained_names = [m for m in models if m != SCRATCH]
   vocabs = study.train_vocabularies(
