@@ -52,6 +52,10 @@ def models_table(utility: dict) -> List[str]:
     if any_dp:
       row += f" {_ci(m.get('finetuned_dp'))} |"
     lines.append(row)
+  base = next((m[k].get("majority_baseline") for m in models.values() for k in ("finetuned", "finetuned_dp")
+               if k in m), None)
+  if base is not None:
+    lines.append(f"| majority class | | | | | {base:.1f} |" + (f" {base:.1f} |" if any_dp else ""))
   return lines
 
 
@@ -83,6 +87,14 @@ def findings(utility: dict) -> List[str]:
                  f"accuracy against {100 * acc_ref:.2f}% without DP "
                  f"({'lower' if m['pretrain_validation_token_accuracy'] < acc_ref else 'not lower'}).")
   for key, label in (("finetuned", "public fine-tuning"), ("finetuned_dp", "DP fine-tuning")):
+    chance = [name for name, m in models.items()
+              if key in m and m[key]["ci"][0] <= m[key].get("majority_baseline", float("-inf")) + 1e-9]
+    if chance:
+      base = next(m[key]["majority_baseline"] for m in models.values() if key in m)
+      out.append(f"* {label}: {', '.join(chance)} {'does' if len(chance) == 1 else 'do'} not beat the majority-class "
+                 f"baseline ({base:.1f}, every example given the most frequent training label) at 95%: "
+                 f"{'that model has' if len(chance) == 1 else 'those models have'} not learned the task at this "
+                 "scale, so an overlap with another such model says nothing about pretraining.")
     if not ref or key not in ref:
       continue
     for name, m in models.items():
