@@ -175,6 +175,45 @@ def test_example_mode_chunks_documents(shared_data, vocab_path, cache_dir):
                                   src.store.document_tokens(0)[raw:2 * raw])
 
 
+@pytest.mark.parametrize("windows", [1, 3])
+def test_grid_windows_train_what_the_memorization_prompts_see(shared_data, vocab_path, cache_dir, windows):
+  corpus = shared_or_fixture(LINUX_DOCS)
+  src = source_lib.make_source(corpus, vocab_path, objective="prefix_lm", cache_dir=cache_dir, max_documents=NUM_DOCS,
+                               split="all", max_windows_per_document=windows)
+  raw = src.objective.raw_length
+  assert src.describe()["max_windows_per_document"] == windows
+  lengths = src.store.lengths()
+  long_docs = [i for i in range(NUM_DOCS) if lengths[i] >= 4 * raw][:10]
+  assert long_docs
+  for index in long_docs:
+    tokens = np.asarray(src.store.document_tokens(index))
+    starts = set()
+    for seed in range(24):
+      inputs, targets = src.example(index, seed)
+      window = np.concatenate([inputs[:-1], targets[:-1]])
+      # A full grid window: the document's tokens [k·raw, (k+1)·raw) for some k < windows.
+      matches = [k for k in range(windows) if np.array_equal(tokens[k * raw:(k + 1) * raw], window)]
+      assert len(window) == raw and matches
+      starts.add(matches[0])
+    # K = 1: every draw is the opening, whose first P tokens the memorization stage prompts with.
+    assert starts == set(range(windows))
+  # The default (None) starts anywhere: not on the grid for most long-document draws.
+  free = source_lib.make_source(corpus, vocab_path, objective="prefix_lm", cache_dir=cache_dir,
+                                max_documents=NUM_DOCS, split="all")
+  assert "max_windows_per_document" not in free.describe()
+  off_grid = 0
+  for seed in range(8):
+    inputs, _ = free.example(long_docs[0], seed)
+    off_grid += not np.array_equal(inputs[:-1], np.asarray(free.store.document_tokens(long_docs[0]))[:len(inputs) - 1])
+  assert off_grid > 0
+  with pytest.raises(ConfigError, match="max_windows_per_document"):
+    source_lib.make_source(corpus, vocab_path, objective="prefix_lm", cache_dir=cache_dir, max_documents=NUM_DOCS,
+                           split="all", max_windows_per_document=0)
+  with pytest.raises(ConfigError, match="document and user units"):
+    source_lib.make_source(corpus, vocab_path, objective="prefix_lm", privacy_unit="example", cache_dir=cache_dir,
+                           max_documents=NUM_DOCS, split="all", max_windows_per_document=1)
+
+
 def test_user_mode_and_validation_split(tmp_path, vocab_path, cache_dir):
   corpus = tmp_path / "users.jsonl"
   with open(corpus, "w") as f:

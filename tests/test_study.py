@@ -112,6 +112,7 @@ def test_study_smoke_every_model(shared_data, tmp_path):
     for split in m["splits"].values():
       assert set(split) == {"em", "ta", "med", "n"}
     assert 0.0 <= m["validation_token_accuracy"] <= 1.0
+    assert m["privacy_unit"] == "document"
     # The one-run audit of every model (32 canaries, 8 guesses a side): a DP model's bound is at most its ε.
     assert m["audit"]["num_canaries"] == 32 and m["audit"]["guesses"] == 16 and not m["audit"]["violation"]
     if name.startswith(("dp_", "fulldp_")):
@@ -132,6 +133,9 @@ def test_study_smoke_every_model(shared_data, tmp_path):
         assert sum(outcome["exact"]) / len(outcome["exact"]) == pytest.approx(m["splits"][split]["em"])
     by = m["train_dup_by_repetitions"]
     assert set(by) <= {"2", "5", "10", "natural"} and sum(g["n"] for g in by.values()) <= m["splits"]["train_dup"]["n"]
+  # Training drew each document's opening window, the one the prompts come from (study.gin).
+  assert results["settings"]["training_windows"] == 1
+  assert "each document's opening window" in (out / "results.md").read_text()
   assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert "Table 3" in (out / "results.md").read_text()
   assert "Extraction by number of repetitions" in (out / "results.md").read_text()

@@ -193,6 +193,28 @@ def register_local_tsv_task(name: str, dir: str, text_fields: Union[Sequence[str
   return task
 
 
+def register_task_dir(path: str) -> str:
+  """Points the local TSV task named like folder `path` at that folder; returns the task's name.
+
+  The folder's name picks the registered layout (columns, labels, metric): e.g.
+  `/data/glue_like/rotten_tomatoes` reads like the project's `rotten_tomatoes` task.
+  ConfigError for a missing folder or a name with no local TSV layout.
+  """
+  folder = os.path.abspath(os.path.expanduser(path)) if isinstance(path, str) and path else None
+  if folder is None or not os.path.isdir(folder):
+    raise ConfigError(f"task directory not found: {path!r}")
+  name = os.path.basename(os.path.normpath(folder))
+  known = _TASKS.get(name)
+  if known is None or known.default_root is None:
+    local = sorted(n for n, t in _TASKS.items() if t.default_root is not None)
+    raise ConfigError(f"task directory {path!r}: no local TSV task is named {name!r} (folders named "
+                      f"{', '.join(local)} are read; register others with register_local_tsv_task)")
+  _TASKS[name] = dataclasses.replace(known, local_subdir=folder, default_root=folder)
+  if "_load_rows" in globals():  # Re-registering a name must not serve stale rows.
+    _load_rows.cache_clear()
+  return name
+
+
 def register_mixture(name: str, task_names: Sequence[str]) -> None:
   """Registers a mixture (examples-proportional sampling over the tasks' training sets)."""
   for t in task_names:

@@ -18,6 +18,14 @@ Privacy units (N = `num_examples`, the population that DP sampling draws from):
   examples, so the guarantee is per chunk, not per document.
 * `user`: example i is user i. A draw picks one of the user's documents at random, then one
   window, so one user feeds at most one row per batch (user-level DP).
+
+Window positions (`document` and `user` units): by default a longer document's window starts at
+any token. With `max_windows_per_document` = K, windows lie on a fixed grid instead: a draw
+takes one of the document's first K full raw-length windows [k·raw, (k+1)·raw), uniformly, so
+K = 1 trains on each document's opening window only. The memorization stage prompts with a
+document's first P tokens, window 0 of that grid: with K = 1 every draw of a document trains on
+the text its prompt and continuation come from (random positions would almost never do so on a
+long document). Text past the first K windows is not trained on.
 """
 import hashlib
 from typing import Dict, Mapping, Optional, Sequence
@@ -74,9 +82,16 @@ class CorpusSource:
 
   def __init__(self, store: store_lib.DocumentStore, objective, privacy_unit: str = "document",
                document_indices: Optional[np.ndarray] = None, split: str = "all",
-               validation_fraction: float = 0.0):
+               validation_fraction: float = 0.0, max_windows_per_document: Optional[int] = None):
     if privacy_unit not in PRIVACY_UNITS:
       raise ConfigError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
+    k = max_windows_per_document
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+      raise ConfigError(f"max_windows_per_document must be a positive integer or None, got {k!r}")
+    if k is not None and privacy_unit == "example":
+      raise ConfigError("max_windows_per_document applies to the document and user units (the example "
+                        "unit already trains every chunk of the grid)")
+    self.max_windows_per_document = k
     self.store = store
     self.objective = objective
     self._privacy_unit = privacy_unit
@@ -170,6 +185,8 @@ class CorpusSource:
     doc_len = int(self.store.offsets[doc + 1] - self.store.offsets[doc])
     if doc_len <= raw:
       return pos, 0, doc_len
+    if self.max_windows_per_document is not None:  # one of the first K full windows of the grid
+      return pos, raw * int(rng.integers(min(self.max_windows_per_document, doc_len // raw))), raw
     return pos, int(rng.integers(doc_len - raw + 1)), raw
 
   def example(self, index: int, seed: int):
@@ -204,7 +221,10 @@ class CorpusSource:
   def describe(self) -> Dict[str, object]:
     """What this source is, for logs and privacy reports (public facts only)."""
     m = self.store.manifest
+    grid = ({} if self.max_windows_per_document is None  # (absent: the fingerprints of earlier runs hold)
+            else {"max_windows_per_document": self.max_windows_per_document})
     return {
+        **grid,
         "corpus": m["corpus"],
         "store": self.store.path,
         "vocab_path": m.get("vocab_path"),
@@ -229,7 +249,7 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
                 max_documents: Optional[int] = None, text_field: str = "text", id_field: str = "id",
                 user_field: Optional[str] = None, errors: str = "strict", data_dir: Optional[str] = None,
                 noise_density: float = 0.15, mean_noise_span_length: float = 3.0,
-                progress: bool = True) -> CorpusSource:
+                max_windows_per_document: Optional[int] = None, progress: bool = True) -> CorpusSource:
   """Builds (or reuses) the token store of `corpus` and returns its `CorpusSource`.
 
   Args:
@@ -245,6 +265,8 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
     max_documents: read at most this many documents of the corpus.
     text_field, id_field, user_field, errors, data_dir: corpus reader options.
     noise_density, mean_noise_span_length: span-corruption settings (0.15 and 3 as in T5).
+    max_windows_per_document: None: a longer document's window starts anywhere; K: one of its
+      first K grid windows (see the module docstring; K = 1: the opening window only).
     progress: print tokenization progress to stderr while building the store.
   """
   feature_lengths = dict(feature_lengths or {"inputs": 512, "targets": 114})
@@ -271,4 +293,4 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
     want_validation = split == "validation"
     docs = np.asarray([i for i, doc_id in enumerate(store.ids)
                        if in_validation(doc_id, validation_fraction) == want_validation], dtype=np.int64)
-  return CorpusSource(store, obj, privacy_unit, docs, split, validation_fraction)
+  return CorpusSource(store, obj, privacy_unit, docs, split, validation_fraction, max_windows_per_document)

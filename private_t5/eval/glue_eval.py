@@ -86,8 +86,12 @@ def _majority(task: glue_tasks.GlueTask, eval_labels, glue_dir, tfds_data_dir):
 
 
 def score_task(task: glue_tasks.GlueTask, predictions_text, labels, glue_dir=None,
-               tfds_data_dir=None) -> Dict[str, Any]:
-  """Metrics of one task's decoded predictions, with the majority-class baseline."""
+               tfds_data_dir=None, bootstrap_samples: int = 0, confidence: float = 0.95) -> Dict[str, Any]:
+  """Metrics of one task's decoded predictions, with the majority-class baseline.
+
+  With `bootstrap_samples` > 0 the entry also holds `ci`: the percentile bootstrap interval of
+  the headline score over the evaluated examples (`glue_metrics.bootstrap_interval`).
+  """
   labels = list(np.asarray(labels)[:len(predictions_text)].tolist())
   predictions = [glue_metrics.postprocess(p, task.label_names) for p in predictions_text]
   metrics = glue_metrics.compute_metrics(task.metric, labels, predictions)
@@ -95,7 +99,13 @@ def score_task(task: glue_tasks.GlueTask, predictions_text, labels, glue_dir=Non
   baseline = glue_metrics.compute_metrics(task.metric, labels, [majority] * len(labels))
   invalid = (np.mean([p == -1 for p in predictions]) if not task.is_regression
              else np.mean([p == -1.0 for p in predictions]))
+  interval = {}
+  if bootstrap_samples:
+    interval = {"ci": glue_metrics.bootstrap_interval(task.metric, labels, predictions, bootstrap_samples,
+                                                      confidence),
+                "ci_confidence": confidence, "bootstrap_samples": bootstrap_samples}
   return {
+      **interval,
       "metric": task.metric,
       "metrics": metrics,
       "score": glue_metrics.headline(metrics),
@@ -111,15 +121,18 @@ def evaluate_params(params, model_config, task_or_mixture: str, vocab_path: str,
                     feature_lengths: Mapping[str, int], split: str = "validation",
                     glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
                     batch_size: int = 64, max_examples: Optional[int] = None,
-                    progress: bool = True) -> Dict[str, Any]:
-  """Evaluates parameters on every evaluation task of `task_or_mixture` (no files written)."""
+                    progress: bool = True, bootstrap_samples: int = 0) -> Dict[str, Any]:
+  """Evaluates parameters on every evaluation task of `task_or_mixture` (no files written).
+
+  `bootstrap_samples` > 0 adds each task's bootstrap interval (`score_task`).
+  """
   results = {"split": split, "task_or_mixture": task_or_mixture, "tasks": {}}
   for task in glue_tasks.eval_tasks(task_or_mixture):
     source = glue_tasks.GlueSource(task.name, split, vocab_path, feature_lengths, glue_dir=glue_dir,
                                    tfds_data_dir=tfds_data_dir, vocab_size=model_config.vocab_size,
                                    progress=progress)
     texts = predict(params, model_config, source, batch_size, max_examples, progress)
-    entry = score_task(task, texts, source.labels[0], glue_dir, tfds_data_dir)
+    entry = score_task(task, texts, source.labels[0], glue_dir, tfds_data_dir, bootstrap_samples)
     entry["examples"] = [{"inputs": source.inputs_text[i], "target": source.targets_text[i],
                           "prediction": texts[i]} for i in range(min(5, len(texts)))]
     results["tasks"][task.name] = entry

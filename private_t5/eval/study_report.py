@@ -9,7 +9,7 @@ import io
 import logging
 import math
 import os
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from private_t5 import io as io_lib
 
@@ -20,11 +20,11 @@ SPLIT_TITLES = {"train_dup": "train dup", "train_unique": "train unique", "valid
                 "valid_unique": "valid unique"}
 
 
-def _pct(value: Optional[float]) -> str:
+def pct(value: Optional[float]) -> str:
   return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
 
-def _num(value: Optional[float]) -> str:
+def num(value: Optional[float]) -> str:
   return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:g}"
 
 
@@ -40,6 +40,18 @@ def privacy_text(model: dict) -> tuple:
   return eps_text, ("–" if delta is None else f"{delta:.2g}")
 
 
+def windows_text(training_windows: Optional[int], units: List[str]) -> str:
+  """What training saw of each document, beside the privacy unit, in one sentence."""
+  unit = f" Privacy unit: {', '.join(units)}." if units else ""
+  if training_windows is None:
+    return ("Training drew one window at a random position of a longer document: on long documents the "
+            "prompted opening is rarely trained on." + unit)
+  if training_windows == 1:
+    return "Training drew each document's opening window, the window the prompts come from." + unit
+  return (f"Training drew one of each document's first {training_windows} grid windows; the prompts come from "
+          f"the first, trained on in 1/{training_windows} of a document's draws." + unit)
+
+
 def memorization_table(results: dict) -> List[str]:
   """Table-3-like: one row per model; EM % / TA % / MED (n) per split."""
   header = "| model | objective | ε | δ | " + " | ".join(f"{SPLIT_TITLES[s]} EM % / TA % / MED (n)" for s in SPLITS) + " |"
@@ -49,7 +61,7 @@ def memorization_table(results: dict) -> List[str]:
     cells = []
     for s in SPLITS:
       v = m["splits"][s]
-      cells.append(f"{_pct(v['em'])} / {_pct(v['ta'])} / {_num(v['med'])} ({v['n']})")
+      cells.append(f"{pct(v['em'])} / {pct(v['ta'])} / {num(v['med'])} ({v['n']})")
     lines.append(f"| {name} | {m['objective']} | {eps} | {delta} | " + " | ".join(cells) + " |")
   return lines
 
@@ -67,7 +79,7 @@ def utility_table(results: dict) -> List[str]:
     eps, delta = privacy_text(m)
     vocab = {"spm": "SentencePiece", "dp_spm": "DP-SentencePiece"}.get(m.get("vocabulary"), m.get("vocabulary"))
     lines.append(f"| {name} | {m['objective']} | {vocab} | {eps} | {delta} | "
-                 f"{_pct(m.get('validation_token_accuracy'))} | {_num(m.get('validation_loss'))} |")
+                 f"{pct(m.get('validation_token_accuracy'))} | {num(m.get('validation_loss'))} |")
   return lines
 
 
@@ -85,7 +97,7 @@ def repetition_table(results: dict) -> List[str]:
            "|" + "---|" * (3 + len(groups))]
   for name, m in results["models"].items():
     by = m.get("train_dup_by_repetitions", {})
-    cells = [f"{_pct(by[g]['em'])} ({by[g]['n']})" if g in by else "–" for g in groups]
+    cells = [f"{pct(by[g]['em'])} ({by[g]['n']})" if g in by else "–" for g in groups]
     lines.append(f"| {name} | {m['objective']} | {privacy_text(m)[0]} | " + " | ".join(cells) + " |")
   return lines
 
@@ -118,7 +130,10 @@ def results_markdown(results: dict) -> str:
            f"fraction {dup.get('fraction')}.",
            f"Greedy decoding of T = {settings.get('generation_length')} tokens after a "
            f"P = {settings.get('prompt_length')}-token prompt; EM exact match, TA token accuracy, MED median "
-           "edit distance (tokens); n documents evaluated per split.", "",
+           "edit distance (tokens); n documents evaluated per split.",
+           windows_text(settings.get("training_windows"),
+                        sorted({m.get("privacy_unit") for m in results["models"].values() if m.get("privacy_unit")})),
+           "",
            "## Memorization (Table 3 of Ponomareva et al. 2022)", ""]
   lines += memorization_table(results)
   by_repetitions = repetition_table(results)
@@ -148,13 +163,8 @@ def results_markdown(results: dict) -> str:
 
 def write_figure(results: dict, path: str) -> Optional[str]:
   """figure.png: EM per split per model (bars), validation accuracy vs ε (points)."""
-  try:
-    # Lazy: Matplotlib takes about a second to import, and the Agg backend must be chosen first.
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    logger.warning("matplotlib is not installed: no figure written")
+  plt = pyplot()
+  if plt is None:
     return None
   models = list(results["models"])
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -184,6 +194,24 @@ def write_figure(results: dict, path: str) -> Optional[str]:
   ax2.set_ylabel("validation token accuracy (%, not DP)")
   ax2.set_title("Utility vs ε")
   ax2.legend(fontsize=8)
+  return save_figure(plt, fig, path)
+
+
+def pyplot():
+  """matplotlib.pyplot with the Agg backend, or None (with a warning) when it is not installed."""
+  try:
+    # Lazy: Matplotlib takes about a second to import, and the Agg backend must be chosen first.
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logger.warning("matplotlib is not installed: no figure written")
+    return None
+  return plt
+
+
+def save_figure(plt, fig, path: str) -> str:
+  """Writes `fig` as a PNG to `path` atomically and closes it; returns the path."""
   fig.tight_layout()
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=100)
@@ -191,11 +219,16 @@ def write_figure(results: dict, path: str) -> Optional[str]:
   return io_lib.write_bytes_atomic(path, buf.getvalue())
 
 
-def write_results(results: dict, output_dir: str) -> List[str]:
-  """Writes results.json, results.md and figure.png to `output_dir`; returns the paths written."""
+def write_results(results: dict, output_dir: str, markdown: Callable[[dict], str] = None,
+                  figure: Callable[[dict, str], Optional[str]] = None) -> List[str]:
+  """Writes results.json, results.md and figure.png to `output_dir`; returns the paths written.
+
+  `markdown` and `figure` make results.md and figure.png (default: the memorization part's).
+  """
+  markdown, figure = markdown or results_markdown, figure or write_figure
   paths = [io_lib.write_json_atomic(os.path.join(output_dir, "results.json"), results),
-           io_lib.write_text_atomic(os.path.join(output_dir, "results.md"), results_markdown(results))]
-  figure = write_figure(results, os.path.join(output_dir, "figure.png"))
-  if figure:
-    paths.append(figure)
+           io_lib.write_text_atomic(os.path.join(output_dir, "results.md"), markdown(results))]
+  written = figure(results, os.path.join(output_dir, "figure.png"))
+  if written:
+    paths.append(written)
   return paths

@@ -61,8 +61,9 @@ def search_paths(extra: Union[None, str, Sequence[str]] = None) -> List[str]:
 # function it configures, the stage entries whose `parse(..., entry=...)` registers it).
 # The entries are the names listed as users (each lists itself); `CONFIGURABLES`,
 # `STAGE_CONFIGURABLES` and `ENTRIES` below are views of this table, never edited by hand.
-_MODEL_USERS = ("T5Config", "train", "just_fine_tune_twice", "train_adaptive", "run_memorization", "evaluate", "run_study")
-_TRAINING_USERS = ("train", "just_fine_tune_twice", "train_adaptive", "run_study")
+_MODEL_USERS = ("T5Config", "train", "just_fine_tune_twice", "train_adaptive", "run_memorization", "evaluate", "run_study",
+                "run_utility_study")
+_TRAINING_USERS = ("train", "just_fine_tune_twice", "train_adaptive", "run_study", "run_utility_study")
 GIN_TABLE = {
     # models
     "T5Config": ("private_t5.models.config:T5Config", _MODEL_USERS),
@@ -90,6 +91,7 @@ GIN_TABLE = {
     "benchmark": ("private_t5.stages.bench:benchmark", ("benchmark",)),
     # the end-to-end study
     "run_study": ("private_t5.stages.study:run_study", ("run_study",)),
+    "run_utility_study": ("private_t5.stages.study_utility:run_utility_study", ("run_utility_study",)),
 }
 # Views of GIN_TABLE. Gin name -> "module:attribute".
 CONFIGURABLES = {name: target for name, (target, _) in GIN_TABLE.items()}

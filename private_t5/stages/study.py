@@ -32,7 +32,12 @@ from private_t5.stages import flags
 logger = logging.getLogger(__name__)
 
 DEFAULT_GIN_FILE = "experiments/study.gin"
-USAGE = """usage: private-t5 study --corpus=PATH --output=DIR [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
+USAGE = """usage: private-t5 study [--part=memorization] --corpus=PATH --output=DIR [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
+       private-t5 study --part=utility --corpus=PATH --task_dir=DIR --output=DIR [--gin.NAME=VALUE ...]
+
+--part=utility pretrains non-DP, DP and full-DP span-corruption models, fine-tunes each (and a
+model never pretrained) on a GLUE-style task publicly and with DP, sweeps the batch size at a
+fixed ε, and writes the same three files (default Gin file: configs/experiments/study_utility.gin).
 
 Trains four models on one corpus with planted duplicates (non-DP prefix LM, non-DP span
 corruption, DP prefix LM, DP-SentencePiece + DP prefix LM), measures their memorization and
@@ -55,6 +60,7 @@ MODELS = {
     "dp_prefix": ModelSpec("prefix_lm", True, "spm"),
     "fulldp_prefix": ModelSpec("prefix_lm", True, "dp_spm"),
     "dp_span": ModelSpec("span_corruption", True, "spm"),
+    "fulldp_span": ModelSpec("span_corruption", True, "dp_spm"),
 }
 DEFAULT_MODELS = ("nondp_prefix", "nondp_span", "dp_prefix", "fulldp_prefix")
 RESULT_FILE = "result.json"
@@ -96,14 +102,10 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
                  repeated: Optional[Dict[str, int]] = None) -> dict:
   """One model's entry of results.json from its training summary and memorization report."""
   from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
-  if spec.private and not summary.get("private"):
-    raise PrivacyError(f"model {name} should train with DP but its run was not private (is DP=None set?)")
-  if not spec.private and summary.get("private"):
-    raise ConfigError(f"model {name} should train without DP but its run was private")
+  check_private(name, spec, summary)
   validation = summary.get("validation_not_dp") or summary.get("validation") or {}
   greedy = report["extraction"]["greedy"]
   result = {"objective": spec.objective, "private": spec.private, "vocabulary": spec.vocabulary,
-            "epsilon": None, "delta": None, "epsilon_scope": None,
             "training_epsilon": summary.get("training_epsilon"), "training_delta": summary.get("training_delta"),
             "validation_token_accuracy": validation.get("token_accuracy"),
             "validation_loss": validation.get("loss"),
@@ -118,12 +120,50 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
   per_document = report.get("per_document", {}).get("greedy", {}).get("train_dup")
   if per_document is not None and repeated is not None:
     result["train_dup_by_repetitions"] = em_by_repetitions(per_document, repeated)
-  if spec.private:
-    if summary.get("epsilon") is not None:  # the vocabulary's ε composed in (a DP vocabulary)
-      result.update(epsilon=summary["epsilon"], delta=summary["delta"], epsilon_scope="training + vocabulary")
-    else:  # a non-private vocabulary: the guarantee covers training only, as the paper's "DP training" rows
-      result.update(epsilon=summary["training_epsilon"], delta=summary["training_delta"],
-                    epsilon_scope="training only (vocabulary not private)")
+  result.update(privacy_fields(spec, summary))
+  return result
+
+
+def privacy_fields(spec: ModelSpec, summary: dict) -> dict:
+  """A model's "epsilon", "delta", "epsilon_scope" as the study's tables state them.
+
+  A DP vocabulary's ε is composed in ("training + vocabulary"); with a non-private vocabulary
+  the ledger's total is ∞ and the training guarantee alone is reported, as the paper's "DP
+  training" rows ("training only"). Non-private models: None.
+  """
+  if not spec.private:
+    return {"epsilon": None, "delta": None, "epsilon_scope": None}
+  if summary.get("epsilon") is not None:
+    return {"epsilon": summary["epsilon"], "delta": summary["delta"], "epsilon_scope": "training + vocabulary"}
+  return {"epsilon": summary["training_epsilon"], "delta": summary["training_delta"],
+          "epsilon_scope": "training only (vocabulary not private)"}
+
+
+def check_private(name: str, spec: ModelSpec, summary: dict) -> None:
+  """PrivacyError / ConfigError when a run's privacy is not what the study asked for."""
+  if spec.private and not summary.get("private"):
+    raise PrivacyError(f"model {name} should train with DP but its run was not private (is DP=None set?)")
+  if not spec.private and summary.get("private"):
+    raise ConfigError(f"model {name} should train without DP but its run was private")
+
+
+def pretraining_bindings(run_dir: str, data: dict, vocab_path: str, objective: str, private: bool,
+                         output_dir: str) -> List[str]:
+  """The Gin bindings the study sets for one training run on its own data (the rest is the Gin files')."""
+  bindings = [f"MODEL_DIR={run_dir!r}", f"CORPUS={data['train']!r}", f"VALID_CORPUS={data['valid']!r}",
+              f"VOCAB_PATH={vocab_path!r}", f"OBJECTIVE={objective!r}",
+              f"DATA_CACHE_DIR={os.path.join(output_dir, 'cache')!r}"]
+  return bindings + ([] if private else ["DP=None"])
+
+
+def cached_json(path: str, compute: Callable[[], dict], what: str) -> dict:
+  """The JSON at `path` when a finished run wrote it (resume), else `compute()` written there atomically."""
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      logger.info("[study] %s: reusing %s", what, path)
+      return json.load(f)
+  result = compute()
+  io_lib.write_json_atomic(path, result)
   return result
 
 
@@ -203,6 +243,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
               dp_vocab_max_words: int = 256, prompt_length: int = 32, generation_length: int = 16,
               max_examples_per_split: Optional[int] = 500, memorization_batch_size: int = 64,
               split_config=None, text_field: str = "text", audit_canaries: int = 0,
+              training_windows: Optional[int] = None,
               train_model: Optional[Callable[[str, List[str]], dict]] = None) -> dict:
   """Runs the study and writes results.json, results.md and figure.png to `output_dir`.
 
@@ -221,12 +262,16 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     text_field: JSONL/TSV field of the text.
     audit_canaries: m > 0 plants m audit canaries in the training corpus (each once, with
       probability 1/2) and reports every model's one-run privacy audit; 0: no audit.
+    training_windows: the training runs' `make_source.max_windows_per_document` (K: a draw
+      trains on one of a document's first K grid windows; 1: its opening, the window the
+      memorization prompts come from; None: a window anywhere), recorded and stated in results.md.
     train_model: `train_model(model_dir, gin_bindings) -> summary`, set by the command line:
       trains one model with the study's Gin files plus these bindings.
   """
   from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
   from private_t5.eval import memorization_run  # pylint: disable=g-import-not-at-top
   from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
   t_start = time.time()
   for name, value in (("corpus", corpus), ("output", output_dir)):
@@ -278,12 +323,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     logger.info("[study] phase %d/%d: train %s (%s, %s, %s vocabulary)", next(phase), steps, name,
                 spec.objective, "DP" if spec.private else "non-private", spec.vocabulary)
     t0 = time.time()
-    bindings = [f"MODEL_DIR={run_dir!r}", f"CORPUS={data['train']!r}", f"VALID_CORPUS={data['valid']!r}",
-                f"VOCAB_PATH={vocabs[spec.vocabulary]!r}", f"OBJECTIVE={spec.objective!r}",
-                f"DATA_CACHE_DIR={os.path.join(output_dir, 'cache')!r}"]
-    if not spec.private:
-      bindings.append("DP=None")
-    summary = train_model(run_dir, bindings)
+    summary = train_model(run_dir, pretraining_bindings(run_dir, data, vocabs[spec.vocabulary], spec.objective,
+                                                        spec.private, output_dir))
     t1 = time.time()
     logger.info("[study] phase %d/%d: memorization of %s", next(phase), steps, name)
     report = memorization_run.run_memorization(
@@ -295,6 +336,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
         log=logger.info)
     wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
     results[name] = model_result(name, spec, summary, report, wall, data["repeated"])
+    results[name]["privacy_unit"] = ledger_lib.read_report(ledger_lib.report_path(run_dir))["privacy_unit"]
     io_lib.write_json_atomic(result_path, results[name])
 
   logger.info("[study] phase %d/%d: results", next(phase), steps)
@@ -302,37 +344,66 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
          "settings": {"duplication": dup_cfg.as_dict(), "vocab_size": vocab_size,
                       "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
                       "prompt_length": prompt_length, "generation_length": generation_length,
-                      "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields()},
+                      "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields(),
+                      "training_windows": training_windows},
          "wall_seconds": {"vocabularies": round(vocab_seconds, 1), "total_this_run": round(time.time() - t_start, 1)}}
   paths = study_report.write_results(out, output_dir)
   logger.info("[study] wrote %s in %.0f s", ", ".join(paths), time.time() - t_start)
   return out
 
 
+PARTS = {  # --part -> (its Gin entry, its default Gin file)
+    "memorization": ("run_study", DEFAULT_GIN_FILE),
+    "utility": ("run_utility_study", "experiments/study_utility.gin"),
+}
+
+
 def _parser():
-  p = flags.StageParser("study", "Reproduce the memorization findings of Ponomareva et al. 2022 on a corpus.",
-                        epilog=USAGE)
-  p.add_flag("corpus", gin="run_study.corpus", help="corpus spec (.jsonl[.gz], .txt, folder, .tsv, tfds:NAME)")
-  p.add_flag("output", gin="run_study.output_dir", help="study directory (resumed when it exists)")
+  p = flags.StageParser("study", "Reproduce the findings of Ponomareva et al. 2022 on a corpus: memorization "
+                        "(Table 3) or utility (Tables 1 and 2, batch size).", epilog=USAGE)
+  p.add_flag("part", macro=False, choices=tuple(PARTS), default="memorization",
+             help="memorization (default; Gin entry run_study) or utility (run_utility_study, docs/study.md)")
+  p.add_flag("corpus", macro=False, help="corpus spec (.jsonl[.gz], .txt, folder, .tsv, tfds:NAME) "
+             "[Gin: run_study.corpus / run_utility_study.corpus]")
+  p.add_flag("output", macro=False, help="study directory (resumed when it exists) "
+             "[Gin: run_study.output_dir / run_utility_study.output_dir]")
+  p.add_flag("task_dir", macro=False, help="--part=utility: a GLUE-layout task folder "
+             "(<dir>/{train,validation}.tsv, named like a local task) [Gin: run_utility_study.task_dir]")
   return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parsed = _parser().parse_stage_args(argv)
-  files = parsed.gin_files or [DEFAULT_GIN_FILE]
+  entry, default_file = PARTS[parsed.args.part]
+  if parsed.args.task_dir is not None and entry != "run_utility_study":
+    raise ConfigError("private-t5 study: --task_dir is for --part=utility")
+  files = parsed.gin_files or [default_file]
   bindings = list(parsed.gin_bindings)
+  for flag, param in (("corpus", "corpus"), ("output", "output_dir"), ("task_dir", "task_dir")):
+    value = getattr(parsed.args, flag)
+    if value is not None:
+      bindings.append(gin_utils.Binding(f"{entry}.{param}={value!r}", f"--{flag}={value}"))
   # The training run's own macros are set per model: check them when each model is trained.
-  gin_utils.parse(files, bindings, check_required=False, entry="run_study")
+  gin_utils.parse(files, bindings, check_required=False, entry=entry)
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.hide_accelerators_from_tensorflow()
 
-  def train_model(model_dir: str, extra: List[str]) -> dict:
-    gin_utils.parse(files, bindings + [gin_utils.Binding(b) for b in extra], entry="run_study")
-    return gin_utils.call_configured(gin_utils.configured("train"), log=logger.info,
-                                    operative_config=gin_utils.operative_config)
+  def trainer(run_files: Sequence[str]) -> Callable[[str, List[str]], dict]:
+    def train_model(model_dir: str, extra: List[str]) -> dict:
+      gin_utils.parse(run_files, bindings + [gin_utils.Binding(b) for b in extra], entry=entry)
+      return gin_utils.call_configured(gin_utils.configured("train"), log=logger.info,
+                                      operative_config=gin_utils.operative_config)
+    return train_model
 
-  gin_utils.call_configured(gin_utils.configured("run_study"), train_model=train_model)
+  if entry == "run_study":
+    gin_utils.call_configured(gin_utils.configured(entry), train_model=trainer(files))
+  else:
+    finetune_files = gin_utils.macro_value("FINETUNE_GIN_FILES") or []
+    if not finetune_files:
+      raise ConfigError("private-t5 study --part=utility: the Gin files set no FINETUNE_GIN_FILES")
+    gin_utils.call_configured(gin_utils.configured(entry), train_model=trainer(files),
+                              finetune_model=trainer(list(finetune_files)))
   return 0
 
 

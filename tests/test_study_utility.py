@@ -1,0 +1,174 @@
+"""`private-t5 study --part=utility`: the bootstrap interval, bad input, and a smoke run whose
+every ledger is checked against the table."""
+import json
+
+import jax
+import numpy as np
+import pytest
+from sklearn import metrics as sk_metrics
+
+from private_t5.dp import ledger as ledger_lib
+from private_t5.eval import glue_metrics
+from private_t5.stages import cli
+
+from conftest import shared_or_fixture
+
+# A micro T5 and a handful of steps (as tests/test_study.py): the smoke run checks the plumbing,
+# the files and the privacy bookkeeping, not the numbers.
+MICRO_ARGS = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Config.num_heads=2",
+              "--gin.T5Config.d_ff=64", "--gin.T5Config.num_encoder_layers=1", "--gin.T5Config.num_decoder_layers=1",
+              "--gin.BATCH_SIZE=8", "--gin.train.microbatch_size=8", "--gin.TRAIN_STEPS=2",
+              "--gin.train.eval_examples=16", "--gin.train.mesh_shape=(1, 1)",
+              "--gin.train.insecure_deterministic_seed=1234", "--gin.TASK_FEATURE_LENGTHS={'inputs': 9, 'targets': 9}",
+              # 1,800 training documents: enough words survive DP-SentencePiece at ε = 8.
+              "--gin.run_utility_study.max_documents=2000", "--gin.run_utility_study.vocab_size=400",
+              "--gin.run_utility_study.dp_vocab_epsilon=8.0", "--gin.run_utility_study.finetune_steps=2",
+              "--gin.run_utility_study.finetune_batch_size=8",
+              "--gin.run_utility_study.finetune_feature_lengths={'inputs': 32, 'targets': 12}",
+              "--gin.run_utility_study.max_eval_examples=24", "--gin.run_utility_study.bootstrap_samples=50",
+              "--gin.run_utility_study.batch_sweep_sizes=[4, 8]", "--gin.run_utility_study.batch_sweep_examples=16",
+              "--gin.run_utility_study.batch_sweep_microbatch_size=4"]
+MODELS = ("nondp_span", "dp_span", "fulldp_span", "scratch")
+
+
+def _direct_bootstrap(score, targets, predictions, num_samples, confidence, seed):
+  rng = np.random.default_rng(seed)
+  t, p = np.asarray(targets), np.asarray(predictions)
+  scores = []
+  for _ in range(num_samples):
+    rows = rng.integers(0, len(t), len(t))
+    scores.append(score(t[rows], p[rows]))
+  tail = 100 * (1 - confidence) / 2
+  return np.percentile(scores, [tail, 100 - tail])
+
+
+@pytest.mark.parametrize("metric,score", [
+    ("sst2", lambda t, p: 100 * np.mean(t == p)),
+    # MRPC's headline: the mean of F1 (of class 1) and accuracy.
+    ("mrpc", lambda t, p: (100 * sk_metrics.f1_score(t, p) + 100 * np.mean(t == p)) / 2),
+])
+def test_bootstrap_interval_equals_a_direct_bootstrap(metric, score):
+  rng = np.random.default_rng(7)
+  targets = rng.integers(0, 2, 120)
+  predictions = np.where(rng.random(120) < 0.7, targets, 1 - targets)
+  got = glue_metrics.bootstrap_interval(metric, targets, predictions, num_samples=200, confidence=0.9, seed=3)
+  want = _direct_bootstrap(score, targets, predictions, 200, 0.9, 3)
+  np.testing.assert_allclose(got, want, rtol=1e-9)
+  point = glue_metrics.headline(glue_metrics.compute_metrics(metric, targets.tolist(), predictions.tolist()))
+  assert got[0] <= point <= got[1]
+
+
+def test_bootstrap_interval_narrows_with_more_examples():
+  rng = np.random.default_rng(0)
+
+  def width(n):
+    t = rng.integers(0, 2, n)
+    p = np.where(rng.random(n) < 0.75, t, 1 - t)
+    low, high = glue_metrics.bootstrap_interval("accuracy", t, p, num_samples=300, seed=1)
+    return high - low
+
+  assert width(1600) < width(100) / 2  # about 1/sqrt(16) of it
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--part=utility", "--corpus=x", "--output={out}"], "give one of --task_dir"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={tmp}"], "no local TSV task is named"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir=/no/such/dir"], "task directory not found"),
+    (["--corpus=x", "--output={out}", "--task_dir={tmp}"], "--task_dir is for --part=utility"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={task}",
+      "--gin.run_utility_study.models=['nondp_prefix']"], "models must be"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={task}",
+      "--gin.run_utility_study.batch_sweep_sizes=[6]", "--gin.run_utility_study.batch_sweep_microbatch_size=4"],
+     "not a multiple"),
+])
+def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
+  out = tmp_path / "study"
+  task = shared_or_fixture("glue_like/rotten_tomatoes")
+  assert cli.main(["study"] + [a.format(out=out, tmp=tmp_path, task=task) for a in argv]) == 2
+  err = [l for l in capsys.readouterr().err.strip().splitlines() if "[study] phase" not in l]
+  assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+  assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def utility_study(tmp_path_factory):
+  # The fine-tuning runs of the four models share their shapes: one compilation serves them
+  # all through JAX's persistent cache (in a temporary folder; the settings are restored after).
+  saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
+                                                "jax_persistent_cache_min_compile_time_secs")}
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  out = tmp_path_factory.mktemp("utility") / "study"
+  argv = ["study", "--part=utility", f"--corpus={shared_or_fixture('pretrain/fortunes.jsonl.gz')}",
+          f"--task_dir={shared_or_fixture('glue_like/rotten_tomatoes')}", f"--output={out}", *MICRO_ARGS]
+  try:
+    assert cli.main(argv) == 0
+    yield out, argv
+  finally:
+    for key, value in saved.items():
+      jax.config.update(key, value)
+
+
+def test_utility_smoke_writes_the_table_and_resumes(utility_study, capsys):
+  out, argv = utility_study
+  results = json.loads((out / "results.json").read_text())["utility"]
+  assert set(results["models"]) == set(MODELS)
+  for name, m in results["models"].items():
+    assert {"private", "epsilon", "delta", "pretrain_validation_token_accuracy", "finetuned", "finetuned_dp"} <= set(m)
+    for key in ("finetuned", "finetuned_dp"):
+      f = m[key]
+      assert f["metric"] == "sst2" and f["num_examples"] == 24
+      assert f["ci"][0] <= f["value"] <= f["ci"][1] or f["ci"][0] == f["ci"][1] == f["value"]
+    if name == "scratch":
+      assert m["pretrain_validation_token_accuracy"] is None and not m["private"]
+    else:
+      assert 0.0 <= m["pretrain_validation_token_accuracy"] <= 1.0
+  sweep = results["batch_sweep"]
+  assert [(r["expected_batch_size"], r["private"], r["steps"]) for r in sweep] == [
+      (4, True, 4), (4, False, 4), (8, True, 2), (8, False, 2)]
+  for r in sweep:
+    assert set(r) >= {"expected_batch_size", "noise_multiplier", "epsilon", "private", "validation_token_accuracy"}
+    if r["private"]:
+      assert r["epsilon"] == pytest.approx(8.0, rel=1e-3) and r["noise_batch_ratio"] == pytest.approx(
+          r["noise_multiplier"] / r["expected_batch_size"])
+  md = (out / "results.md").read_text()
+  assert "Tables 1 and 2" in md and "Batch size at a fixed ε" in md and "What the numbers show" in md
+  assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # A second run trains nothing and reproduces the table.
+  assert cli.main(argv) == 0
+  assert json.loads((out / "results.json").read_text())["utility"]["models"] == results["models"]
+  # Other fine-tuning settings in the same folder: one error line, the finished runs untouched.
+  assert cli.main(argv + ["--gin.run_utility_study.finetune_steps=3"]) == 2
+  assert "other task, fine-tuning or batch-sweep settings" in capsys.readouterr().err
+  assert json.loads((out / "results.json").read_text())["utility"]["models"] == results["models"]
+
+
+def test_every_ledger_is_what_the_table_says(utility_study):
+  out, _ = utility_study
+  results = json.loads((out / "results.json").read_text())["utility"]
+  for name, m in results["models"].items():
+    if name != "scratch":
+      report = ledger_lib.read_report(ledger_lib.report_path(out / "models" / name / "run"))
+      assert report["dp"] == m["private"]
+      if not m["private"]:
+        assert m["epsilon"] is None and report["total_epsilon"] is None
+      elif m["epsilon_scope"] == "training + vocabulary":  # fulldp_span: DP-SentencePiece composed in
+        assert report["vocabulary"] == "dp" and m["epsilon"] == pytest.approx(report["total_epsilon"])
+        assert m["epsilon"] > report["training_epsilon"] and m["delta"] == pytest.approx(report["total_delta"])
+      else:  # dp_span: a non-private vocabulary, the ledger's total is ∞; the table states training alone
+        assert report["total_epsilon"] is None and m["epsilon"] == pytest.approx(report["training_epsilon"])
+    public = ledger_lib.read_report(ledger_lib.report_path(out / "models" / name / "finetune_public" / "run"))
+    assert not public["dp"] and m["finetuned"]["epsilon"] is None
+    dp = ledger_lib.read_report(ledger_lib.report_path(out / "models" / name / "finetune_dp" / "run"))
+    f = m["finetuned_dp"]
+    assert dp["dp"] and dp["privacy_unit"] == "example"
+    assert f["epsilon"] == pytest.approx(dp["training_epsilon"]) == pytest.approx(8.0, rel=1e-3)
+    assert f["ledger_epsilon"] == pytest.approx(dp["total_epsilon"])
+    assert f["noise_multiplier"] == pytest.approx(dp["noise_multiplier"])
+  for r in results["batch_sweep"]:
+    report = ledger_lib.read_report(ledger_lib.report_path(r["run_dir"]))
+    assert report["dp"] == r["private"] and report["steps"] == r["steps"]
+    if r["private"]:
+      assert report["training_epsilon"] == pytest.approx(r["epsilon"])
+      assert report["noise_multiplier"] == pytest.approx(r["noise_multiplier"])
+      assert report["expected_batch_size"] == pytest.approx(r["expected_batch_size"])
