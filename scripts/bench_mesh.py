@@ -2,7 +2,7 @@
 """The train step on a device mesh, compiled only: per-device memory, compile time, sharding.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python scripts/bench_mesh.py \
-      [--preset=t5_1_1_small] [--lengths=512:114] [--batch_size=8] \
+      [--preset=t5_1_1_small] [--dtype=float32|bfloat16] [--lengths=512:114] [--batch_size=8] \
       [--cases=nondp:1x8:replicated,ghost:1x8:replicated,nondp:8x1:replicated,nondp:8x1:fully_sharded] \
       [--output=bench_out/mesh.json]
 
@@ -32,6 +32,7 @@ DEVICE_FLAG = "--xla_force_host_platform_device_count"
 def _parse_args(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--preset", default="t5_1_1_small")
+  p.add_argument("--dtype", default=None, help="activation dtype (default: the preset's)")
   p.add_argument("--lengths", default="512:114", help="INPUTS:TARGETS")
   p.add_argument("--batch_size", type=int, default=8)
   p.add_argument("--devices", type=int, default=8, help="fake CPU devices when XLA_FLAGS has none")
@@ -56,7 +57,8 @@ def compile_case(case):
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  config = models.load_preset(case["preset"], dropout_rate=0.0)
+  overrides = {} if case.get("dtype") is None else {"dtype": case["dtype"]}
+  config = models.load_preset(case["preset"], dropout_rate=0.0, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
   mesh = partitioning.create_mesh(case["mesh"])
   spmd = partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None
@@ -97,7 +99,7 @@ def _parse_case(text, args):
   method, mesh, sharding = text.split(":")
   return dict(method=method, mesh=tuple(int(x) for x in mesh.split("x")), sharding=sharding,
               preset=args.preset, lengths=tuple(int(x) for x in args.lengths.split(":")),
-              batch_size=args.batch_size, devices=args.devices)
+              batch_size=args.batch_size, devices=args.devices, dtype=args.dtype)
 
 
 def _find(results, method, mesh, sharding):
