@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from private_t5.dp import clipping
+from private_t5.dp import clipping, schedule
 from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
 from private_t5.errors import PrivacyError
 
@@ -211,7 +211,8 @@ class DPAggregator:
     if noise_rng is None:
       raise PrivacyError("DPAggregator needs a noise_rng when noise_multiplier > 0")
     leaves, treedef = jax.tree.flatten(grad_sum)
-    noise_rng = _key_after(noise_rng, leaves[-1])
+    # The draw waits for the clipped sum: drawn early, it would be alive through the backward pass.
+    noise_rng = schedule.after(noise_rng, leaves[-1])
     noise = gaussian_like(noise_rng, leaves)
     noisy = [g + self.noise_std * n for g, n in zip(leaves, noise)]
     return jax.tree.unflatten(treedef, noisy)
@@ -253,22 +254,6 @@ class DPAggregator:
     noise is added once with the step's key (`finalize`)."""
     grad_sum, stats = acc
     return self.finalize(params, grad_sum, noise_rng), clipping.metrics_from_sums(**stats)
-
-
-def _key_after(key: jax.Array, value: jax.Array) -> jax.Array:
-  """`key` itself, computed after `value`: the noise draw then waits for the clipped sum.
-
-  The draw does not depend on the gradients, so XLA schedules it (and its random bits,
-  several times the parameter count in bytes) early, while the backward pass's activations
-  are alive, which raises the step's peak memory (XLA's CPU pipeline drops an
-  `optimization_barrier` here). `min(k, k | f) = k` for unsigned k and any f: the key is
-  unchanged, bit for bit, but it is now data-dependent on `value`.
-  """
-  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-  data = jax.random.key_data(key) if typed else key
-  bits = jax.lax.bitcast_convert_type(jnp.sum(value.astype(jnp.float32)), jnp.uint32)
-  data = jnp.minimum(data, data | bits.astype(data.dtype))
-  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)) if typed else data
 
 
 def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array]:

@@ -51,7 +51,7 @@ import numpy as np
 from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
-from private_t5.dp import clipping
+from private_t5.dp import clipping, schedule
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
@@ -328,6 +328,10 @@ def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array]
       of the dense layers whose norms were instantiated are stored in it (by use key), so
       that book-keeping can reuse them instead of recomputing `sum_i c_i a_i^T g_i`.
   """
+  # Each use's inputs wait for its output gradient: what the norms compute from the inputs
+  # alone (Gram matrices `a a^T`, float32 copies) is then formed in the backward pass and
+  # reduced at once, not formed in the forward pass and kept (`schedule.after`).
+  inputs = {k: schedule.after(x, out_grads[k]) for k, x in inputs.items()}
   norms = {}
   for param, keys in _group_by_param(uses).items():
     kinds = {uses[k].kind for k in keys}

@@ -1,0 +1,39 @@
+"""Scheduling hints for XLA that change no value: `after(x, value)` is `x`, computed after `value`.
+
+XLA schedules an operation as soon as its operands exist. Two DP computations depend on values
+that exist long before they are needed, and computed early they stay alive across the
+backward pass, raising the step's peak memory:
+
+* the Gaussian noise draw depends only on the step's key (not on the gradients), so it was drawn
+  during the forward pass, its random bits alive through the whole backward pass;
+* ghost norms' Gram matrices `a a^T` of a dense layer's inputs (`ghost_norms.gram_inner`)
+  depend only on the forward pass, so each `[B, T, T]` matrix was formed in the forward pass
+  and kept until the backward pass produced the layer's output gradient.
+
+An `optimization_barrier` does not help: XLA's CPU pipeline removes it before scheduling.
+`after` instead makes `x` data-dependent on `value` without changing a bit of it:
+`min(k, k | f) = k` for unsigned integers `k` and any bits `f`, applied to the bits of `x` with
+`f` the bits of a sum of `value`. XLA does not simplify it away, so every consumer of the
+result waits for `value`.
+"""
+import jax
+import jax.numpy as jnp
+
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def after(x: jax.Array, value: jax.Array) -> jax.Array:
+  """`x` itself, bit for bit (also NaN, inf and -0), computed after `value`.
+
+  Args:
+    x: an array of any dtype: float, integer, or a typed PRNG key (`jax.random.key`).
+    value: any numeric array; `x`'s consumers are scheduled after it is computed.
+  """
+  typed = jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+  data = jax.random.key_data(x) if typed else x
+  unsigned = _UNSIGNED[jnp.dtype(data.dtype).itemsize]
+  bits = data if data.dtype == unsigned else jax.lax.bitcast_convert_type(data, unsigned)
+  f = jax.lax.bitcast_convert_type(jnp.sum(value.astype(jnp.float32)), jnp.uint32).astype(unsigned)
+  bits = jnp.minimum(bits, bits | f)
+  data = bits if data.dtype == unsigned else jax.lax.bitcast_convert_type(bits, data.dtype)
+  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x)) if typed else data
