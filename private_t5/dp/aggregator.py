@@ -269,10 +269,14 @@ def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array
     random bits, the same bits whatever the mesh; a single flat draw of all P normals cut
     into the leaves is instead made whole on every device;
   * one random-number kernel per distinct shape (eight for T5 v1.1), not per leaf: a group
-    is drawn by one `lax.map` loop whose output is materialised once. XLA otherwise copies
+    is drawn by one loop whose output is materialised once. XLA otherwise copies
     the random-bits code into every fusion that reads a leaf of the noise (the noisy sum,
     then each Adafactor statistic of it), and compiling the copies took longer than the rest
     of the DP step on a mesh.
+  * after the clipped sum: the loop writes into a buffer that waits for the key (which waits for
+    the clipped sum, `add_noise`); XLA would otherwise allocate it, a zero-filled shard of every
+    parameter (`lax.map`'s stacked output), while the forward pass runs, and keep it through
+    the backward pass.
   """
   groups: Dict[Tuple[int, ...], List[int]] = {}
   for i, leaf in enumerate(leaves):
@@ -280,9 +284,16 @@ def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array
   out: List[Optional[jax.Array]] = [None] * len(leaves)
   for g, (shape, members) in enumerate(groups.items()):
     group_key = jax.random.fold_in(key, g)
-    draw = jax.lax.map(
-        lambda r, k=group_key, shape=shape: jax.random.normal(jax.random.fold_in(k, r), shape, jnp.float32),
-        jnp.arange(len(members), dtype=jnp.uint32))
+    draw = jax.lax.fori_loop(
+        0, len(members),
+        lambda r, buf, k=group_key, shape=shape: buf.at[r].set(
+            jax.random.normal(jax.random.fold_in(k, r), shape, jnp.float32)),
+        schedule.after(jnp.zeros((len(members),) + shape, jnp.float32), _key_bits(group_key)))
     for row, i in enumerate(members):
       out[i] = draw[row]
   return out
+
+
+def _key_bits(key: jax.Array) -> jax.Array:
+  """The raw uint32 data of a typed or raw PRNG key."""
+  return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key

@@ -41,13 +41,14 @@ AUTO = "auto"
 LINEAR_METHODS = (GRAM, INSTANTIATE, AUTO)
 
 
-def as_sequence(x: jax.Array) -> jax.Array:
-  """[B, ..., d] -> [B, T, d] float32, folding all middle axes into one sequence axis."""
+def as_sequence(x: jax.Array, dtype=jnp.float32) -> jax.Array:
+  """[B, ..., d] -> [B, T, d] in `dtype` (None: its own), folding all middle axes into one."""
   x = jnp.asarray(x)
   if x.ndim < 2:
     raise ValueError(f"expected at least [B, d], got shape {x.shape}")
   batch, width = x.shape[0], x.shape[-1]
-  return x.reshape(batch, -1, width).astype(jnp.float32)
+  x = x.reshape(batch, -1, width)
+  return x if dtype is None else x.astype(dtype)
 
 
 def linear_costs(seq_len: int, d_in: int, d_out: int) -> Tuple[int, int]:
@@ -94,13 +95,23 @@ def linear_sq_norms(a: jax.Array, g: jax.Array, method: str = AUTO) -> jax.Array
     g: gradient of the summed per-example losses w.r.t. the layer's outputs `[B, ..., d_out]`.
     method: GRAM, INSTANTIATE or AUTO (the cheaper one for these shapes).
   """
-  a, g = as_sequence(a), as_sequence(g)
+  a, g = as_sequence(a, None), as_sequence(g, None)
   if a.shape[:2] != g.shape[:2]:
     raise ValueError(f"inputs {a.shape} and output gradients {g.shape} disagree on [B, T]")
   method = resolve_method(method, a.shape[1], a.shape[2], g.shape[2])
   if method == GRAM:
-    return gram_inner(a, g, a, g)
+    # One example per iteration: its two [T, T] Gram matrices (and float32 copies of a low-
+    # precision a_i, g_i) are formed and reduced together. Batched, XLA's schedule formed each
+    # layer's [B, T, T] Gram matrix `g g^T` as soon as the backward pass produced g and kept
+    # it until it formed `a a^T`, for dozens of layers at once.
+    return jax.lax.map(lambda x: _gram_sq_norm(*x), (a, g))
   return jnp.sum(jnp.square(linear_per_example_grads(a, g)), axis=(1, 2))
+
+
+def _gram_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
+  """`||a^T g||_F^2` of one example's `a [T, d_in]` and `g [T, d_out]` (Gram identity)."""
+  a, g = as_sequence(a[None]), as_sequence(g[None])
+  return gram_inner(a, g, a, g)[0]
 
 
 def first_occurrence(tokens: jax.Array) -> jax.Array:
