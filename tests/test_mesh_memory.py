@@ -84,12 +84,11 @@ def test_noise_is_drawn_sharded_like_the_parameters(monkeypatch):
 
 
 def test_dp_ghost_peak_is_close_to_nondp_on_a_model_parallel_mesh():
-  # The Gram matrices a a^T of the norms, were XLA to form them in the forward pass (as soon
-  # as the layer inputs exist, not after the output gradients: `dp.schedule.after`) and keep
-  # them through the backward pass, would put this at 1.17x.
+  # 1.04x; 1.17x when XLA formed the norms' Gram matrices `a a^T` in the forward pass and
+  # kept them through the backward pass (`dp.schedule.after`, `ghost_norms.linear_sq_norms`).
   nondp = _peak(_trainer("nondp", (1, 8)), PAPER_LIKE)
   dp_ghost = _peak(_trainer("ghost", (1, 8)), PAPER_LIKE)
-  assert dp_ghost < 1.12 * nondp, (dp_ghost, nondp)
+  assert dp_ghost < 1.08 * nondp, (dp_ghost, nondp)
 
 
 def test_fully_sharded_state_is_an_eighth_per_device_on_a_data_parallel_mesh():
