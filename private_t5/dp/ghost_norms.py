@@ -39,6 +39,8 @@ GRAM = "gram"
 INSTANTIATE = "instantiate"
 AUTO = "auto"
 LINEAR_METHODS = (GRAM, INSTANTIATE, AUTO)
+# Rows of the T x T Gram sums formed per iteration (`gram_sq_norms`).
+GRAM_BLOCK = 128
 
 
 def as_sequence(x: jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -100,18 +102,37 @@ def linear_sq_norms(a: jax.Array, g: jax.Array, method: str = AUTO) -> jax.Array
     raise ValueError(f"inputs {a.shape} and output gradients {g.shape} disagree on [B, T]")
   method = resolve_method(method, a.shape[1], a.shape[2], g.shape[2])
   if method == GRAM:
-    # One example per iteration: its two [T, T] Gram matrices (and float32 copies of a low-
-    # precision a_i, g_i) are formed and reduced together. Batched, XLA's schedule formed each
-    # layer's [B, T, T] Gram matrix `g g^T` as soon as the backward pass produced g and kept
-    # it until it formed `a a^T`, for dozens of layers at once.
-    return jax.lax.map(lambda x: _gram_sq_norm(*x), (a, g))
+    return gram_sq_norms(a, g)
   return jnp.sum(jnp.square(linear_per_example_grads(a, g)), axis=(1, 2))
 
 
-def _gram_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
-  """`||a^T g||_F^2` of one example's `a [T, d_in]` and `g [T, d_out]` (Gram identity)."""
-  a, g = as_sequence(a[None]), as_sequence(g[None])
-  return gram_inner(a, g, a, g)[0]
+def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Array:
+  """`||a_i^T g_i||_F^2` by the Gram identity, `block` rows s of the T x T sums at a time: [B].
+
+  A loop over blocks of rows: each iteration forms `[B, block, T]` slices of `a a^T` and
+  `g g^T` (in float32) and reduces them at once. XLA cannot schedule a slice before the loop
+  reaches it, whereas the two whole `[B, T, T]` Gram matrices of every layer were formed as
+  soon as their operands existed (`a a^T` during the forward pass, `g g^T` as the backward pass
+  produced g) and kept until the other one was ready. The loop runs over the sequence, not
+  over the examples, so a batch sharded over the mesh's data axis stays sharded. The last
+  block is shifted back to end at T and its rows already summed are masked out.
+
+  Args:
+    a: inputs `[B, T, d_in]`; g: output gradients `[B, T, d_out]` (any float dtype).
+    block: rows per iteration.
+  """
+  seq = a.shape[1]
+  block = min(block, seq)
+
+  def body(j, total):
+    start = jnp.minimum(j * block, seq - block)
+    rows = lambda x: as_sequence(jax.lax.dynamic_slice_in_dim(x, start, block, axis=1))
+    aa = jnp.einsum("bsi,bti->bst", rows(a), as_sequence(a))
+    gg = jnp.einsum("bso,bto->bst", rows(g), as_sequence(g))
+    new = (start + jnp.arange(block)) >= j * block  # rows not summed by an earlier block
+    return total + jnp.sum(jnp.where(new[None, :, None], aa * gg, 0.0), axis=(1, 2))
+
+  return jax.lax.fori_loop(0, -(-seq // block), body, jnp.zeros((a.shape[0],), jnp.float32))
 
 
 def first_occurrence(tokens: jax.Array) -> jax.Array:
