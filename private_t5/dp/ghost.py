@@ -329,8 +329,9 @@ def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array]
       that book-keeping can reuse them instead of recomputing `sum_i c_i a_i^T g_i`.
   """
   # Each use's inputs wait for its output gradient: what the norms compute from the inputs
-  # alone (Gram matrices `a a^T`, float32 copies) is then formed in the backward pass and
-  # reduced at once, not formed in the forward pass and kept (`schedule.after`).
+  # alone (Gram matrices `a a^T`, float32 copies, token-equality matrices) is then formed in
+  # the backward pass and reduced at once, not formed in the forward pass and kept
+  # (`schedule.after`).
   inputs = {k: schedule.after(x, out_grads[k]) for k, x in inputs.items()}
   norms = {}
   for param, keys in _group_by_param(uses).items():

@@ -6,9 +6,11 @@ backward pass, raising the step's peak memory:
 
 * the Gaussian noise draw depends only on the step's key (not on the gradients), so it was drawn
   during the forward pass, its random bits alive through the whole backward pass;
-* ghost norms' Gram matrices `a a^T` of a dense layer's inputs (`ghost_norms.gram_inner`)
-  depend only on the forward pass, so each `[B, T, T]` matrix was formed in the forward pass
-  and kept until the backward pass produced the layer's output gradient.
+* what ghost norms compute from a layer's inputs alone (the Gram matrix `a a^T` of a dense
+  layer, a float32 copy of bfloat16 inputs, a lookup's token-equality matrix) depends only on
+  the forward pass: each `[B, T, T]` Gram matrix was formed in the forward pass and kept until
+  the backward pass produced the layer's output gradient (`ghost.per_example_sq_norms` makes
+  every input wait for its output gradient).
 
 An `optimization_barrier` does not help: XLA's CPU pipeline removes it before scheduling.
 `after` instead makes `x` data-dependent on `value` without changing a bit of it:
