@@ -118,7 +118,8 @@ def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Ar
   block is shifted back to end at T and its rows already summed are masked out.
 
   Args:
-    a: inputs `[B, T, d_in]`; g: output gradients `[B, T, d_out]` (any float dtype).
+    a: the layer's inputs `[B, T, d_in]` (any float dtype).
+    g: the output gradients `[B, T, d_out]` (any float dtype).
     block: rows per iteration.
   """
   seq = a.shape[1]
