@@ -252,7 +252,7 @@ def _dtype_from(files, bindings=()):
 
 
 @pytest.mark.parametrize("name, dtype", [
-    ("t5_1_1_small", "bfloat16"), ("t5_1_1_base", "bfloat16"), ("t5_1_1_large", "bfloat16"),
+    ("t5_1_1_small", "bfloat16"), ("t5_1_1_base", "bfloat16"), ("t5_1_1_large", "bfloat16"), ("t5_1_1_xl", "bfloat16"),
     ("t5_1_1_tiny", "float32"), ("t5_1_0_small", "float32"), ("t5_1_0_tiny", "float32")])
 def test_model_files_set_the_activation_dtype_macro(name, dtype):
   assert _dtype_from([f"configs/models/{name}.gin"]) == dtype == models.load_preset(name).dtype
