@@ -85,7 +85,8 @@ def clipping_costs(config, lora, base, dp_setup, batch, lr, repeats: int = 5) ->
   """Compiled peak memory and median step time (wall and CPU seconds) of one microbatch step,
   ghost vs vmap, their timed calls interleaved so that both see the same machine load."""
   import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import factory  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import mechanism  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.stages.bench import compiled_memory  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
@@ -93,9 +94,9 @@ def clipping_costs(config, lora, base, dp_setup, batch, lr, repeats: int = 5) ->
   keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
   steps, out = {}, {}
   for method in ("ghost", "vmap"):
-    aggregator = factory.make_dp_aggregator(make_loss_fn(config, 0.0, lora), dp_setup["clip_norm"],
-                                            dp_setup["noise_multiplier"], dp_setup["expected_batch_size"],
-                                            method=method)
+    aggregator = mechanism.AGGREGATORS[method](
+        make_loss_fn(config, 0.0, lora),
+        NoisySum(dp_setup["clip_norm"], dp_setup["noise_multiplier"], dp_setup["expected_batch_size"]))
     trainer = Trainer(config, aggregator, optimizers.adafactor(lr), mesh, lora=lora,
                       base_params=base if lora is not None else None)
     state = trainer.init_state(jax.random.PRNGKey(0), None if lora is not None else base)

@@ -56,6 +56,7 @@ def compile_case(case):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   overrides = {} if case.get("dtype") is None else {"dtype": case["dtype"]}
   config = models.load_preset(case["preset"], dropout_rate=0.0, **overrides)
@@ -67,10 +68,10 @@ def compile_case(case):
   if method == "nondp":
     aggregator = aggregator_lib.MeanAggregator(loss_fn)
   elif method == "vmap":
-    aggregator = aggregator_lib.DPAggregator(loss_fn, 1.0, 1.0, b, spmd_axis_name=spmd)
+    aggregator = aggregator_lib.DPAggregator(loss_fn, NoisySum(1.0, 1.0, b), spmd_axis_name=spmd)
   else:
     sigma = 0.0 if method == "ghost_nonoise" else 1.0
-    aggregator = ghost.GhostDPAggregator(loss_fn, 1.0, sigma, b, spmd_axis_name=spmd)
+    aggregator = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, sigma, b), spmd_axis_name=spmd)
   trainer = trainer_lib.Trainer(config, aggregator, optimizers.adafactor(learning_rate=1e-3), mesh,
                                 rules=partitioning.axis_rules(case["sharding"]))
   state = trainer.abstract_state()

@@ -63,6 +63,7 @@ def main(argv=None):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.data.source import make_source  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.dp.aggregator import DPAggregator, MeanAggregator  # pylint: disable=g-import-not-at-top
   from private_t5.io import write_json_atomic  # pylint: disable=g-import-not-at-top
   from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
@@ -87,8 +88,7 @@ def main(argv=None):
     loss_fn = make_loss_fn(config)
     kinds = [("non_private", MeanAggregator(loss_fn))]
     if args.dp:
-      kinds.append(("dp", DPAggregator(loss_fn, clip_norm=1.0, noise_multiplier=1.0,
-                                       expected_batch_size=args.batch_size)))
+      kinds.append(("dp", DPAggregator(loss_fn, NoisySum(1.0, 1.0, args.batch_size))))
     for kind, aggregator in kinds:
       trainer = Trainer(config, aggregator, optimizers.adafactor(), mesh)
       print(f"[bench] {preset} {lengths} batch {args.batch_size} {kind} ...", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ import pytest
 import sentencepiece as spm
 
 from private_t5 import models
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp import auditing, clipping, ghost
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
@@ -102,8 +103,8 @@ def aggregators(configs):
   out = {}
   for dtype, config in configs.items():
     loss_fn = _loss_fn(config)
-    out[dtype, "vmap"] = DPAggregator(loss_fn, CLIP, 0.5, EXPECTED_BATCH)
-    out[dtype, "ghost"] = ghost.GhostDPAggregator(loss_fn, CLIP, 0.5, EXPECTED_BATCH)
+    out[dtype, "vmap"] = DPAggregator(loss_fn, NoisySum(CLIP, 0.5, EXPECTED_BATCH))
+    out[dtype, "ghost"] = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.5, EXPECTED_BATCH))
   return out
 
 
@@ -223,8 +224,7 @@ def test_the_audit_measures_max_change_over_c_in_bf16(method, ghost_sums, vmap_b
 
 def test_second_pass_is_refused_with_bf16_activations(aggregators, params, batch):
   agg = aggregators["bfloat16", "ghost"]
-  second = ghost.GhostDPAggregator(agg.loss_fn, CLIP, 0.0, EXPECTED_BATCH,
-                                   clipped_sum_method=ghost.SECOND_PASS)
+  second = ghost.GhostDPAggregator(agg.loss_fn, NoisySum(CLIP, 0.0, EXPECTED_BATCH), clipped_sum_method=ghost.SECOND_PASS)
   with pytest.raises(ConfigError, match="second pass.*bfloat16.*bookkeeping"):
     jax.eval_shape(second.clipped_sum, params, batch)
 
@@ -252,7 +252,7 @@ def _dtype_from(files, bindings=()):
 
 
 @pytest.mark.parametrize("name, dtype", [
-    ("t5_1_1_small", "bfloat16"), ("t5_1_1_base", "bfloat16"), ("t5_1_1_large", "bfloat16"),
+    ("t5_1_1_small", "bfloat16"), ("t5_1_1_base", "bfloat16"), ("t5_1_1_large", "bfloat16"), ("t5_1_1_xl", "bfloat16"),
     ("t5_1_1_tiny", "float32"), ("t5_1_0_small", "float32"), ("t5_1_0_tiny", "float32")])
 def test_model_files_set_the_activation_dtype_macro(name, dtype):
   assert _dtype_from([f"configs/models/{name}.gin"]) == dtype == models.load_preset(name).dtype

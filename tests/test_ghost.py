@@ -11,9 +11,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import models
-from private_t5.dp import clipping, ghost
+from private_t5.dp import clipping, ghost, mechanism
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp.aggregator import DPAggregator
-from private_t5.dp.factory import make_dp_aggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
 from private_t5.train.trainer import split_microbatches
@@ -62,7 +62,7 @@ def _max_rel_err(a, b):
 
 def _vmap_reference(loss_fn, clip, batch, dropout_rng):
   """Per-example norms and the clipped sum from explicitly instantiated per-example grads."""
-  agg = DPAggregator(loss_fn, clip, 0.0, 1.0)
+  agg = DPAggregator(loss_fn, NoisySum(clip, 0.0, 1.0))
   rows = jnp.arange(batch["example_weight"].shape[0], dtype=jnp.int32)
 
   @jax.jit
@@ -82,7 +82,7 @@ def test_full_tiny_model_norms_and_clipped_sums_equal_vmap(preset):
   batch = _model_batch(_batch(config))
   dropout_rng = jax.random.PRNGKey(7)  # the same per-example dropout keys in both paths
   want_norms, want_sum = _vmap_reference(loss_fn, CLIP, batch, dropout_rng)(params, batch)
-  agg = ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 4.0)
+  agg = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 4.0))
   rows = jnp.arange(4, dtype=jnp.int32)
   got_sum, _, got_norms, factors = jax.jit(
       lambda p, b: agg.ghost_clipped_sum(p, b, jax.vmap(
@@ -119,13 +119,13 @@ def test_second_pass_microbatches_and_instantiation_agree_with_vmap_aggregator()
   batch = _model_batch(_batch(config, seed=3))
   dropout_rng = jax.random.PRNGKey(11)
   step = lambda agg: jax.jit(functools.partial(agg, dropout_rng=dropout_rng))(params, batch)
-  want, want_metrics = step(DPAggregator(loss_fn, CLIP, 0.0, 3.0))
+  want, want_metrics = step(DPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0)))
   assert float(want_metrics["nondp/fraction_clipped"]) == 1.0  # clipping really happened
-  second_pass = ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 3.0, clipped_sum_method=ghost.SECOND_PASS)
+  second_pass = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), clipped_sum_method=ghost.SECOND_PASS)
   grad_sum, micro_metrics = _clipped_sum_in_microbatches(second_pass, params, batch, 2, dropout_rng)
   micro = second_pass.finalize(params, grad_sum, None), micro_metrics
   # Book-keeping that sums the instantiated per-example kernel gradients.
-  instantiated = step(ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 3.0, norm_method="instantiate",
+  instantiated = step(ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), norm_method="instantiate",
                                               reuse_instantiated=True))
   for variant, (got, got_metrics) in (("second pass in microbatches of 2", micro),
                                       ("instantiated book-keeping", instantiated)):
@@ -145,8 +145,8 @@ def test_sharded_equals_unsharded():
   sharded_batch = jax.device_put(batch, NamedSharding(mesh, PartitionSpec("data")))
   replicated_params = jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
   noise_rng = jax.random.PRNGKey(3)
-  unsharded = ghost.GhostDPAggregator(loss_fn, CLIP, 1.0, 8.0)
-  sharded = ghost.GhostDPAggregator(loss_fn, CLIP, 1.0, 8.0, spmd_axis_name="data")
+  unsharded = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 1.0, 8.0))
+  sharded = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 1.0, 8.0), spmd_axis_name="data")
   want, _ = jax.jit(functools.partial(unsharded, noise_rng=noise_rng))(params, batch)
   with mesh:
     got, _ = jax.jit(functools.partial(sharded, noise_rng=noise_rng))(replicated_params,
@@ -185,7 +185,7 @@ def test_a_parameter_also_used_outside_its_layer_is_refused():
     ghost.check_coverage(params, recording)
   # The aggregator refuses it at trace time, before any step: the ghost norm would bound only
   # the model's part of the gradient, and the penalty's part would be summed unclipped.
-  agg = ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 4.0)
+  agg = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 4.0))
   with pytest.raises(ConfigError, match="token_embedder/embedding"):
     jax.jit(agg.clipped_sum)(params, batch)
   # The unmodified loss of the same model passes.
@@ -240,9 +240,9 @@ def test_a_parameter_read_through_a_nested_jit_inside_no_layer_is_refused():
 def test_invalid_methods_raise_config_error():
   loss_fn = lambda p, b, k: jnp.zeros(b["example_weight"].shape)
   with pytest.raises(ConfigError, match="norm_method"):
-    ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 4.0, norm_method="fast")
+    ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 4.0), norm_method="fast")
   with pytest.raises(ConfigError, match="clipped_sum_method"):
-    ghost.GhostDPAggregator(loss_fn, CLIP, 0.0, 4.0, clipped_sum_method="magic")
+    ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 4.0), clipped_sum_method="magic")
 
 
 @pytest.mark.parametrize("preset", ["t5_1_0_small", "t5_1_1_small"])
@@ -283,18 +283,18 @@ def test_nonfinite_example_gradient_is_dropped_not_propagated():
   p = {"kernel": jnp.ones((3, 2))}
   x = np.array([[1, 0, 0], [np.inf, 0, 0], [0, 1, 0], [0, 0, 0]], np.float32)
   batch = {"x": x, "example_weight": np.array([1, 1, 1, 0], np.float32)}
-  agg = ghost.GhostDPAggregator(loss_fn, 1.0, 0.0, 3.0)
+  agg = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0))
   summed, metrics = jax.jit(agg.clipped_sum)(p, batch)
   assert np.isfinite(summed["kernel"]).all() and np.isfinite(metrics["nondp/grad_norm_mean"])
   without_inf = dict(batch, example_weight=np.array([1, 0, 1, 0], np.float32))
-  want, _ = jax.jit(DPAggregator(loss_fn, 1.0, 0.0, 3.0).clipped_sum)(p, without_inf)
+  want, _ = jax.jit(DPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0)).clipped_sum)(p, without_inf)
   np.testing.assert_allclose(summed["kernel"], want["kernel"], rtol=1e-6)
 
 
 def _aggregator(method, loss_fn, **kwargs):
   if method == "vmap":
-    return DPAggregator(loss_fn, 1.0, 0.0, 3.0, **kwargs)
-  return ghost.GhostDPAggregator(loss_fn, 1.0, 0.0, 3.0, clipped_sum_method=method, **kwargs)
+    return DPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0), **kwargs)
+  return ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0), clipped_sum_method=method, **kwargs)
 
 
 @pytest.mark.parametrize("method", ["vmap", ghost.BOOKKEEPING, ghost.SECOND_PASS])
@@ -328,10 +328,10 @@ def test_a_batch_of_only_nonfinite_examples_sums_to_zero(method):
   np.testing.assert_array_equal(got["kernel"], 0.0)
 
 
-def test_make_dp_aggregator_switches_between_vmap_and_ghost():
-  loss_fn = _dense_loss_fn()
-  assert type(make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0)) is DPAggregator
-  agg = make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0, spmd_axis_name="data", method="ghost")
-  assert isinstance(agg, ghost.GhostDPAggregator) and agg.spmd_axis_name == "data"
+def test_the_execution_method_picks_the_aggregator_and_both_share_the_noisy_sum():
+  noisy_sum = NoisySum(1.0, 1.0, 4.0)
+  for method, cls in (("vmap", DPAggregator), ("ghost", ghost.GhostDPAggregator)):
+    agg = mechanism.AGGREGATORS[mechanism.ExecutionSettings(method=method).method](_dense_loss_fn(), noisy_sum)
+    assert type(agg) is cls and agg.noisy_sum is noisy_sum
   with pytest.raises(ConfigError, match="ghost"):
-    make_dp_aggregator(loss_fn, 1.0, 1.0, 4.0, method="jit")
+    mechanism.ExecutionSettings(method="jit")

@@ -19,6 +19,7 @@ from safetensors import numpy as st_numpy
 from private_t5 import io as io_lib
 from private_t5 import models
 from private_t5.data import glue_tasks
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp import aggregator as agg_lib
 from private_t5.dp import ghost
 from private_t5.errors import CheckpointError, ConfigError
@@ -123,7 +124,7 @@ def clipped_sums(base_dir):
   fns = {}
   for name, cls in (("vmap", agg_lib.DPAggregator), ("ghost", ghost.GhostDPAggregator)):
     def fn(adapters, base, batch, key, cls=cls):
-      aggregator = cls(functools.partial(loss_fn, base=base), CLIP, 0.0, 1.0)
+      aggregator = cls(functools.partial(loss_fn, base=base), NoisySum(CLIP, 0.0, 1.0))
       return aggregator.clipped_sum(adapters, batch, key)
     fns[name] = jax.jit(fn)
   return fns

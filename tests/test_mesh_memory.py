@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from private_t5 import models
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
 from private_t5.train import optimizers, partitioning
@@ -46,7 +47,7 @@ def _trainer(method: str, mesh_shape, sharding=partitioning.REPLICATED, sigma=1.
   if method == "nondp":
     aggregator = aggregator_lib.MeanAggregator(loss_fn)
   else:
-    aggregator = ghost.GhostDPAggregator(loss_fn, 1.0, sigma, BATCH, spmd_axis_name=spmd)
+    aggregator = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, sigma, BATCH), spmd_axis_name=spmd)
   return Trainer(CONFIG, aggregator, optimizers.adafactor(learning_rate=1e-3), mesh,
                  rules=partitioning.axis_rules(sharding))
 

@@ -23,6 +23,8 @@ PUBLIC_COUNTS = {
     "t5_1_1_small": 76_961_152,
     "t5_1_1_base": 247_577_856,
     "t5_1_1_large": 783_150_080,
+    "t5_1_1_xl": 2_849_757_184,
+    "t5_1_1_xxl": 11_135_332_352,
 }
 SMALL_VOCAB = 256
 
@@ -36,7 +38,7 @@ def _tiny(name="t5_1_0_tiny", **overrides):
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.slow) if n.endswith("large") else n for n in sorted(PRESETS)])
+    pytest.param(n, marks=pytest.mark.slow) if n.endswith(("large", "xl")) else n for n in sorted(PRESETS)])
 def test_preset_param_counts(name):
   config = load_preset(name)
   count = num_params(config)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from private_t5 import models
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.ghost import GhostDPAggregator
 from private_t5.errors import ConfigError
@@ -112,8 +113,7 @@ def test_sharded_step_equals_single_device_step(private):
   loss_fn = make_loss_fn(CONFIG)
   def aggregator(spmd_axis_name):
     if private:  # noise off: the comparison is exact up to float reassociation
-      return DPAggregator(loss_fn, clip_norm=0.1, noise_multiplier=0.0, expected_batch_size=6.0,
-                          spmd_axis_name=spmd_axis_name)
+      return DPAggregator(loss_fn, NoisySum(0.1, 0.0, 6.0), spmd_axis_name=spmd_axis_name)
     return MeanAggregator(loss_fn)
   single = partitioning.create_mesh((1, 1), jax.devices()[:1])
   sharded = partitioning.create_mesh((4, 2))
@@ -162,8 +162,7 @@ def _resume_steps(aggregator, tmp_path, first, second, steps=3, split=2):
 def test_resume_on_another_mesh_and_parameter_sharding(tmp_path, first, second):
   """A checkpoint written on one mesh and sharding resumes on another: the run continues as
   if uninterrupted (DP-ghost with noise on: the noise does not depend on the mesh either)."""
-  aggregator = GhostDPAggregator(make_loss_fn(CONFIG), clip_norm=0.1, noise_multiplier=1.0,
-                                 expected_batch_size=6.0, spmd_axis_name="data")
+  aggregator = GhostDPAggregator(make_loss_fn(CONFIG), NoisySum(0.1, 1.0, 6.0), spmd_axis_name="data")
   reference, resumed = _resume_steps(aggregator, tmp_path, first, second)
   for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(resumed)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)

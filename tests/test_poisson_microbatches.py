@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from private_t5 import models
-from private_t5.dp import factory
+from private_t5.dp.accounting import NoisySum
+from private_t5.dp.mechanism import AGGREGATORS
 from private_t5.dp.aggregator import MeanAggregator
 from private_t5.train import optimizers, partitioning
 from private_t5.train.state import RunSeeds
@@ -51,7 +52,7 @@ def _padded(n, m):
 
 @pytest.fixture(scope="module", params=["vmap", "ghost"])
 def trainer(request):
-  aggregator = factory.make_dp_aggregator(make_loss_fn(CONFIG), CLIP, SIGMA, EXPECTED, method=request.param)
+  aggregator = AGGREGATORS[request.param](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED))
   mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
   return Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
 
@@ -168,8 +169,8 @@ def test_microbatched_step_equals_the_spread_whole_batch_step(seeds, method):
   sample spread over the `data` axis, `loop.local_batch`) compute the same step: every example
   keeps its dropout key (its position in the sample), the noise is the step's."""
   from private_t5.train import loop
-  aggregator = factory.make_dp_aggregator(make_loss_fn(CONFIG), CLIP, SIGMA, EXPECTED, method=method,
-                                          spmd_axis_name=partitioning.DATA_AXIS)
+  aggregator = AGGREGATORS[method](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
+                                   spmd_axis_name=partitioning.DATA_AXIS)
   mesh = partitioning.create_mesh((4, 1), devices=jax.devices()[:4])
   trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
   source = _ExamplesSource(_examples())
@@ -189,7 +190,7 @@ def test_microbatched_step_equals_the_spread_whole_batch_step(seeds, method):
 def test_every_donated_buffer_is_used(seeds):
   """The compiled steps donate only buffers an output can reuse: compiling them warns of none."""
   import warnings  # pylint: disable=g-import-not-at-top
-  aggregator = factory.make_dp_aggregator(make_loss_fn(CONFIG), CLIP, SIGMA, EXPECTED, method="vmap")
+  aggregator = AGGREGATORS["vmap"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED))
   mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
   trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
   examples = _examples()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from private_t5.data import source as source_lib
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.errors import CheckpointError, ConfigError
@@ -53,7 +54,7 @@ def _zero_grad_loss(params, batch, dropout_rng=None):
 @pytest.mark.parametrize("rho_value", [0.25, 0.5, 1.0])
 def test_gamma_scales_the_measured_noise_std(rho_value):
   sigma, clip, expected_batch = 2.0, 0.5, 4.0
-  dp = aggregator_lib.DPAggregator(_zero_grad_loss, clip, sigma, expected_batch)
+  dp = aggregator_lib.DPAggregator(_zero_grad_loss, NoisySum(clip, sigma, expected_batch))
   agg = adaptive.AdaptiveDPAggregator(dp)
   params = {"w": jnp.zeros((200_000,), jnp.float32)}
   batch = {"example_weight": jnp.array([1.0, 1.0, 1.0, 0.0]),
@@ -69,7 +70,7 @@ def test_gamma_scales_the_measured_noise_std(rho_value):
 
 
 def test_aggregator_needs_privacy_probabilities():
-  dp = aggregator_lib.DPAggregator(_zero_grad_loss, 1.0, 1.0, 2.0)
+  dp = aggregator_lib.DPAggregator(_zero_grad_loss, NoisySum(1.0, 1.0, 2.0))
   with pytest.raises(ConfigError, match="privacy_probability"):
     adaptive.AdaptiveDPAggregator(dp)({"w": jnp.zeros(3)}, {"example_weight": jnp.ones(2)},
                                       noise_rng=jax.random.PRNGKey(0))

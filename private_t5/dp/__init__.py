@@ -9,13 +9,13 @@ import importlib
 _EXPORTS = {
     "DPAggregator": "private_t5.dp.aggregator",
     "MeanAggregator": "private_t5.dp.aggregator",
-    "validate_dp_parameters": "private_t5.dp.aggregator",
     "GhostDPAggregator": "private_t5.dp.ghost",
     "DPConfig": "private_t5.dp.mechanism",
     "ExecutionSettings": "private_t5.dp.mechanism",
     "Mechanism": "private_t5.dp.mechanism",
     "build_mechanism": "private_t5.dp.mechanism",
-    "make_dp_aggregator": "private_t5.dp.factory",
+    "NoisySum": "private_t5.dp.accounting",
+    "AGGREGATORS": "private_t5.dp.mechanism",
     "PoissonSampler": "private_t5.dp.sampling",
     "ShuffledBatchSampler": "private_t5.dp.sampling",
 }

@@ -26,6 +26,7 @@ DP's per-step noise multipliers (`varying_noise_epsilon`), and composes the even
 releases (`composed_epsilon`).
 """
 import collections
+import dataclasses
 import logging
 import math
 import warnings
@@ -106,6 +107,40 @@ def _check_number(name: str, value, low=None, high=None, low_open=True, high_ope
   if high is not None and (v > high or (high_open and v == high)):
     raise PrivacyError(f"{name} must be {'<' if high_open else '<='} {high}, got {value!r}")
   return v
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisySum:
+  """What one DP step releases: (Σ_i clip_C(g_i) + N(0, σ²C² I)) / (q N).
+
+  The one record of a run's C, σ and public divisor q·N: `mechanism.build_mechanism` makes it
+  once, and the aggregator that computes the release and the ledger that accounts it hold
+  this same object. Checked here, once, whoever builds it (the mechanism, a benchmark, a ledger
+  read back from its file).
+
+  Attributes:
+    clip_norm: C > 0, the L2 bound on each example's gradient.
+    noise_multiplier: σ >= 0; the noise std on the sum is σ·C. 0 draws no noise (tests and
+      compile benchmarks only: no privacy; a ledger refuses it).
+    expected_batch_size: q·N > 0, the public constant the noisy sum is divided by (never the
+      realised, private, sample size).
+  """
+  clip_norm: float
+  noise_multiplier: float
+  expected_batch_size: float
+
+  def __post_init__(self):
+    for name, low_open in (("clip_norm", True), ("noise_multiplier", False), ("expected_batch_size", True)):
+      value = _check_number(f"{name} ({_SYMBOLS[name]})", getattr(self, name), low=0, low_open=low_open)
+      object.__setattr__(self, name, value)
+
+  @property
+  def noise_std(self) -> float:
+    """The std of the Gaussian noise on each coordinate of the clipped sum: σ·C."""
+    return self.noise_multiplier * self.clip_norm
+
+
+_SYMBOLS = {"clip_norm": "C", "noise_multiplier": "σ", "expected_batch_size": "q·N"}
 
 
 def sampling_rate_from_batch(batch_size: float, num_examples: int) -> float:

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import optax
 
 from private_t5.dp import clipping, schedule
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
 from private_t5.errors import PrivacyError
 
@@ -123,49 +124,46 @@ class MeanAggregator:
     return _cast_like(grads, params), metrics
 
 
-def validate_dp_parameters(clip_norm: float, noise_multiplier: float,
-                           expected_batch_size: float,
-                           num_examples: Optional[int] = None) -> None:
-  """Raises PrivacyError for parameters that give no (or a meaningless) guarantee."""
-  if not clip_norm > 0 or not math.isfinite(clip_norm):
-    raise PrivacyError(f"clip_norm must be a finite number > 0, got {clip_norm}")
-  if not noise_multiplier >= 0 or not math.isfinite(noise_multiplier):
-    raise PrivacyError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier}")
-  if not expected_batch_size > 0:
-    raise PrivacyError(f"expected_batch_size (q*N) must be > 0, got {expected_batch_size}")
-  if num_examples is not None and expected_batch_size > num_examples:
-    raise PrivacyError(f"expected_batch_size={expected_batch_size} is larger than the dataset "
-                       f"({num_examples} examples)")
-
-
 class DPAggregator:
   """DP-SGD aggregation: clip each example to C, sum, add N(0, sigma^2 C^2), divide by q N.
 
   Attributes:
     loss_fn: per-example loss, `loss_fn(params, batch, dropout_rng) -> loss[B]`.
-    clip_norm: C, the L2 bound on each example's gradient (global norm over all params).
-    noise_multiplier: sigma; the noise std on the sum is sigma * C. 0 disables the noise
-      (tests only: no privacy).
-    expected_batch_size: the public q N the noisy sum is divided by (DP rule "noise on the sum,
-      divide by a public constant").
+    noisy_sum: the release's C (the L2 bound on each example's gradient, global norm over all
+      params), σ (noise std σ·C on the sum; 0 disables the noise: tests only, no privacy) and
+      the public q·N the noisy sum is divided by (DP rule "noise on the sum, divide by a public
+      constant"): `accounting.NoisySum`, the same object as the run's ledger's.
     spmd_axis_name: mesh axis that the examples are sharded over (e.g. "data"), passed to
       `jax.vmap` so that per-example gradients stay on the device holding the example.
   """
 
-  def __init__(self, loss_fn: LossFn, clip_norm: float, noise_multiplier: float,
-               expected_batch_size: float, spmd_axis_name: Optional[str] = None):
-    validate_dp_parameters(clip_norm, noise_multiplier, expected_batch_size)
+  def __init__(self, loss_fn: LossFn, noisy_sum: NoisySum, spmd_axis_name: Optional[str] = None):
+    if not isinstance(noisy_sum, NoisySum):
+      raise PrivacyError(f"a DP aggregator needs an accounting.NoisySum, got {type(noisy_sum).__name__}")
     self.loss_fn = loss_fn
-    self.clip_norm = float(clip_norm)
-    self.noise_multiplier = float(noise_multiplier)
-    self.expected_batch_size = float(expected_batch_size)
+    self.noisy_sum = noisy_sum
     self.spmd_axis_name = spmd_axis_name
-    self.is_private = self.noise_multiplier > 0
+
+  @property
+  def clip_norm(self) -> float:
+    return self.noisy_sum.clip_norm
+
+  @property
+  def noise_multiplier(self) -> float:
+    return self.noisy_sum.noise_multiplier
+
+  @property
+  def expected_batch_size(self) -> float:
+    return self.noisy_sum.expected_batch_size
+
+  @property
+  def is_private(self) -> bool:
+    return self.noisy_sum.noise_multiplier > 0
 
   @property
   def noise_std(self) -> float:
     """Std of the Gaussian noise added to each coordinate of the clipped SUM: sigma * C."""
-    return self.noise_multiplier * self.clip_norm
+    return self.noisy_sum.noise_std
 
   def per_example_grads(self, params: PyTree, batch: Batch, rows: jax.Array,
                         dropout_rng: Optional[jax.Array]) -> Tuple[jax.Array, PyTree]:
@@ -193,7 +191,7 @@ class DPAggregator:
     # The norm and the sum read the same float32 values (whatever the activation dtype), so
     # the norm that sets each clip factor is the norm of what is summed (docs/model.md).
     grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-    c = clipping.clip(jax.vmap(optax.tree.norm)(grads), batch["example_weight"], self.clip_norm)
+    c = clipping.clip(jax.vmap(optax.tree.norm)(grads), batch["example_weight"], self.noisy_sum.clip_norm)
     # Rows not kept (padding, NaN/inf gradients) are zeroed before the sum: 0 * NaN = NaN.
     grads = clipping.zero_dropped(grads, c.keep)
     grad_sum = jax.tree.map(lambda g: jnp.tensordot(c.scale, g, axes=1), grads)
@@ -206,7 +204,7 @@ class DPAggregator:
     `noise_rng` must be fresh for every step (DP rule "noise keys are secret and never
     reused"): the trainer derives it from a secret seed and the step number, never from a fixed constant.
     """
-    if self.noise_multiplier == 0:
+    if self.noisy_sum.noise_multiplier == 0:
       return grad_sum
     if noise_rng is None:
       raise PrivacyError("DPAggregator needs a noise_rng when noise_multiplier > 0")
@@ -222,7 +220,7 @@ class DPAggregator:
     with the step's key, divided by the public q N, cast to the parameters' dtypes."""
     noisy_sum = self.add_noise(grad_sum, noise_rng)
     # Divide by the PUBLIC expected batch size q N, never by the realised (private) count.
-    grads = jax.tree.map(lambda g: g / self.expected_batch_size, noisy_sum)
+    grads = jax.tree.map(lambda g: g / self.noisy_sum.expected_batch_size, noisy_sum)
     return _cast_like(grads, params)
 
   def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,

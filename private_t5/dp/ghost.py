@@ -52,6 +52,7 @@ from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
 from private_t5.dp import clipping, schedule
+from private_t5.dp.accounting import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
@@ -438,11 +439,9 @@ class GhostDPAggregator(DPAggregator):
       weight-gradient computation for those layers; memory B x their parameters).
   """
 
-  def __init__(self, loss_fn, clip_norm: float, noise_multiplier: float,
-               expected_batch_size: float, spmd_axis_name: Optional[str] = None, *, norm_method: str = gn.AUTO,
-               clipped_sum_method: str = BOOKKEEPING, reuse_instantiated: bool = True):
-    super().__init__(loss_fn, clip_norm, noise_multiplier, expected_batch_size,
-                     spmd_axis_name=spmd_axis_name)
+  def __init__(self, loss_fn, noisy_sum: NoisySum, spmd_axis_name: Optional[str] = None, *,
+               norm_method: str = gn.AUTO, clipped_sum_method: str = BOOKKEEPING, reuse_instantiated: bool = True):
+    super().__init__(loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name)
     if norm_method not in gn.LINEAR_METHODS:
       raise ConfigError(f"norm_method must be one of {gn.LINEAR_METHODS}, got {norm_method!r}")
     if clipped_sum_method not in CLIPPED_SUM_METHODS:
@@ -505,7 +504,7 @@ class GhostDPAggregator(DPAggregator):
 
     batch, row_ids = clipping.split_row_ids(batch)
     grads, losses, norms, _ = self.ghost_clipped_sum(params, batch, clipping.example_keys(dropout_rng, row_ids))
-    c = clipping.clip(norms, batch["example_weight"], self.clip_norm)  # the same clip again
+    c = clipping.clip(norms, batch["example_weight"], self.noisy_sum.clip_norm)  # the same clip again
     stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
     return grads, clipping.clipping_metrics(batch, *stats)
 

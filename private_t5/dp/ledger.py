@@ -174,14 +174,15 @@ class PrivacyLedger:
   """Privacy spent by a DP training run, serialisable to JSON.
 
   Attributes:
-    noise_multiplier: σ (noise std = σ·C on the sum of clipped gradients).
+    noisy_sum: the released sum's C, σ and divisor q·N (`accounting.NoisySum`): the same
+      object the run's aggregator computes with (None for a non-private baseline). The JSON
+      form keeps them as the flat fields `clip_norm`, `noise_multiplier`, `expected_batch_size`,
+      which are also read here as properties.
     sampling_rate: q, the Poisson sampling rate (expected batch size / N).
-    clip_norm: C, the per-example L2 clip norm.
     delta: δ of the Gaussian steps (truncation accounted by RDP adds to it, see `training_delta`).
     accountant: "auto" (the smaller ε of RDP and PLD, `accountant_used`), "rdp" or "pld".
     privacy_unit: "document", "example" or "user".
     num_examples: N, the sampling population (units).
-    expected_batch_size: q·N, the public divisor of the noisy sum.
     max_batch_size: truncation cap of a Poisson batch (None: not truncated).
     truncation_probability: per-step P[Poisson batch > max_batch_size].
     steps: steps taken so far.
@@ -197,14 +198,12 @@ class PrivacyLedger:
     noise_secret: False when the training noise came from a fixed seed (insecure: the ε reported
       is then no guarantee); once False it stays False on resume.
   """
-  noise_multiplier: float
+  noisy_sum: Optional[accounting.NoisySum]
   sampling_rate: float
-  clip_norm: float
   delta: float
   accountant: str = "rdp"
   privacy_unit: str = "document"
   num_examples: Optional[int] = None
-  expected_batch_size: Optional[float] = None
   max_batch_size: Optional[int] = None
   truncation_probability: float = 0.0
   steps: int = 0
@@ -224,35 +223,47 @@ class PrivacyLedger:
       raise PrivacyError(f"ledger steps must be an integer >= 0, got {self.steps!r}")
     self.steps = int(self.steps)
     if self.non_private:
+      if self.noisy_sum is not None:
+        raise PrivacyError("a non-private ledger records no noisy sum")
       return
+    if not isinstance(self.noisy_sum, accounting.NoisySum):
+      raise PrivacyError(f"a DP ledger needs its accounting.NoisySum, got {self.noisy_sum!r}")
     accounting.validate_privacy_params(
-        noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
-        clip_norm=self.clip_norm, delta=self.delta, accountant=self.accountant,
-        num_examples=self.num_examples, sampling=self.sampling)
+        noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, delta=self.delta,
+        accountant=self.accountant, num_examples=self.num_examples, sampling=self.sampling)
     if self.num_examples is not None:
-      if self.expected_batch_size is None:
-        self.expected_batch_size = self.sampling_rate * self.num_examples
       if self.max_batch_size is not None and not self.truncation_probability:
         self.truncation_probability = accounting.truncation_probability(
             self.num_examples, self.sampling_rate, self.max_batch_size)
 
   @classmethod
-  def create(cls, *, noise_multiplier: float, clip_norm: float, delta: float, num_examples: int,
+  def create(cls, *, delta: float, num_examples: int, noisy_sum: Optional[accounting.NoisySum] = None,
+             noise_multiplier: Optional[float] = None, clip_norm: Optional[float] = None,
              sampling_rate: Optional[float] = None, batch_size: Optional[float] = None,
              max_batch_size: Optional[int] = None, accountant: str = "rdp",
              privacy_unit: str = "document", sampling: str = "poisson",
              configured_batch_size: Optional[int] = None,
              clipping_method: Optional[str] = None, noise_secret: bool = True) -> "PrivacyLedger":
-    """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N)."""
+    """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N).
+
+    `noisy_sum` is the run's (shared with its aggregator; its q·N must be q·N here: DP rule
+    "sampling matches accounting"); without it one is made from `noise_multiplier` and
+    `clip_norm` with divisor q·N.
+    """
     if (sampling_rate is None) == (batch_size is None):
       raise PrivacyError("give exactly one of sampling_rate and batch_size")
     if sampling_rate is None:
       accounting.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
       sampling_rate = accounting.sampling_rate_from_batch(batch_size, num_examples)
-    return cls(noise_multiplier=float(noise_multiplier), sampling_rate=float(sampling_rate),
-               clip_norm=float(clip_norm), delta=float(delta), accountant=accountant,
-               privacy_unit=privacy_unit, num_examples=int(num_examples), max_batch_size=max_batch_size,
-               sampling=sampling, configured_batch_size=configured_batch_size,
+    expected = float(sampling_rate) * int(num_examples)
+    if noisy_sum is None:
+      noisy_sum = accounting.NoisySum(clip_norm, noise_multiplier, expected)
+    elif not math.isclose(noisy_sum.expected_batch_size, expected, rel_tol=1e-9):
+      raise PrivacyError(f"the noisy sum is divided by q·N = {noisy_sum.expected_batch_size:g}, but the "
+                         f"sampler's q·N is {expected:g}: sampling must match accounting")
+    return cls(noisy_sum=noisy_sum, sampling_rate=float(sampling_rate), delta=float(delta),
+               accountant=accountant, privacy_unit=privacy_unit, num_examples=int(num_examples),
+               max_batch_size=max_batch_size, sampling=sampling, configured_batch_size=configured_batch_size,
                clipping_method=clipping_method, noise_secret=bool(noise_secret))
 
   @classmethod
@@ -260,9 +271,24 @@ class PrivacyLedger:
                            batch_size: Optional[float] = None, noise_secret: bool = True) -> "PrivacyLedger":
     """A ledger for a non-private run: records steps, reports ε = ∞ (null in JSON)."""
     q = (batch_size / num_examples) if (batch_size and num_examples) else 0.0
-    return cls(noise_multiplier=0.0, sampling_rate=q, clip_norm=0.0, delta=0.0, privacy_unit=privacy_unit,
-               num_examples=num_examples, expected_batch_size=batch_size, non_private=True,
-               configured_batch_size=batch_size, noise_secret=bool(noise_secret))
+    return cls(noisy_sum=None, sampling_rate=q, delta=0.0, privacy_unit=privacy_unit,
+               num_examples=num_examples, non_private=True, configured_batch_size=batch_size,
+               noise_secret=bool(noise_secret))
+
+  @property
+  def noise_multiplier(self) -> float:
+    """σ of the noisy sum (0 for a non-private baseline)."""
+    return self.noisy_sum.noise_multiplier if self.noisy_sum is not None else 0.0
+
+  @property
+  def clip_norm(self) -> float:
+    """C of the noisy sum (0 for a non-private baseline)."""
+    return self.noisy_sum.clip_norm if self.noisy_sum is not None else 0.0
+
+  @property
+  def expected_batch_size(self) -> Optional[float]:
+    """q·N, the public divisor of the noisy sum (a non-private run: its batch size)."""
+    return self.noisy_sum.expected_batch_size if self.noisy_sum is not None else self.configured_batch_size
 
   # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -609,7 +635,9 @@ class PrivacyLedger:
 
   def to_dict(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
-    d["ledger_version"] = LEDGER_VERSION
+    del d["noisy_sum"]
+    d.update(noise_multiplier=self.noise_multiplier, clip_norm=self.clip_norm,
+             expected_batch_size=self.expected_batch_size, ledger_version=LEDGER_VERSION)
     return d
 
   @classmethod
@@ -621,7 +649,16 @@ class PrivacyLedger:
     missing = [n for n in ("noise_multiplier", "sampling_rate", "clip_norm", "delta") if n not in d]
     if missing:
       raise DataError(f"privacy ledger is missing {missing}")
-    return cls(**{k: v for k, v in d.items() if k in names})
+    fields = {k: v for k, v in d.items() if k in names and k != "noisy_sum"}
+    noisy_sum = None
+    if not d.get("non_private", False):
+      expected = d.get("expected_batch_size")
+      if expected is None and d.get("num_examples"):
+        expected = float(d["sampling_rate"]) * int(d["num_examples"])
+      if expected is None:
+        raise DataError("privacy ledger has neither expected_batch_size nor num_examples")
+      noisy_sum = accounting.NoisySum(d["clip_norm"], d["noise_multiplier"], expected)
+    return cls(noisy_sum=noisy_sum, **fields)
 
   def save(self, path: str) -> str:
     """Writes `report()` atomically (temp file then rename); `load` reads it back."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
-from private_t5.dp import factory
+from private_t5.dp import ghost
 from private_t5.dp import sampling
 from private_t5.dp.ledger import PrivacyLedger, find_vocabulary_report, insecure_noise_warning
 from private_t5.errors import ConfigError, PrivacyError
@@ -46,9 +46,13 @@ DEFAULT_MAX_TRUNCATION_PROBABILITY = 1e-6
 POISSON = "poisson"
 POISSON_TRUNCATED = "poisson_truncated"
 DP_SAMPLING = (POISSON, POISSON_TRUNCATED)
-# ExecutionSettings.method values (`factory.make_dp_aggregator`); ghost clipping by default.
+# ExecutionSettings.method: the DP aggregator computing the clipped sum; ghost clipping by default.
+# "vmap": per-example gradients under `jax.vmap` (`aggregator.DPAggregator`, the reference);
+# "ghost": ghost norms and book-keeping, no per-example gradients (`ghost.GhostDPAggregator`,
+# docs/ghost_clipping.md). Both clip, noise and divide identically: same privacy, same ledger.
 GHOST = "ghost"
-DP_METHODS = factory.DP_METHODS
+AGGREGATORS = {"vmap": aggregator_lib.DPAggregator, GHOST: ghost.GhostDPAggregator}
+DP_METHODS = tuple(AGGREGATORS)
 # Share of δ the batch truncation may add over the run (a larger share is refused).
 TRUNCATION_DELTA_SHARE = 0.1
 # The default δ is min(DEFAULT_DELTA_CAP, 1 / N^DEFAULT_DELTA_EXPONENT).
@@ -331,15 +335,14 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
     _check_truncation_delta(sigma, q, num_examples, batch_size, train_steps, delta, dp)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
-    ledger = PrivacyLedger.create(noise_multiplier=sigma, clip_norm=dp.clip_norm, delta=delta,
-                                  num_examples=num_examples, sampling_rate=q,
+    noisy_sum = accounting.NoisySum(dp.clip_norm, sigma, q * num_examples)
+    ledger = PrivacyLedger.create(noisy_sum=noisy_sum, delta=delta, num_examples=num_examples, sampling_rate=q,
                                   max_batch_size=batch_size if truncated else None,
                                   accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
                                   configured_batch_size=batch_size, clipping_method=execution.method,
                                   noise_secret=noise_secret)
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log)
-  aggregator = factory.make_dp_aggregator(loss_fn, dp.clip_norm, sigma, q * num_examples,
-                                         spmd_axis_name=spmd_axis_name, method=execution.method)
+  aggregator = AGGREGATORS[execution.method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name)
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
               if truncated else f"untruncated, run in microbatches of {rows} rows")
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "

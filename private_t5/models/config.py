@@ -130,6 +130,8 @@ PRESETS: Dict[str, dict] = {
     "t5_1_1_small": _v1_1(d_model=512, num_heads=6, d_ff=1024, layers=8),
     "t5_1_1_base": _v1_1(d_model=768, num_heads=12, d_ff=2048, layers=12),
     "t5_1_1_large": _v1_1(d_model=1024, num_heads=16, d_ff=2816, layers=24),
+    "t5_1_1_xl": _v1_1(d_model=2048, num_heads=32, d_ff=5120, layers=24),
+    "t5_1_1_xxl": _v1_1(d_model=4096, num_heads=64, d_ff=10240, layers=24),
 }
 
 

@@ -76,6 +76,7 @@ def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
   if dtype is not None:
@@ -85,10 +86,10 @@ def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   if method == NONDP:
     aggregator = aggregator_lib.MeanAggregator(loss_fn)
   elif method == VMAP:
-    aggregator = aggregator_lib.DPAggregator(loss_fn, clip_norm, noise_multiplier, batch_size)
+    aggregator = aggregator_lib.DPAggregator(loss_fn, NoisySum(clip_norm, noise_multiplier, batch_size))
   else:
     aggregator = ghost.GhostDPAggregator(
-        loss_fn, clip_norm, noise_multiplier, batch_size,
+        loss_fn, NoisySum(clip_norm, noise_multiplier, batch_size),
         clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
         reuse_instantiated=method == GHOST)
   mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
