@@ -267,7 +267,7 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   if dp_run["batch_size"] % dp_run["microbatch_size"]:
     raise ConfigError(f"finetune_microbatch_size={finetune_microbatch_size} must divide the DP fine-tuning "
                       f"batch {dp_run['batch_size']}")
-  lengths = dict(finetune_feature_lengths or {"inputs": 64, "targets": 8})
+  lengths = dict(finetune_feature_lengths or {"inputs": 64, "targets": 12})
   if set(lengths) != {"inputs", "targets"}:
     raise ConfigError(f"finetune_feature_lengths needs 'inputs' and 'targets', got {lengths!r}")
   points = sweep_points(batch_sweep_sizes, batch_sweep_examples, batch_sweep_microbatch_size)
