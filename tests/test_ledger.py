@@ -1,6 +1,7 @@
 """The privacy ledger: JSON round trip, resume composition, components, inconsistent resume."""
 import json
 import math
+import os
 
 import pytest
 
@@ -371,3 +372,25 @@ def test_report_files_have_one_rule(tmp_path):
   assert report["noise_secret"] is False and report["warnings"] and report["insecure_seed"] == 7
   ledger_lib.write_summary(str(tmp_path), {"final_step": 3})
   assert json.load(open(tmp_path / "summary.json")) == {"final_step": 3}
+
+
+def test_public_dp_vocabulary_is_not_composed_into_a_run_on_other_data(tmp_path):
+  """A DP vocabulary of a pretraining corpus, declared public for a fine-tuning set it never saw:
+  its report's guarantee is over that corpus, so this run's ε is its own training ε, at any
+  vocabulary ε (group privacy would refuse this one: δ (1 + e^ε) >= 1)."""
+  vocab, path, _ = _vocabulary_with_report(tmp_path, epsilon=30.0)
+  declared = _ledger(max_batch_size=None, privacy_unit="example")
+  component = declared.add_vocabulary(vocab, path, public=True)
+  assert component["public"] and component["dp_report"] == os.path.abspath(path) and "epsilon" not in component
+  declared.record_steps(100)
+  assert declared.total_epsilon() == declared.training_epsilon()
+  assert declared.report()["vocabulary"] == "public"
+  # Not declared public: the same report is composed, and at this ε it is refused.
+  with pytest.raises(PrivacyError, match="no guarantee"):
+    _ledger(max_batch_size=None, privacy_unit="example").add_vocabulary(vocab, path)
+  (tmp_path / "modest").mkdir()
+  modest, modest_path, _ = _vocabulary_with_report(tmp_path / "modest")
+  composed = _ledger(max_batch_size=None)
+  composed.add_vocabulary(modest, modest_path)
+  composed.record_steps(100)
+  assert composed.total_epsilon() > composed.training_epsilon()

@@ -23,7 +23,9 @@ MICRO_ARGS = ["--gin.VOCAB_SIZE=512", "--gin.T5Config.d_model=32", "--gin.T5Conf
               # 1,800 training documents: enough words survive DP-SentencePiece at ε = 8.
               "--gin.run_utility_study.max_documents=2000", "--gin.run_utility_study.vocab_size=400",
               "--gin.run_utility_study.dp_vocab_epsilon=8.0", "--gin.run_utility_study.finetune_steps=2",
-              "--gin.run_utility_study.finetune_batch_size=8",
+              "--gin.run_utility_study.finetune_batch_size=8", "--gin.run_utility_study.finetune_dp_batch_size=16",
+              "--gin.run_utility_study.finetune_dp_steps=2",
+              "--gin.run_utility_study.finetune_microbatch_size=8",
               "--gin.run_utility_study.finetune_feature_lengths={'inputs': 32, 'targets': 12}",
               "--gin.run_utility_study.max_eval_examples=24", "--gin.run_utility_study.bootstrap_samples=50",
               "--gin.run_utility_study.batch_sweep_sizes=[4, 8]", "--gin.run_utility_study.batch_sweep_examples=16",
@@ -80,6 +82,11 @@ def test_bootstrap_interval_narrows_with_more_examples():
     (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={task}",
       "--gin.run_utility_study.batch_sweep_sizes=[6]", "--gin.run_utility_study.batch_sweep_microbatch_size=4"],
      "not a multiple"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={task}",
+      "--gin.run_utility_study.finetune_dp_batch_size=48", "--gin.run_utility_study.finetune_microbatch_size=32"],
+     "must divide the DP fine-tuning batch 48"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={task}",
+      "--gin.run_utility_study.finetune_learning_rate=0"], "finetune_learning_rate must be a positive number"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
   out = tmp_path / "study"
@@ -163,8 +170,13 @@ def test_every_ledger_is_what_the_table_says(utility_study):
     f = m["finetuned_dp"]
     assert dp["dp"] and dp["privacy_unit"] == "example"
     assert f["epsilon"] == pytest.approx(dp["training_epsilon"]) == pytest.approx(8.0, rel=1e-3)
-    assert f["ledger_epsilon"] == pytest.approx(dp["total_epsilon"])
     assert f["noise_multiplier"] == pytest.approx(dp["noise_multiplier"])
+    assert f["expected_batch_size"] == 16 and dp["expected_batch_size"] == pytest.approx(16) and dp["steps"] == 2
+    # The fine-tune's ledger covers the task's examples only: the vocabulary (DP-SentencePiece for
+    # fulldp_span, of the corpus) is public for them, its report named but not composed.
+    assert dp["vocabulary"] == "public" and f["ledger_epsilon"] == pytest.approx(dp["training_epsilon"])
+    vocab = next(c for c in dp["components"] if c["name"] == "vocabulary")
+    assert ("dp_report" in vocab) == (m["vocabulary"] == "dp_spm")
   for r in results["batch_sweep"]:
     report = ledger_lib.read_report(ledger_lib.report_path(r["run_dir"]))
     assert report["dp"] == r["private"] and report["steps"] == r["steps"]

@@ -397,6 +397,9 @@ class PrivacyLedger:
     an old report without a hash, or a report of another vocabulary) the vocabulary is recorded
     as {"name": "vocabulary", "private": false}: the total ε is then ∞, unless `public` (the
     vocabulary was built without the private data), recorded as "public": true and not counted.
+    A public vocabulary's matching report covers the data it was built on, not this run's: it is
+    not composed (it is named as "dp_report"), e.g. a DP vocabulary of a pretraining corpus used
+    to fine-tune on a task whose examples are not in that corpus.
 
     Raises:
       PrivacyError: the matching report's privacy unit is weaker than training's.
@@ -405,10 +408,12 @@ class PrivacyLedger:
       reason = "no DP-SentencePiece privacy report was found beside it"
     else:
       reason = vocabulary_report_mismatch(_read_json(report_path), vocab_path)
-      if reason is None:
+      if reason is None and not public:
         return self.add_component_from_report(report_path)
     component = {"name": VOCABULARY_COMPONENT, "private": False, "public": bool(public),
                  "source": os.path.abspath(vocab_path)}
+    if public and report_path is not None and reason is None:
+      component["dp_report"] = os.path.abspath(report_path)
     if public:
       logging.info("vocabulary %s is declared public (VOCAB_IS_PUBLIC): it is not counted in ε", vocab_path)
     else:

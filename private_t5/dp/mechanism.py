@@ -381,7 +381,9 @@ def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public
       log(f"[privacy] WARNING: {insecure_noise_warning(f'the vocabulary {vocab_path} (dp-spm --insecure_seed)')}")
     return report
   if component["public"]:
-    log(f"[privacy] vocabulary {vocab_path} declared public (VOCAB_IS_PUBLIC): not counted in ε")
+    log(f"[privacy] vocabulary {vocab_path} declared public (VOCAB_IS_PUBLIC): not counted in ε"
+        + (f" (its DP report {component['dp_report']} covers the data it was built on, not this run's)"
+           if component.get("dp_report") else ""))
   else:
     log(f"[privacy] WARNING: the vocabulary {vocab_path} is not differentially private "
         f"({component['reason']}): the total ε is ∞ (DP-Adafactor's own ε is still reported as "

@@ -30,16 +30,21 @@ def overlaps(a: dict, b: dict) -> bool:
   return a["ci"][0] <= b["ci"][1] and b["ci"][0] <= a["ci"][1]
 
 
+def _run_text(run: dict) -> str:
+  lr = run.get("learning_rate")
+  return f"{run.get('steps')} steps of {run.get('batch_size')}" + (f" at rate {lr:g}" if lr is not None else "")
+
+
 def models_table(utility: dict) -> List[str]:
   """One row per model: privacy, pretraining accuracy, fine-tuned metric (public, DP) with intervals."""
   models = utility["models"]
   any_dp = any("finetuned_dp" in m for m in models.values())
   metric = next((m[k]["metric"] for m in models.values() for k in ("finetuned", "finetuned_dp") if k in m), "")
-  header = (f"| model | vocabulary | ε | δ | pretraining validation token accuracy % (not DP) | "
+  header = (f"| model | vocabulary | pretraining ε (corpus) | δ | pretraining validation token accuracy % (not DP) | "
             f"fine-tuned {metric} [95% CI] |")
   if any_dp:
     dp_eps = next((m["finetuned_dp"]["epsilon"] for m in models.values() if "finetuned_dp" in m), None)
-    header += f" DP fine-tuned (ε {dp_eps:.3g}) {metric} [95% CI] |"
+    header += f" DP fine-tuned (ε {dp_eps:.3g} on the task) {metric} [95% CI] |"
   lines = [header, "|" + "---|" * (header.count("|") - 1)]
   for name, m in models.items():
     eps, delta = study_report.privacy_text(m)
@@ -135,15 +140,18 @@ def results_markdown(results: dict) -> str:
   lines = ["# Utility study", "",
            f"Pretraining corpus `{u.get('corpus')}`: {data.get('train_documents')} training and "
            f"{data.get('valid_documents')} validation documents; span corruption. Fine-tuning task `{u.get('task')}` "
-           f"({ft.get('steps')} steps of batch {ft.get('batch_size')}, lengths {ft.get('feature_lengths')}), "
-           f"metric by greedy decoding of the validation examples, with a 95% percentile bootstrap interval "
-           f"({ft.get('bootstrap_samples')} resamples of the validation examples).", "",
+           f"(lengths {ft.get('feature_lengths')}; public: {_run_text(ft)}; DP: {_run_text(ft.get('dp') or ft)}, "
+           f"expected batch, untruncated Poisson sampling), metric by greedy decoding of the validation examples, "
+           f"with a 95% percentile bootstrap interval ({ft.get('bootstrap_samples')} resamples of the validation "
+           "examples).", "",
            "## Pretraining and fine-tuning (Tables 1 and 2 of Ponomareva et al. 2022)", ""]
   lines += models_table(u)
-  lines += ["", "ε, δ: the pretraining guarantee over the corpus's documents (\"(training)\": DP-Adafactor alone, the "
-            "SentencePiece vocabulary being non-private; fulldp_span: composed with DP-SentencePiece). Public "
-            "fine-tuning adds no guarantee for the task's examples; DP fine-tuning's ε is over the task's training "
-            "examples, a separate ledger. Validation accuracy of the private corpus is not DP.", ""]
+  lines += ["", "Two guarantees over two datasets. Pretraining ε, δ: over the corpus's documents (\"(training)\": "
+            "DP-Adafactor alone, the SentencePiece vocabulary being non-private; fulldp_span: composed with "
+            "DP-SentencePiece); fine-tuning does not touch the corpus. DP fine-tuning's ε: over the task's training "
+            "examples, its own ledger; the vocabulary and the pretrained weights were built from the corpus, "
+            "which does not hold the task's examples, so they are public for it. Public fine-tuning gives the "
+            "task's examples no guarantee. Validation accuracy of the private corpus is not DP.", ""]
   sweep = sweep_table(u)
   if sweep:
     lines += ["## Batch size at a fixed ε (Appendix D; McKenna et al. 2025)", "",

@@ -12,8 +12,9 @@ interrupted half-way resumes from its last checkpoint):
   3. pretraining (span corruption) of `nondp_span`, `dp_span` (DP-Adafactor) and `fulldp_span`
      (DP-SentencePiece + DP-Adafactor, composed ε); `scratch` is never pretrained;
   4. fine-tuning of every model on the task, publicly (as in the paper) and with DP at
-     `finetune_epsilon`; each fine-tuned model's validation metric by greedy decoding, with a
-     bootstrap interval over the validation examples;
+     `finetune_epsilon` over the task's training examples (a larger expected batch, untruncated
+     Poisson sampling run in microbatches); each fine-tuned model's validation metric by greedy
+     decoding, with a bootstrap interval over the validation examples;
   5. the batch sweep: span-corruption pretraining at several expected batch sizes, the same
      number of examples processed and σ calibrated to the same ε at each (untruncated Poisson
      sampling run in microbatches), beside non-private runs of the same batches;
@@ -80,16 +81,22 @@ def _finetune(name: str, mode: str, pretrained: Optional[dict], task: str, vocab
   def compute():
     t0 = time.time()
     lengths = settings["feature_lengths"]
+    run = settings["dp"] if mode == "dp" else settings
     bindings = [f"MODEL_DIR={run_dir!r}", f"MIXTURE_OR_TASK_NAME={task!r}",
                 f"INITIAL_CHECKPOINT={pretrained['run_dir'] if pretrained else None!r}",
                 # The scratch model reads the non-private vocabulary; the others their checkpoint's.
                 f"VOCAB_PATH={None if pretrained else vocabs['spm']!r}",
-                f"TRAIN_STEPS={settings['steps']}", f"BATCH_SIZE={settings['batch_size']}",
-                f"TASK_FEATURE_LENGTHS={dict(lengths)!r}"]
+                f"TRAIN_STEPS={run['steps']}", f"BATCH_SIZE={run['batch_size']}",
+                f"LEARNING_RATE={run['learning_rate']!r}", f"TASK_FEATURE_LENGTHS={dict(lengths)!r}"]
     if mode == "dp":
-      # The vocabulary was built from the pretraining corpus, without the fine-tuning examples: it is
-      # public for this guarantee (a DP-SentencePiece report beside it is still composed in).
-      bindings += ["DP=@DPConfig()", f"DPConfig.target_epsilon={settings['epsilon']!r}", "VOCAB_IS_PUBLIC=True"]
+      # A separate mechanism on other data: its ledger covers the task's training examples only.
+      # The vocabulary (SentencePiece or DP-SentencePiece) was built from the pretraining corpus,
+      # which does not hold the task's examples: it is public for this guarantee (a DP report of
+      # it covers the corpus, not the task, and is not composed). BATCH_SIZE is the expected batch
+      # of untruncated Poisson sampling, run in microbatches.
+      bindings += ["DP=@DPConfig()", f"DPConfig.target_epsilon={settings['epsilon']!r}",
+                   "DPConfig.sampling='poisson'", "DPConfig.expected_batch_size=None",
+                   f"train.microbatch_size={run['microbatch_size']}", "VOCAB_IS_PUBLIC=True"]
     else:
       bindings.append("DP=None")
     summary = finetune_model(run_dir, bindings)
@@ -109,10 +116,11 @@ def _finetune(name: str, mode: str, pretrained: Optional[dict], task: str, vocab
               "epsilon": None, "delta": None, "run_dir": run_dir,
               "wall_seconds": {"train": round(t1 - t0, 1), "evaluate": round(time.time() - t1, 1)}}
     if mode == "dp":
-      # The fine-tuning guarantee over the task's training examples (its own ledger); the
-      # ledger's total also holds a DP vocabulary's ε (over the pretraining corpus) when composed.
+      # The fine-tuning guarantee over the task's training examples (its own ledger: the
+      # pretraining's ε covers the corpus, another dataset, and is not in it).
       result.update(epsilon=summary["training_epsilon"], delta=summary["training_delta"],
-                    ledger_epsilon=summary.get("epsilon"), noise_multiplier=summary.get("noise_multiplier"))
+                    ledger_epsilon=summary.get("epsilon"), noise_multiplier=summary.get("noise_multiplier"),
+                    expected_batch_size=run["batch_size"], steps=run["steps"])
     logger.info("[study] %s fine-tuned (%s): %s %.2f, %g%% interval [%.2f, %.2f]", name, mode, entry["metric"],
                 result["value"], 100 * result["ci_confidence"], *result["ci"])
     return result
@@ -183,7 +191,10 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
                       vocab_size: int = 2000, dp_vocab_epsilon: float = 3.37, dp_vocab_delta: float = 1e-8,
                       dp_vocab_max_words: int = 256, text_field: str = "text",
                       finetune_steps: int = 300, finetune_batch_size: int = 32,
-                      finetune_feature_lengths=None, finetune_epsilon: float = 8.0,
+                      finetune_learning_rate: float = 1e-3, finetune_feature_lengths=None,
+                      finetune_epsilon: float = 8.0, finetune_dp_steps: Optional[int] = None,
+                      finetune_dp_batch_size: Optional[int] = None,
+                      finetune_dp_learning_rate: Optional[float] = None, finetune_microbatch_size: int = 32,
                       finetune_modes: Sequence[str] = FINETUNE_MODES, eval_batch_size: int = 64,
                       max_eval_examples: Optional[int] = None, bootstrap_samples: int = 1000,
                       batch_sweep_sizes: Sequence[int] = (16, 64, 256), batch_sweep_examples: int = 9600,
@@ -203,9 +214,14 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
     validation_fraction, max_documents, seed: the data phase (no planted copies).
     vocab_size, dp_vocab_epsilon, dp_vocab_delta, dp_vocab_max_words: the vocabularies.
     text_field: JSONL/TSV field of the corpus text.
-    finetune_steps, finetune_batch_size, finetune_feature_lengths: every fine-tuning run
-      ({"inputs": Li, "targets": Lt}; Lt is also the decode length).
+    finetune_steps, finetune_batch_size, finetune_learning_rate: every public fine-tuning run
+      (constant rate, Adafactor).
+    finetune_feature_lengths: every fine-tuning run ({"inputs": Li, "targets": Lt}; Lt is also
+      the decode length).
     finetune_epsilon: target ε of DP fine-tuning (over the task's training examples).
+    finetune_dp_steps, finetune_dp_batch_size, finetune_dp_learning_rate: every DP fine-tuning
+      run (the expected batch of untruncated Poisson sampling); None: the public run's value.
+    finetune_microbatch_size: rows of a DP fine-tuning microbatch (must divide its batch).
     finetune_modes: "public" (the paper's fine-tuning) and / or "dp" ([] skips fine-tuning).
     eval_batch_size, max_eval_examples: validation decoding (None: every example).
     bootstrap_samples: resamples of the validation examples for each metric's 95% interval.
@@ -234,11 +250,23 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
     raise ConfigError(f"finetune_modes must be among {FINETUNE_MODES}, got {list(finetune_modes)!r}")
   if train_model is None or finetune_model is None:
     raise ConfigError("run_utility_study needs train_model and finetune_model (run it as `private-t5 study`)")
+  dp_run = {"steps": finetune_dp_steps or finetune_steps, "batch_size": finetune_dp_batch_size or finetune_batch_size,
+            "learning_rate": finetune_dp_learning_rate or finetune_learning_rate,
+            "microbatch_size": min(finetune_microbatch_size, finetune_dp_batch_size or finetune_batch_size)}
   for name, value in (("finetune_steps", finetune_steps), ("finetune_batch_size", finetune_batch_size),
+                      ("finetune_dp_steps", dp_run["steps"]), ("finetune_dp_batch_size", dp_run["batch_size"]),
+                      ("finetune_microbatch_size", finetune_microbatch_size),
                       ("eval_batch_size", eval_batch_size), ("bootstrap_samples", bootstrap_samples),
                       ("batch_sweep_examples", batch_sweep_examples), ("vocab_size", vocab_size),
                       ("batch_sweep_microbatch_size", batch_sweep_microbatch_size)):
     _positive_int(name, value)
+  for name, value in (("finetune_learning_rate", finetune_learning_rate),
+                      ("finetune_dp_learning_rate", dp_run["learning_rate"])):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+      raise ConfigError(f"{name} must be a positive number, got {value!r}")
+  if dp_run["batch_size"] % dp_run["microbatch_size"]:
+    raise ConfigError(f"finetune_microbatch_size={finetune_microbatch_size} must divide the DP fine-tuning "
+                      f"batch {dp_run['batch_size']}")
   lengths = dict(finetune_feature_lengths or {"inputs": 64, "targets": 12})
   if set(lengths) != {"inputs", "targets"}:
     raise ConfigError(f"finetune_feature_lengths needs 'inputs' and 'targets', got {lengths!r}")
@@ -247,8 +275,8 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=0.0, repetitions=(2,),
                                           seed=seed, max_documents=max_documents).validate()
   output_dir = os.path.abspath(output_dir)
-  settings = {"steps": finetune_steps, "batch_size": finetune_batch_size, "feature_lengths": lengths,
-              "epsilon": finetune_epsilon, "eval_batch_size": eval_batch_size,
+  settings = {"steps": finetune_steps, "batch_size": finetune_batch_size, "learning_rate": finetune_learning_rate,
+              "feature_lengths": lengths, "epsilon": finetune_epsilon, "dp": dp_run, "eval_batch_size": eval_batch_size,
               "max_eval_examples": max_eval_examples, "bootstrap_samples": bootstrap_samples}
   phases = ("data", "vocabularies", "pretraining", "fine-tuning", "batch sweep", "results")
   phase = iter(enumerate(phases, 1))
