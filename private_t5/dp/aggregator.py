@@ -286,12 +286,7 @@ def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array
         0, len(members),
         lambda r, buf, k=group_key, shape=shape: buf.at[r].set(
             jax.random.normal(jax.random.fold_in(k, r), shape, jnp.float32)),
-        schedule.after(jnp.zeros((len(members),) + shape, jnp.float32), _key_bits(group_key)))
+        schedule.after(jnp.zeros((len(members),) + shape, jnp.float32), group_key))
     for row, i in enumerate(members):
       out[i] = draw[row]
   return out
-
-
-def _key_bits(key: jax.Array) -> jax.Array:
-  """The raw uint32 data of a typed or raw PRNG key."""
-  return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key

@@ -474,7 +474,7 @@ class GhostDPAggregator(DPAggregator):
     instantiated = {} if reuse else None
     sq = per_example_sq_norms(uses, inputs, out_grads, self.norm_method, instantiated)
     c = clipping.clip(jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)), batch["example_weight"],
-                      self.clip_norm)
+                      self.noisy_sum.clip_norm)
     if self.clipped_sum_method == SECOND_PASS:
 
       def reuse_forward(_):

@@ -29,13 +29,21 @@ def after(x: jax.Array, value: jax.Array) -> jax.Array:
 
   Args:
     x: an array of any dtype: float, integer, or a typed PRNG key (`jax.random.key`).
-    value: any numeric array; `x`'s consumers are scheduled after it is computed.
+    value: any numeric array or PRNG key; `x`'s consumers are scheduled after it is computed.
   """
-  typed = jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-  data = jax.random.key_data(x) if typed else x
+  data = _raw(x)
   unsigned = _UNSIGNED[jnp.dtype(data.dtype).itemsize]
   bits = data if data.dtype == unsigned else jax.lax.bitcast_convert_type(data, unsigned)
-  f = jax.lax.bitcast_convert_type(jnp.sum(value.astype(jnp.float32)), jnp.uint32).astype(unsigned)
+  f = jax.lax.bitcast_convert_type(jnp.sum(_raw(value).astype(jnp.float32)), jnp.uint32).astype(unsigned)
   bits = jnp.minimum(bits, bits | f)
   data = bits if data.dtype == unsigned else jax.lax.bitcast_convert_type(bits, data.dtype)
-  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x)) if typed else data
+  return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x)) if _is_key(x) else data
+
+
+def _is_key(x: jax.Array) -> bool:
+  return jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _raw(x: jax.Array) -> jax.Array:
+  """The array itself, or a typed PRNG key's raw uint32 data."""
+  return jax.random.key_data(x) if _is_key(x) else x
