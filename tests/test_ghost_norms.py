@@ -128,11 +128,20 @@ def test_scale_sq_norms():
 def test_relpos_sq_norms():
   rng = _rng(7)
   heads, num_buckets, q, k, batch = 3, 6, 5, 7, 2
-  buckets = rng.integers(0, num_buckets, size=(q, k))
+  # A bucket per offset k - q (any assignment, not only T5's), and the [q, k] matrix it implies.
+  buckets = rng.integers(0, num_buckets, size=(q + k - 1,))
+  pairs = buckets[np.arange(k)[None, :] - np.arange(q)[:, None] + q - 1]
   table = rng.normal(size=(heads, num_buckets)).astype(np.float32)
   u = rng.normal(size=(batch, heads, q, k)).astype(np.float32)
-  want = _per_example_sq_norm(lambda t, ui: jnp.sum(ui * t[:, buckets]), table, u)
+  want = _per_example_sq_norm(lambda t, ui: jnp.sum(ui * t[:, pairs]), table, u)
   assert _rel_err(gn.relpos_sq_norms(u, buckets, num_buckets), want) <= RTOL
+  for shape in ((1, 1), (4, 9), (9, 4)):  # each diagonal summed once, whatever the aspect
+    g = rng.normal(size=(2, 3) + shape).astype(np.float32)
+    sums = np.asarray(gn.diagonal_sums(g))
+    for j in range(shape[0] + shape[1] - 1):
+      want_j = sum(g[..., qq, qq + j - (shape[0] - 1)] for qq in range(shape[0])
+                   if 0 <= qq + j - (shape[0] - 1) < shape[1])
+      np.testing.assert_allclose(sums[..., j], want_j, rtol=1e-6, atol=1e-6)
 
 
 def test_weighted_sums_match_explicit():

@@ -75,7 +75,7 @@ class LayerUse(NamedTuple):
   """Static description of one recorded call of a parameterised layer."""
   kind: str
   param: Tuple[str, ...]  # path of the parameter in the params tree
-  buckets: Optional[np.ndarray] = None  # RELPOS: int [q, k]
+  buckets: Optional[np.ndarray] = None  # RELPOS: int [q + k - 1], the bucket of each offset k - q
   num_buckets: int = 0  # RELPOS: columns of the table
 
 
@@ -149,11 +149,8 @@ class _Recorder:
       return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.RelativePositionBias) and method == "__call__":
       bound = _bind(context, args, kwargs)
-      q_len, k_len = int(bound["q_len"]), int(bound["k_len"])
-      relative = (np.arange(k_len, dtype=np.int32)[None, :]
-                  - np.arange(q_len, dtype=np.int32)[:, None])
-      buckets = layers.relative_position_bucket(relative, bool(bound["bidirectional"]),
-                                                module.num_buckets, module.max_distance)
+      buckets = layers.offset_buckets(int(bound["q_len"]), int(bound["k_len"]), bool(bound["bidirectional"]),
+                                      module.num_buckets, module.max_distance)
       key = self._key(module, RELPOS)
       self.uses[key] = LayerUse(RELPOS, tuple(module.path) + ("rel_embedding",), buckets,
                                 module.num_buckets)

@@ -23,7 +23,7 @@ is computed by summing `g` over equal tokens (never a `[T, V]` one-hot). A tied 
 term (`tied_embedding_sq_norms`).
 
 RMSNorm scales and the relative position bias table are tiny: their per-example gradients
-are instantiated.
+are instantiated (the bias table's by summing the output gradient's diagonals by bucket).
 
 Everything is computed and accumulated in float32, whatever the activation dtype: inputs
 and output gradients are cast to float32 once (`as_sequence`), and the norms and the
@@ -115,7 +115,8 @@ def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Ar
   soon as their operands existed (`a a^T` during the forward pass, `g g^T` as the backward pass
   produced g) and kept until the other one was ready. The loop runs over the sequence, not
   over the examples, so a batch sharded over the mesh's data axis stays sharded. The last
-  block is shifted back to end at T and its rows already summed are masked out.
+  block is shifted back to end at T and its rows already summed are masked out. A sequence of
+  at most `block` positions is one block, computed without a loop.
 
   Args:
     a: the layer's inputs `[B, T, d_in]` (any float dtype).
@@ -123,7 +124,8 @@ def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Ar
     block: rows per iteration.
   """
   seq = a.shape[1]
-  block = min(block, seq)
+  if seq <= block:  # one block: no loop (a loop costs a device-to-host sync per iteration on a GPU)
+    return gram_inner(as_sequence(a), as_sequence(g), as_sequence(a), as_sequence(g))
 
   def body(j, total):
     start = jnp.minimum(j * block, seq - block)
@@ -217,26 +219,39 @@ def scale_sq_norms(normalized: jax.Array, g: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(scale_per_example_grads(normalized, g)), axis=-1)
 
 
-def bucket_one_hot(buckets: np.ndarray, num_buckets: int) -> np.ndarray:
-  """Static `[q * k, num_buckets]` float32 one-hot of the relative position buckets."""
-  flat = np.asarray(buckets).reshape(-1)
-  one_hot = np.zeros((flat.size, num_buckets), np.float32)
-  one_hot[np.arange(flat.size), flat] = 1.0
-  return one_hot
+def diagonal_sums(g: jax.Array) -> jax.Array:
+  """`[..., Q, K] -> [..., Q + K - 1]` float32: entry j sums `g[..., q, k]` over `k - q = j - (Q - 1)`.
+
+  The rows are flipped (row r holds query Q - 1 - r), padded with Q zeros and read back with a
+  row stride one shorter, which moves element (r, k) to column r + k = k - q + Q - 1; a sum over
+  the rows then adds each diagonal. Only a reshape of a padded copy and one reduction: no index
+  array, no one-hot, and the additions are exact float32 (no matrix unit's rounding).
+  """
+  q, k = g.shape[-2:]
+  lead = g.shape[:-2]
+  padded = jnp.pad(jnp.flip(g, axis=-2), [(0, 0)] * len(lead) + [(0, 0), (0, q)])
+  skewed = padded.reshape(lead + (q * (k + q),))[..., :q * (k + q - 1)].reshape(lead + (q, k + q - 1))
+  return jnp.sum(skewed, axis=-2, dtype=jnp.float32)
 
 
 def relpos_per_example_grads(g: jax.Array, buckets: np.ndarray, num_buckets: int) -> jax.Array:
   """Per-example gradients of a relative position table `[heads, buckets]`: [B, heads, buckets].
 
+  The bias of pair (q, k) is `table[:, bucket(k - q)]`, so the gradient of column n is the sum of
+  the output gradient over the pairs whose offset falls in bucket n: the diagonals of `g` are
+  summed (`diagonal_sums`), then the diagonals of each bucket (a segment sum over Q + K - 1
+  offsets).
+
   Args:
     g: gradient w.r.t. the per-example bias `[B, heads, q, k]` (summed over all layers that
       add the bias: they share one table).
-    buckets: int `[q, k]` bucket of each (query, key) pair.
+    buckets: int `[q + k - 1]`, the bucket of each offset `k - q` (`layers.offset_buckets`).
     num_buckets: columns of the table.
   """
-  batch, heads = g.shape[0], g.shape[1]
-  flat = g.reshape(batch, heads, -1).astype(jnp.float32)
-  return jnp.einsum("bhp,pn->bhn", flat, jnp.asarray(bucket_one_hot(buckets, num_buckets)))
+  per_offset = diagonal_sums(g)  # [B, heads, q + k - 1]
+  summed = jax.ops.segment_sum(jnp.moveaxis(per_offset, -1, 0), jnp.asarray(buckets, jnp.int32),
+                               num_segments=num_buckets)  # [buckets, B, heads]
+  return jnp.moveaxis(summed, 0, -1)
 
 
 def relpos_sq_norms(g: jax.Array, buckets: np.ndarray, num_buckets: int) -> jax.Array:
