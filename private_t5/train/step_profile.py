@@ -87,7 +87,7 @@ def lowered_stats(text: str) -> Dict[str, Any]:
     size = count * _DTYPE_BYTES.get(dtype, 4)
     over_1mib += size > 2 ** 20
     if size > largest:
-      largest, largest_type = size, f"{dtype}[{dims.replace('x', ',')}]"
+      largest, largest_type = size, f"{dtype}[{dims.rstrip('x').replace('x', ',')}]"
   return {"lowered_bytes": len(text), "largest_constant_bytes": largest,
           "largest_constant": largest_type, "constants_over_1mib": over_1mib}
 
