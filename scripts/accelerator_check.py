@@ -12,7 +12,9 @@ this.) The cases run in priority order, until the budget is spent:
   2. the same at a large batch (--large_batch, 256),
   3. T5 v1.1 base at batch 32, non-DP and DP-ghost,
   4. a short `private-t5 train` run (DP-SentencePiece vocabulary, then DP-Adafactor, tiny T5),
-  5. the largest batch whose compiled peak fits the device, non-DP and DP-ghost (only if time
+  5. the sensitivity of the clipped sums on this device: removing one example moves the
+     noiseless sum by at most C (vmap and ghost, float32 and bfloat16; tiny T5),
+  6. the largest batch whose compiled peak fits the device, non-DP and DP-ghost (only if time
      is left: compilations only).
 
 Each case goes through build, init (trace, lower, compile, run), the train step's trace,
@@ -135,6 +137,32 @@ def run_case(log, args, preset, batch_size, method, peak):
                  loss=float(metrics["nondp/loss"])))
 
 
+def run_sensitivity(log, args):
+  """DP's one assumption about the implementation, checked on this device: removing one example
+  moves the noiseless clipped sum by at most C (`dp.auditing.sensitivity_ratios`), for vmap and
+  ghost clipping in float32 and bfloat16 activations (a matrix unit that rounds float32 operands,
+  such as TF32, would show here as ratios above 1)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import auditing  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import bench  # pylint: disable=g-import-not-at-top
+  clip, rows = 1e-4, 8  # every example's gradient norm is far above C: each is clipped
+  for dtype in ("float32", "bfloat16"):
+    for method in (bench.VMAP, bench.GHOST):
+      name = f"sensitivity t5_1_1_tiny 64/16 b{rows} {method} {dtype}"
+
+      def measure(dtype=dtype, method=method):
+        _, trainer = bench.make_trainer("t5_1_1_tiny", method, rows, clip, 1.0, 0.0, dtype)
+        params = trainer.init_state(jax.random.PRNGKey(0)).params
+        batch = bench.random_batch(trainer.model_config.vocab_size, rows, 64, 16, 0)
+        fn = jax.jit(lambda b: trainer.aggregator.clipped_sum(params, b, None)[0])
+        ratios = auditing.sensitivity_ratios(fn, batch, clip)
+        return {"max_ratio": float(np.max(ratios)), "min_ratio": float(np.min(ratios)),
+                "over_1e-5": int(np.sum(ratios > 1 + 1e-5))}
+
+      log.time(name, "sensitivity", measure, stats=lambda r: r, method=method, dtype=dtype)
+
+
 def run_max_batch(log, args, preset, method, budget_bytes):
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5.stages import bench  # pylint: disable=g-import-not-at-top
@@ -187,7 +215,8 @@ def summarize(records):
   head = next((r for r in records if r.get("phase") == "devices"), {})
   cases, order = {}, []
   for r in records:
-    if "case" not in r or r["case"] == "train":
+    if ("case" not in r or r["case"] in ("train", "sensitivity") or r["case"].startswith("max batch")
+        or r["phase"] in ("sensitivity", "max_batch")):
       continue
     if r["case"] not in cases:
       order.append(r["case"])
@@ -236,7 +265,8 @@ def summarize(records):
   if ratios:
     lines += ["", "| case | DP-ghost ÷ non-DP throughput | time to first step × | compile time × |",
               "|---|---|---|---|"] + ratios
-  other = [r for r in records if r.get("case") == "train" or r.get("phase") in ("max_batch", "stopped", "skipped")]
+  other = [r for r in records if r.get("case") == "train"
+           or r.get("phase") in ("sensitivity", "max_batch", "stopped", "error")]
   for r in other:
     lines.append("")
     lines.append(f"- {r.get('case', '')} {r['phase']}: " + ", ".join(
@@ -307,6 +337,13 @@ def main(argv=None):
       run_training(log, args, out)
     except Exception as e:  # pylint: disable=broad-except
       log.write({"case": "train", "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000]})
+    write_summary()
+  if not args.compile_only:
+    print(f"[accelerator] sensitivity of the clipped sums ({left():.0f} s left)", flush=True)
+    try:
+      run_sensitivity(log, args)
+    except Exception as e:  # pylint: disable=broad-except
+      log.write({"case": "sensitivity", "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000]})
     write_summary()
   budget_bytes = stats.get("bytes_limit")
   if args.max_batch and budget_bytes and not args.compile_only:
