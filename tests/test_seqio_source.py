@@ -1,6 +1,6 @@
 """A T5X user's seqio Task as `private-t5 train`'s data: a Task registered here (a function source
-over real text, t5's span corruption) read as examples, trained on without and with DP, its
-population in the ledger; a Mixture whose rates come from the data refused in one line."""
+over real text, t5's span corruption) read as examples, pretrained on with DP then fine-tuned on
+without, its population in the ledger; a Mixture whose rates come from the data refused in one line."""
 import json
 import os
 
@@ -93,33 +93,39 @@ def test_a_fixed_rate_mixture_names_its_tasks_and_a_data_dependent_one_is_refuse
   assert "\n" not in str(error.value)
 
 
-def _train(model_dir, task, steps, *extra):
+def _pretrain(model_dir, task, steps, *extra):
   # The T5X command line's data flags: the Task and the module registering it (seqio.gin is layered).
   return ["--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
           f"--gin.TRAIN_STEPS={steps}", f"--gin.MIXTURE_OR_TASK_NAME={task}",
           "--gin.MIXTURE_OR_TASK_MODULE=seqio_tasks", *MICRO_TRAIN_ARGS, *extra]
 
 
-def test_private_t5_train_on_a_seqio_task_without_and_with_dp(task_data, train_source, tmp_path):
+def test_pretrain_with_dp_then_fine_tune_without_on_a_seqio_task(task_data, train_source, tmp_path):
   _, _, vocab = task_data
-  baseline = train_stage.run_from_args(_train(tmp_path / "nondp", seqio_tasks.TASK, 2, "--gin.DP=None"))
-  assert baseline["final_step"] == 2 and not baseline["private"] and baseline["vocab_path"] == vocab
-  report = json.loads((tmp_path / "nondp" / "privacy_report.json").read_text())
-  assert (report["num_examples"], report["privacy_unit"]) == (train_source.num_examples, "example")
-  assert report["population"]["tasks"] == {seqio_tasks.TASK: train_source.num_examples}
-
-  private = train_stage.run_from_args(_train(tmp_path / "dp", seqio_tasks.TASK, 2,
-                                             "--gin.ONE_EXAMPLE_PER_DOCUMENT=True"))
-  assert private["final_step"] == 2 and private["private"]
+  private = train_stage.run_from_args(_pretrain(tmp_path / "dp", seqio_tasks.TASK, 2,
+                                                "--gin.ONE_EXAMPLE_PER_DOCUMENT=True"))
+  assert private["final_step"] == 2 and private["private"] and private["vocab_path"] == vocab
   report = json.loads((tmp_path / "dp" / "privacy_report.json").read_text())
   assert (report["num_examples"], report["privacy_unit"]) == (train_source.num_examples, "document")
   assert report["population"]["privacy_unit_basis"] == seqio_source.DOCUMENT_UNIT_BASIS
   assert report["sampling"] == "poisson" and report["max_batch_size"] is None  # untruncated Poisson
   assert report["sampling_rate"] == pytest.approx(0.5 / train_source.num_examples)
 
+  # Fine-tuning from that checkpoint, non-private, on the same Task: the unit is the example.
+  finetuned = train_stage.run_from_args([
+      "--gin_file=configs/models/t5_1_0_tiny.gin", "--gin_file=configs/runs/finetune.gin",
+      f"--gin.MODEL_DIR={tmp_path / 'ft'}", f"--gin.INITIAL_CHECKPOINT={tmp_path / 'dp'}", "--gin.TRAIN_STEPS=2",
+      f"--gin.MIXTURE_OR_TASK_NAME={seqio_tasks.TASK}", "--gin.MIXTURE_OR_TASK_MODULE=seqio_tasks",
+      "--gin.T5Config.dropout_rate=0.0",
+      *[a for a in MICRO_TRAIN_ARGS if not a.startswith("--gin.make_source")]])
+  assert finetuned["final_step"] == 2 and not finetuned["private"]
+  report = json.loads((tmp_path / "ft" / "privacy_report.json").read_text())
+  assert (report["num_examples"], report["privacy_unit"]) == (train_source.num_examples, "example")
+  assert report["population"]["tasks"] == {seqio_tasks.TASK: train_source.num_examples}
+
 
 def test_dp_run_on_a_mixture_with_a_data_dependent_rate_is_refused(task_data, tmp_path):
   with pytest.raises(ConfigError, match="needs every rate fixed in advance") as error:
-    train_stage.run_from_args(_train(tmp_path / "run", seqio_tasks.DATA_DEPENDENT_MIXTURE, 2))
+    train_stage.run_from_args(_pretrain(tmp_path / "run", seqio_tasks.DATA_DEPENDENT_MIXTURE, 2))
   assert "\n" not in str(error.value)
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
