@@ -1,29 +1,37 @@
 """A T5X user's seqio Task as `private-t5 train`'s data: a Task registered here (a function source
 over real text, t5's span corruption) read as examples, pretrained on with DP then fine-tuned on
 without, its population in the ledger; a Mixture whose rates come from the data refused in one line."""
+import importlib
+import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
 
-pytest.importorskip("seqio")
-pytest.importorskip("t5")
-
 from private_t5.data import seqio_source
 from private_t5.data import source as source_lib
 from private_t5.errors import ConfigError
 from private_t5.stages import train as train_stage
 
-import seqio_tasks
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab, split_corpus
+
+# seqio, t5 and TensorFlow are imported by the fixtures, not when the tests are collected.
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("seqio", "t5")),
+                                reason="needs seqio and t5 (private_t5[seqio])")
 
 LENGTHS = {"inputs": 32, "targets": 8}
 NUM_PIECES = 300  # the vocabulary's pieces; ids from here up are the 100 sentinels
 
 
 @pytest.fixture(scope="module")
-def task_data(shared_data, tmp_path_factory):
+def seqio_tasks():
+  """tests/seqio_tasks.py, the module a run imports by MIXTURE_OR_TASK_MODULE."""
+  return importlib.import_module("seqio_tasks")
+
+
+@pytest.fixture(scope="module")
+def task_data(shared_data, tmp_path_factory, seqio_tasks):
   """(the corpus, the first TRAIN rows as JSONL, the vocabulary); the Tasks registered on them."""
   directory = str(tmp_path_factory.mktemp("seqio"))
   corpus, vocab = fortunes_corpus_and_vocab(shared_data, directory)
@@ -33,7 +41,7 @@ def task_data(shared_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def train_source(task_data):
+def train_source(task_data, seqio_tasks):
   return seqio_source.SeqioSource(seqio_tasks.TASK, "train", LENGTHS, module="seqio_tasks")
 
 
@@ -69,7 +77,7 @@ def test_examples_are_the_same_text_as_our_corpus_reads_it(task_data, train_sour
   assert train_source.vocab_size == NUM_PIECES + 100 and train_source.vocab_path == vocab
 
 
-def test_unit_is_the_example_unless_one_example_per_document_is_declared(task_data, train_source):
+def test_unit_is_the_example_unless_one_example_per_document_is_declared(task_data, train_source, seqio_tasks):
   assert train_source.privacy_unit == "example"
   population = train_source.describe()["population"]
   assert population["tasks"] == {seqio_tasks.TASK: train_source.num_examples}
@@ -80,7 +88,7 @@ def test_unit_is_the_example_unless_one_example_per_document_is_declared(task_da
   assert declared.describe()["population"]["privacy_unit_basis"].startswith("declared by the user")
 
 
-def test_a_fixed_rate_mixture_names_its_tasks_and_a_data_dependent_one_is_refused(task_data):
+def test_a_fixed_rate_mixture_names_its_tasks_and_a_data_dependent_one_is_refused(task_data, seqio_tasks):
   mixture = seqio_source.SeqioSource(seqio_tasks.FIXED_MIXTURE, "validation", LENGTHS, module="seqio_tasks",
                                      dp=object())
   population = mixture.describe()["population"]
@@ -100,7 +108,7 @@ def _pretrain(model_dir, task, steps, *extra):
           "--gin.MIXTURE_OR_TASK_MODULE=seqio_tasks", *MICRO_TRAIN_ARGS, *extra]
 
 
-def test_pretrain_with_dp_then_fine_tune_without_on_a_seqio_task(task_data, train_source, tmp_path):
+def test_pretrain_with_dp_then_fine_tune_without_on_a_seqio_task(task_data, train_source, seqio_tasks, tmp_path):
   _, _, vocab = task_data
   private = train_stage.run_from_args(_pretrain(tmp_path / "dp", seqio_tasks.TASK, 2,
                                                 "--gin.ONE_EXAMPLE_PER_DOCUMENT=True"))
@@ -124,8 +132,24 @@ def test_pretrain_with_dp_then_fine_tune_without_on_a_seqio_task(task_data, trai
   assert report["population"]["tasks"] == {seqio_tasks.TASK: train_source.num_examples}
 
 
-def test_dp_run_on_a_mixture_with_a_data_dependent_rate_is_refused(task_data, tmp_path):
+def test_dp_run_on_a_mixture_with_a_data_dependent_rate_is_refused(task_data, seqio_tasks, tmp_path):
   with pytest.raises(ConfigError, match="needs every rate fixed in advance") as error:
     train_stage.run_from_args(_pretrain(tmp_path / "run", seqio_tasks.DATA_DEPENDENT_MIXTURE, 2))
   assert "\n" not in str(error.value)
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_the_module_flag_layers_the_seqio_run_file():
+  files = ["configs/runs/pretrain.gin"]
+  assert train_stage.with_seqio_layer(files, ["MIXTURE_OR_TASK_NAME=sst2"]) == files  # GLUE fine-tuning
+  layered = train_stage.with_seqio_layer(files, ["MIXTURE_OR_TASK_MODULE = my.tasks"])
+  assert layered == files + [train_stage.SEQIO_GIN]
+  assert train_stage.with_seqio_layer(layered, ["MIXTURE_OR_TASK_MODULE=my.tasks"]) == layered
+
+
+def test_an_unknown_task_or_module_is_named_in_one_line(task_data):
+  with pytest.raises(ConfigError, match="no seqio Task or Mixture named 'no_such_task'") as error:
+    seqio_source.SeqioSource("no_such_task", "train", LENGTHS, module="seqio_tasks")
+  assert "\n" not in str(error.value)
+  with pytest.raises(ConfigError, match="cannot import MIXTURE_OR_TASK_MODULE 'no_such.module'"):
+    seqio_source.SeqioSource("no_such_task", "train", LENGTHS, module="no_such.module")
