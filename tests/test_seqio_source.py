@@ -95,6 +95,10 @@ def test_a_fixed_rate_mixture_names_its_tasks_and_a_data_dependent_one_is_refuse
   assert population["tasks"].keys() == {seqio_tasks.TASK, seqio_tasks.OTHER_TASK}
   assert sum(population["tasks"].values()) == mixture.num_examples
   assert population["rates"] == {seqio_tasks.TASK: 1.0, seqio_tasks.OTHER_TASK: 2.0}
+  # Without DP the rates are no privacy matter: the same population, the rates left unevaluated.
+  non_private = seqio_source.SeqioSource(seqio_tasks.DATA_DEPENDENT_MIXTURE, "validation", LENGTHS,
+                                         module="seqio_tasks")
+  assert non_private.num_examples == mixture.num_examples and non_private.rates is None
   with pytest.raises(ConfigError, match="computed by mixing_rate_num_examples") as error:
     seqio_source.SeqioSource(seqio_tasks.DATA_DEPENDENT_MIXTURE, "train", LENGTHS, module="seqio_tasks",
                              dp=object())

@@ -158,11 +158,13 @@ class SeqioSource:
     found = get_mixture_or_task(mixture_or_task_name, module)
     self.is_mixture = isinstance(found, seqio.Mixture)
     self.tasks: List = list(found.tasks) if self.is_mixture else [found]
-    self.rates = None
-    if self.is_mixture and dp is not None:
-      self.rates = fixed_rates(found)
-    elif self.is_mixture and all(not callable(r) for r in found.rate_per_task_name.values()):
-      self.rates = {task.name: float(found.get_rate(task)) for task in self.tasks}
+    self.rates = None  # a Task's; or a non-private run's Mixture with rates computed from the data
+    if self.is_mixture:
+      try:
+        self.rates = fixed_rates(found)
+      except ConfigError:
+        if dp is not None:
+          raise
     self.vocab_path = seqio_vocab_path(mixture_or_task_name, module)
     self._vocab_size = int(self.tasks[0].output_features["targets"].vocabulary.vocab_size)
     enc, tgt = [], []
@@ -258,7 +260,7 @@ class SeqioSource:
 
 def _tasks_of(name: str, module) -> list:
   found = get_mixture_or_task(name, module)
-  return list(found.tasks) if hasattr(found, "rate_per_task_name") else [found]
+  return list(found.tasks) if isinstance(found, _seqio().Mixture) else [found]
 
 
 def _pad(rows: List[np.ndarray], length: int) -> np.ndarray:
