@@ -112,6 +112,7 @@ def _pretrain(model_dir, task, steps, *extra):
           "--gin.MIXTURE_OR_TASK_MODULE=seqio_tasks", *MICRO_TRAIN_ARGS, *extra]
 
 
+@pytest.mark.slow
 def test_pretrain_with_dp_then_fine_tune_without_on_a_seqio_task(task_data, train_source, seqio_tasks, tmp_path):
   _, _, vocab = task_data
   private = train_stage.run_from_args(_pretrain(tmp_path / "dp", seqio_tasks.TASK, 2,
