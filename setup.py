@@ -57,6 +57,11 @@ EXTRAS_REQUIRE = {
     "hf": ["torch>=2.13,<3", "transformers>=5.23,<6"],
     # TensorFlow: `tfds:` corpora and GLUE from TensorFlow Datasets.
     "tf": ["tensorflow>=2.21,<2.22", "tensorflow-datasets>=4.9.10,<5"],
+    # seqio: train on a registered seqio Task or Mixture (`--gin.MIXTURE_OR_TASK_NAME`, docs/data.md);
+    # t5 for its preprocessors (span corruption). t5 declares nightly builds of seqio and TFDS and
+    # mesh-tensorflow; scripts/install.sh installs t5 alone with --no-deps instead.
+    "seqio": ["seqio>=0.0.20,<0.1", "t5>=0.9.4,<0.10", "tensorflow>=2.21,<2.22",
+              "tensorflow-text>=2.21,<2.22", "tensorflow-datasets>=4.9.10,<5"],
 }
 
 setup(
