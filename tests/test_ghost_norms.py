@@ -160,3 +160,42 @@ def test_weighted_sums_match_explicit():
     for t in range(4):
       want_e[tokens[i, t]] += w[i] * g[i, t]
   np.testing.assert_allclose(gn.lookup_weighted_sum(tokens, g, w, 6), want_e, rtol=1e-5, atol=1e-6)
+
+
+def _dot_generals(fn, *args):
+  """Every dot_general of fn's jaxpr, nested jaxprs (loops) included."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        found.append(eqn)
+      for value in eqn.params.values():
+        inner = getattr(value, "jaxpr", value)
+        if hasattr(inner, "eqns"):
+          walk(inner)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_every_contraction_is_exact_float32_whatever_the_backend_default(dtype):
+  # A GPU multiplies float32 operands in TF32 by default (a TPU in bfloat16): the norms and the
+  # book-keeping sums must not, or the clip would bound a term other than the one summed.
+  rng = _rng(12)
+  a = jnp.asarray(rng.normal(size=(3, 200, 5)), dtype)  # 200 > GRAM_BLOCK: the blocked loop too
+  g = jnp.asarray(rng.normal(size=(3, 200, 4)), dtype)
+  w = jnp.asarray([0.5, 0.0, 2.0], jnp.float32)
+  fns = [lambda a, g: gn.linear_sq_norms(a, g, gn.GRAM), lambda a, g: gn.linear_sq_norms(a[:, :7], g[:, :7], gn.GRAM),
+         lambda a, g: gn.linear_sq_norms(a, g, gn.INSTANTIATE), lambda a, g: gn.linear_weighted_sum(a, g, w),
+         lambda a, g: gn.linear_weighted_sum(a, g, w, gn.linear_per_example_grads(a, g))]
+  for fn in fns:
+    dots = _dot_generals(fn, a, g)
+    assert dots
+    for eqn in dots:
+      operands = {str(v.aval.dtype) for v in eqn.invars}
+      if operands == {"bfloat16"}:
+        assert eqn.params["preferred_element_type"] == jnp.float32
+      else:
+        assert operands == {"float32"}
+        assert eqn.params["precision"] == (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
