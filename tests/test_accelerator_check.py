@@ -40,6 +40,9 @@ def test_smoke_run_times_every_phase_of_every_case(tmp_path):
     assert steady["sequences_per_s"] > 0 and steady["analytic_flops_per_step"] > 0
     lowered = next(r for r in records if r.get("case") == name and r["phase"] == "lower")
     assert 0 < lowered["largest_constant_bytes"] < 2 ** 20
+  sensitivity = [r for r in records if r["phase"] == "sensitivity"]
+  assert len(sensitivity) == 4  # vmap and ghost, float32 and bfloat16
+  assert all(1 - 1e-5 < r["max_ratio"] <= 1 + 1e-5 and r["over_1e-5"] == 0 for r in sensitivity)
   summary = (tmp_path / "accelerator_check.md").read_text()
   assert "| t5_1_1_tiny 32/8 b4 ghost |" in summary and "DP-ghost ÷ non-DP throughput" in summary
 
