@@ -147,14 +147,15 @@ def run_sensitivity(log, args):
   from private_t5.dp import auditing  # pylint: disable=g-import-not-at-top
   from private_t5.stages import bench  # pylint: disable=g-import-not-at-top
   clip, rows = 1e-4, 8  # every example's gradient norm is far above C: each is clipped
+  inputs, targets = (args.inputs, args.targets) if args.smoke else (64, 16)
   for dtype in ("float32", "bfloat16"):
     for method in (bench.VMAP, bench.GHOST):
-      name = f"sensitivity t5_1_1_tiny 64/16 b{rows} {method} {dtype}"
+      name = f"sensitivity t5_1_1_tiny {inputs}/{targets} b{rows} {method} {dtype}"
 
       def measure(dtype=dtype, method=method):
         _, trainer = bench.make_trainer("t5_1_1_tiny", method, rows, clip, 1.0, 0.0, dtype)
         params = trainer.init_state(jax.random.PRNGKey(0)).params
-        batch = bench.random_batch(trainer.model_config.vocab_size, rows, 64, 16, 0)
+        batch = bench.random_batch(trainer.model_config.vocab_size, rows, inputs, targets, 0)
         fn = jax.jit(lambda b: trainer.aggregator.clipped_sum(params, b, None)[0])
         ratios = auditing.sensitivity_ratios(fn, batch, clip)
         return {"max_ratio": float(np.max(ratios)), "min_ratio": float(np.min(ratios)),
