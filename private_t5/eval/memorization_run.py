@@ -99,8 +99,8 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if not isinstance(split_config, splits_lib.SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
-  if audit:  # a bad record is refused before the long passes
-    audit_lib.load_record(audit)
+  if audit:  # a bad record or guess count is refused before the long passes
+    audit_lib.check_guesses(audit_lib.load_record(audit).num_canaries, audit_guesses)
   warnings = []
 
   model = load_model(model_dir, step, vocab_path, log)
