@@ -44,6 +44,9 @@ def test_create_mesh_shapes():
     partitioning.create_mesh((3, -1))
   with pytest.raises(ConfigError, match="needs 16 devices"):
     partitioning.create_mesh((8, 2))
+  for bad in ("(1, 1)", 1, (1.5, 1), (1, True), (1, 1, 1)):  # a string, an int, a fraction, a flag, three axes
+    with pytest.raises(ConfigError, match=r"mesh_shape must be \(data, model\), two integers"):
+      partitioning.create_mesh(bad)
   with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
     partitioning.check_batch_divisible(6, mesh)
   # Each global microbatch is split over the data axis (of every process) too.

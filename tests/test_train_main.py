@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5.stages import gin_utils
+from private_t5.stages import cli, gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
 from private_t5.dp import mechanism as privacy
@@ -252,6 +252,17 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   with pytest.raises(PrivacyError, match="exactly one"):
     train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.target_epsilon=3.0"))
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
+
+
+@pytest.mark.parametrize("mesh", ["'(1, 1)'", "1", "(1.5, 1)"])
+def test_mesh_shape_not_two_integers_is_one_line(mesh, corpus_and_vocab, tmp_path, capsys):
+  corpus, vocab = corpus_and_vocab
+  model_dir = tmp_path / "run"
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), f"--gin.train.mesh_shape={mesh}"]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and [l for l in err.splitlines() if l.startswith("error:")] == [
+      next(l for l in err.splitlines() if "mesh_shape must be (data, model), two integers" in l)]
+  assert not model_dir.exists()
 
 
 def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, tmp_path, monkeypatch):
