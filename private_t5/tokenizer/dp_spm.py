@@ -604,6 +604,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp.append("utility.nonprivate_baseline")
   del histogram
 
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   report = ledger_lib.vocabulary_report(
       params, model_bytes=model, insecure_seed=insecure_seed,
@@ -626,6 +627,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       model_type=model_type,
       model=os.path.abspath(output),
       corpus=corpus if isinstance(corpus, str) else list(corpus),
+      corpus_files=[f for spec in corpus_specs for f in corpora.corpus_files(spec)],
       utility=utility,
       seconds=round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with
