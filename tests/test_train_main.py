@@ -254,6 +254,23 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
 
 
+def test_resume_with_another_length_under_target_epsilon_says_how_to_extend(corpus_and_vocab, tmp_path):
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "run")
+  target = ("--gin.DPConfig.noise_multiplier=None", "--gin.DPConfig.target_epsilon=100.0")
+  train_stage.run_from_args(_args(model_dir, corpus, vocab, 1, *target))
+  sigma = json.load(open(os.path.join(model_dir, "privacy_report.json")))["noise_multiplier"]
+  # σ was calibrated for 1 step: 2 steps calibrate another σ, and the run cannot resume as it is.
+  with pytest.raises(CheckpointError, match=r"first difference: 'privacy.noise_multiplier'.*σ was calibrated for "
+                     r"target_epsilon=100 over the checkpoint run's own TRAIN_STEPS.*keep the original TRAIN_STEPS.*"
+                     r"--gin.DPConfig.noise_multiplier=<the checkpoint's σ> --gin.DPConfig.target_epsilon=None"):
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, *target))
+  # Extended with σ fixed at the checkpoint's: it resumes, and ε grows past the target.
+  extended = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
+  report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
+  assert extended["final_step"] == 2 and report["steps"] == 2 and report["noise_multiplier"] == sigma
+
+
 @pytest.mark.parametrize("mesh", ["'(1, 1)'", "1", "(1.5, 1)"])
 def test_mesh_shape_not_two_integers_is_one_line(mesh, corpus_and_vocab, tmp_path, capsys):
   corpus, vocab = corpus_and_vocab

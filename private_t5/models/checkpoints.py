@@ -227,8 +227,12 @@ class CheckpointManager:
       raise first_error
     return None, None
 
-  def check_compatible(self, fingerprint: Dict[str, Any]) -> None:
-    """Raises CheckpointError if the latest checkpoint belongs to another model/config/data."""
+  def check_compatible(self, fingerprint: Dict[str, Any], hints: Optional[Dict[str, str]] = None) -> None:
+    """Raises CheckpointError if the latest checkpoint belongs to another model/config/data.
+
+    `hints` maps a fingerprint entry ("privacy.noise_multiplier") to what the message says when
+    that entry is the first difference (instead of the generic advice).
+    """
     step, metadata = self.latest_metadata()
     if step is None:
       return
@@ -236,10 +240,10 @@ class CheckpointManager:
     fingerprint = json.loads(json.dumps(fingerprint, default=json_default))
     if saved != fingerprint:
       where = _first_difference(saved, fingerprint) if isinstance(saved, dict) else "fingerprint"
+      advice = (hints or {}).get(where, "use a new model_dir, or restore the original configuration to resume")
       raise CheckpointError(
           f"{self.model_dir} holds checkpoints of another run (first difference: {where!r}: "
-          f"checkpoint has {_lookup(saved, where)!r}, this run has {_lookup(fingerprint, where)!r}); "
-          "use a new model_dir, or restore the original configuration to resume")
+          f"checkpoint has {_lookup(saved, where)!r}, this run has {_lookup(fingerprint, where)!r}); {advice}")
 
   # -- save / restore ---------------------------------------------------------------------------
 

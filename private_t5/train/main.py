@@ -142,6 +142,17 @@ def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Opti
   return mesh
 
 
+def resume_hints(dp) -> Dict[str, str]:
+  """What a refused resume says when σ, calibrated from target_epsilon, differs from the checkpoint's."""
+  if dp is None or dp.noise_multiplier is not None or dp.target_epsilon is None:
+    return {}
+  return {"privacy.noise_multiplier": (
+      f"σ was calibrated for target_epsilon={dp.target_epsilon:g} over the checkpoint run's own TRAIN_STEPS (and "
+      "data and batch), so another TRAIN_STEPS gives another σ: to resume, keep the original TRAIN_STEPS; to "
+      "extend the run, fix σ to the checkpoint's (--gin.DPConfig.noise_multiplier=<the checkpoint's σ> "
+      "--gin.DPConfig.target_epsilon=None) with the new TRAIN_STEPS, and ε then grows past the target")}
+
+
 def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
   """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed).
 
@@ -313,7 +324,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       extra = dict(extra, lora=base.record)
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
-    manager.check_compatible(fingerprint)
+    manager.check_compatible(fingerprint, hints=resume_hints(dp))
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
