@@ -271,6 +271,15 @@ def test_resume_with_another_length_under_target_epsilon_says_how_to_extend(corp
   assert extended["final_step"] == 2 and report["steps"] == 2 and report["noise_multiplier"] == sigma
 
 
+def test_float16_activations_are_refused_for_training(corpus_and_vocab, tmp_path, capsys):
+  corpus, vocab = corpus_and_vocab
+  model_dir = tmp_path / "run"
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), "--gin.ACTIVATION_DTYPE='float16'"]) == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+  assert len(err) == 1 and "'float16' is not supported for training" in err[0] and "'bfloat16'" in err[0]
+  assert not model_dir.exists()
+
+
 @pytest.mark.parametrize("mesh", ["'(1, 1)'", "1", "(1.5, 1)"])
 def test_mesh_shape_not_two_integers_is_one_line(mesh, corpus_and_vocab, tmp_path, capsys):
   corpus, vocab = corpus_and_vocab

@@ -121,6 +121,10 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
                       f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
   if dp is not None and not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
+  if model_config.dtype == "float16":
+    raise ConfigError("T5Config.dtype (ACTIVATION_DTYPE) 'float16' is not supported for training: T5's activations "
+                      "overflow float16's range (max 65504) and the loss turns to inf/NaN; use 'bfloat16' (the same "
+                      "memory, float32's range) or 'float32'")
 
 
 def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
@@ -216,6 +220,7 @@ def build_lora(lora, initial_checkpoint: Optional[str], model_config) -> Optiona
     raise ConfigError(f"lora must be a LoraConfig (@LoraConfig()) or None, got {type(lora).__name__}")
   if not initial_checkpoint:
     raise ConfigError("LoRA adapts pretrained weights: set INITIAL_CHECKPOINT (train.initial_checkpoint)")
+  lora.check_fits(model_config)
   params = initial_lib.load_initial_params(initial_checkpoint, model_config)
   record = lora_lib.base_record(os.path.abspath(initial_checkpoint), lora_lib.params_sha256(params), lora)
   return LoraBase(params, record)
