@@ -215,6 +215,18 @@ def test_lora_needs_an_initial_checkpoint(vocab, tmp_path):
   assert not os.path.exists(tmp_path / "m")
 
 
+def test_lora_rank_larger_than_an_adapted_layer_is_refused(vocab, base_dir, tmp_path):
+  # t5_1_1_tiny: d_model 128, 4 heads of 32 (128), d_ff 256.
+  lora_lib.LoraConfig(rank=128, targets=("query", "wo")).check_fits(CONFIG)
+  with pytest.raises(ConfigError, match=r"LoraConfig.rank=129 is larger than the narrowest adapted layer's width \(128"):
+    lora_lib.LoraConfig(rank=129, targets=("wi",)).check_fits(CONFIG)
+  source = glue_tasks.GlueSource("rotten_tomatoes", "train", vocab, LENGTHS, vocab_size=VOCAB_SIZE)
+  with pytest.raises(ConfigError, match="LoraConfig.rank=100000 is larger"):
+    train_main.train(model_config=CONFIG, train_data=source, model_dir=str(tmp_path / "m"), train_steps=1,
+                     batch_size=4, lora=lora_lib.LoraConfig(rank=100000), initial_checkpoint=base_dir)
+  assert not os.path.exists(tmp_path / "m")
+
+
 def _hf_logits(model, enc, dec):
   import torch  # pylint: disable=g-import-not-at-top
   with torch.no_grad():
