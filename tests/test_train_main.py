@@ -254,7 +254,7 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
 
 
-def test_resume_with_another_length_under_target_epsilon_says_how_to_extend(corpus_and_vocab, tmp_path):
+def test_resume_with_another_length_under_target_epsilon_says_how_to_extend_and_keeps_the_summary(corpus_and_vocab, tmp_path):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
   target = ("--gin.DPConfig.noise_multiplier=None", "--gin.DPConfig.target_epsilon=100.0")
@@ -269,6 +269,11 @@ def test_resume_with_another_length_under_target_epsilon_says_how_to_extend(corp
   extended = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
   report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
   assert extended["final_step"] == 2 and report["steps"] == 2 and report["noise_multiplier"] == sigma
+  # Started again once finished: nothing to train, and summary.json keeps the run's figures.
+  before = open(os.path.join(model_dir, "summary.json")).read()
+  again = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
+  assert again["steps_this_run"] == 0 and open(os.path.join(model_dir, "summary.json")).read() == before
+  assert json.loads(before)["steps_this_run"] == 1 and json.loads(before)["examples_per_second"] > 0
 
 
 def test_float16_activations_are_refused_for_training(corpus_and_vocab, tmp_path, capsys):

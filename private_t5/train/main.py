@@ -365,7 +365,11 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     summary["lora"] = base.record
   if override.summarize is not None:
     summary.update(override.summarize(summary))
-  if partitioning.is_primary():
+  finished = summary["steps_this_run"] == 0 and os.path.isfile(ledger_lib.summary_path(model_dir))
+  if finished:  # a finished run started again: its summary (throughput, metrics) is kept
+    log(f"[train] the run was already at step {summary['final_step']}: nothing trained, "
+        f"{ledger_lib.summary_path(model_dir)} kept")
+  elif partitioning.is_primary():
     ledger_lib.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
