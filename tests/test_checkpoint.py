@@ -120,6 +120,28 @@ def test_restore_for_inference_reads_the_new_latest_after_a_rotation(tmp_path, m
     checkpoints.restore_for_inference(str(tmp_path), step=1)
 
 
+def test_every_reader_falls_back_from_a_damaged_latest_checkpoint(tmp_path, caplog):
+  """export, memorization, evaluation and a LoRA base read all use restore_for_inference: a newest
+  checkpoint with emptied metadata is skipped for the newest one that reads, as training does."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  metadata = {"model_config": dataclasses.asdict(models.load_preset("t5_1_0_tiny"))}
+  manager = checkpoints.CheckpointManager(str(tmp_path), keep=3, async_save=False)
+  for step in (1, 2, 3):
+    manager.save(step, _state(step), metadata)
+  manager.close()
+  for step in (2, 3):
+    open(tmp_path / "checkpoints" / str(step) / "metadata" / "metadata", "w").close()  # emptied
+  params, _, info = checkpoints.restore_for_inference(str(tmp_path))
+  assert info["step"] == 1 and float(params["w"][0, 0]) == 1.0
+  assert "cannot read checkpoint 3" in caplog.text and "read checkpoint 1 instead" in caplog.text
+  with pytest.raises(CheckpointError, match="cannot read checkpoint 3"):  # a step asked for is that step
+    checkpoints.restore_for_inference(str(tmp_path), step=3)
+  open(tmp_path / "checkpoints" / "1" / "metadata" / "metadata", "w").close()
+  with pytest.raises(CheckpointError, match="cannot read checkpoint 3"):  # none reads: the newest's error
+    checkpoints.restore_for_inference(str(tmp_path))
+
+
 # -- kill -9 and resume --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

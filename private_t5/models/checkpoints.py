@@ -511,7 +511,9 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
 
   Reading the latest checkpoint of a running training is safe: a checkpoint that its
   `keep_checkpoints` rotation deletes while it is read is read again from the new latest (up to
-  `ROTATION_RETRIES` times). A given `step` is read once.
+  `ROTATION_RETRIES` times). A given `step` is read once. When the latest is unreadable
+  (damaged metadata or state), the newest older checkpoint that reads is used, with a warning, as
+  a resumed training does.
 
   Args:
     model_dir: a training run's MODEL_DIR.
@@ -532,7 +534,8 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
   while True:
     before = run_dir.checkpoint_step_names(model_dir)
     try:
-      params, config, info = _read_for_inference(model_dir, step)
+      params, config, info = _read_newest_readable(model_dir, before) if step is None else _read_for_inference(
+          model_dir, step)
       if info.get("lora") and merge_adapters:
         params = lora_lib.merge(read_lora_base(info["lora"], model_dir), params, lora_lib.config_of(info["lora"]))
       return params, config, info
@@ -541,6 +544,21 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
       if step is not None or attempt >= ROTATION_RETRIES or run_dir.checkpoint_step_names(model_dir) == before:
         raise
       logger.info("a checkpoint of %s was rotated away while it was read; reading the new latest", model_dir)
+
+
+def _read_newest_readable(model_dir: str, step_names):
+  """`_read_for_inference` of the latest checkpoint, else of the newest older one (of `step_names`) that reads."""
+  try:
+    return _read_for_inference(model_dir, None)
+  except CheckpointError as error:
+    for older in sorted((int(n) for n in step_names), reverse=True)[1:]:
+      try:
+        result = _read_for_inference(model_dir, older)
+      except CheckpointError:
+        continue
+      logger.warning("%s; read checkpoint %d instead, the newest one that reads", error, older)
+      return result
+    raise
 
 
 def _read_for_inference(model_dir: str, step: Optional[int]):
