@@ -42,6 +42,30 @@ def test_dp_spm_refuses_non_finite_privacy_parameters(bad, message, tmp_path, ca
   assert files_under(tmp_path) == []
 
 
+def test_dp_spm_refuses_an_output_it_cannot_write_before_reading(tmp_path, capsys, read_only):
+  base = ["dp-spm", "--gin_file=runs/dp_spm.gin", f"--corpus={CORPUS}"]
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  assert "cannot be written" in one_error_line(base + [f"--output={tmp_path}/ro/v.model"], capsys)
+  (tmp_path / "a_file").write_text("")
+  assert "Not a directory" in one_error_line(base + [f"--output={tmp_path}/a_file/v.model"], capsys)
+  (tmp_path / "v.model").mkdir()
+  assert "Is a directory" in one_error_line(base + [f"--output={tmp_path}/v.model"], capsys)
+  assert files_under(tmp_path) == ["a_file"]
+
+
+@pytest.mark.parametrize("output", ["ro/r.jsonl", "a_file/r.jsonl", "r.jsonl"])
+def test_redact_refuses_an_output_it_cannot_write_before_reading(output, tmp_path, capsys, read_only):
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  (tmp_path / "a_file").write_text("")
+  (tmp_path / "r.report.json").mkdir()  # the default report beside r.jsonl is a folder
+  line = one_error_line(["redact", f"--corpus={CORPUS}", f"--output={tmp_path / output}", "--backend=heuristic"],
+                        capsys)
+  assert "cannot be written" in line
+  assert files_under(tmp_path) == ["a_file"]
+
+
 def test_splits_refuses_an_output_it_cannot_write_before_the_work(tmp_path, capsys, read_only):
   base = ["splits", f"--train_corpus={CORPUS}", f"--valid_corpus={CORPUS}"]
   (tmp_path / "ro").mkdir()
@@ -150,6 +174,9 @@ BENCH = ["bench", "--gin_file=bench/quick.gin"]
     (["--noise_multiplier=-1"], "noise_multiplier (σ) must be >= 0"),
     (["--noise_multiplier=nan"], "noise_multiplier (σ) must be finite"),
     (["--gin.benchmark.clip_norm=0.0"], "clip_norm (C) must be > 0"),
+    (["--gin.benchmark.steps='x'"], "benchmark.steps must be an integer >= 1"),
+    (["--gin.benchmark.warmup=-1"], "benchmark.warmup must be an integer >= 0"),
+    (["--gin.benchmark.microbatch_size=-1"], "benchmark.microbatch_size must be an integer >= 1"),
 ])
 def test_bench_refuses_bad_inputs_before_any_work(bad, message, tmp_path, capsys):
   assert message in one_error_line(BENCH + [f"--output={tmp_path}/b", *bad], capsys)

@@ -260,8 +260,12 @@ def _run_isolated(case: Dict[str, Any]) -> Dict[str, Any]:
 MAX_TOKENS = 2 ** 31  # batch_size * (inputs + targets) above this is no benchmark any machine runs
 
 
-def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier) -> List[tuple]:
+def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, warmup, microbatch_size) -> List[tuple]:
   """The (inputs, targets, batch_size) triples as ints; ConfigError for a bad input, before any work."""
+  for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("microbatch_size", microbatch_size, 1)):
+    if not (value is None and name == "microbatch_size") and (
+        not isinstance(value, int) or isinstance(value, bool) or value < low):
+      raise ConfigError(f"benchmark.{name} must be an integer >= {low}, got {value!r}")
   if not isinstance(shapes, (list, tuple)) or not shapes:
     raise ConfigError(f"benchmark.shapes must be a non-empty list of (inputs, targets, batch_size), got {shapes!r}")
   for shape in shapes:
@@ -314,9 +318,7 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
   unknown = [m for m in methods if m not in METHODS]
   if unknown or not methods:
     raise ConfigError(f"benchmark.methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-  if steps < 1 or warmup < 0:
-    raise ConfigError(f"benchmark.steps must be >= 1 and warmup >= 0, got {steps}, {warmup}")
-  parsed = _check_inputs(shapes, output_dir, clip_norm, noise_multiplier)
+  parsed = _check_inputs(shapes, output_dir, clip_norm, noise_multiplier, steps, warmup, microbatch_size)
   from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
   for preset in presets:
     model_config.load_preset(preset)  # ConfigError for an unknown preset, before any work

@@ -42,6 +42,8 @@ def main(argv) -> int:
   flags.check_required(parser, args, ("corpus", "output"))
   if not args.output.endswith((".jsonl", ".jsonl.gz")):
     raise ConfigError(f"--output must end in .jsonl or .jsonl.gz, got {args.output!r}")
+  flags.check_output_file(args.output)
+  flags.check_output_file(args.report or redaction.default_report_path(args.output), "--report")
   levels = None
   if args.report_levels:
     levels = (list(detectors.LEVELS) if args.report_levels == "all"
