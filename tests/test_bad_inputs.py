@@ -121,6 +121,15 @@ def test_memorization_refuses_an_audit_record_that_is_a_folder(tmp_path, capsys)
   assert not (tmp_path / "out").exists()
 
 
+def test_memorization_refuses_an_output_dir_it_cannot_write_before_loading(tmp_path, capsys, read_only):
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  line = one_error_line(["memorization", "--gin_file=configs/runs/memorization.gin",
+                         f"--gin.MODEL_DIR={tmp_path}/none", f"--gin.TRAIN_CORPUS={CORPUS}",
+                         f"--gin.VALID_CORPUS={CORPUS}", f"--gin.OUTPUT_DIR={tmp_path}/ro/out"], capsys)
+  assert "OUTPUT_DIR" in line and "cannot be written" in line
+
+
 def _record(**changes):
   rec = {"kind": "private_t5 audit canaries", "canary_kind": "words", "length": 3, "seed": 1, "repetitions": 1,
          "canaries": [{"id": f"audit-{k}", "text": f"canary number {k}", "included": k % 2 == 0} for k in range(8)]}

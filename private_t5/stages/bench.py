@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5.stages import gin_utils
 from private_t5.errors import ConfigError
-from private_t5.io import write_text_atomic
+from private_t5.io import check_output_file, write_text_atomic
 from private_t5.stages import flags
 
 logger = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, w
                         f"per step; the most a benchmark takes is {MAX_TOKENS:,}")
   from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   NoisySum(clip_norm, noise_multiplier, 1.0)  # C > 0 and σ >= 0, finite
-  flags.check_output_file(os.path.join(output_dir, "bench.json"), "benchmark.output_dir")
+  check_output_file(os.path.join(output_dir, "bench.json"), "benchmark.output_dir")
   return [tuple(shape) for shape in shapes]
 
 

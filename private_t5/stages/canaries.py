@@ -20,6 +20,7 @@ import os
 import string
 import sys
 
+from private_t5 import io as io_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.stages import flags
 
@@ -69,7 +70,7 @@ def main(argv) -> int:
                         f"one canary in and one out), got {args.num_canaries}")
   record = (audit.record_path if args.audit else canaries_lib.record_path)(args.output)
   for path in (args.output, record):  # both files can be written, before the corpus is read
-    flags.check_output_file(path)
+    io_lib.check_output_file(path)
   if args.audit:
     return _plant_audit(args)
   fmt = canaries_lib.CanaryFormat(template=args.template, alphabet=args.alphabet,

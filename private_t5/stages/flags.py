@@ -27,7 +27,6 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from private_t5.stages import gin_utils
-from private_t5 import io as io_lib
 from private_t5 import progress
 from private_t5.errors import ConfigError
 
@@ -295,14 +294,3 @@ def check_required(parser: StageParser, args: argparse.Namespace, names: Sequenc
         f"{parser.prog}: missing {', '.join('--' + n for n in missing)} (or Gin macro(s) "
         f"{', '.join(n.upper() for n in missing)})")
 
-
-def check_output_file(path: str, flag: str = "--output") -> None:
-  """ConfigError unless `path` is a file this process can write atomically (checked before any work).
-
-  A folder, a read-only folder, or a file where a folder is needed is refused in one line.
-  """
-  try:
-    io_lib.check_writable_file(path)
-  except OSError as e:
-    where = f" ({e.filename})" if e.filename and os.path.abspath(e.filename) != os.path.abspath(path) else ""
-    raise ConfigError(f"{flag} {path!r} cannot be written: {e.strerror or e}{where}") from None

@@ -23,7 +23,7 @@ from private_t5.data import beam_io
 from private_t5.documents import Document
 from private_t5.errors import ConfigError
 from private_t5.eval import splits as splits_lib
-from private_t5.io import file_sha256, write_json_atomic
+from private_t5.io import check_output_file, file_sha256, write_json_atomic
 
 
 
@@ -67,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   to_folder = args.output.endswith(os.sep) or os.path.isdir(args.output)
   if not to_folder and not args.output.endswith(".json"):
     raise ConfigError(f"--output must be a .json file or a folder, got {args.output!r}")
-  flags.check_output_file(os.path.join(args.output, "splits_<key>.json") if to_folder else args.output)
+  check_output_file(os.path.join(args.output, "splits_<key>.json") if to_folder else args.output)
   beam = beam_io.is_beam(args.runner)
   if args.vocab_path and not os.path.isfile(args.vocab_path) and "://" not in args.vocab_path:
     raise ConfigError(f"vocabulary not found: {args.vocab_path}")

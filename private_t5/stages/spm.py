@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Iterator, List, Optional
 
+from private_t5 import io as io_lib
 from private_t5.data import corpora
 from private_t5.errors import ConfigError
 from private_t5.tokenizer import spm as spm_lib
@@ -66,7 +67,7 @@ def check_output(output: str) -> None:
   """ConfigError unless `output` names a .model file that can be written (before any training)."""
   if not output.endswith(".model"):
     raise ConfigError(f"--output must end with .model, got {output!r}")
-  flags.check_output_file(output)
+  io_lib.check_output_file(output)
 
 
 def _parser():

@@ -55,7 +55,7 @@ import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError, DataError
-from private_t5.io import check_writable_file, write_bytes_atomic
+from private_t5.io import check_output_file, write_bytes_atomic
 
 # The other package modules and SentencePiece are imported inside the functions that use them:
 # the counting workers (`build_histogram`) import only this module, so starting them stays cheap.
@@ -509,10 +509,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   if not str(output).endswith(".model"):
     raise ConfigError(f"output must end with .model, got {output!r}")
   for path in filter(None, (output, report_path)):  # both can be written, before the corpus is read
-    try:
-      check_writable_file(path)
-    except OSError as e:
-      raise ConfigError(f"output {path!r} cannot be written: {e.strerror or e} ({e.filename})") from None
+    check_output_file(path, "output")
   if isinstance(eval_documents, bool) or not isinstance(eval_documents, int) or eval_documents < 0:
     raise ConfigError(f"eval_documents must be an integer >= 0, got {eval_documents!r}")
   base = base_characters(extra_characters)
