@@ -51,6 +51,11 @@ def test_create_mesh_shapes():
     partitioning.check_batch_divisible(6, mesh)
   # Each global microbatch is split over the data axis (of every process) too.
   assert dict(build_mesh((4, 2), 16, 8).shape) == {"data": 4, "model": 2}
+  logs = []
+  build_mesh((4, 2), 16, log=logs.append)
+  build_mesh((2, 1), 16, log=logs.append)  # 2 of the 8 devices
+  assert logs == ["[train] WARNING: mesh_shape (2, 1) uses 2 of the 8 devices; the others stay idle "
+                  "(mesh_shape=(-1, 1) uses them all)"]
   with pytest.raises(ConfigError, match="microbatch_size=6 must be a multiple of the mesh's data axis"):
     build_mesh((4, 2), 16, 6)
 

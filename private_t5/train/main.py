@@ -135,10 +135,15 @@ def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
                       f"(see private_t5.train.main.train)")
 
 
-def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Optional[int] = None):
+def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Optional[int] = None,
+               log: Callable[[str], None] = print):
   """The (data, model) device mesh; the batch and a microbatch must split evenly over its data
-  axis (every global microbatch is spread over the data positions of all processes)."""
+  axis (every global microbatch is spread over the data positions of all processes). A mesh
+  that leaves devices idle is logged as a warning."""
   mesh = partitioning.create_mesh(mesh_shape)
+  if mesh.devices.size < len(jax.devices()):
+    log(f"[train] WARNING: mesh_shape {tuple(mesh_shape)} uses {mesh.devices.size} of the {len(jax.devices())} "
+        "devices; the others stay idle (mesh_shape=(-1, 1) uses them all)")
   partitioning.check_batch_divisible(batch_size, mesh)
   if microbatch_size is not None and microbatch_size % mesh.shape[partitioning.DATA_AXIS]:
     raise ConfigError(f"microbatch_size={microbatch_size} must be a multiple of the mesh's data axis "
@@ -310,7 +315,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
-  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size)
+  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size, log)
   manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
   failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:
