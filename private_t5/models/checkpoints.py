@@ -50,15 +50,22 @@ def _ocp():
   return ocp
 
 
+# Warnings orbax logs on every read-only checkpoint read: routine, not for users.
+_ROUTINE_ORBAX_WARNINGS = ("CheckpointManagerOptions.read_only=True", "Given directory is read only",
+                           "Metadata file does not exist")
+
+
 class _OrbaxErrorFilter(logging.Filter):
-  """Drops orbax's own error logs unless private_t5 logs at DEBUG (`--verbosity=debug`).
+  """Drops orbax's own error logs, and its routine warnings of a read, unless private_t5 logs at
+  DEBUG (`--verbosity=debug`).
 
   A failed save makes orbax log the same error with a full traceback from each of its
   background threads; `CheckpointManager.save`/`wait` report it as one CheckpointError line.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR or not _called_from_orbax(record):
+    routine = record.levelno == logging.WARNING and str(record.msg).startswith(_ROUTINE_ORBAX_WARNINGS)
+    if (record.levelno < logging.ERROR and not routine) or not _called_from_orbax(record):
       return True
     return logging.getLogger("private_t5").isEnabledFor(logging.DEBUG)
 
