@@ -100,6 +100,12 @@ def test_console_and_summary_label_private_statistics_and_insecure_noise():
   printer = metrics.ProgressPrinter(10)
   printer.add_examples(8)
   assert "ex/s (not DP)" in printer.line(1, 2.0, 0.5, epsilon=1.0, private=True)
+  # A total ε with a DP vocabulary composed in says so; training's own ε alone is shown as is.
+  assert printer.line(1, 2.0, 0.5, epsilon=10.12, training_epsilon=0.12).endswith(
+      "ε 10.12 (total; training alone 0.12)")
+  assert printer.line(1, 2.0, 0.5, epsilon=0.12, training_epsilon=0.12).endswith("ε 0.12")
+  assert printer.line(1, 2.0, 0.5, epsilon=float("inf"), training_epsilon=0.12).endswith(
+      "ε ∞ (total; training alone 0.12)")
   assert "(not DP)" not in printer.line(2, 2.0, 0.5, private=False).split("ex/s")[1]
   # The first step of a session (mostly compilation) counts neither in the rates nor in the ETA.
   printer.restart(3)
