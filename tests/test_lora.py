@@ -186,14 +186,25 @@ def test_lora_run_checkpoints_only_adapters_and_trains_only_them(lora_run, base_
     assert json.load(f)["steps"] == STEPS
 
 
-def test_resume_equals_the_uninterrupted_run(lora_run, base_dir, vocab, tmp_path):
-  """Stopped after checkpoint 2 (later ones gone), resumed to STEPS: the same adapters."""
+def test_resume_equals_the_uninterrupted_run(lora_run, base_dir, vocab, tmp_path, capsys):
+  """Stopped after checkpoint 2 (later ones gone), resumed to STEPS from the base moved to another
+  folder (the same bytes: the run names its base by hash, not by path): the same adapters."""
   resumed = str(tmp_path / "resumed")
   shutil.copytree(lora_run, resumed)
   for name in os.listdir(os.path.join(resumed, "checkpoints")):
     if name.isdigit() and int(name) > 2:
       shutil.rmtree(os.path.join(resumed, "checkpoints", name))
-  assert cli.main(_train_args(resumed, base_dir, vocab)) == 0
+  moved = str(tmp_path / "moved_base")
+  shutil.copytree(base_dir, moved)
+  # Other weights at the new path are refused.
+  tensors = st_numpy.load_file(os.path.join(moved, "model.safetensors"))
+  name = sorted(tensors)[0]
+  tensors[name] = tensors[name] + 1.0
+  io_lib.write_bytes_atomic(os.path.join(moved, "model.safetensors"), st_numpy.save(tensors, metadata={"format": "pt"}))
+  assert cli.main(_train_args(resumed, moved, vocab)) == 2
+  assert "first difference: 'privacy.lora.base.sha256'" in capsys.readouterr().err
+  shutil.copyfile(os.path.join(base_dir, "model.safetensors"), os.path.join(moved, "model.safetensors"))
+  assert cli.main(_train_args(resumed, moved, vocab)) == 0
   a = checkpoints.restore_for_inference(lora_run, merge_adapters=False)[0]
   b = checkpoints.restore_for_inference(resumed, merge_adapters=False)[0]
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):

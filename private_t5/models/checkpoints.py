@@ -16,6 +16,7 @@ private as the training data; release parameters only (`restore_for_inference`).
 MODEL_DIR/checkpoints/ is therefore created readable by its owner only (0o700), whatever the
 umask; the run's other files follow the umask.
 """
+import copy
 import inspect
 import json
 import logging
@@ -24,7 +25,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -234,17 +235,19 @@ class CheckpointManager:
       raise first_error
     return None, None
 
-  def check_compatible(self, fingerprint: Dict[str, Any], hints: Optional[Dict[str, str]] = None) -> None:
+  def check_compatible(self, fingerprint: Dict[str, Any], hints: Optional[Dict[str, str]] = None,
+                       ignore: Sequence[str] = ()) -> None:
     """Raises CheckpointError if the latest checkpoint belongs to another model/config/data.
 
     `hints` maps a fingerprint entry ("privacy.noise_multiplier") to what the message says when
-    that entry is the first difference (instead of the generic advice).
+    that entry is the first difference (instead of the generic advice). The entries in `ignore`
+    (dotted paths, e.g. a path whose content another entry names by hash) are not compared.
     """
     step, metadata = self.latest_metadata()
     if step is None:
       return
-    saved = metadata.get("fingerprint")
-    fingerprint = json.loads(json.dumps(fingerprint, default=json_default))
+    saved = _without(metadata.get("fingerprint"), ignore)
+    fingerprint = _without(json.loads(json.dumps(fingerprint, default=json_default)), ignore)
     if saved != fingerprint:
       where = _first_difference(saved, fingerprint) if isinstance(saved, dict) else "fingerprint"
       advice = (hints or {}).get(where, "use a new model_dir, or restore the original configuration to resume")
@@ -491,6 +494,17 @@ def _cause(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
   return line if len(line) <= _MAX_CAUSE_CHARS else line[:_MAX_CAUSE_CHARS - 3] + "..."
+
+
+def _without(tree: Any, dotted_paths: Sequence[str]) -> Any:
+  """A copy of a JSON tree without the entries at `dotted_paths` (those absent are skipped)."""
+  tree = copy.deepcopy(tree)
+  for dotted in dotted_paths:
+    *parents, last = dotted.split(".")
+    node = _lookup(tree, ".".join(parents)) if parents else tree
+    if isinstance(node, dict):
+      node.pop(last, None)
+  return tree
 
 
 def _lookup(tree: Any, dotted: Optional[str]) -> Any:

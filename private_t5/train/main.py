@@ -334,7 +334,9 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       extra = dict(extra, lora=base.record)
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
-    manager.check_compatible(fingerprint, hints=resume_hints(dp))
+    # A LoRA run names its base by content (SHA-256): a moved base resumes.
+    moved = ("initial_checkpoint", "privacy.lora.base.path") if lora is not None else ()
+    manager.check_compatible(fingerprint, hints=resume_hints(dp), ignore=moved)
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
