@@ -130,6 +130,14 @@ def test_memorization_refuses_an_output_dir_it_cannot_write_before_loading(tmp_p
   assert "OUTPUT_DIR" in line and "cannot be written" in line
 
 
+def test_evaluate_refuses_an_output_dir_it_cannot_write_before_loading(tmp_path, capsys, read_only):
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  line = one_error_line(["evaluate", "--gin_file=configs/runs/eval.gin", f"--model_dir={tmp_path}/none",
+                         "--task=rotten_tomatoes", f"--output={tmp_path}/ro/eval"], capsys)
+  assert "evaluate.output_dir" in line and "cannot be written" in line
+
+
 def _record(**changes):
   rec = {"kind": "private_t5 audit canaries", "canary_kind": "words", "length": 3, "seed": 1, "repetitions": 1,
          "canaries": [{"id": f"audit-{k}", "text": f"canary number {k}", "included": k % 2 == 0} for k in range(8)]}
