@@ -9,7 +9,7 @@ from private_t5.dp import accounting
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
-from private_t5.errors import ConfigError, PrivacyError
+from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import file_sha256
 from private_t5.dp import mechanism as privacy
 from private_t5.dp.mechanism import DPConfig, ExecutionSettings
@@ -195,6 +195,11 @@ def test_public_declaration_contradicted_by_the_vocabularys_own_report_is_refuse
   ledger = _setup(public, vocab_path=vocab, corpus=str(corpus), log=logs.append).ledger
   assert ledger.components[0]["public"] and ledger.components[0]["dp_report"] == report
   assert any("declared public by the user" in line and "by that declaration" in line for line in logs)
+  # A damaged report beside a declared-public vocabulary is one DataError, not a traceback.
+  open(report, "w").write("{")
+  with pytest.raises(DataError, match="not valid JSON"):
+    _setup(public, vocab_path=vocab, corpus=str(corpus))
+  vocab, report = _vocab_and_report(tmp_path / "vocab", corpus=str(other))
   # Without the declaration the same vocabulary is composed as before.
   composed = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab, corpus=str(corpus))
   assert [c["name"] for c in composed.ledger.components] == ["dp_sentencepiece"]

@@ -26,7 +26,6 @@ Everything here runs before any compute: invalid privacy parameters, an unreacha
 or a batch larger than the dataset fail at once with a PrivacyError.
 """
 import dataclasses
-import json
 import math
 import warnings
 from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Union
@@ -38,7 +37,7 @@ from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
 from private_t5.dp import sampling
-from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning,
+from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning, read_report,
                                   vocabulary_report_mismatch)
 from private_t5.errors import ConfigError, PrivacyError
 
@@ -376,8 +375,7 @@ def check_public_declaration(vocab_path: str, report_path: Optional[str],
   not counting the vocabulary's ε would under-state the run's."""
   if not report_path or not corpus:
     return
-  with open(report_path, encoding="utf-8") as f:
-    report = json.load(f)
+  report = read_report(report_path)
   if vocabulary_report_mismatch(report, vocab_path) is not None:
     return  # a report of another vocabulary says nothing about this one
   specs = lambda value: [value] if isinstance(value, str) else list(value or [])
