@@ -3,6 +3,7 @@ the one-flag non-private baseline, and refusal of a MODEL_DIR holding another mo
 import gzip
 import json
 import os
+import shutil
 
 import gin
 import jax
@@ -280,6 +281,30 @@ def test_resume_with_another_length_under_target_epsilon_says_how_to_extend_and_
   again = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
   assert again["steps_this_run"] == 0 and open(os.path.join(model_dir, "summary.json")).read() == before
   assert json.loads(before)["steps_this_run"] == 1 and json.loads(before)["examples_per_second"] > 0
+
+
+def test_a_run_resumes_from_its_corpus_moved_to_another_path(corpus_and_vocab, tmp_path):
+  """The checkpoint names the data by its token store's digest: the same bytes at a new path resume;
+  other bytes at that path are refused."""
+  corpus, vocab = corpus_and_vocab
+  old = tmp_path / "disk1" / "train.jsonl.gz"
+  old.parent.mkdir()
+  shutil.copyfile(corpus, old)
+  model_dir = str(tmp_path / "run")
+  train_stage.run_from_args(_args(model_dir, str(old), vocab, 1))
+  new = tmp_path / "disk2" / "train.jsonl.gz"
+  new.parent.mkdir()
+  os.rename(old, new)
+  with gzip.open(new, "rt") as f:
+    rows = f.readlines()
+  other = tmp_path / "disk3" / "train.jsonl.gz"
+  other.parent.mkdir()
+  with gzip.open(other, "wt") as f:
+    f.writelines(rows[1:] + rows[:1])  # the same documents in another order
+  with pytest.raises(CheckpointError, match="first difference: 'data.corpus'"):
+    train_stage.run_from_args(_args(model_dir, str(other), vocab, 2))
+  summary = train_stage.run_from_args(_args(model_dir, str(new), vocab, 2))
+  assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
 
 
 def test_float16_activations_are_refused_for_training(corpus_and_vocab, tmp_path, capsys):

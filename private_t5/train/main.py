@@ -12,7 +12,7 @@ checkpoint in MODEL_DIR.
 import dataclasses
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
 import jax
 
@@ -149,6 +149,17 @@ def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Opti
     raise ConfigError(f"microbatch_size={microbatch_size} must be a multiple of the mesh's data axis "
                       f"({mesh.shape[partitioning.DATA_AXIS]} devices): each microbatch is split over it")
   return mesh
+
+
+def moved_paths(manager, train_data, lora) -> Tuple[str, ...]:
+  """The fingerprint entries a resume need not match because they are paths to contents named by
+  hash: a LoRA run's base (its SHA-256), a corpus whose token store has the checkpoint's digest."""
+  moved = ("initial_checkpoint", "privacy.lora.base.path") if lora is not None else ()
+  _, saved = manager.latest_metadata()
+  digest = train_data.describe().get("tokens_sha256")
+  if saved and digest and (saved.get("data") or {}).get("tokens_sha256") == digest:
+    moved += ("data.corpus",)
+  return moved
 
 
 def resume_hints(dp) -> Dict[str, str]:
@@ -334,9 +345,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       extra = dict(extra, lora=base.record)
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
-    # A LoRA run names its base by content (SHA-256): a moved base resumes.
-    moved = ("initial_checkpoint", "privacy.lora.base.path") if lora is not None else ()
-    manager.check_compatible(fingerprint, hints=resume_hints(dp), ignore=moved)
+    manager.check_compatible(fingerprint, hints=resume_hints(dp), ignore=moved_paths(manager, train_data, lora))
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
