@@ -23,7 +23,8 @@ def _requirements_section(extra: str):
 # holds each pin; tests/test_packaging.py checks it). Training, benchmarking, memorization
 # and GLUE evaluation on local corpora need no TensorFlow; `tfds:` corpora, GLUE from TFDS
 # and the TensorFlow-based interop take the `tf` extra.
-JAX = "jax>=0.10.2,<0.11"
+# jax 0.11 is what current CUDA images ship (the GPU check ran on 0.11.2); the tests run on the pin.
+JAX = "jax>=0.10.2,<0.12"
 INSTALL_REQUIRES = [
     JAX,
     "flax>=0.12.8,<0.13",
@@ -56,6 +57,11 @@ EXTRAS_REQUIRE = {
     "hf": ["torch>=2.13,<3", "transformers>=5.23,<6"],
     # TensorFlow: `tfds:` corpora and GLUE from TensorFlow Datasets.
     "tf": ["tensorflow>=2.21,<2.22", "tensorflow-datasets>=4.9.10,<5"],
+    # seqio: train on a registered seqio Task or Mixture (`--gin.MIXTURE_OR_TASK_NAME`, docs/data.md);
+    # t5 for its preprocessors (span corruption). t5 declares nightly builds of seqio and TFDS and
+    # mesh-tensorflow; scripts/install.sh installs t5 alone with --no-deps instead.
+    "seqio": ["seqio>=0.0.20,<0.1", "t5>=0.9.4,<0.10", "tensorflow>=2.21,<2.22",
+              "tensorflow-text>=2.21,<2.22", "tensorflow-datasets>=4.9.10,<5"],
 }
 
 setup(

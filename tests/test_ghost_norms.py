@@ -128,11 +128,20 @@ def test_scale_sq_norms():
 def test_relpos_sq_norms():
   rng = _rng(7)
   heads, num_buckets, q, k, batch = 3, 6, 5, 7, 2
-  buckets = rng.integers(0, num_buckets, size=(q, k))
+  # A bucket per offset k - q (any assignment, not only T5's), and the [q, k] matrix it implies.
+  buckets = rng.integers(0, num_buckets, size=(q + k - 1,))
+  pairs = buckets[np.arange(k)[None, :] - np.arange(q)[:, None] + q - 1]
   table = rng.normal(size=(heads, num_buckets)).astype(np.float32)
   u = rng.normal(size=(batch, heads, q, k)).astype(np.float32)
-  want = _per_example_sq_norm(lambda t, ui: jnp.sum(ui * t[:, buckets]), table, u)
+  want = _per_example_sq_norm(lambda t, ui: jnp.sum(ui * t[:, pairs]), table, u)
   assert _rel_err(gn.relpos_sq_norms(u, buckets, num_buckets), want) <= RTOL
+  for shape in ((1, 1), (4, 9), (9, 4)):  # each diagonal summed once, whatever the aspect
+    g = rng.normal(size=(2, 3) + shape).astype(np.float32)
+    sums = np.asarray(gn.diagonal_sums(g))
+    for j in range(shape[0] + shape[1] - 1):
+      want_j = sum(g[..., qq, qq + j - (shape[0] - 1)] for qq in range(shape[0])
+                   if 0 <= qq + j - (shape[0] - 1) < shape[1])
+      np.testing.assert_allclose(sums[..., j], want_j, rtol=1e-6, atol=1e-6)
 
 
 def test_weighted_sums_match_explicit():
@@ -151,3 +160,42 @@ def test_weighted_sums_match_explicit():
     for t in range(4):
       want_e[tokens[i, t]] += w[i] * g[i, t]
   np.testing.assert_allclose(gn.lookup_weighted_sum(tokens, g, w, 6), want_e, rtol=1e-5, atol=1e-6)
+
+
+def _dot_generals(fn, *args):
+  """Every dot_general of fn's jaxpr, nested jaxprs (loops) included."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        found.append(eqn)
+      for value in eqn.params.values():
+        inner = getattr(value, "jaxpr", value)
+        if hasattr(inner, "eqns"):
+          walk(inner)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_every_contraction_is_exact_float32_whatever_the_backend_default(dtype):
+  # A GPU multiplies float32 operands in TF32 by default (a TPU in bfloat16): the norms and the
+  # book-keeping sums must not, or the clip would bound a term other than the one summed.
+  rng = _rng(12)
+  a = jnp.asarray(rng.normal(size=(3, 200, 5)), dtype)  # 200 > GRAM_BLOCK: the blocked loop too
+  g = jnp.asarray(rng.normal(size=(3, 200, 4)), dtype)
+  w = jnp.asarray([0.5, 0.0, 2.0], jnp.float32)
+  fns = [lambda a, g: gn.linear_sq_norms(a, g, gn.GRAM), lambda a, g: gn.linear_sq_norms(a[:, :7], g[:, :7], gn.GRAM),
+         lambda a, g: gn.linear_sq_norms(a, g, gn.INSTANTIATE), lambda a, g: gn.linear_weighted_sum(a, g, w),
+         lambda a, g: gn.linear_weighted_sum(a, g, w, gn.linear_per_example_grads(a, g))]
+  for fn in fns:
+    dots = _dot_generals(fn, a, g)
+    assert dots
+    for eqn in dots:
+      operands = {str(v.aval.dtype) for v in eqn.invars}
+      if operands == {"bfloat16"}:
+        assert eqn.params["preferred_element_type"] == jnp.float32
+      else:
+        assert operands == {"float32"}
+        assert eqn.params["precision"] == (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)

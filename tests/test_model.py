@@ -153,6 +153,19 @@ def test_relative_position_buckets_match_t5():
   assert np.all(np.diff(causal[rel <= 0][::-1]) >= 0)
 
 
+def test_relative_position_bias_indexes_the_table_by_offset_bucket():
+  # The bias of pair (q, k) is table[:, bucket(k - q)], the [q, k] bucket matrix T5X computes;
+  # the program holds only the per-offset vector (no [q, k] constant).
+  for q_len, k_len, bidirectional in ((7, 7, True), (5, 9, False), (9, 5, True)):
+    bias_module = layers.RelativePositionBias(num_buckets=8, max_distance=16, num_heads=3)
+    variables = bias_module.init(jax.random.PRNGKey(0), q_len, k_len, bidirectional)
+    table = np.asarray(flax.linen.unbox(variables["params"]["rel_embedding"]))
+    rel = np.arange(k_len)[None, :] - np.arange(q_len)[:, None]
+    want = table[:, layers.relative_position_bucket(rel, bidirectional, 8, 16)][None]
+    got = bias_module.apply(variables, q_len, k_len, bidirectional)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def _random_tokens(key, shape, low=3):
   return jax.random.randint(jax.random.PRNGKey(key), shape, low, SMALL_VOCAB, dtype=jnp.int32)
 

@@ -40,7 +40,7 @@ def test_pip_install_outside_the_repository_finds_configs_by_name(tmp_path):
 def test_metadata_declares_ranges_that_hold_the_tested_stack(tmp_path):
   """setup.py's metadata builds; its dependencies are ranges (no exact pins), each holding the
   version this environment (requirements.txt's pinned stack) runs the tests on; the core needs
-  no TensorFlow, seqio, t5 or PyTorch (extras tf and hf have them)."""
+  no TensorFlow, seqio, t5 or PyTorch (extras tf, seqio and hf have them)."""
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   from packaging.requirements import Requirement  # pylint: disable=g-import-not-at-top
   _run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=PROJECT_ROOT)
@@ -48,13 +48,14 @@ def test_metadata_declares_ranges_that_hold_the_tested_stack(tmp_path):
   requirements = [Requirement(r) for r in metadata.requires]
   extras = {}
   for req in requirements:
-    extra = next((e for e in ("cuda12", "cuda13", "tpu", "beam", "hf", "tf")
+    extra = next((e for e in ("cuda12", "cuda13", "tpu", "beam", "hf", "tf", "seqio")
                   if req.marker and req.marker.evaluate({"extra": e})), None)
     extras.setdefault(extra, []).append(req)
-  assert set(extras) == {None, "cuda12", "cuda13", "tpu", "beam", "hf", "tf"}
+  assert set(extras) == {None, "cuda12", "cuda13", "tpu", "beam", "hf", "tf", "seqio"}
   assert not {r.name for r in extras[None]} & {"tensorflow", "tensorflow-datasets", "seqio", "t5", "torch",
                                                "transformers", "apache-beam"}
   assert {r.name for r in extras["tf"]} == {"tensorflow", "tensorflow-datasets"}
+  assert {"seqio", "t5", "tensorflow"} <= {r.name for r in extras["seqio"]}
   assert [(r.name, r.extras) for r in extras["cuda12"]] == [("jax", {"cuda12"})]
   for req in requirements:
     assert not any(spec.operator == "==" for spec in req.specifier), req

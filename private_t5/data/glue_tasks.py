@@ -541,17 +541,7 @@ class GlueSource:
     """The trainer's batch dict for `indices`, padded to `batch_size` rows (seed unused:
     classification examples have no objective noise)."""
     del seed
-    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if len(indices) > batch_size:
-      raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
-    if len(indices) and (indices.min() < 0 or indices.max() >= self.num_examples):
-      raise IndexError(f"example index out of range [0, {self.num_examples})")
-    n = len(indices)
-    enc = np.zeros((batch_size, self._lengths["inputs"]), np.int32)
-    tgt = np.zeros((batch_size, self._lengths["targets"]), np.int32)
-    enc[:n] = self._enc[indices]
-    tgt[:n] = self._tgt[indices]
-    return source_lib.assemble_batch(enc, tgt, indices)
+    return source_lib.gather_batch(self._enc, self._tgt, indices, batch_size)
 
   def describe(self) -> Dict[str, object]:
     return {

@@ -74,6 +74,29 @@ def assemble_batch(enc: np.ndarray, tgt: np.ndarray, indices: np.ndarray) -> Dic
       "example_index": example_index,
   }
 
+def gather_batch(inputs: np.ndarray, targets: np.ndarray, indices: Sequence[int],
+                 batch_size: int) -> Dict[str, np.ndarray]:
+  """The trainer's batch of rows `indices` of examples held in memory, padded to `batch_size` rows.
+
+  `inputs` [N, Li] and `targets` [N, Lt] are the zero-padded token ids of all N examples.
+
+  Raises:
+    ValueError: more indices than `batch_size`.
+    IndexError: an index outside [0, N).
+  """
+  indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+  if len(indices) > batch_size:
+    raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
+  if len(indices) and (indices.min() < 0 or indices.max() >= len(inputs)):
+    raise IndexError(f"example index out of range [0, {len(inputs)})")
+  n = len(indices)
+  enc = np.zeros((batch_size, inputs.shape[1]), np.int32)
+  tgt = np.zeros((batch_size, targets.shape[1]), np.int32)
+  enc[:n] = inputs[indices]
+  tgt[:n] = targets[indices]
+  return assemble_batch(enc, tgt, indices)
+
+
 class CorpusSource:
   """Examples of one objective over one store, addressed by index in [0, num_examples).
 

@@ -194,7 +194,9 @@ class DPAggregator:
     c = clipping.clip(jax.vmap(optax.tree.norm)(grads), batch["example_weight"], self.noisy_sum.clip_norm)
     # Rows not kept (padding, NaN/inf gradients) are zeroed before the sum: 0 * NaN = NaN.
     grads = clipping.zero_dropped(grads, c.keep)
-    grad_sum = jax.tree.map(lambda g: jnp.tensordot(c.scale, g, axes=1), grads)
+    # Full float32 precision: a GPU's default would round the gradients to TF32 in this product.
+    grad_sum = jax.tree.map(lambda g: jnp.tensordot(c.scale, g, axes=1, precision=jax.lax.Precision.HIGHEST),
+                            grads)
     stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
     return grad_sum, clipping.clipping_metrics(batch, *stats)
 

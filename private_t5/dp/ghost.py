@@ -75,7 +75,7 @@ class LayerUse(NamedTuple):
   """Static description of one recorded call of a parameterised layer."""
   kind: str
   param: Tuple[str, ...]  # path of the parameter in the params tree
-  buckets: Optional[np.ndarray] = None  # RELPOS: int [q, k]
+  buckets: Optional[np.ndarray] = None  # RELPOS: int [q + k - 1], the bucket of each offset k - q
   num_buckets: int = 0  # RELPOS: columns of the table
 
 
@@ -149,11 +149,8 @@ class _Recorder:
       return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.RelativePositionBias) and method == "__call__":
       bound = _bind(context, args, kwargs)
-      q_len, k_len = int(bound["q_len"]), int(bound["k_len"])
-      relative = (np.arange(k_len, dtype=np.int32)[None, :]
-                  - np.arange(q_len, dtype=np.int32)[:, None])
-      buckets = layers.relative_position_bucket(relative, bool(bound["bidirectional"]),
-                                                module.num_buckets, module.max_distance)
+      buckets = layers.offset_buckets(int(bound["q_len"]), int(bound["k_len"]), bool(bound["bidirectional"]),
+                                      module.num_buckets, module.max_distance)
       key = self._key(module, RELPOS)
       self.uses[key] = LayerUse(RELPOS, tuple(module.path) + ("rel_embedding",), buckets,
                                 module.num_buckets)
@@ -345,7 +342,7 @@ def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array]
       if len(keys) > 1:
         raise ValueError(f"dense kernel {'/'.join(param)} is used {len(keys)} times; ghost "
                          "norms support one use per kernel")
-      a, g = gn.as_sequence(inputs[keys[0]]), gn.as_sequence(out_grads[keys[0]])
+      a, g = gn.as_sequence(inputs[keys[0]], None), gn.as_sequence(out_grads[keys[0]], None)
       method = gn.resolve_method(norm_method, a.shape[1], a.shape[2], g.shape[2])
       if method == gn.INSTANTIATE and instantiated is not None:
         instantiated[keys[0]] = gn.linear_per_example_grads(a, g)
@@ -393,12 +390,10 @@ def weighted_grad_sum(params: PyTree, uses: Dict[str, LayerUse], inputs: Dict[st
         # z = h E^T: dE = sum_t G_t h_t^T, i.e. the transpose of a dense kernel gradient.
         total = total + gn.linear_weighted_sum(g, a, weights)
       elif use.kind == SCALE:
-        total = total + jnp.einsum("b,bd->d", weights.astype(jnp.float32),
-                                   gn.scale_per_example_grads(a, g))
+        total = total + gn.contract("b,bd->d", weights, gn.scale_per_example_grads(a, g))
       elif use.kind == RELPOS:
-        total = total + jnp.einsum("b,bhn->hn", weights.astype(jnp.float32),
-                                   gn.relpos_per_example_grads(_squeeze_inner_batch(g),
-                                                               use.buckets, use.num_buckets))
+        total = total + gn.contract("b,bhn->hn", weights, gn.relpos_per_example_grads(
+            _squeeze_inner_batch(g), use.buckets, use.num_buckets))
     flat[param] = total
   return traverse_util.unflatten_dict(flat)
 

@@ -23,11 +23,12 @@ is computed by summing `g` over equal tokens (never a `[T, V]` one-hot). A tied 
 term (`tied_embedding_sq_norms`).
 
 RMSNorm scales and the relative position bias table are tiny: their per-example gradients
-are instantiated.
+are instantiated (the bias table's by summing the output gradient's diagonals by bucket).
 
-Everything is computed and accumulated in float32, whatever the activation dtype: inputs
-and output gradients are cast to float32 once (`as_sequence`), and the norms and the
-book-keeping sums (`*_weighted_sum`) read the same cast values.
+Everything is computed and accumulated in float32, whatever the activation dtype and the
+backend's default matrix precision (`contract`): bfloat16 inputs and output gradients enter the
+norms' products as they are (exact in float32), the book-keeping sums (`*_weighted_sum`) scale
+their float32 casts by the clip factors and contract at full float32 precision.
 """
 from typing import Optional, Sequence, Tuple
 
@@ -41,6 +42,26 @@ AUTO = "auto"
 LINEAR_METHODS = (GRAM, INSTANTIATE, AUTO)
 # Rows of the T x T Gram sums formed per iteration (`gram_sq_norms`).
 GRAM_BLOCK = 128
+
+
+LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def contract(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+  """`einsum(spec, x, y)` in float32 arithmetic, whatever the backend's default.
+
+  Two bfloat16 (or float16) operands are multiplied as they are, accumulating in float32
+  (`preferred_element_type`): their products are exact in float32, and a GPU's or TPU's matrix
+  unit computes them at full speed. Any other pair is cast to float32 and contracted at
+  `Precision.HIGHEST`: a GPU's default for float32 products rounds the operands to TF32 (10
+  mantissa bits) and a TPU's to bfloat16, which would make the norm that sets an example's clip
+  factor and the term that is summed differ by up to ~1e-3 of themselves, and the sensitivity
+  exceed C by as much.
+  """
+  if x.dtype == y.dtype and x.dtype in LOW_PRECISION:
+    return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+  return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def as_sequence(x: jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -79,14 +100,14 @@ def resolve_method(method: str, seq_len: int, d_in: int, d_out: int) -> str:
 
 def gram_inner(a1: jax.Array, g1: jax.Array, a2: jax.Array, g2: jax.Array) -> jax.Array:
   """Per-example `<a1_i^T g1_i, a2_i^T g2_i>_F = sum_{s,t} (a1_s . a2_t)(g1_s . g2_t)`: [B]."""
-  aa = jnp.einsum("bsi,bti->bst", a1, a2)
-  gg = jnp.einsum("bso,bto->bst", g1, g2)
+  aa = contract("bsi,bti->bst", a1, a2)
+  gg = contract("bso,bto->bst", g1, g2)
   return jnp.sum(aa * gg, axis=(1, 2))
 
 
 def linear_per_example_grads(a: jax.Array, g: jax.Array) -> jax.Array:
   """Instantiated per-example kernel gradients `a_i^T g_i`: [B, d_in, d_out] float32."""
-  return jnp.einsum("bti,bto->bio", as_sequence(a), as_sequence(g))
+  return contract("bti,bto->bio", as_sequence(a, None), as_sequence(g, None))
 
 
 def linear_sq_norms(a: jax.Array, g: jax.Array, method: str = AUTO) -> jax.Array:
@@ -115,7 +136,8 @@ def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Ar
   soon as their operands existed (`a a^T` during the forward pass, `g g^T` as the backward pass
   produced g) and kept until the other one was ready. The loop runs over the sequence, not
   over the examples, so a batch sharded over the mesh's data axis stays sharded. The last
-  block is shifted back to end at T and its rows already summed are masked out.
+  block is shifted back to end at T and its rows already summed are masked out. A sequence of
+  at most `block` positions is one block, computed without a loop.
 
   Args:
     a: the layer's inputs `[B, T, d_in]` (any float dtype).
@@ -123,13 +145,15 @@ def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Ar
     block: rows per iteration.
   """
   seq = a.shape[1]
-  block = min(block, seq)
+  if seq <= block:  # one block: no loop (a loop costs a device-to-host sync per iteration on a GPU)
+    a, g = as_sequence(a, None), as_sequence(g, None)
+    return gram_inner(a, g, a, g)
 
   def body(j, total):
     start = jnp.minimum(j * block, seq - block)
-    rows = lambda x: as_sequence(jax.lax.dynamic_slice_in_dim(x, start, block, axis=1))
-    aa = jnp.einsum("bsi,bti->bst", rows(a), as_sequence(a))
-    gg = jnp.einsum("bso,bto->bst", rows(g), as_sequence(g))
+    rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
+    aa = contract("bsi,bti->bst", rows(a), a)
+    gg = contract("bso,bto->bst", rows(g), g)
     new = (start + jnp.arange(block)) >= j * block  # rows not summed by an earlier block
     return total + jnp.sum(jnp.where(new[None, :, None], aa * gg, 0.0), axis=(1, 2))
 
@@ -202,7 +226,7 @@ def tied_embedding_sq_norms(lookups: Sequence[Tuple[jax.Array, jax.Array]],
       # G_t[x_s] for every (projection position t, lookup position s): a gather, no one-hot.
       picked = jnp.take_along_axis(big_g, jnp.broadcast_to(
           tokens[:, None, :], (tokens.shape[0], big_g.shape[1], tokens.shape[1])), axis=2)
-      dots = jnp.einsum("bsd,btd->bts", g, h)  # g_s . h_t
+      dots = contract("bsd,btd->bts", g, h)  # g_s . h_t
       total = total + 2.0 * jnp.sum(picked * dots, axis=(1, 2))
   return total
 
@@ -217,26 +241,39 @@ def scale_sq_norms(normalized: jax.Array, g: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(scale_per_example_grads(normalized, g)), axis=-1)
 
 
-def bucket_one_hot(buckets: np.ndarray, num_buckets: int) -> np.ndarray:
-  """Static `[q * k, num_buckets]` float32 one-hot of the relative position buckets."""
-  flat = np.asarray(buckets).reshape(-1)
-  one_hot = np.zeros((flat.size, num_buckets), np.float32)
-  one_hot[np.arange(flat.size), flat] = 1.0
-  return one_hot
+def diagonal_sums(g: jax.Array) -> jax.Array:
+  """`[..., Q, K] -> [..., Q + K - 1]` float32: entry j sums `g[..., q, k]` over `k - q = j - (Q - 1)`.
+
+  The rows are flipped (row r holds query Q - 1 - r), padded with Q zeros and read back with a
+  row stride one shorter, which moves element (r, k) to column r + k = k - q + Q - 1; a sum over
+  the rows then adds each diagonal. Only a reshape of a padded copy and one reduction: no index
+  array, no one-hot, and the additions are exact float32 (no matrix unit's rounding).
+  """
+  q, k = g.shape[-2:]
+  lead = g.shape[:-2]
+  padded = jnp.pad(jnp.flip(g, axis=-2), [(0, 0)] * len(lead) + [(0, 0), (0, q)])
+  skewed = padded.reshape(lead + (q * (k + q),))[..., :q * (k + q - 1)].reshape(lead + (q, k + q - 1))
+  return jnp.sum(skewed, axis=-2, dtype=jnp.float32)
 
 
 def relpos_per_example_grads(g: jax.Array, buckets: np.ndarray, num_buckets: int) -> jax.Array:
   """Per-example gradients of a relative position table `[heads, buckets]`: [B, heads, buckets].
 
+  The bias of pair (q, k) is `table[:, bucket(k - q)]`, so the gradient of column n is the sum of
+  the output gradient over the pairs whose offset falls in bucket n: the diagonals of `g` are
+  summed (`diagonal_sums`), then the diagonals of each bucket (a segment sum over Q + K - 1
+  offsets).
+
   Args:
     g: gradient w.r.t. the per-example bias `[B, heads, q, k]` (summed over all layers that
       add the bias: they share one table).
-    buckets: int `[q, k]` bucket of each (query, key) pair.
+    buckets: int `[q + k - 1]`, the bucket of each offset `k - q` (`layers.offset_buckets`).
     num_buckets: columns of the table.
   """
-  batch, heads = g.shape[0], g.shape[1]
-  flat = g.reshape(batch, heads, -1).astype(jnp.float32)
-  return jnp.einsum("bhp,pn->bhn", flat, jnp.asarray(bucket_one_hot(buckets, num_buckets)))
+  per_offset = diagonal_sums(g)  # [B, heads, q + k - 1]
+  summed = jax.ops.segment_sum(jnp.moveaxis(per_offset, -1, 0), jnp.asarray(buckets, jnp.int32),
+                               num_segments=num_buckets)  # [buckets, B, heads]
+  return jnp.moveaxis(summed, 0, -1)
 
 
 def relpos_sq_norms(g: jax.Array, buckets: np.ndarray, num_buckets: int) -> jax.Array:
@@ -258,6 +295,6 @@ def linear_weighted_sum(a: jax.Array, g: jax.Array, weights: jax.Array,
   """`sum_i w_i a_i^T g_i` [d_in, d_out] (book-keeping), from instantiated grads when given."""
   weights = weights.astype(jnp.float32)
   if per_example is not None:
-    return jnp.einsum("b,bio->io", weights, per_example)
+    return contract("b,bio->io", weights, per_example)
   a, g = as_sequence(a), as_sequence(g)
-  return jnp.einsum("bti,bto->io", a * weights[:, None, None], g)
+  return contract("bti,bto->io", a * weights[:, None, None], g)

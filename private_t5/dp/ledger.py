@@ -197,6 +197,9 @@ class PrivacyLedger:
     clipping_method: how the clipped sum was computed ("ghost" or "vmap"), for the report.
     noise_secret: False when the training noise came from a fixed seed (insecure: the ε reported
       is then no guarantee); once False it stays False on resume.
+    population: public facts on what the N units are, given by the training data when it is not
+      one of our corpora (a seqio Task or Mixture: its tasks, their example counts, and whether
+      the privacy unit is the user's declaration); None: the data's description says it.
   """
   noisy_sum: Optional[accounting.NoisySum]
   sampling_rate: float
@@ -213,6 +216,7 @@ class PrivacyLedger:
   configured_batch_size: Optional[int] = None
   clipping_method: Optional[str] = None
   noise_secret: bool = True
+  population: Optional[Dict[str, Any]] = None
 
   def __post_init__(self):
     self._epsilon_cache: Dict[Any, Dict[str, float]] = {}
@@ -243,7 +247,8 @@ class PrivacyLedger:
              max_batch_size: Optional[int] = None, accountant: str = "rdp",
              privacy_unit: str = "document", sampling: str = "poisson",
              configured_batch_size: Optional[int] = None,
-             clipping_method: Optional[str] = None, noise_secret: bool = True) -> "PrivacyLedger":
+             clipping_method: Optional[str] = None, noise_secret: bool = True,
+             population: Optional[Dict[str, Any]] = None) -> "PrivacyLedger":
     """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N).
 
     `noisy_sum` is the run's (shared with its aggregator; its q·N must be q·N here: DP rule
@@ -264,16 +269,17 @@ class PrivacyLedger:
     return cls(noisy_sum=noisy_sum, sampling_rate=float(sampling_rate), delta=float(delta),
                accountant=accountant, privacy_unit=privacy_unit, num_examples=int(num_examples),
                max_batch_size=max_batch_size, sampling=sampling, configured_batch_size=configured_batch_size,
-               clipping_method=clipping_method, noise_secret=bool(noise_secret))
+               clipping_method=clipping_method, noise_secret=bool(noise_secret), population=population)
 
   @classmethod
   def non_private_baseline(cls, *, num_examples: Optional[int] = None, privacy_unit: str = "document",
-                           batch_size: Optional[float] = None, noise_secret: bool = True) -> "PrivacyLedger":
+                           batch_size: Optional[float] = None, noise_secret: bool = True,
+                           population: Optional[Dict[str, Any]] = None) -> "PrivacyLedger":
     """A ledger for a non-private run: records steps, reports ε = ∞ (null in JSON)."""
     q = (batch_size / num_examples) if (batch_size and num_examples) else 0.0
     return cls(noisy_sum=None, sampling_rate=q, delta=0.0, privacy_unit=privacy_unit,
                num_examples=num_examples, non_private=True, configured_batch_size=batch_size,
-               noise_secret=bool(noise_secret))
+               noise_secret=bool(noise_secret), population=population)
 
   @property
   def noise_multiplier(self) -> float:

@@ -28,7 +28,7 @@ or a batch larger than the dataset fail at once with a PrivacyError.
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -292,7 +292,8 @@ def _check_truncation_delta(sigma: float, q: float, num_examples: int, batch_siz
 def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, loss_fn: Callable,
                     num_examples: int, privacy_unit: str, batch_size: int, train_steps: int, sampler_seed: int,
                     vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = DATA_AXIS,
-                    noise_secret: bool = True, corpus: Union[None, str, Sequence[str]] = None,
+                    noise_secret: bool = True, population: Optional[Mapping[str, Any]] = None,
+                    corpus: Union[None, str, Sequence[str]] = None,
                     log: Callable[[str], None] = print) -> Mechanism:
   """Builds sampler, aggregator and ledger for a private (`dp`) or non-private (`None`) run.
 
@@ -300,9 +301,11 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
   with truncation the δ the cap adds. `spmd_axis_name` is the mesh axis the examples are
   sharded over (None on a mesh with one data position). `noise_secret` is False when the run's
   seeds are fixed (insecure): the ledger records it, and its report says that its ε is no
-  guarantee. `corpus` is the training corpus spec: a vocabulary declared public whose own
-  DP-SentencePiece report names it is refused.
+  guarantee. `population` (public facts on what the N units are, `PrivacyLedger.population`)
+  goes into the ledger and every report. `corpus` is the training corpus spec: a vocabulary
+  declared public whose own DP-SentencePiece report names it is refused.
   """
+  population = dict(population) if population else None
   if batch_size <= 0 or train_steps <= 0:
     raise ConfigError(f"batch_size and train_steps must be > 0, got {batch_size} and {train_steps}")
   microbatch_size = execution.microbatch_size
@@ -313,7 +316,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
         aggregator=aggregator_lib.MeanAggregator(loss_fn),
         sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed),
         ledger=PrivacyLedger.non_private_baseline(num_examples=num_examples, privacy_unit=privacy_unit,
-                                                  batch_size=batch_size, noise_secret=noise_secret),
+                                                  batch_size=batch_size, noise_secret=noise_secret,
+                                                  population=population),
         private=False, batch_rows=batch_size,
         microbatch_size=_fixed_batch_microbatch(batch_size, microbatch_size))
   if not isinstance(dp, DPConfig):
@@ -344,7 +348,7 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                   max_batch_size=batch_size if truncated else None,
                                   accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
                                   configured_batch_size=batch_size, clipping_method=execution.method,
-                                  noise_secret=noise_secret)
+                                  noise_secret=noise_secret, population=population)
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus)
   aggregator = AGGREGATORS[execution.method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name)
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"

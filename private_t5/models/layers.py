@@ -116,6 +116,24 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
   return ret + np.where(is_small, n, val_if_large)
 
 
+def offset_buckets(q_len: int, k_len: int, bidirectional: bool, num_buckets: int,
+                   max_distance: int) -> np.ndarray:
+  """The bucket of every offset `k - q` of a `[q_len, k_len]` attention: int32 `[q_len + k_len - 1]`.
+
+  Entry `j` is the bucket of offset `j - (q_len - 1)`; the bucket of pair (q, k) is entry
+  `k - q + q_len - 1`. A bucket depends on the offset alone, so this vector (not a
+  `[q_len, k_len]` matrix) is all a program needs to hold.
+  """
+  offsets = np.arange(-(q_len - 1), k_len, dtype=np.int32)
+  return relative_position_bucket(offsets, bidirectional, num_buckets, max_distance).astype(np.int32)
+
+
+def offset_index(q_len: int, k_len: int) -> jax.Array:
+  """`k - q + q_len - 1` for every (q, k): int32 `[q_len, k_len]`, computed in the program (iota)."""
+  return (jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 1)
+          - jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 0) + (q_len - 1))
+
+
 class RelativePositionBias(nn.Module):
   """One learned bias per (head, bucket), shared by all layers of a stack."""
   num_buckets: int
@@ -126,14 +144,12 @@ class RelativePositionBias(nn.Module):
   @nn.compact
   def __call__(self, q_len: int, k_len: int, bidirectional: bool) -> jax.Array:
     """Returns the additive bias `[1, heads, q_len, k_len]`."""
-    context = np.arange(q_len, dtype=np.int32)[:, None]
-    memory = np.arange(k_len, dtype=np.int32)[None, :]
-    buckets = relative_position_bucket(memory - context, bidirectional, self.num_buckets,
-                                       self.max_distance)
+    buckets = offset_buckets(q_len, k_len, bidirectional, self.num_buckets, self.max_distance)
     table = _param(self, "rel_embedding",
                    nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                    (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
-    bias = jnp.take(table, jnp.asarray(buckets), axis=1)  # [heads, q, k]
+    per_offset = jnp.take(table, jnp.asarray(buckets), axis=1)  # [heads, q + k - 1]
+    bias = jnp.take(per_offset, offset_index(q_len, k_len), axis=1)  # [heads, q, k]
     return bias[None].astype(self.dtype)
 
 

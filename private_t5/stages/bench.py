@@ -59,7 +59,7 @@ def _log(message: str) -> None:
 
 # --- one case, in its own process ---------------------------------------------------------------
 
-def _random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, seed: int):
+def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, seed: int):
   """Full-length rows of random token ids: the step's cost does not depend on the ids."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
@@ -71,7 +71,7 @@ def _random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, s
               example_weight=np.ones((batch_size,), np.float32))
 
 
-def _make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
+def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
                   noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None):
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
@@ -122,14 +122,14 @@ def _flops(compiled) -> Optional[float]:
 
 def _compile(trainer, state, batch_size, shape, seed):
   import jax  # pylint: disable=g-import-not-at-top
-  batch = _random_batch(trainer.model_config.vocab_size, batch_size, shape[0], shape[1], seed)
+  batch = random_batch(trainer.model_config.vocab_size, batch_size, shape[0], shape[1], seed)
   keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
   start = time.perf_counter()
   compiled = trainer.compile_train_step(state, batch, *keys)
   return compiled, time.perf_counter() - start, batch, keys
 
 
-def _max_batch(trainer, state, shape, start_batch: int, budget_bytes: int, cap: int,
+def max_batch_search(trainer, state, shape, start_batch: int, budget_bytes: int, cap: int,
                resolution: float, known: Optional[Dict[int, int]] = None,
                multiple: int = 1) -> Dict[str, Any]:
   """Largest batch (within `resolution`, a multiple of `multiple`) whose compiled peak fits."""
@@ -175,7 +175,7 @@ def _ghost_breakdown(config, trainer, shape) -> Dict[str, Any]:
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ghost  # pylint: disable=g-import-not-at-top
   params = models.param_shapes(config)
-  example = jax.tree.map(lambda x: x[0], _random_batch(config.vocab_size, 1, shape[0], shape[1], 0))
+  example = jax.tree.map(lambda x: x[0], random_batch(config.vocab_size, 1, shape[0], shape[1], 0))
   recording = ghost.record_layer_uses(trainer.aggregator.loss_fn, params, example, None)
   rows = ghost.cost_breakdown(recording)
   chosen = sum(min(r["gram_cost"], r["instantiate_cost"]) for r in rows)
@@ -189,7 +189,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import jax  # pylint: disable=g-import-not-at-top
   shape = (case["inputs"], case["targets"])
-  config, trainer = _make_trainer(case["preset"], case["method"], case["batch_size"],
+  config, trainer = make_trainer(case["preset"], case["method"], case["batch_size"],
                                   case["clip_norm"], case["noise_multiplier"], case["dropout_rate"],
                                   case.get("dtype"))
   batch_size, micro = case["batch_size"], case.get("microbatch_size")
@@ -203,7 +203,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   # memory of the trainer's accumulate loop, which runs `batch_size / micro` such calls).
   compiled_rows = micro or batch_size
   compiled, compile_s, _, keys = _compile(trainer, state, compiled_rows, shape, 0)
-  batch = _random_batch(config.vocab_size, batch_size, shape[0], shape[1], 0)
+  batch = random_batch(config.vocab_size, batch_size, shape[0], shape[1], 0)
   memory = compiled_memory(compiled)
   result = dict(case, compile_s=compile_s, memory=memory, flops=_flops(compiled), compiled_rows=compiled_rows,
                 activation_dtype=config.dtype,
@@ -235,7 +235,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   if case["method"] in (GHOST, GHOST_RECOMPUTE, GHOST_SECOND_PASS):
     result["ghost_breakdown"] = _ghost_breakdown(config, trainer, shape)
   if case.get("memory_budget_gb"):
-    result["max_batch"] = _max_batch(
+    result["max_batch"] = max_batch_search(
         trainer, state, shape, compiled_rows, int(case["memory_budget_gb"] * GIB),
         case["max_batch_cap"], case["max_batch_resolution"],
         {compiled_rows: memory.get("peak_bytes", 0)})

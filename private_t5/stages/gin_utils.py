@@ -73,6 +73,8 @@ GIN_TABLE = {
     "LoraConfig": ("private_t5.models.lora:LoraConfig", ("train",)),
     "make_source": ("private_t5.data.source:make_source", _TRAINING_USERS),
     "make_glue_source": ("private_t5.data.glue_tasks:make_glue_source", _TRAINING_USERS),
+    "make_seqio_source": ("private_t5.data.seqio_source:make_seqio_source", _TRAINING_USERS),
+    "seqio_vocab_path": ("private_t5.data.seqio_source:seqio_vocab_path", _TRAINING_USERS),
     "finetune_vocab_path": ("private_t5.train.initial_checkpoint:finetune_vocab_path", _TRAINING_USERS),
     "adafactor": ("private_t5.train.optimizers:adafactor", _TRAINING_USERS),
     "rsqrt_schedule": ("private_t5.train.optimizers:rsqrt_schedule", _TRAINING_USERS),

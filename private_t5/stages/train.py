@@ -21,7 +21,25 @@ Layered Gin files: a model (configs/models/*.gin), then a run (configs/runs/pret
 experiments (configs/experiments/*.gin); --gin.NAME=VALUE overrides come last.
 Required macros of configs/runs/pretrain.gin: MODEL_DIR, TRAIN_STEPS, TASK_FEATURE_LENGTHS,
 CORPUS, VOCAB_PATH. Non-private baseline: --gin.DP=None. See docs/training.md.
+A registered seqio Task or Mixture instead of CORPUS, as in T5X: --gin.MIXTURE_OR_TASK_NAME=NAME
+--gin.MIXTURE_OR_TASK_MODULE=my.tasks (configs/runs/seqio.gin is then layered last; docs/data.md).
 """
+SEQIO_GIN = "runs/seqio.gin"
+SEQIO_MODULE_MACRO = "MIXTURE_OR_TASK_MODULE"
+
+
+def with_seqio_layer(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> list:
+  """The Gin files, with configs/runs/seqio.gin last when a binding names MIXTURE_OR_TASK_MODULE.
+
+  A T5X command line gives its Task by MIXTURE_OR_TASK_NAME and the module registering it;
+  that module is the sign that the data is a seqio Task, not one of our corpora (GLUE fine-tuning
+  names its own tasks by MIXTURE_OR_TASK_NAME alone).
+  """
+  files = list(gin_files)
+  seqio = any(b.split("=", 1)[0].strip() == SEQIO_MODULE_MACRO for b in gin_bindings)
+  if seqio and not any(f.replace("\\", "/").endswith(SEQIO_GIN) for f in files):
+    files.append(SEQIO_GIN)
+  return files
 
 
 def add_training_flags(parser: flags.StageParser) -> None:
@@ -53,7 +71,7 @@ def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train
   parsed = parser.parse_stage_args(argv)
   if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
     parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
-  return gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, entry,
+  return gin_utils.run_stage(with_seqio_layer(parsed.gin_files, parsed.gin_bindings), parsed.gin_bindings, entry,
                              operative_config=gin_utils.operative_config)
 
 

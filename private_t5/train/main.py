@@ -336,7 +336,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
-        noise_secret=not seeds.deterministic, corpus=train_data.describe().get("corpus"), log=log)
+        noise_secret=not seeds.deterministic, population=train_data.describe().get("population"),
+        corpus=train_data.describe().get("corpus"), log=log)
     mechanism = setup.fingerprint()
     override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
                 else privacy_hook(setup, train_data))

@@ -322,14 +322,27 @@ class Trainer:
       out = self._eval_step(params, self._base, batch)
     return {k: float(v) for k, v in jax.device_get(out).items()}
 
+  def trace_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+    """The train step traced (JAX's `Traced`: its jaxpr) for `state` (a state, or
+    `abstract_state()`) and `batch`; `.lower()` it next. The phases are apart so that a profile
+    can time each (`train.step_profile`)."""
+    if isinstance(next(iter(batch.values())), np.ndarray):
+      batch = self.place_batch(batch)
+    with self._mesh_context():
+      return self._train_step.trace(state, self._base, batch, dropout_base_key, noise_base_key)
+
   def lower_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
     """The train step lowered for `state` (a state, or `abstract_state()` to compile without
     allocating one) and `batch`; `.compile()` it for XLA's memory and cost analyses (the frozen
     LoRA base, if any, is an argument of the lowered step)."""
-    if isinstance(next(iter(batch.values())), np.ndarray):
-      batch = self.place_batch(batch)
+    traced = self.trace_train_step(state, batch, dropout_base_key, noise_base_key)
     with self._mesh_context():
-      return self._train_step.lower(state, self._base, batch, dropout_base_key, noise_base_key)
+      return traced.lower()
+
+  def trace_init(self, rng: jax.Array):
+    """`init_state`'s program traced for `rng` (`.lower().compile()`, then call it with `rng`)."""
+    with self._mesh_context():
+      return self._init.trace(rng)
 
   def compile_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key) -> "CompiledStep":
     """Ahead-of-time compilation of the train step (for timing compile cost)."""
