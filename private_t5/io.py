@@ -7,7 +7,7 @@ file that the next write replaces). Temporary files and folders get the modes a 
 or `os.mkdir` gives (0o666 / 0o777 less the umask), not `tempfile`'s private 0o600 / 0o700:
 they become the artifacts, which are as readable as the user's umask says. Folders of work in
 progress (`make_temp_dir`) are named after their process, so that a later run can remove
-those of a killed one (`remove_stale_temp_dirs`). Base layer: imports nothing from the package.
+those of a killed one (`remove_stale_temp_dirs`). Base layer: imports only `errors` from the package.
 """
 import contextlib
 import dataclasses
@@ -24,6 +24,8 @@ import time
 from typing import Any, Callable, IO, Iterator, List, Optional, Tuple
 
 import numpy as np
+
+from private_t5.errors import ConfigError
 
 
 def json_default(x):
@@ -83,6 +85,18 @@ def check_writable_file(path: str) -> None:
       pass
   except OSError as e:
     raise type(e)(e.errno, e.strerror, folder) from None
+
+
+def check_output_file(path: str, what: str = "--output") -> None:
+  """ConfigError in one line unless `path` can be written (`check_writable_file`): checked before any work.
+
+  `what` names the setting in the message (a flag such as "--output", or a Gin name).
+  """
+  try:
+    check_writable_file(path)
+  except OSError as e:
+    where = f" ({e.filename})" if e.filename and os.path.abspath(e.filename) != os.path.abspath(path) else ""
+    raise ConfigError(f"{what} {path!r} cannot be written: {e.strerror or e}{where}") from None
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
 """`private-t5 export --format=hf`: transformers loads the export and gives the same logits."""
+import errno
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
+from private_t5 import io as io_lib  # pylint: disable=g-import-not-at-top
 from private_t5 import models  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
@@ -134,6 +136,27 @@ def test_export_removes_the_temporaries_of_killed_exports(tmp_path):
   os.utime(tmp_path / names["old"], (day_ago, day_ago))
   assert cli.main(["export", f"--model_dir={model_dir}", f"--output={tmp_path / 'export'}"]) == 0
   assert {n for n in os.listdir(tmp_path) if n.startswith(".export_hf_")} == {names["alive"], names["recent"]}
+
+
+def test_export_onto_a_full_disk_or_read_only_folder_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys,
+                                                                                  read_only):
+  model_dir = _imported_model_dir(tmp_path)
+  capsys.readouterr()
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  assert cli.main(["export", f"--model_dir={model_dir}", f"--output={tmp_path / 'ro' / 'export'}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "cannot be written" in err[0]
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(io_lib, "write_bytes_atomic", full)
+  assert cli.main(["export", f"--model_dir={model_dir}", f"--output={tmp_path / 'export'}"]) == 2
+  err = capsys.readouterr().err
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in err
+  assert not (tmp_path / "export").exists() and not any(n.startswith(".export_hf_") for n in os.listdir(tmp_path))
 
 
 def test_export_reads_the_new_latest_when_training_rotates_the_checkpoint_away(tmp_path, monkeypatch):

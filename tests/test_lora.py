@@ -186,14 +186,25 @@ def test_lora_run_checkpoints_only_adapters_and_trains_only_them(lora_run, base_
     assert json.load(f)["steps"] == STEPS
 
 
-def test_resume_equals_the_uninterrupted_run(lora_run, base_dir, vocab, tmp_path):
-  """Stopped after checkpoint 2 (later ones gone), resumed to STEPS: the same adapters."""
+def test_resume_equals_the_uninterrupted_run(lora_run, base_dir, vocab, tmp_path, capsys):
+  """Stopped after checkpoint 2 (later ones gone), resumed to STEPS from the base moved to another
+  folder (the same bytes: the run names its base by hash, not by path): the same adapters."""
   resumed = str(tmp_path / "resumed")
   shutil.copytree(lora_run, resumed)
   for name in os.listdir(os.path.join(resumed, "checkpoints")):
     if name.isdigit() and int(name) > 2:
       shutil.rmtree(os.path.join(resumed, "checkpoints", name))
-  assert cli.main(_train_args(resumed, base_dir, vocab)) == 0
+  moved = str(tmp_path / "moved_base")
+  shutil.copytree(base_dir, moved)
+  # Other weights at the new path are refused.
+  tensors = st_numpy.load_file(os.path.join(moved, "model.safetensors"))
+  name = sorted(tensors)[0]
+  tensors[name] = tensors[name] + 1.0
+  io_lib.write_bytes_atomic(os.path.join(moved, "model.safetensors"), st_numpy.save(tensors, metadata={"format": "pt"}))
+  assert cli.main(_train_args(resumed, moved, vocab)) == 2
+  assert "first difference: 'privacy.lora.base.sha256'" in capsys.readouterr().err
+  shutil.copyfile(os.path.join(base_dir, "model.safetensors"), os.path.join(moved, "model.safetensors"))
+  assert cli.main(_train_args(resumed, moved, vocab)) == 0
   a = checkpoints.restore_for_inference(lora_run, merge_adapters=False)[0]
   b = checkpoints.restore_for_inference(resumed, merge_adapters=False)[0]
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -212,6 +223,18 @@ def test_lora_needs_an_initial_checkpoint(vocab, tmp_path):
   with pytest.raises(ConfigError, match="INITIAL_CHECKPOINT"):
     train_main.train(model_config=CONFIG, train_data=source, model_dir=str(tmp_path / "m"), train_steps=1,
                      batch_size=4, lora=LORA)
+  assert not os.path.exists(tmp_path / "m")
+
+
+def test_lora_rank_larger_than_an_adapted_layer_is_refused(vocab, base_dir, tmp_path):
+  # t5_1_1_tiny: d_model 128, 4 heads of 32 (128), d_ff 256.
+  lora_lib.LoraConfig(rank=128, targets=("query", "wo")).check_fits(CONFIG)
+  with pytest.raises(ConfigError, match=r"LoraConfig.rank=129 is larger than the narrowest adapted layer's width \(128"):
+    lora_lib.LoraConfig(rank=129, targets=("wi",)).check_fits(CONFIG)
+  source = glue_tasks.GlueSource("rotten_tomatoes", "train", vocab, LENGTHS, vocab_size=VOCAB_SIZE)
+  with pytest.raises(ConfigError, match="LoraConfig.rank=100000 is larger"):
+    train_main.train(model_config=CONFIG, train_data=source, model_dir=str(tmp_path / "m"), train_steps=1,
+                     batch_size=4, lora=lora_lib.LoraConfig(rank=100000), initial_checkpoint=base_dir)
   assert not os.path.exists(tmp_path / "m")
 
 

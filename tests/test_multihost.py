@@ -76,6 +76,17 @@ if mode == "die" and i == 1:
   os.kill(os.getpid(), signal.SIGKILL)
 if mode == "fail" and i == 0:
   sys.exit(3)
+if mode == "raise" and i == 0:
+  raise RuntimeError("a bug of process 0")
+if mode == "partner" and i == 1:
+  time.sleep(0.3)
+  os.kill(os.getpid(), signal.SIGKILL)
+if mode == "partner" and i == 0:  # its collective fails once its partner is gone, or it is stopped
+  def gone(*args):
+    raise RuntimeError("Gloo: connection closed by peer")
+  signal.signal(signal.SIGTERM, gone)
+  time.sleep(1.0)
+  gone()
 if mode != "ok":
   time.sleep(600)  # a process waiting for a collective whose partner is gone
 """
@@ -109,6 +120,19 @@ def test_one_failing_process_stops_the_others(mode, status, message, capsys):
   assert time.monotonic() - t0 < 30  # not the 600 s the survivor would wait
   err = capsys.readouterr().err
   assert message in err and "stopping the other 1 running process(es)" in err
+
+
+def test_a_survivors_traceback_after_a_partner_died_is_one_line(capsys):
+  out = _Lines()
+  assert launch.launch(2, 1, ["partner"], out=out, grace_s=2.0, command=[sys.executable, "-c", _WORKER]) == 1
+  assert "process 1 was killed by SIGKILL" in capsys.readouterr().err
+  assert "Traceback" not in out.text and "Gloo" not in out.text
+  assert "[p0] (stopped after another process failed; its" in out.text
+  # A process's own failure keeps its traceback.
+  out = _Lines()
+  assert launch.launch(2, 1, ["raise"], out=out, grace_s=2.0, command=[sys.executable, "-c", _WORKER]) == 1
+  assert "process 0 exited with status 1" in capsys.readouterr().err
+  assert "[p0] Traceback (most recent call last):" in out.text and "[p0] RuntimeError: a bug of process 0" in out.text
 
 
 _LAUNCHER = """
@@ -323,6 +347,7 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
       launcher.kill()
   assert launcher.returncode != 0
   assert "process 1 was killed by SIGKILL" in err
+  assert "Traceback" not in out, out[-3000:]  # the survivor's failed collective is not a second story
   for pid in pids.values():
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
   saved = checkpoints.CheckpointManager(model_dir, async_save=False)

@@ -44,10 +44,18 @@ def test_create_mesh_shapes():
     partitioning.create_mesh((3, -1))
   with pytest.raises(ConfigError, match="needs 16 devices"):
     partitioning.create_mesh((8, 2))
+  for bad in ("(1, 1)", 1, (1.5, 1), (1, True), (1, 1, 1)):  # a string, an int, a fraction, a flag, three axes
+    with pytest.raises(ConfigError, match=r"mesh_shape must be \(data, model\), two integers"):
+      partitioning.create_mesh(bad)
   with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
     partitioning.check_batch_divisible(6, mesh)
   # Each global microbatch is split over the data axis (of every process) too.
   assert dict(build_mesh((4, 2), 16, 8).shape) == {"data": 4, "model": 2}
+  logs = []
+  build_mesh((4, 2), 16, log=logs.append)
+  build_mesh((2, 1), 16, log=logs.append)  # 2 of the 8 devices
+  assert logs == ["[train] WARNING: mesh_shape (2, 1) uses 2 of the 8 devices; the others stay idle "
+                  "(mesh_shape=(-1, 1) uses them all)"]
   with pytest.raises(ConfigError, match="microbatch_size=6 must be a multiple of the mesh's data axis"):
     build_mesh((4, 2), 16, 6)
 

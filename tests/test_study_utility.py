@@ -1,6 +1,7 @@
 """`private-t5 study --part=utility`: the bootstrap interval, bad input, and a smoke run whose
 every ledger is checked against the table."""
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -94,6 +95,19 @@ def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
   assert cli.main(["study"] + [a.format(out=out, tmp=tmp_path, task=task) for a in argv]) == 2
   err = [l for l in capsys.readouterr().err.strip().splitlines() if "[study] phase" not in l]
   assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+  assert not out.exists()
+
+
+def test_a_malformed_task_file_is_refused_before_the_first_phase(tmp_path, capsys):
+  task = tmp_path / "rotten_tomatoes"
+  shutil.copytree(shared_or_fixture("glue_like/rotten_tomatoes"), task)
+  with open(task / "validation.tsv", "a", encoding="utf-8") as f:
+    f.write("a review with a label that is no label\tmaybe\n")
+  out = tmp_path / "study"
+  assert cli.main(["study", "--part=utility", f"--corpus={tmp_path}/no_corpus.jsonl", f"--output={out}",
+                   f"--task_dir={task}"]) == 2
+  err = [l for l in capsys.readouterr().err.strip().splitlines() if l.startswith("error:")]
+  assert len(err) == 1 and "validation.tsv" in err[0] and "invalid label 'maybe'" in err[0]
   assert not out.exists()
 
 

@@ -3,13 +3,14 @@ the one-flag non-private baseline, and refusal of a MODEL_DIR holding another mo
 import gzip
 import json
 import os
+import shutil
 
 import gin
 import jax
 import numpy as np
 import pytest
 
-from private_t5.stages import gin_utils
+from private_t5.stages import cli, gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
 from private_t5.dp import mechanism as privacy
@@ -100,6 +101,12 @@ def test_console_and_summary_label_private_statistics_and_insecure_noise():
   printer = metrics.ProgressPrinter(10)
   printer.add_examples(8)
   assert "ex/s (not DP)" in printer.line(1, 2.0, 0.5, epsilon=1.0, private=True)
+  # A total ε with a DP vocabulary composed in says so; training's own ε alone is shown as is.
+  assert printer.line(1, 2.0, 0.5, epsilon=10.12, training_epsilon=0.12).endswith(
+      "ε 10.12 (total; training alone 0.12)")
+  assert printer.line(1, 2.0, 0.5, epsilon=0.12, training_epsilon=0.12).endswith("ε 0.12")
+  assert printer.line(1, 2.0, 0.5, epsilon=float("inf"), training_epsilon=0.12).endswith(
+      "ε ∞ (total; training alone 0.12)")
   assert "(not DP)" not in printer.line(2, 2.0, 0.5, private=False).split("ex/s")[1]
   # The first step of a session (mostly compilation) counts neither in the rates nor in the ETA.
   printer.restart(3)
@@ -252,6 +259,72 @@ def test_invalid_privacy_parameters_fail_before_compute(corpus_and_vocab, tmp_pa
   with pytest.raises(PrivacyError, match="exactly one"):
     train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, "--gin.DPConfig.target_epsilon=3.0"))
   assert not os.path.exists(os.path.join(model_dir, "checkpoints", "0"))
+
+
+def test_resume_with_another_length_under_target_epsilon_says_how_to_extend_and_keeps_the_summary(corpus_and_vocab, tmp_path):
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "run")
+  target = ("--gin.DPConfig.noise_multiplier=None", "--gin.DPConfig.target_epsilon=100.0")
+  train_stage.run_from_args(_args(model_dir, corpus, vocab, 1, *target))
+  sigma = json.load(open(os.path.join(model_dir, "privacy_report.json")))["noise_multiplier"]
+  # σ was calibrated for 1 step: 2 steps calibrate another σ, and the run cannot resume as it is.
+  with pytest.raises(CheckpointError, match=r"first difference: 'privacy.noise_multiplier'.*σ was calibrated for "
+                     r"target_epsilon=100 over the checkpoint run's own TRAIN_STEPS.*keep the original TRAIN_STEPS.*"
+                     r"--gin.DPConfig.noise_multiplier=<the checkpoint's σ> --gin.DPConfig.target_epsilon=None"):
+    train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, *target))
+  # Extended with σ fixed at the checkpoint's: it resumes, and ε grows past the target.
+  extended = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
+  report = json.load(open(os.path.join(model_dir, "privacy_report.json")))
+  assert extended["final_step"] == 2 and report["steps"] == 2 and report["noise_multiplier"] == sigma
+  # Started again once finished: nothing to train, and summary.json keeps the run's figures.
+  before = open(os.path.join(model_dir, "summary.json")).read()
+  again = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
+  assert again["steps_this_run"] == 0 and open(os.path.join(model_dir, "summary.json")).read() == before
+  assert json.loads(before)["steps_this_run"] == 1 and json.loads(before)["examples_per_second"] > 0
+
+
+def test_a_run_resumes_from_its_corpus_moved_to_another_path(corpus_and_vocab, tmp_path):
+  """The checkpoint names the data by its token store's digest: the same bytes at a new path resume;
+  other bytes at that path are refused."""
+  corpus, vocab = corpus_and_vocab
+  old = tmp_path / "disk1" / "train.jsonl.gz"
+  old.parent.mkdir()
+  shutil.copyfile(corpus, old)
+  model_dir = str(tmp_path / "run")
+  train_stage.run_from_args(_args(model_dir, str(old), vocab, 1))
+  new = tmp_path / "disk2" / "train.jsonl.gz"
+  new.parent.mkdir()
+  os.rename(old, new)
+  with gzip.open(new, "rt") as f:
+    rows = f.readlines()
+  other = tmp_path / "disk3" / "train.jsonl.gz"
+  other.parent.mkdir()
+  with gzip.open(other, "wt") as f:
+    f.writelines(rows[1:] + rows[:1])  # the same documents in another order
+  with pytest.raises(CheckpointError, match="first difference: 'data.corpus'"):
+    train_stage.run_from_args(_args(model_dir, str(other), vocab, 2))
+  summary = train_stage.run_from_args(_args(model_dir, str(new), vocab, 2))
+  assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
+
+
+def test_float16_activations_are_refused_for_training(corpus_and_vocab, tmp_path, capsys):
+  corpus, vocab = corpus_and_vocab
+  model_dir = tmp_path / "run"
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), "--gin.ACTIVATION_DTYPE='float16'"]) == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+  assert len(err) == 1 and "'float16' is not supported for training" in err[0] and "'bfloat16'" in err[0]
+  assert not model_dir.exists()
+
+
+@pytest.mark.parametrize("mesh", ["'(1, 1)'", "1", "(1.5, 1)"])
+def test_mesh_shape_not_two_integers_is_one_line(mesh, corpus_and_vocab, tmp_path, capsys):
+  corpus, vocab = corpus_and_vocab
+  model_dir = tmp_path / "run"
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), f"--gin.train.mesh_shape={mesh}"]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and [l for l in err.splitlines() if l.startswith("error:")] == [
+      next(l for l in err.splitlines() if "mesh_shape must be (data, model), two integers" in l)]
+  assert not model_dir.exists()
 
 
 def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, tmp_path, monkeypatch):

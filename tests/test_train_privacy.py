@@ -9,7 +9,7 @@ from private_t5.dp import accounting
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
-from private_t5.errors import ConfigError, PrivacyError
+from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import file_sha256
 from private_t5.dp import mechanism as privacy
 from private_t5.dp.mechanism import DPConfig, ExecutionSettings
@@ -172,6 +172,37 @@ def test_vocabulary_without_report_is_not_private_unless_declared_public(tmp_pat
                                  "source": str(vocab)}]
   assert public.total_epsilon() == public.training_epsilon() and public.report()["vocabulary"] == "public"
   assert math.isfinite(public.report()["epsilon"])
+
+
+def test_public_declaration_contradicted_by_the_vocabularys_own_report_is_refused(tmp_path):
+  corpus = tmp_path / "data" / "train.jsonl"
+  corpus.parent.mkdir()
+  corpus.write_text('{"text": "a"}\n')
+  other = tmp_path / "data" / "public.jsonl"
+  other.write_text('{"text": "b"}\n')
+  public = DPConfig(noise_multiplier=1.0, expected_batch_size=4, vocab_is_public=True)
+  # Built from the training corpus (named as dp-spm wrote it, or by a pattern or folder that overlaps it).
+  for built_from in ({"corpus": str(corpus)}, {"corpus": [str(other), str(tmp_path / "data" / "*.jsonl")]},
+                     {"corpus_files": [str(corpus)], "corpus": "moved/train.jsonl"}):
+    vocab, report = _vocab_and_report(tmp_path / "vocab", **built_from)
+    for training in (str(corpus), str(tmp_path / "data")):
+      with pytest.raises(PrivacyError, match=r"declared public \(VOCAB_IS_PUBLIC=True\), but its DP-SentencePiece "
+                         r"report .* says it was built from .*\.jsonl.*, which this run trains on"):
+        _setup(public, vocab_path=vocab, corpus=training)
+  # Built from other data: the user's declaration stands, and the log says it is theirs.
+  vocab, report = _vocab_and_report(tmp_path / "vocab", corpus=str(other))
+  logs = []
+  ledger = _setup(public, vocab_path=vocab, corpus=str(corpus), log=logs.append).ledger
+  assert ledger.components[0]["public"] and ledger.components[0]["dp_report"] == report
+  assert any("declared public by the user" in line and "by that declaration" in line for line in logs)
+  # A damaged report beside a declared-public vocabulary is one DataError, not a traceback.
+  open(report, "w").write("{")
+  with pytest.raises(DataError, match="not valid JSON"):
+    _setup(public, vocab_path=vocab, corpus=str(corpus))
+  vocab, report = _vocab_and_report(tmp_path / "vocab", corpus=str(other))
+  # Without the declaration the same vocabulary is composed as before.
+  composed = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab, corpus=str(corpus))
+  assert [c["name"] for c in composed.ledger.components] == ["dp_sentencepiece"]
 
 
 def test_document_level_vocabulary_needs_document_or_example_level_training(tmp_path):

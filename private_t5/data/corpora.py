@@ -223,6 +223,23 @@ def match_pattern(spec: str) -> List[str]:
   return paths
 
 
+def corpus_files(spec: str) -> List[str]:
+  """What a corpus spec reads, to compare two corpora: the real paths of its local files (a pattern's
+  matches, every file under a folder), or the spec itself for other sources (tfds:, builtin:, URLs)."""
+  if not isinstance(spec, str) or not spec:
+    return []
+  if spec.startswith((TFDS_PREFIX, BUILTIN_PREFIX)) or "://" in spec:
+    return [spec]
+  path = os.path.expanduser(spec)
+  if is_file_pattern(spec):
+    paths = [p for p in glob.glob(path) if os.path.isfile(p)]
+  elif os.path.isdir(path):
+    paths = [os.path.join(root, n) for root, _, names in os.walk(path) for n in names]
+  else:
+    paths = [path]
+  return sorted(os.path.realpath(p) for p in paths)
+
+
 def _raw_documents(spec, text_field, id_field, user_field, errors, data_dir, stats) -> Iterator[Document]:
   """Dispatches on the spec; checks the path eagerly, so a missing file fails at once."""
   if spec.startswith(BUILTIN_PREFIX):

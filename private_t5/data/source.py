@@ -252,6 +252,7 @@ class CorpusSource:
         "store": self.store.path,
         "vocab_path": m.get("vocab_path"),
         "vocab_sha256": m.get("vocab_sha256"),
+        "tokens_sha256": m.get("tokens_sha256"),
         "objective": self.objective.name,
         "feature_lengths": self.feature_lengths,
         "raw_window_length": self.objective.raw_length,

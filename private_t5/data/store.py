@@ -235,6 +235,22 @@ class DocumentStore:
     return np.diff(self.offsets)
 
 
+def tokens_digest(path: str, manifest: Dict[str, object]) -> str:
+  """SHA-256 of what training reads from a store: its token stream, each document's length and
+  its users, whatever the sharding and wherever the corpus lay (a corpus moved to another path
+  gives the same digest). Written into the manifest when the store is built."""
+  h = hashlib.sha256()
+  for shard in manifest["shards"]:
+    with open(os.path.join(path, shard["tokens"]), "rb") as f:
+      for chunk in iter(lambda: f.read(1 << 22), b""):
+        h.update(chunk)
+  for shard in manifest["shards"]:
+    h.update(np.diff(np.fromfile(os.path.join(path, shard["offsets"]), dtype=np.int64)).astype("<i8").tobytes())
+  with open(os.path.join(path, DOCUMENTS_FILE)) as f:
+    h.update(json.dumps(json.load(f).get("users")).encode())
+  return h.hexdigest()
+
+
 def store_key(spec: str, vocab_sha256: str, reader_options: Dict[str, object]) -> str:
   payload = {"format_version": FORMAT_VERSION, "spec": spec, "corpus": _corpus_fingerprint(spec),
              "vocab_sha256": vocab_sha256, "reader": reader_options}
@@ -322,7 +338,7 @@ class CacheTarget:
       try:
         manifest = write(tmp)
         manifest.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
-                        vocab_size=int(vocab.vocab_size))
+                        vocab_size=int(vocab.vocab_size), tokens_sha256=tokens_digest(tmp, manifest))
         _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
         try:
           os.rename(tmp, self.final)

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import math
 import warnings
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from absl import logging as absl_logging
 import dp_accounting
@@ -529,15 +529,13 @@ def calibrate_gaussian(target_epsilon: float, delta: float) -> float:
       pld_common.DifferentialPrivacyParameters(target_epsilon, delta), num_queries=1, sensitivity=1.0))
 
 
-def _validate_threshold_release(delta: float, sigma: Optional[float], target_epsilon: Optional[float]) -> None:
-  if delta is None or not 0 < float(delta) < 1:
-    raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
-  if sigma is not None and (not sigma > 0 or not math.isfinite(sigma)):
-    raise PrivacyError(f"noise_std (σ) must be a positive number, got {sigma!r}")
-  if target_epsilon is not None and (not target_epsilon > 0 or not math.isfinite(target_epsilon)):
-    raise PrivacyError(f"target_epsilon must be a positive number, got {target_epsilon!r}")
+def _validate_threshold_release(delta, sigma, target_epsilon) -> Tuple[float, Optional[float], Optional[float]]:
+  """(δ, σ, target ε) as floats; PrivacyError for a value that is not a finite positive number."""
   if (sigma is None) == (target_epsilon is None):
     raise PrivacyError("give exactly one of noise_std (σ) and target_epsilon")
+  return (_check_number("delta", delta, 0, 1),
+          None if sigma is None else _check_number("noise_std (σ)", sigma, 0),
+          None if target_epsilon is None else _check_number("target_epsilon", target_epsilon, 0))
 
 
 def thresholded_gaussian_parameters(delta: float, *, l2: float, linf: float, max_distinct: int,
@@ -551,7 +549,7 @@ def thresholded_gaussian_parameters(delta: float, *, l2: float, linf: float, max
   paper's printed `threshold_paper_formula` and the δ that threshold actually spends,
   `noise_std` and `noise_multiplier` (σ/k, the `gaussian_event` of the counts).
   """
-  _validate_threshold_release(delta, sigma, target_epsilon)
+  delta, sigma, target_epsilon = _validate_threshold_release(delta, sigma, target_epsilon)
   k, m, n = l2, linf, max_distinct
   delta_gaussian = delta_threshold = delta / 2.0
   if sigma is None:

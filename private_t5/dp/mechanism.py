@@ -28,15 +28,17 @@ or a batch larger than the dataset fail at once with a PrivacyError.
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional, Protocol
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
+from private_t5.data import corpora
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
 from private_t5.dp import sampling
-from private_t5.dp.ledger import PrivacyLedger, find_vocabulary_report, insecure_noise_warning
+from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning, read_report,
+                                  vocabulary_report_mismatch)
 from private_t5.errors import ConfigError, PrivacyError
 
 # Largest acceptable per-step chance that a Poisson batch exceeds the padded batch size when
@@ -291,6 +293,7 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                     num_examples: int, privacy_unit: str, batch_size: int, train_steps: int, sampler_seed: int,
                     vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = DATA_AXIS,
                     noise_secret: bool = True, population: Optional[Mapping[str, Any]] = None,
+                    corpus: Union[None, str, Sequence[str]] = None,
                     log: Callable[[str], None] = print) -> Mechanism:
   """Builds sampler, aggregator and ledger for a private (`dp`) or non-private (`None`) run.
 
@@ -299,7 +302,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
   sharded over (None on a mesh with one data position). `noise_secret` is False when the run's
   seeds are fixed (insecure): the ledger records it, and its report says that its ε is no
   guarantee. `population` (public facts on what the N units are, `PrivacyLedger.population`)
-  goes into the ledger and every report.
+  goes into the ledger and every report. `corpus` is the training corpus spec: a vocabulary
+  declared public whose own DP-SentencePiece report names it is refused.
   """
   population = dict(population) if population else None
   if batch_size <= 0 or train_steps <= 0:
@@ -345,7 +349,7 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                   accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
                                   configured_batch_size=batch_size, clipping_method=execution.method,
                                   noise_secret=noise_secret, population=population)
-  report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log)
+  report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus)
   aggregator = AGGREGATORS[execution.method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name)
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
               if truncated else f"untruncated, run in microbatches of {rows} rows")
@@ -368,12 +372,35 @@ def _fixed_batch_microbatch(batch_size: int, microbatch_size: Optional[int]) -> 
   return int(microbatch_size)
 
 
+def check_public_declaration(vocab_path: str, report_path: Optional[str],
+                             corpus: Union[None, str, Sequence[str]]) -> None:
+  """PrivacyError when a vocabulary declared public (VOCAB_IS_PUBLIC) was built, by its own
+  DP-SentencePiece report, from files of the training corpus: the declaration is then false, and
+  not counting the vocabulary's ε would under-state the run's."""
+  if not report_path or not corpus:
+    return
+  report = read_report(report_path)
+  if vocabulary_report_mismatch(report, vocab_path) is not None:
+    return  # a report of another vocabulary says nothing about this one
+  specs = lambda value: [value] if isinstance(value, str) else list(value or [])
+  built_from = report.get("corpus_files") or [f for spec in specs(report.get("corpus")) for f in corpora.corpus_files(spec)]
+  common = sorted(set(built_from) & {f for spec in specs(corpus) for f in corpora.corpus_files(spec)})
+  if common:
+    raise PrivacyError(
+        f"the vocabulary {vocab_path} is declared public (VOCAB_IS_PUBLIC=True), but its DP-SentencePiece "
+        f"report {report_path} says it was built from {common[0]}"
+        + (f" (and {len(common) - 1} more file(s))" if len(common) > 1 else "")
+        + ", which this run trains on: set VOCAB_IS_PUBLIC=False, and its ε is composed into the run's")
+
+
 def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public: bool, privacy_unit: str,
-                        log: Callable[[str], None]) -> Optional[str]:
+                        log: Callable[[str], None], corpus: Union[None, str, Sequence[str]] = None) -> Optional[str]:
   """Composes the vocabulary into `ledger`; returns the DP-SentencePiece report composed, if any."""
   report = find_vocabulary_report(vocab_path)
   if not vocab_path:
     return report
+  if public:
+    check_public_declaration(vocab_path, report, corpus)
   component = ledger.add_vocabulary(vocab_path, report, public=public)
   if "epsilon" in component:
     group = component.get("group_privacy")
@@ -385,8 +412,8 @@ def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public
       log(f"[privacy] WARNING: {insecure_noise_warning(f'the vocabulary {vocab_path} (dp-spm --insecure_seed)')}")
     return report
   if component["public"]:
-    log(f"[privacy] vocabulary {vocab_path} declared public (VOCAB_IS_PUBLIC): not counted in ε"
-        + (f" (its DP report {component['dp_report']} covers the data it was built on, not this run's)"
+    log(f"[privacy] vocabulary {vocab_path} declared public by the user (VOCAB_IS_PUBLIC=True): not counted in ε"
+        + (f" (by that declaration, its DP report {component['dp_report']} covers other data than this run's)"
            if component.get("dp_report") else ""))
   else:
     log(f"[privacy] WARNING: the vocabulary {vocab_path} is not differentially private "

@@ -25,9 +25,10 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from private_t5 import io
-from private_t5.dp import auditing
+from private_t5.dp import auditing, ledger
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import canaries as canaries_lib
+from private_t5.models import run_dir
 
 AUDIT_SUFFIX = ".audit.json"
 KINDS = ("words", "tokens")
@@ -36,6 +37,7 @@ CONTENT_STREAM = 0x74657874  # the canaries' contents: another stream of the sam
 PREFIX_SCORING, SENTINEL_SCORING = "prefix", "sentinel"
 EOS_ID = 1
 WORD = re.compile(r"[A-Za-z]{3,}")
+MIN_CANARIES = 2  # one guessed in, one guessed out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,26 @@ class AuditRecord:
   @property
   def num_canaries(self) -> int:
     return len(self.texts)
+
+
+def _is_model_dir(folder: str) -> bool:
+  """A training run's folder (checkpoints, privacy report, summary) or a vocabulary's (its privacy report)."""
+  return any(os.path.exists(os.path.join(folder, name))
+             for name in (run_dir.CHECKPOINT_SUBDIR, ledger.REPORT_FILENAME, ledger.SUMMARY_FILENAME))
+
+
+def check_outside_model_dir(output_path: str) -> None:
+  """ConfigError when `output_path` lies anywhere inside a model directory (its top level, checkpoints/,
+  tensorboard/, ...): whoever can read the model must not find the secret record beside it."""
+  folder = os.path.dirname(os.path.abspath(output_path))
+  while True:
+    if _is_model_dir(folder):
+      raise ConfigError(f"{output_path!r} is inside the model directory {folder}; write the audit corpus and "
+                        "its secret record elsewhere")
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      return
+    folder = parent
 
 
 def record_path(corpus_path: str) -> str:
@@ -112,10 +134,10 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
   """
   if not isinstance(repetitions, int) or repetitions < 1:
     raise ConfigError(f"audit canary repetitions must be a positive integer, got {repetitions!r}")
-  folder = os.path.dirname(os.path.abspath(output_path))
-  if any(os.path.exists(os.path.join(folder, name)) for name in ("checkpoints", "privacy_report.json")):
-    raise ConfigError(f"{folder} is a model directory; write the audit corpus and its secret record elsewhere")
+  check_outside_model_dir(output_path)
   included, seed = auditing.draw_membership(num_canaries, seed)
+  if not included.any():  # an audit needs a canary in (probability 2^-m; refused before anything is written)
+    raise DataError(f"none of the {num_canaries} audit canaries was drawn in; plant more canaries (--num_canaries)")
   docs = list(documents)
   words = corpus_words(d.text for d in docs) if kind == "words" else ()
   texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab)
@@ -153,17 +175,34 @@ def load_record(path: str) -> AuditRecord:
       rec = json.load(f)
     if rec.get("kind") != RECORD_KIND:
       raise ValueError("not an audit record (written by `private-t5 canaries --audit`)")
-    texts = [str(c["text"]) for c in rec["canaries"]]
-    included = np.array([bool(c["included"]) for c in rec["canaries"]], dtype=bool)
-    record = AuditRecord(texts=texts, included=included, repetitions=int(rec["repetitions"]),
-                         seed=int(rec["seed"]), kind=str(rec["canary_kind"]), length=int(rec["length"]),
+    canaries = rec["canaries"]
+    if not isinstance(canaries, list):
+      raise ValueError(f"'canaries' must be a list, got {type(canaries).__name__}")
+    for c in canaries:
+      if not isinstance(c.get("text"), str) or not isinstance(c.get("included"), bool):
+        raise ValueError(f"each canary needs a string 'text' and 'included' true or false, got {c!r:.80}")
+    for name in ("repetitions", "seed", "length"):
+      if not isinstance(rec[name], int) or isinstance(rec[name], bool) or rec[name] < 0:
+        raise ValueError(f"{name!r} must be a non-negative integer, got {rec[name]!r}")
+    texts = [c["text"] for c in canaries]
+    included = np.array([c["included"] for c in canaries], dtype=bool)
+    record = AuditRecord(texts=texts, included=included, repetitions=rec["repetitions"],
+                         seed=rec["seed"], kind=str(rec["canary_kind"]), length=rec["length"],
                          source=str(rec.get("source", "")), corpus=str(rec.get("corpus", "")))
   except FileNotFoundError:
     raise DataError(f"audit record not found: {path}") from None
+  except IsADirectoryError:
+    raise DataError(f"audit record {path} is a folder; give the .audit.json file written by "
+                    "`private-t5 canaries --audit`") from None
+  except OSError as e:
+    raise DataError(f"audit record {path} cannot be read: {e.strerror or e}") from None
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     raise DataError(f"{path} is not an audit record: {e}") from None
-  if record.num_canaries < 2 or len(set(texts)) != len(texts):
-    raise DataError(f"{path}: an audit needs at least 2 distinct canaries, got {len(texts)}")
+  if record.num_canaries < MIN_CANARIES or len(set(texts)) != len(texts):
+    raise DataError(f"{path}: an audit needs at least {MIN_CANARIES} distinct canaries, got {len(texts)}")
+  if record.repetitions < 1 or not included.any():
+    raise DataError(f"{path}: an audit needs at least one included canary, inserted at least once "
+                    f"({int(included.sum())} included, {record.repetitions} repetitions)")
   return record
 
 
@@ -221,6 +260,15 @@ def ledger_claim(privacy_report: Optional[dict]):
   return None, None, "unknown"
 
 
+def check_guesses(num_canaries: int, guesses_per_side: Optional[int]) -> int:
+  """k, the guesses on each side: `guesses_per_side`, or m // 4 by default; ConfigError unless 1 <= k <= m // 2."""
+  m = num_canaries
+  k = max(1, m // 4) if guesses_per_side is None else guesses_per_side
+  if not isinstance(k, int) or isinstance(k, bool) or k < 1 or 2 * k > m:
+    raise ConfigError(f"audit guesses per side must be an integer in [1, {m // 2}] for {m} canaries, got {k!r}")
+  return k
+
+
 def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, privacy_report: Optional[dict],
               confidence: float = 0.95, guesses_per_side: Optional[int] = None, delta: Optional[float] = None,
               default_delta: float = 1e-5, batch_size: int = 256, max_target_tokens: Optional[int] = None,
@@ -242,9 +290,7 @@ def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, pri
   t0 = time.time()
   record = load_record(record_path_)
   m = record.num_canaries
-  k = max(1, m // 4) if guesses_per_side is None else int(guesses_per_side)
-  if k < 1 or 2 * k > m:
-    raise ConfigError(f"audit guesses per side must be in [1, {m // 2}] for {m} canaries, got {k}")
+  k = check_guesses(m, guesses_per_side)
   claim_eps, claim_delta, scope = ledger_claim(privacy_report)
   if delta is None:
     delta = float(claim_delta) if claim_delta is not None else default_delta

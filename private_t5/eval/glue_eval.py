@@ -20,7 +20,7 @@ from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
 from private_t5.errors import ConfigError, DataError
-from private_t5.io import write_json_atomic, write_text_atomic
+from private_t5.io import check_output_file, write_json_atomic, write_text_atomic
 from private_t5.eval import glue_metrics, memorization
 from private_t5.models import checkpoints, hf_convert
 
@@ -176,6 +176,8 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   for macro, value in (("MODEL_DIR", model_dir), ("MIXTURE_OR_TASK_NAME", task_or_mixture)):
     if not isinstance(value, str) or not value:
       raise ConfigError(f"{macro} is required: pass --gin.{macro}=...")
+  output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
+  check_output_file(os.path.join(output_dir, "results.json"), "evaluate.output_dir")  # before the decoding
   if hf_convert.is_hf_t5_dir(model_dir):
     params, model_config = hf_convert.import_hf_t5(model_dir)
     info = {"step": None, "vocab_path": hf_convert.hf_vocabulary_path(model_dir)}
@@ -191,7 +193,6 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
                  max_examples=max_examples)
   name = f"{os.path.basename(os.path.abspath(model_dir))} (step {info.get('step')})"
   results["table_markdown"] = results_table(results, name)
-  output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
   if jax.process_index() != 0:  # several processes: the results are written once
     return results
   os.makedirs(output_dir, exist_ok=True)

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 from private_t5 import progress as progress_lib
 from private_t5.data import corpora
 from private_t5.errors import CheckpointError, ConfigError, DataError
-from private_t5.io import file_sha256
+from private_t5.io import check_output_file, file_sha256
 from private_t5.eval import audit as audit_lib
 from private_t5.eval import canaries as canaries_lib
 from private_t5.eval import exposure, extraction_metrics, memorization
@@ -99,8 +99,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if not isinstance(split_config, splits_lib.SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
-  if audit:  # a bad record is refused before the long passes
-    audit_lib.load_record(audit)
+  if audit:  # a bad record or guess count is refused before the long passes
+    audit_lib.check_guesses(audit_lib.load_record(audit).num_canaries, audit_guesses)
+  check_output_file(os.path.join(output_dir, "report.json"), "OUTPUT_DIR")
   warnings = []
 
   model = load_model(model_dir, step, vocab_path, log)

@@ -16,6 +16,7 @@ private as the training data; release parameters only (`restore_for_inference`).
 MODEL_DIR/checkpoints/ is therefore created readable by its owner only (0o700), whatever the
 umask; the run's other files follow the umask.
 """
+import copy
 import inspect
 import json
 import logging
@@ -24,7 +25,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -50,15 +51,22 @@ def _ocp():
   return ocp
 
 
+# Warnings orbax logs on every read-only checkpoint read: routine, not for users.
+_ROUTINE_ORBAX_WARNINGS = ("CheckpointManagerOptions.read_only=True", "Given directory is read only",
+                           "Metadata file does not exist")
+
+
 class _OrbaxErrorFilter(logging.Filter):
-  """Drops orbax's own error logs unless private_t5 logs at DEBUG (`--verbosity=debug`).
+  """Drops orbax's own error logs, and its routine warnings of a read, unless private_t5 logs at
+  DEBUG (`--verbosity=debug`).
 
   A failed save makes orbax log the same error with a full traceback from each of its
   background threads; `CheckpointManager.save`/`wait` report it as one CheckpointError line.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR or not _called_from_orbax(record):
+    routine = record.levelno == logging.WARNING and str(record.msg).startswith(_ROUTINE_ORBAX_WARNINGS)
+    if (record.levelno < logging.ERROR and not routine) or not _called_from_orbax(record):
       return True
     return logging.getLogger("private_t5").isEnabledFor(logging.DEBUG)
 
@@ -227,19 +235,25 @@ class CheckpointManager:
       raise first_error
     return None, None
 
-  def check_compatible(self, fingerprint: Dict[str, Any]) -> None:
-    """Raises CheckpointError if the latest checkpoint belongs to another model/config/data."""
+  def check_compatible(self, fingerprint: Dict[str, Any], hints: Optional[Dict[str, str]] = None,
+                       ignore: Sequence[str] = ()) -> None:
+    """Raises CheckpointError if the latest checkpoint belongs to another model/config/data.
+
+    `hints` maps a fingerprint entry ("privacy.noise_multiplier") to what the message says when
+    that entry is the first difference (instead of the generic advice). The entries in `ignore`
+    (dotted paths, e.g. a path whose content another entry names by hash) are not compared.
+    """
     step, metadata = self.latest_metadata()
     if step is None:
       return
-    saved = metadata.get("fingerprint")
-    fingerprint = json.loads(json.dumps(fingerprint, default=json_default))
+    saved = _without(metadata.get("fingerprint"), ignore)
+    fingerprint = _without(json.loads(json.dumps(fingerprint, default=json_default)), ignore)
     if saved != fingerprint:
       where = _first_difference(saved, fingerprint) if isinstance(saved, dict) else "fingerprint"
+      advice = (hints or {}).get(where, "use a new model_dir, or restore the original configuration to resume")
       raise CheckpointError(
           f"{self.model_dir} holds checkpoints of another run (first difference: {where!r}: "
-          f"checkpoint has {_lookup(saved, where)!r}, this run has {_lookup(fingerprint, where)!r}); "
-          "use a new model_dir, or restore the original configuration to resume")
+          f"checkpoint has {_lookup(saved, where)!r}, this run has {_lookup(fingerprint, where)!r}); {advice}")
 
   # -- save / restore ---------------------------------------------------------------------------
 
@@ -482,6 +496,17 @@ def _cause(error: BaseException) -> str:
   return line if len(line) <= _MAX_CAUSE_CHARS else line[:_MAX_CAUSE_CHARS - 3] + "..."
 
 
+def _without(tree: Any, dotted_paths: Sequence[str]) -> Any:
+  """A copy of a JSON tree without the entries at `dotted_paths` (those absent are skipped)."""
+  tree = copy.deepcopy(tree)
+  for dotted in dotted_paths:
+    *parents, last = dotted.split(".")
+    node = _lookup(tree, ".".join(parents)) if parents else tree
+    if isinstance(node, dict):
+      node.pop(last, None)
+  return tree
+
+
 def _lookup(tree: Any, dotted: Optional[str]) -> Any:
   if not dotted or not isinstance(tree, dict):
     return tree
@@ -507,7 +532,9 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
 
   Reading the latest checkpoint of a running training is safe: a checkpoint that its
   `keep_checkpoints` rotation deletes while it is read is read again from the new latest (up to
-  `ROTATION_RETRIES` times). A given `step` is read once.
+  `ROTATION_RETRIES` times). A given `step` is read once. When the latest is unreadable
+  (damaged metadata or state), the newest older checkpoint that reads is used, with a warning, as
+  a resumed training does.
 
   Args:
     model_dir: a training run's MODEL_DIR.
@@ -528,7 +555,8 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
   while True:
     before = run_dir.checkpoint_step_names(model_dir)
     try:
-      params, config, info = _read_for_inference(model_dir, step)
+      params, config, info = _read_newest_readable(model_dir, before) if step is None else _read_for_inference(
+          model_dir, step)
       if info.get("lora") and merge_adapters:
         params = lora_lib.merge(read_lora_base(info["lora"], model_dir), params, lora_lib.config_of(info["lora"]))
       return params, config, info
@@ -537,6 +565,21 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
       if step is not None or attempt >= ROTATION_RETRIES or run_dir.checkpoint_step_names(model_dir) == before:
         raise
       logger.info("a checkpoint of %s was rotated away while it was read; reading the new latest", model_dir)
+
+
+def _read_newest_readable(model_dir: str, step_names):
+  """`_read_for_inference` of the latest checkpoint, else of the newest older one (of `step_names`) that reads."""
+  try:
+    return _read_for_inference(model_dir, None)
+  except CheckpointError as error:
+    for older in sorted((int(n) for n in step_names), reverse=True)[1:]:
+      try:
+        result = _read_for_inference(model_dir, older)
+      except CheckpointError:
+        continue
+      logger.warning("%s; read checkpoint %d instead, the newest one that reads", error, older)
+      return result
+    raise
 
 
 def _read_for_inference(model_dir: str, step: Optional[int]):

@@ -40,7 +40,8 @@ class T5Config:
       residual stream, as T5X's `T5Config.dtype`. Parameters and optimizer state are always
       float32; layer norms, attention softmax, logits and the loss are computed in float32.
       The T5 v1.1 presets other than tiny use "bfloat16" (as T5X's v1.1 configs); every other
-      preset "float32" (see docs/model.md, "Activation dtype").
+      preset "float32" (see docs/model.md, "Activation dtype"). Training refuses "float16":
+      T5's activations overflow its range (`train.main.validate_train_args`).
   """
   vocab_size: int
   d_model: int

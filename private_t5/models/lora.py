@@ -67,6 +67,18 @@ class LoraConfig:
       raise ConfigError(f"LoraConfig.targets must be distinct names among {', '.join(TARGETS)}; "
                         f"got {list(targets)!r}")
 
+  def check_fits(self, model_config) -> None:
+    """ConfigError when the rank exceeds the narrower side of an adapted layer of `model_config`
+    (a `T5Config`): `A B` then cannot have that rank, and the adapter has more parameters than the layer."""
+    heads = model_config.num_heads * model_config.d_kv
+    widths = {"query": heads, "key": heads, "value": heads, "out": heads, "wi": model_config.d_ff,
+              "wo": model_config.d_ff}
+    narrowest = min(min(widths[t], model_config.d_model) for t in self.targets)
+    if self.rank > narrowest:
+      raise ConfigError(f"LoraConfig.rank={self.rank} is larger than the narrowest adapted layer's width "
+                        f"({narrowest}, of {', '.join(self.targets)} with d_model {model_config.d_model}): use a "
+                        f"rank <= {narrowest}, typically 4 to 64")
+
   @property
   def scaling(self) -> float:
     """alpha / r, the factor of the adapter's output."""

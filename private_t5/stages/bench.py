@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5.stages import gin_utils
 from private_t5.errors import ConfigError
-from private_t5.io import write_text_atomic
+from private_t5.io import check_output_file, write_text_atomic
 from private_t5.stages import flags
 
 logger = logging.getLogger(__name__)
@@ -257,6 +257,31 @@ def _run_isolated(case: Dict[str, Any]) -> Dict[str, Any]:
 
 # --- the suite -----------------------------------------------------------------------------------
 
+MAX_TOKENS = 2 ** 31  # batch_size * (inputs + targets) above this is no benchmark any machine runs
+
+
+def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, warmup, microbatch_size) -> List[tuple]:
+  """The (inputs, targets, batch_size) triples as ints; ConfigError for a bad input, before any work."""
+  for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("microbatch_size", microbatch_size, 1)):
+    if not (value is None and name == "microbatch_size") and (
+        not isinstance(value, int) or isinstance(value, bool) or value < low):
+      raise ConfigError(f"benchmark.{name} must be an integer >= {low}, got {value!r}")
+  if not isinstance(shapes, (list, tuple)) or not shapes:
+    raise ConfigError(f"benchmark.shapes must be a non-empty list of (inputs, targets, batch_size), got {shapes!r}")
+  for shape in shapes:
+    if (not isinstance(shape, (list, tuple)) or len(shape) != 3
+        or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape)):
+      raise ConfigError(f"benchmark.shapes entries must be (inputs, targets, batch_size) of integers >= 1, "
+                        f"got {shape!r}")
+    if shape[2] * (shape[0] + shape[1]) > MAX_TOKENS:
+      raise ConfigError(f"benchmark.shapes entry {tuple(shape)} is {shape[2] * (shape[0] + shape[1]):,} tokens "
+                        f"per step; the most a benchmark takes is {MAX_TOKENS:,}")
+  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
+  NoisySum(clip_norm, noise_multiplier, 1.0)  # C > 0 and σ >= 0, finite
+  check_output_file(os.path.join(output_dir, "bench.json"), "benchmark.output_dir")
+  return [tuple(shape) for shape in shapes]
+
+
 def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output_dir: str,
               methods: Sequence[str] = (NONDP, VMAP, GHOST), steps: int = 3, warmup: int = 1,
               clip_norm: float = 1.0, noise_multiplier: float = 1.0,
@@ -293,13 +318,7 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
   unknown = [m for m in methods if m not in METHODS]
   if unknown or not methods:
     raise ConfigError(f"benchmark.methods must be a non-empty subset of {METHODS}, got {list(methods)}")
-  if steps < 1 or warmup < 0:
-    raise ConfigError(f"benchmark.steps must be >= 1 and warmup >= 0, got {steps}, {warmup}")
-  parsed = []
-  for shape in shapes:
-    if len(shape) != 3 or any(int(s) < 1 for s in shape):
-      raise ConfigError(f"benchmark.shapes entries must be (inputs, targets, batch_size), got {shape!r}")
-    parsed.append(tuple(int(s) for s in shape))
+  parsed = _check_inputs(shapes, output_dir, clip_norm, noise_multiplier, steps, warmup, microbatch_size)
   from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
   for preset in presets:
     model_config.load_preset(preset)  # ConfigError for an unknown preset, before any work

@@ -20,6 +20,7 @@ import os
 import string
 import sys
 
+from private_t5 import io as io_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.stages import flags
 
@@ -49,7 +50,7 @@ def _parser():
 
 def main(argv) -> int:
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import canaries as canaries_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import audit, canaries as canaries_lib  # pylint: disable=g-import-not-at-top
   parser = _parser()
   args = parser.parse_stage_args(argv).args
   flags.check_required(parser, args, ("corpus", "output"))
@@ -62,6 +63,14 @@ def main(argv) -> int:
   if os.path.exists(args.output) and os.path.exists(args.corpus) and os.path.samefile(args.corpus, args.output):
     raise ConfigError(f"--output {args.output!r} is the input corpus; write the corpus with canaries "
                       "to a new file")
+  if args.audit:
+    audit.check_outside_model_dir(args.output)
+    if args.num_canaries < audit.MIN_CANARIES:
+      raise ConfigError(f"with --audit, --num_canaries must be >= {audit.MIN_CANARIES} (an audit guesses at least "
+                        f"one canary in and one out), got {args.num_canaries}")
+  record = (audit.record_path if args.audit else canaries_lib.record_path)(args.output)
+  for path in (args.output, record):  # both files can be written, before the corpus is read
+    io_lib.check_output_file(path)
   if args.audit:
     return _plant_audit(args)
   fmt = canaries_lib.CanaryFormat(template=args.template, alphabet=args.alphabet,

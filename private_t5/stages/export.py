@@ -70,6 +70,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     raise ConfigError(f"--lora={lora!r} is not supported (modes: {', '.join(LORA_MODES)})")
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
     raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
+  io_lib.check_output_file(os.path.join(output, "config.json"))  # a read-only folder, a file in the way
   adapter = lora == "adapter"
   params, config, info = checkpoints.restore_for_inference(model_dir, step, merge_adapters=not adapter)
   if adapter and not info.get("lora"):
@@ -105,6 +106,8 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     if os.path.isdir(output):
       os.rmdir(output)  # empty (checked above)
     os.replace(tmp_dir, output)
+  except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing is left at --output
+    raise ConfigError(f"--output {output!r} cannot be written: {e.strerror or e}") from None
   finally:
     if os.path.isdir(tmp_dir):
       shutil.rmtree(tmp_dir, ignore_errors=True)

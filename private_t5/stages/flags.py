@@ -293,3 +293,4 @@ def check_required(parser: StageParser, args: argparse.Namespace, names: Sequenc
     raise ConfigError(
         f"{parser.prog}: missing {', '.join('--' + n for n in missing)} (or Gin macro(s) "
         f"{', '.join(n.upper() for n in missing)})")
+

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterator, List, Optional, Sequence, Set, TextIO, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Set, TextIO, Tuple
 
 from private_t5.errors import ConfigError
 from private_t5.train.partitioning import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV
@@ -41,6 +41,9 @@ them all. --port: the coordinator's port (default: a free one)."""
 
 # Seconds between SIGTERM and SIGKILL when stopping the remaining processes.
 STOP_GRACE_S = 10.0
+# Seconds a process's Python traceback is held back (`_stream`).
+TRACEBACK_HOLD_S = 5.0
+_TRACEBACK = "Traceback (most recent call last):"
 _POLL_S = 0.2
 _DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
@@ -115,18 +118,43 @@ def process_env(base: dict, *, process_id: int, num_processes: int, devices_per_
   return env
 
 
-def _stream(prefix: str, pipe, out: TextIO, lock: threading.Lock, errors_seen: Set[str]) -> None:
+def _stream(prefix: str, pipe, out: TextIO, lock: threading.Lock, errors_seen: Set[str],
+            partner_failed: Callable[[], bool] = lambda: False) -> None:
   """Copies `pipe` to `out` line by line with `prefix`; an `error:` line already shown from
-  another process (every process refused alike) is not repeated."""
-  for line in iter(pipe.readline, ""):
-    text = line.rstrip("\n")
+  another process (every process refused alike) is not repeated.
+
+  A Python traceback is held until the process's output ends (or, while it runs on, up to
+  `TRACEBACK_HOLD_S`): one that ends the process after another process failed (a collective whose
+  partner is gone) is shown as one line, as the launcher names the process that failed first.
+  """
+  held, since = [], 0.0
+
+  def write(text: str) -> None:
     with lock:
       if text.startswith("error:"):
         if text in errors_seen:
-          continue
+          return
         errors_seen.add(text)
       out.write(f"{prefix} {text}\n")
       out.flush()
+
+  for line in iter(pipe.readline, ""):
+    text = line.rstrip("\n")
+    if not held and text.startswith(_TRACEBACK):
+      held, since = [text], time.monotonic()
+      continue
+    if held and time.monotonic() - since < TRACEBACK_HOLD_S:
+      held.append(text)
+      continue
+    for t in held:
+      write(t)
+    held = []
+    write(text)
+  if held and partner_failed():
+    write(f"(stopped after another process failed; its {len(held)}-line traceback is not shown)")
+  else:
+    for t in held:
+      write(t)
   pipe.close()
 
 
@@ -214,6 +242,14 @@ def _run(num_processes: int, devices_per_process: int, stage_argv: Sequence[str]
   procs: List[subprocess.Popen] = []
   threads: List[threading.Thread] = []
   failed: Optional[Tuple[int, int]] = None
+  stopping = threading.Event()  # set once the launcher stops processes itself
+
+  def partner_failed(i: int) -> bool:
+    """Whether a process other than `i` failed first (not one the launcher stopped)."""
+    if failed is not None:
+      return failed[0] != i
+    return not stopping.is_set() and any(j != i and p.poll() not in (None, 0) for j, p in enumerate(procs))
+
   try:
     for i in range(num_processes):
       env = process_env(os.environ, process_id=i, num_processes=num_processes,
@@ -224,16 +260,16 @@ def _run(num_processes: int, devices_per_process: int, stage_argv: Sequence[str]
       procs.append(p)
       with lock:
         print(f"[launch] process {i} of {num_processes}: pid {p.pid}", file=sys.stderr, flush=True)
-      t = threading.Thread(target=_stream, args=(f"[p{i}]", p.stdout, out, lock, errors_seen),
-                           daemon=True)
+      t = threading.Thread(target=_stream, args=(f"[p{i}]", p.stdout, out, lock, errors_seen,
+                                                 lambda i=i: partner_failed(i)), daemon=True)
       t.start()
       threads.append(t)
     while failed is None and any(p.poll() is None for p in procs):
-      for i, p in enumerate(procs):
-        code = p.poll()
-        if code is not None and code != 0:
-          failed = (i, code)
-          break
+      # Of the processes found failed together, one killed by a signal is named first (its
+      # partners fail because it is gone).
+      found = sorted((p.returncode >= 0, i, p.returncode) for i, p in enumerate(procs) if p.poll() not in (None, 0))
+      if found:
+        failed = found[0][1:]
       else:
         time.sleep(_POLL_S)
     if failed is None:
@@ -242,15 +278,18 @@ def _run(num_processes: int, devices_per_process: int, stage_argv: Sequence[str]
       i, code = failed
       others = [p for j, p in enumerate(procs) if j != i and p.poll() is None]
       with lock:
-        stopping = f"; stopping the other {len(others)} running process(es)" if others else ""
-        print(f"error: process {i} {_describe_exit(code)}{stopping}", file=sys.stderr, flush=True)
+        note = f"; stopping the other {len(others)} running process(es)" if others else ""
+        print(f"error: process {i} {_describe_exit(code)}{note}", file=sys.stderr, flush=True)
+      stopping.set()
       _stop(others, grace_s)
   except KeyboardInterrupt:
+    stopping.set()
     _stop(procs, grace_s)
     failed = (-1, 130)
   except _Stopped as e:
     with lock:
       print(f"error: launch received {e}; stopping its {len(procs)} process(es)", file=sys.stderr, flush=True)
+    stopping.set()
     _stop(procs, grace_s)
     failed = (-1, 128 + e.signum)
   finally:

@@ -11,6 +11,7 @@ documents skipped because nothing public was left, and the detector backend of e
 """
 import sys
 
+from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
 from private_t5.stages import flags
 
@@ -42,6 +43,8 @@ def main(argv) -> int:
   flags.check_required(parser, args, ("corpus", "output"))
   if not args.output.endswith((".jsonl", ".jsonl.gz")):
     raise ConfigError(f"--output must end in .jsonl or .jsonl.gz, got {args.output!r}")
+  io_lib.check_output_file(args.output)
+  io_lib.check_output_file(args.report or redaction.default_report_path(args.output), "--report")
   levels = None
   if args.report_levels:
     levels = (list(detectors.LEVELS) if args.report_levels == "all"

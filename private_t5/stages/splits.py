@@ -23,7 +23,7 @@ from private_t5.data import beam_io
 from private_t5.documents import Document
 from private_t5.errors import ConfigError
 from private_t5.eval import splits as splits_lib
-from private_t5.io import file_sha256, write_json_atomic
+from private_t5.io import check_output_file, file_sha256, write_json_atomic
 
 
 
@@ -64,6 +64,10 @@ def _fingerprint(pairs) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
   args, cfg = _settings(list(sys.argv[1:] if argv is None else argv))
+  to_folder = args.output.endswith(os.sep) or os.path.isdir(args.output)
+  if not to_folder and not args.output.endswith(".json"):
+    raise ConfigError(f"--output must be a .json file or a folder, got {args.output!r}")
+  check_output_file(os.path.join(args.output, "splits_<key>.json") if to_folder else args.output)
   beam = beam_io.is_beam(args.runner)
   if args.vocab_path and not os.path.isfile(args.vocab_path) and "://" not in args.vocab_path:
     raise ConfigError(f"vocabulary not found: {args.vocab_path}")
@@ -91,11 +95,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     splits = splits_lib.build_splits(train_docs, valid_docs, cfg, tokenize=tokenize, verbose=True)
     train_fp, valid_fp = splits_lib.corpus_fingerprint(train_docs), splits_lib.corpus_fingerprint(valid_docs)
   key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, cfg, tokenizer_id if args.vocab_path else None)
-  output = args.output
-  if output.endswith(os.sep) or os.path.isdir(output):
-    output = os.path.join(output, f"splits_{key}.json")
-  elif not output.endswith(".json"):
-    raise ConfigError(f"--output must be a .json file or a folder, got {output!r}")
+  output = os.path.join(args.output, f"splits_{key}.json") if to_folder else args.output
   content = splits_lib.splits_file_content(splits, key, cfg, tokenizer_id if args.vocab_path else None, specs)
   write_json_atomic(output, content, indent=None, sort_keys=False)
   json.dump({"output": os.path.abspath(output), "key": key, "runner": args.runner, "sizes": splits.sizes(),

@@ -67,11 +67,7 @@ def check_output(output: str) -> None:
   """ConfigError unless `output` names a .model file that can be written (before any training)."""
   if not output.endswith(".model"):
     raise ConfigError(f"--output must end with .model, got {output!r}")
-  try:
-    io_lib.check_writable_file(output)
-  except OSError as e:
-    where = f" ({e.filename})" if e.filename and os.path.abspath(e.filename) != os.path.abspath(output) else ""
-    raise ConfigError(f"--output {output!r} cannot be written: {e.strerror or e}{where}") from None
+  io_lib.check_output_file(output)
 
 
 def _parser():

@@ -272,6 +272,9 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
     raise ConfigError(f"finetune_feature_lengths needs 'inputs' and 'targets', got {lengths!r}")
   points = sweep_points(batch_sweep_sizes, batch_sweep_examples, batch_sweep_microbatch_size)
   task = glue_tasks.register_task_dir(task_dir) if task_dir is not None else glue_tasks.get_task(task).name
+  if task_dir is not None:  # a malformed task file is refused now, not after pretraining (phase 4)
+    for split in ("train", "validation"):
+      glue_tasks.load_examples(task, split)
   dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=0.0, repetitions=(2,),
                                           seed=seed, max_documents=max_documents).validate()
   output_dir = os.path.abspath(output_dir)

@@ -55,7 +55,7 @@ import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5.errors import ConfigError, DataError
-from private_t5.io import write_bytes_atomic
+from private_t5.io import check_output_file, write_bytes_atomic
 
 # The other package modules and SentencePiece are imported inside the functions that use them:
 # the counting workers (`build_histogram`) import only this module, so starting them stays cheap.
@@ -508,6 +508,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
   if not str(output).endswith(".model"):
     raise ConfigError(f"output must end with .model, got {output!r}")
+  for path in filter(None, (output, report_path)):  # both can be written, before the corpus is read
+    check_output_file(path, "output")
   if isinstance(eval_documents, bool) or not isinstance(eval_documents, int) or eval_documents < 0:
     raise ConfigError(f"eval_documents must be an integer >= 0, got {eval_documents!r}")
   base = base_characters(extra_characters)
@@ -604,6 +606,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp.append("utility.nonprivate_baseline")
   del histogram
 
+  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   report = ledger_lib.vocabulary_report(
       params, model_bytes=model, insecure_seed=insecure_seed,
@@ -626,6 +629,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       model_type=model_type,
       model=os.path.abspath(output),
       corpus=corpus if isinstance(corpus, str) else list(corpus),
+      corpus_files=[f for spec in corpus_specs for f in corpora.corpus_files(spec)],
       utility=utility,
       seconds=round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with

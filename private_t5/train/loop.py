@@ -273,7 +273,8 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
       bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
                                     + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
       log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=privacy.private,
-                       learning_rate=values.get("learning_rate")))
+                       learning_rate=values.get("learning_rate"),
+                       training_epsilon=ledger.training_epsilon() if privacy.private else None))
     if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
       last_eval = run_eval(step, state.params)
     if step % config.checkpoint_every == 0 or step == config.train_steps:

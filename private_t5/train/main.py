@@ -12,7 +12,7 @@ checkpoint in MODEL_DIR.
 import dataclasses
 import inspect
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
 import jax
 
@@ -121,6 +121,10 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
                       f"{model_config.vocab_size}; set --gin.VOCAB_SIZE={-(-vocab_size // 128) * 128}")
   if dp is not None and not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig (@DPConfig()) or None, got {type(dp).__name__}")
+  if model_config.dtype == "float16":
+    raise ConfigError("T5Config.dtype (ACTIVATION_DTYPE) 'float16' is not supported for training: T5's activations "
+                      "overflow float16's range (max 65504) and the loss turns to inf/NaN; use 'bfloat16' (the same "
+                      "memory, float32's range) or 'float32'")
 
 
 def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
@@ -131,15 +135,42 @@ def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
                       f"(see private_t5.train.main.train)")
 
 
-def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Optional[int] = None):
+def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Optional[int] = None,
+               log: Callable[[str], None] = print):
   """The (data, model) device mesh; the batch and a microbatch must split evenly over its data
-  axis (every global microbatch is spread over the data positions of all processes)."""
+  axis (every global microbatch is spread over the data positions of all processes). A mesh
+  that leaves devices idle is logged as a warning."""
   mesh = partitioning.create_mesh(mesh_shape)
+  if mesh.devices.size < len(jax.devices()):
+    log(f"[train] WARNING: mesh_shape {tuple(mesh_shape)} uses {mesh.devices.size} of the {len(jax.devices())} "
+        "devices; the others stay idle (mesh_shape=(-1, 1) uses them all)")
   partitioning.check_batch_divisible(batch_size, mesh)
   if microbatch_size is not None and microbatch_size % mesh.shape[partitioning.DATA_AXIS]:
     raise ConfigError(f"microbatch_size={microbatch_size} must be a multiple of the mesh's data axis "
                       f"({mesh.shape[partitioning.DATA_AXIS]} devices): each microbatch is split over it")
   return mesh
+
+
+def moved_paths(manager, train_data, lora) -> Tuple[str, ...]:
+  """The fingerprint entries a resume need not match because they are paths to contents named by
+  hash: a LoRA run's base (its SHA-256), a corpus whose token store has the checkpoint's digest."""
+  moved = ("initial_checkpoint", "privacy.lora.base.path") if lora is not None else ()
+  _, saved = manager.latest_metadata()
+  digest = train_data.describe().get("tokens_sha256")
+  if saved and digest and (saved.get("data") or {}).get("tokens_sha256") == digest:
+    moved += ("data.corpus",)
+  return moved
+
+
+def resume_hints(dp) -> Dict[str, str]:
+  """What a refused resume says when σ, calibrated from target_epsilon, differs from the checkpoint's."""
+  if dp is None or dp.noise_multiplier is not None or dp.target_epsilon is None:
+    return {}
+  return {"privacy.noise_multiplier": (
+      f"σ was calibrated for target_epsilon={dp.target_epsilon:g} over the checkpoint run's own TRAIN_STEPS (and "
+      "data and batch), so another TRAIN_STEPS gives another σ: to resume, keep the original TRAIN_STEPS; to "
+      "extend the run, fix σ to the checkpoint's (--gin.DPConfig.noise_multiplier=<the checkpoint's σ> "
+      "--gin.DPConfig.target_epsilon=None) with the new TRAIN_STEPS, and ε then grows past the target")}
 
 
 def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
@@ -205,6 +236,7 @@ def build_lora(lora, initial_checkpoint: Optional[str], model_config) -> Optiona
     raise ConfigError(f"lora must be a LoraConfig (@LoraConfig()) or None, got {type(lora).__name__}")
   if not initial_checkpoint:
     raise ConfigError("LoRA adapts pretrained weights: set INITIAL_CHECKPOINT (train.initial_checkpoint)")
+  lora.check_fits(model_config)
   params = initial_lib.load_initial_params(initial_checkpoint, model_config)
   record = lora_lib.base_record(os.path.abspath(initial_checkpoint), lora_lib.params_sha256(params), lora)
   return LoraBase(params, record)
@@ -294,7 +326,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
-  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size)
+  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size, log)
   manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
   failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:
@@ -304,7 +336,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
-        noise_secret=not seeds.deterministic, population=train_data.describe().get("population"), log=log)
+        noise_secret=not seeds.deterministic, population=train_data.describe().get("population"),
+        corpus=train_data.describe().get("corpus"), log=log)
     mechanism = setup.fingerprint()
     override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
                 else privacy_hook(setup, train_data))
@@ -313,7 +346,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       extra = dict(extra, lora=base.record)
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
-    manager.check_compatible(fingerprint)
+    manager.check_compatible(fingerprint, hints=resume_hints(dp), ignore=moved_paths(manager, train_data, lora))
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
@@ -349,7 +382,11 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     summary["lora"] = base.record
   if override.summarize is not None:
     summary.update(override.summarize(summary))
-  if partitioning.is_primary():
+  finished = summary["steps_this_run"] == 0 and os.path.isfile(ledger_lib.summary_path(model_dir))
+  if finished:  # a finished run started again: its summary (throughput, metrics) is kept
+    log(f"[train] the run was already at step {summary['final_step']}: nothing trained, "
+        f"{ledger_lib.summary_path(model_dir)} kept")
+  elif partitioning.is_primary():
     ledger_lib.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary

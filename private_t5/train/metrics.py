@@ -102,8 +102,12 @@ class ProgressPrinter:
 
   def line(self, step: int, loss: Optional[float], accuracy: Optional[float],
            epsilon: Optional[float] = None, private: bool = False,
-           learning_rate: Optional[float] = None) -> str:
-    """Formats (and resets the rate counters of) the progress line at `step`."""
+           learning_rate: Optional[float] = None, training_epsilon: Optional[float] = None) -> str:
+    """Formats (and resets the rate counters of) the progress line at `step`.
+
+    `epsilon` is the run's total ε; `training_epsilon`, when it differs (a DP vocabulary or DP
+    initial weights composed in), is shown beside it.
+    """
     now = time.time()
     elapsed = max(now - self._last_time, 1e-9)
     steps_done = max(step - self._last_step, 0)
@@ -123,7 +127,10 @@ class ProgressPrinter:
       parts.append(f"{steps_per_s:.2f} steps/s")
       parts.append(f"ETA {format_duration(eta)}")
     if epsilon is not None:
-      parts.append(f"ε {epsilon:.4g}" if math.isfinite(epsilon) else "ε ∞")
+      text = f"ε {epsilon:.4g}" if math.isfinite(epsilon) else "ε ∞"
+      if training_epsilon is not None and training_epsilon != epsilon:
+        text += f" (total; training alone {training_epsilon:.4g})"
+      parts.append(text)
     return " | ".join(parts)
 
   def print(self, text: str) -> None:

@@ -121,8 +121,11 @@ def create_mesh(mesh_shape: Sequence[int] = (-1, 1), devices: Optional[Sequence[
     ConfigError: the shape does not match the number of devices.
   """
   devices = list(jax.devices() if devices is None else devices)
+  if (not isinstance(mesh_shape, (list, tuple)) or len(mesh_shape) != 2
+      or any(not isinstance(s, (int, np.integer)) or isinstance(s, bool) for s in mesh_shape)):
+    raise ConfigError(f"mesh_shape must be (data, model), two integers (one may be -1), got {mesh_shape!r}")
   shape = [int(s) for s in mesh_shape]
-  if len(shape) != 2 or shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
     raise ConfigError(f"mesh_shape must be (data, model) with positive sizes (one may be -1), "
                       f"got {tuple(mesh_shape)}")
   if -1 in shape:
