@@ -251,7 +251,9 @@ def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
   ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
   ledger.record_steps(10)
   ledger.add_component_from_report(report["report_path"])
-  assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+  assert ledger.epsilon_by_addition() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+  # Its Gaussian event composes with training's: less than the sum.
+  assert ledger.total_epsilon() == ledger.epsilon_by_events() < ledger.epsilon_by_addition()
   assert ledger.total_delta() == pytest.approx(ledger.training_delta() + 1e-8)
 
 
@@ -289,7 +291,9 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   ledger.record_steps(10)
   component = ledger.add_vocabulary(out, report["report_path"])
   assert component["name"] == "dp_sentencepiece" and ledger.vocabulary_status() == "dp"
-  assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+  assert ledger.epsilon_by_addition() == pytest.approx(ledger.training_epsilon() + report["epsilon"])
+  # Its Gaussian event composes with training's: less than the sum.
+  assert ledger.total_epsilon() == ledger.epsilon_by_events() < ledger.epsilon_by_addition()
   # A fixed noise seed: the vocabulary's report says so in one line, and the ledger sees it.
   assert on_disk["noise_secret"] is False and on_disk["warnings"][0].startswith("NO PRIVACY GUARANTEE")
   assert component["noise_secret"] is False and ledger.report()["noise_secret"] is False

@@ -3,6 +3,7 @@ import json
 import math
 import os
 
+import dp_accounting
 import pytest
 
 from private_t5.dp import accounting
@@ -310,6 +311,17 @@ def _vocabulary_with_report(tmp_path, epsilon=3.0, delta=1e-8, unit="document"):
   return str(vocab), path, params
 
 
+def _by_hand(accountant, delta, *events):
+  """ε of `events` composed by dp_accounting directly (not through private_t5's helpers)."""
+  if accountant == "auto":
+    return min(_by_hand(name, delta, *events) for name in ("rdp", "pld"))
+  acc = (dp_accounting.rdp.RdpAccountant() if accountant == "rdp"
+         else dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3))
+  for event in events:
+    acc.compose(event)
+  return acc.get_epsilon(delta)
+
+
 @pytest.mark.parametrize("accountant", ["rdp", "pld", "auto"])
 def test_training_and_vocabulary_compose_by_events_at_the_same_delta(tmp_path, accountant):
   vocab, path, params = _vocabulary_with_report(tmp_path)
@@ -317,21 +329,46 @@ def test_training_and_vocabulary_compose_by_events_at_the_same_delta(tmp_path, a
   ledger = _ledger(accountant=accountant, max_batch_size=None, delta=1e-8)
   ledger.add_vocabulary(vocab, path)
   assert ledger.epsilon_by_events() is None  # before the first step
+  assert "no step taken yet" in ledger.composition()
   ledger.record_steps(500)
   report = ledger.report()
   by_events = report["epsilon_by_events"]
   # Both bound the same release at the same total δ: training δ + δ_g + δ_t.
   assert report["delta"] == pytest.approx(1e-8 + params["delta_gaussian"] + params["delta_threshold"])
-  assert report["epsilon"] == pytest.approx(ledger.training_epsilon() + params["epsilon"])
-  assert max(ledger.training_epsilon(), params["epsilon"]) < by_events < report["epsilon"]
-  # The same events composed by hand.
-  events = [accounting.make_dp_event(1.1, 0.01, 500), accounting.gaussian_event(params["noise_multiplier"])]
-  assert by_events == pytest.approx(accounting.composed_epsilon(events, 1e-8 + params["delta_gaussian"],
-                                                                accountant))
+  assert report["epsilon_by_addition"] == pytest.approx(ledger.training_epsilon() + params["epsilon"])
+  # The reported ε is the composition by events: at least each part, below the sum.
+  assert max(ledger.training_epsilon(), params["epsilon"]) < by_events < report["epsilon_by_addition"]
+  assert report["epsilon"] == report["total_epsilon"] == by_events == ledger.total_epsilon()
+  # dp_accounting's own composition of the same two events, built here from their parameters.
+  events = (dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 500),
+            dp_accounting.GaussianDpEvent(params["noise_multiplier"]))
+  assert by_events == pytest.approx(_by_hand(accountant, 1e-8 + params["delta_gaussian"], *events), rel=1e-9)
+  assert report["composition"].startswith(f"by events: ε = {by_events:.4g}")
+  assert f"= {report['epsilon_by_addition']:.4g}" in report["composition"]
   # The event travels with the ledger (checkpoints, resume).
   resumed = _ledger(accountant=accountant, max_batch_size=None, delta=1e-8).resume_from(
       PrivacyLedger.from_dict(json.loads(json.dumps(report))))
-  assert resumed.epsilon_by_events() == pytest.approx(by_events)
+  assert resumed.epsilon_by_events() == pytest.approx(by_events) == resumed.total_epsilon()
+
+
+def test_quickstart_vocabulary_and_training_compose_below_their_sum(tmp_path):
+  """The quickstart's numbers: a vocabulary at ε 8 (δ 1e-8, capped at 64 words a document) and
+  training at ε 10 (466 documents, expected batch 32, 200 steps, δ 1e-5, σ calibrated by PLD)."""
+  vocab, path, params = _vocabulary_with_report(tmp_path, epsilon=8.0)
+  ledger = _ledger(noise_multiplier=0.8202, delta=1e-5, num_examples=466, batch_size=32, max_batch_size=None,
+                   accountant="auto")
+  ledger.add_vocabulary(vocab, path)
+  ledger.record_steps(200)
+  assert ledger.training_epsilon() == pytest.approx(10.0, abs=0.01)
+  assert params["epsilon"] == pytest.approx(8.0, rel=1e-5)
+  report = ledger.report()
+  assert report["epsilon_by_addition"] == pytest.approx(18.0, abs=0.01)
+  assert report["epsilon"] == pytest.approx(12.17, abs=0.01)  # PLD (RDP gives 13.47)
+  assert report["delta"] == pytest.approx(1e-5 + 1e-8)
+  # Each of the two numbers is named, in the report and on the console.
+  assert "by events: ε = 12.17" in report["composition"] and "= 18" in report["composition"]
+  assert "training 10 + dp_sentencepiece 8" in report["composition"]
 
 
 def test_composition_by_events_needs_every_component_s_event(tmp_path):
@@ -340,18 +377,32 @@ def test_composition_by_events_needs_every_component_s_event(tmp_path):
   ledger = _ledger(max_batch_size=None)
   ledger.add_component_from_report(str(old))
   ledger.record_steps(10)
-  assert ledger.report()["epsilon_by_events"] is None and ledger.report()["epsilon"] is not None
+  report = ledger.report()
+  assert report["epsilon_by_events"] is None
+  assert report["epsilon"] == report["epsilon_by_addition"] == pytest.approx(ledger.training_epsilon() + 0.17)
+  assert report["composition"].startswith("by addition:") and "records no Gaussian event" in report["composition"]
   # A document-level vocabulary in example-level training composes by group privacy only.
   vocab, path, _ = _vocabulary_with_report(tmp_path)
   grouped = _ledger(max_batch_size=None, privacy_unit="example")
   grouped.add_vocabulary(vocab, path)
   grouped.record_steps(10)
   assert "event" not in grouped.components[0] and grouped.epsilon_by_events() is None
+  assert grouped.total_epsilon() == grouped.epsilon_by_addition() and "group privacy" in grouped.composition()
   # A public vocabulary costs nothing: there is nothing to compose.
   public = _ledger(max_batch_size=None, accountant="rdp")
   public.add_vocabulary(str(tmp_path / "public.model"), None, public=True)
   public.record_steps(10)
-  assert public.epsilon_by_events() is None
+  assert public.epsilon_by_events() is None and public.composition() is None
+  assert public.total_epsilon() == public.training_epsilon()
+  # Truncated sampling under RDP alone, and fixed batches: the sum.
+  truncated = _ledger(accountant="rdp", max_batch_size=520)
+  truncated.add_vocabulary(vocab, path)
+  truncated.record_steps(10)
+  assert truncated.epsilon_by_events() is None and "PLD accountant only" in truncated.composition()
+  fixed = _ledger(accountant="rdp", max_batch_size=None, sampling="fixed")
+  fixed.add_vocabulary(vocab, path)
+  fixed.record_steps(10)
+  assert fixed.total_epsilon() == fixed.epsilon_by_addition() and "fixed batches" in fixed.composition()
 
 
 def test_report_files_have_one_rule(tmp_path):

@@ -128,6 +128,18 @@ def test_console_and_summary_label_private_statistics_and_insecure_noise():
   lines.clear()
   main.print_final(dict(summary, private=False), PrivacyLedger.non_private_baseline(), lines.append)
   assert not any("not DP" in line or "WARNING" in line for line in lines)
+  # A DP vocabulary composed by events: the total, and both numbers it is checked against.
+  from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
+  params = accounting.thresholded_gaussian_parameters(1e-8, l2=8.0, linf=1.0, max_distinct=64, target_epsilon=3.0)
+  event = {k: params[k] for k in ("noise_multiplier", "delta_gaussian", "delta_threshold")}
+  ledger.add_component("dp_sentencepiece", params["epsilon"], params["delta"], "vocab/privacy_report.json",
+                       details={"event": event})
+  lines.clear()
+  main.print_final(dict(summary, epsilon=ledger.total_epsilon(), delta=ledger.total_delta()), ledger, lines.append)
+  composed = [line for line in lines if line.startswith("  ε composed by events: ε = ")]
+  assert len(composed) == 1 and f"= {ledger.epsilon_by_addition():.4g}" in composed[0]
+  assert f"training {ledger.training_epsilon():.4g} + dp_sentencepiece 3" in composed[0]
+  assert any(line.startswith(f"  privacy: ε = {ledger.epsilon_by_events():.4g} at δ") for line in lines)
 
 
 @pytest.mark.slow

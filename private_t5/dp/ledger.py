@@ -7,8 +7,11 @@ of the adaptive-DP and JFT reports.
 
 A ledger covers ONE mechanism: fixed σ, q, C, δ, sampling scheme and privacy unit. Resuming
 adds steps; changing any of these on resume is refused. Other DP releases computed from the
-same data (e.g. the DP-SentencePiece vocabulary) are composed in as `components` by simple
-composition, summing ε and δ (Ponomareva et al. 2022, Appendix C).
+same data (e.g. the DP-SentencePiece vocabulary) are composed in as `components`. δ adds up;
+ε is the smaller of two bounds of the same release at that δ: the sum (simple composition,
+Ponomareva et al. 2022, Appendix C) and, where every component records its DP event (a
+DP-SentencePiece report at the training unit), the composition of training's and the
+components' events by the accountant (`epsilon_by_events`), never more than the sum.
 
 The vocabulary is always a component. Its DP-SentencePiece report is composed only when the
 report names this vocabulary by content hash (`vocab_sha256`) and its privacy unit is at least
@@ -538,30 +541,33 @@ class PrivacyLedger:
     return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
                                   self.training_epsilon())
 
-  def epsilon_by_events(self) -> Optional[float]:
+  def epsilon_by_events(self, exclude: Sequence[str] = ()) -> Optional[float]:
     """Total ε with training and the components composed by their `DpEvent`s, at `total_delta()`.
 
     Every DP component must carry its event (a DP-SentencePiece report at the training unit: a
     Gaussian release of noise multiplier σ/k at its δ_g, plus a threshold whose δ_t only adds
-    to δ). Training's events and the components' Gaussian events are composed by the same
-    accountant(s) as training ("auto": the smaller ε of RDP and PLD) at δ + Σ δ_g; with Σ δ_t
-    added, the total δ is `total_delta()`, the δ of the summed ε, so the two ε compare. None
-    when some component has no event (a public or non-private vocabulary, an initial
-    checkpoint, a group-privacy composition, an older report), for a non-private run, for
-    fixed batches, and before the first step. Truncated sampling is accounted by PLD only here.
+    to δ). Training's events and the components' Gaussian events are composed by the
+    accountant(s) that gave training's ε ("auto": the smaller ε of RDP and PLD) at δ + Σ δ_g;
+    with Σ δ_t added, the total δ is at most `total_delta()`, the δ of the summed ε, so the two ε
+    compare. None when some component has no event (a non-private vocabulary, an initial
+    checkpoint, a group-privacy composition, an older report), when there is no component to
+    compose, for a non-private run, for fixed batches, and before the first step. Truncated
+    sampling is accounted by PLD only here. Components named in `exclude` are left out.
     """
-    if self.non_private or not self.steps or self.sampling != "poisson" or self.total_delta() >= 1.0:
+    if (self.non_private or not self.steps or self.sampling != "poisson"
+        or self.total_delta(exclude) >= 1.0 or self._components_without_event(exclude)):
       return None
-    components = [c for c in self.components if not (c["name"] == VOCABULARY_COMPONENT and c.get("public"))]
-    if not components or any("event" not in c for c in components):
+    components = self._dp_components(exclude)
+    if not components:
       return None
-    key = (self.steps, tuple(json.dumps(c["event"], sort_keys=True) for c in components))
+    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate,
+           tuple(json.dumps(c["event"], sort_keys=True) for c in components))
     if key not in self._by_events_cache:
       self._by_events_cache.clear()
       releases = [accounting.gaussian_event(c["event"]["noise_multiplier"]) for c in components]
       delta = self.delta + sum(c["event"]["delta_gaussian"] for c in components)
-      names = [n for n in accounting.accountants_for(self.accountant, self.sampling)
-               if n == "pld" or not self.truncation_probability]
+      # The accountants training's ε came from (PLD is left out past its reach, `epsilons`).
+      names = [n for n in self.epsilons() if n == "pld" or not self.truncation_probability]
       self._by_events_cache[key] = min(
           (accounting.composed_epsilon(
               [accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, self.steps,
@@ -570,7 +576,15 @@ class PrivacyLedger:
               + releases, delta, name) for name in names), default=None)
     return self._by_events_cache[key]
 
-  def total_epsilon(self, exclude: Sequence[str] = ()) -> float:
+  def _dp_components(self, exclude: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The components counted in ε (a public vocabulary is not), less those named in `exclude`."""
+    return [c for c in self.components if c["name"] not in exclude
+            and not (c["name"] == VOCABULARY_COMPONENT and c.get("public"))]
+
+  def _components_without_event(self, exclude: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    return [c for c in self._dp_components(exclude) if "event" not in c]
+
+  def epsilon_by_addition(self, exclude: Sequence[str] = ()) -> float:
     """Training ε plus every component's ε (simple composition); ∞ with a non-private component.
 
     Components named in `exclude` are left out (e.g. the initial checkpoint's training, for the
@@ -580,6 +594,43 @@ class PrivacyLedger:
     if any(not c.get("private", True) and not c.get("public") for c in components):
       return math.inf
     return self.training_epsilon() + sum(c.get("epsilon", 0.0) for c in components)
+
+  def total_epsilon(self, exclude: Sequence[str] = ()) -> float:
+    """The ε reported for training and its components at `total_delta()`: the smaller of
+    `epsilon_by_addition` and `epsilon_by_events` (both bound the same release at that δ), so
+    never more than the sum; the sum where the components cannot be composed by events."""
+    added = self.epsilon_by_addition(exclude)
+    by_events = self.epsilon_by_events(exclude)
+    return added if by_events is None else min(added, by_events)
+
+  def composition(self, exclude: Sequence[str] = ()) -> Optional[str]:
+    """How `total_epsilon` composes training with its components, in one line (None: none counted).
+
+    "events" lines name both numbers (by events, and the sum it is checked against); "addition"
+    lines say why the components were not composed by events.
+    """
+    components = self._dp_components(exclude)
+    if self.non_private or not components or math.isinf(self.epsilon_by_addition(exclude)):
+      return None
+    added = self.epsilon_by_addition(exclude)
+    parts = " + ".join([f"training {self.training_epsilon():.4g}"]
+                       + [f"{c['name']} {c['epsilon']:.4g}" for c in components])
+    by_events = self.epsilon_by_events(exclude)
+    if by_events is not None and by_events <= added:
+      return (f"by events: ε = {by_events:.4g} (training and {', '.join(c['name'] for c in components)} "
+              f"composed as DP events by {'/'.join(self.epsilons()).upper()}); by addition it would be "
+              f"{parts} = {added:.4g}")
+    if not self.steps:
+      why = "no step taken yet"
+    elif by_events is not None:
+      why = f"composition by events gave more, ε = {by_events:.4g}"
+    elif self._components_without_event(exclude):
+      why = "; ".join(_why_no_event(c) for c in self._components_without_event(exclude))
+    elif self.sampling != "poisson":
+      why = "fixed batches are composed by addition only"
+    else:
+      why = "truncated sampling is composed by events under the PLD accountant only"
+    return f"by addition: ε = {parts} = {added:.4g} (not by events: {why})"
 
   def total_delta(self, exclude: Sequence[str] = ()) -> float:
     """Training δ (with truncation) plus every component's δ (simple composition)."""
@@ -608,7 +659,9 @@ class PrivacyLedger:
     """A JSON-ready summary of the guarantee.
 
     `epsilon`/`delta` are the totals over training and components (ε null, i.e. ∞, for a
-    non-private run or a non-private vocabulary); `training_epsilon` is DP-Adafactor's own ε;
+    non-private run or a non-private vocabulary): ε is the smaller of `epsilon_by_events` and
+    `epsilon_by_addition` (`total_epsilon`), and `composition` says in one line which, with both
+    numbers; `training_epsilon` is DP-Adafactor's own ε;
     `vocabulary` is `vocabulary_status()`; `accounting_delta` is the δ the training ε is
     computed at; `noise_secret` is False when any noise came from a fixed seed; `warnings` has
     one line per reason the ε is no guarantee as it reads (`warnings()`); with an initial
@@ -628,6 +681,8 @@ class PrivacyLedger:
         epsilon_rdp=None, epsilon_pld=None, accountant_used=self.accountant_used(),
         clipping_method=self.clipping_method, noise_secret=self.noise_secret_everywhere(),
         epsilon_by_events=self.epsilon_by_events(),
+        epsilon_by_addition=None if self.non_private else finite(self.epsilon_by_addition()),
+        composition=self.composition(),
         warnings=self.warnings(),
         ledger=self.to_dict(),
     )
@@ -695,6 +750,17 @@ def _threshold_release_event(report: Dict[str, Any]) -> Optional[Dict[str, float
       event["delta_gaussian"] + event["delta_threshold"], float(report["delta"]), rel_tol=1e-9):
     return None
   return event
+
+
+def _why_no_event(component: Dict[str, Any]) -> str:
+  """Why a composed component has no DP event (it is then added to training's ε)."""
+  name, source = component["name"], component.get("source", "")
+  if component.get("group_privacy"):
+    return f"{name} ({source}) is composed at another privacy unit, by group privacy"
+  if name == INITIAL_CHECKPOINT_COMPONENT:
+    return f"the initial checkpoint's training ({source}) is composed at its (ε, δ)"
+  return (f"the report {source} records no Gaussian event (σ/k, δ_g, δ_t: written by an older "
+          "dp-spm; re-run `private-t5 dp-spm` for one that does)")
 
 
 def _read_json(path: str) -> Dict[str, Any]:

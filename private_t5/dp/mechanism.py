@@ -407,7 +407,11 @@ def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public
     log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
         f"ε={component['epsilon']:g}, δ={component['delta']:g}"
         + (f" ({group['privacy_unit']}-level ε={group['epsilon']:g}, δ={group['delta']:g}, for "
-           f"{privacy_unit}-level training by group privacy of {group['size']})" if group else ""))
+           f"{privacy_unit}-level training by group privacy of {group['size']})" if group else "")
+        + ("; recorded with its Gaussian event (the report's `composition` says how it composes with "
+           "training)" if "event" in component else
+           "; its ε is added to training's" + ("" if group else " (the report records no Gaussian event: "
+                                                "written by an older dp-spm)")))
     if not component.get("noise_secret", True):
       log(f"[privacy] WARNING: {insecure_noise_warning(f'the vocabulary {vocab_path} (dp-spm --insecure_seed)')}")
     return report

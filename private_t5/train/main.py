@@ -421,6 +421,8 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
       log(f"  privacy: ε = ∞ ({vocabulary}; see the warning below); {training}")
     else:
       log(f"  privacy: ε = {summary['epsilon']:.4g} at δ = {summary['delta']:.3g} ({vocabulary}); {training}")
+      if ledger.composition():
+        log(f"  ε composed {ledger.composition()}")
     for line in ledger.warnings():
       log(f"  WARNING: {line}")
   elif optimizer_name:
