@@ -114,12 +114,15 @@ def _vocab_and_report(directory, content=b"a vocabulary", report_name="privacy_r
 
 def test_dp_sentencepiece_report_beside_vocab_is_composed(tmp_path):
   vocab, report = _vocab_and_report(tmp_path)
-  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab)
+  lines = []
+  setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab, log=lines.append)
   assert setup.dp_spm_report == report
   ledger = setup.ledger
   ledger.record_steps(10)
   assert [c["name"] for c in ledger.components] == ["dp_sentencepiece"]
+  # An older report (no σ/k, no δ split): its ε is added to training's, and the log says why.
   assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + 0.17)
+  assert any("added to training's (the report records no Gaussian event" in line for line in lines)
   assert ledger.report()["vocabulary"] == "dp"
   assert ledger_lib.find_vocabulary_report(str(tmp_path / "other" / "spm.model")) is None
 

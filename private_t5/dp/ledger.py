@@ -617,8 +617,10 @@ class PrivacyLedger:
                        + [f"{c['name']} {c['epsilon']:.4g}" for c in components])
     by_events = self.epsilon_by_events(exclude)
     if by_events is not None and by_events <= added:
+      names = [n.upper() for n in self.epsilons() if n == "pld" or not self.truncation_probability]
+      accountants = " and ".join(names) + (", the smaller" if len(names) > 1 else "")
       return (f"by events: ε = {by_events:.4g} (training and {', '.join(c['name'] for c in components)} "
-              f"composed as DP events by {'/'.join(self.epsilons()).upper()}); by addition it would be "
+              f"composed as DP events by {accountants}); by addition it would be "
               f"{parts} = {added:.4g}")
     if not self.steps:
       why = "no step taken yet"
