@@ -50,7 +50,10 @@ def test_quickstart_script_runs_a_few_steps(shared_data, tmp_path):
   assert summary["model_config"]["vocab_size"] == 512  # 400 + 100 sentinels, rounded up to 128
   report = json.load(open(os.path.join(model_dirs[0], "privacy_report.json")))
   assert report["steps"] == 3 and report["dp"] is True
-  # The DP-SentencePiece vocabulary is composed: total ε = training ε + the vocabulary's ε.
+  # The DP-SentencePiece vocabulary is composed with training by their DP events, below their sum.
   assert report["vocabulary"] == "dp" and [c["name"] for c in report["components"]] == ["dp_sentencepiece"]
-  assert report["epsilon"] == pytest.approx(report["training_epsilon"] + report["components"][0]["epsilon"])
-  assert "DP vocabulary included" in out
+  vocabulary_epsilon = report["components"][0]["epsilon"]
+  assert report["epsilon_by_addition"] == pytest.approx(report["training_epsilon"] + vocabulary_epsilon)
+  assert report["epsilon"] == report["epsilon_by_events"] < report["epsilon_by_addition"]
+  assert report["training_epsilon"] < report["epsilon"]
+  assert "DP vocabulary included" in out and "ε composed by events: ε = " in out
