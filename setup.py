@@ -1,7 +1,7 @@
 """private_t5: differentially private pretraining and fine-tuning of T5 in JAX."""
 import os
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -68,11 +68,15 @@ setup(
     name="private_t5",
     version="0.1.0",
     description="Differentially private pretraining and fine-tuning of T5 (JAX/Flax)",
-    packages=find_packages(include=["private_t5", "private_t5.*"]),
+    # The data folders (private_t5/configs/*, private_t5/data/glue_like/*: no __init__.py) are
+    # namespace packages that hold only data: declared as packages, their files ship as package data.
+    packages=find_namespace_packages(include=["private_t5", "private_t5.*"], exclude=["*.__pycache__"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
-    package_data={"private_t5": ["configs/*/*.gin"]},
+    # The Gin configs and the small built-in GLUE-layout tasks (rotten_tomatoes, bible_paraphrase,
+    # bbc_news) ship in the wheel.
+    package_data={"private_t5.configs": ["*/*.gin"], "private_t5.data.glue_like": ["*/*.tsv"]},
     include_package_data=True,
     entry_points={"console_scripts": ["private-t5=private_t5.stages.cli:main"]},
 )

@@ -56,6 +56,30 @@ echo "[quickstart] pretraining a tiny T5 (span corruption, DP-Adafactor) in $MOD
   --gin.VOCAB_SIZE="$MODEL_VOCAB" \
   "$@"
 
+# The memorization stage compares the documents training read with held-out documents of the
+# same corpus: write both, split as the run split them (its operative VALIDATION_FRACTION).
+SPLIT_DIR="$WORK_DIR/$SLUG/corpus"
+"$VENV/bin/python" - "$CORPUS" "$MODEL_DIR/config.gin" "$SPLIT_DIR" <<'PY'
+import json, os, re, sys
+from private_t5.data import corpora, source
+corpus, config, out = sys.argv[1:]
+with open(config, encoding="utf-8") as f:
+  fraction = float(re.search(r"^VALIDATION_FRACTION = (.+)$", f.read(), re.M).group(1))
+docs, _ = corpora.read_corpus(corpus)
+os.makedirs(out, exist_ok=True)
+files = {False: open(os.path.join(out, "train.jsonl"), "w", encoding="utf-8"),
+         True: open(os.path.join(out, "valid.jsonl"), "w", encoding="utf-8")}
+for d in docs:
+  files[source.in_validation(d.id, fraction)].write(json.dumps({"id": d.id, "text": d.text}) + "\n")
+for f in files.values():
+  f.close()
+PY
+
 echo "[quickstart] vocabulary:   $VOCAB"
 echo "[quickstart] model dir:    $MODEL_DIR"
-echo "[quickstart] next: private-t5 memorization / fine-tuning read $MODEL_DIR (docs/training.md)"
+echo "[quickstart] documents:    $SPLIT_DIR/train.jsonl (trained on), $SPLIT_DIR/valid.jsonl (held out)"
+echo "[quickstart] next, how much training text the model regenerates (docs/memorization.md):"
+echo "  $PT5 memorization --gin_file=configs/runs/memorization.gin --gin.MODEL_DIR=$MODEL_DIR \\"
+echo "    --gin.TRAIN_CORPUS=$SPLIT_DIR/train.jsonl --gin.VALID_CORPUS=$SPLIT_DIR/valid.jsonl \\"
+echo "    --gin.OUTPUT_DIR=$WORK_DIR/$SLUG/memorization --gin.PROMPT_LENGTH=64 --gin.GENERATION_LENGTH=32"
+echo "[quickstart] fine-tuning and export: docs/finetuning.md, docs/training.md"

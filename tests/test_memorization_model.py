@@ -20,6 +20,17 @@ NUM_TRAIN, NUM_UNSEEN = 8, 8
 # The split detection settings of the stage runs below (fewer permutations than the default).
 SPLIT_CONFIG_FLAGS = ["--gin.SplitConfig.num_perm=900", "--gin.SplitConfig.num_bands=90",
                       "--gin.SplitConfig.num_workers=1"]
+# The overfit run: full-batch Adam, a warmup then cosine decay to 0, from PRNGKey(0), no dropout;
+# every input (documents, vocabulary, canaries, split detection) is fixed, so it computes the same
+# thing on every run. After it, each position of each training continuation has its target token
+# ahead of the runner-up by >= OVERFIT_MARGIN nats (teacher-forced), so greedy decoding regenerates
+# all NUM_TRAIN of them. Measured: the smallest of those margins is 7.5-8.0 nats for init seeds
+# 0-5 on the fixture data (tests/data) and on ../shared/data, so numerics that differ between
+# machines do not come near it.
+OVERFIT_STEPS = 250
+OVERFIT_LEARNING_RATE = 3e-3
+OVERFIT_WARMUP = 20
+OVERFIT_MARGIN = 3.0
 
 
 def _read_jsonl(path, limit):
@@ -32,11 +43,48 @@ def _read_jsonl(path, limit):
   return out
 
 
-@pytest.fixture(scope="module")
-def overfit(shared_data, tmp_path_factory):
+def _train_overfit(batch, config, steps=None, seed=0, learning_rate=None):
+  """Full-batch Adam on `batch` from PRNGKey(seed): (params, the loss of every step)."""
   import jax
   import jax.numpy as jnp
   import optax
+  from private_t5 import models
+  steps = OVERFIT_STEPS if steps is None else steps
+  learning_rate = OVERFIT_LEARNING_RATE if learning_rate is None else learning_rate
+  params = models.init_params(config, jax.random.PRNGKey(seed))
+  opt = optax.adam(optax.warmup_cosine_decay_schedule(0.0, learning_rate, OVERFIT_WARMUP, steps))
+  opt_state = opt.init(params)
+
+  @jax.jit
+  def step(params, opt_state):
+    loss_fn = lambda p: jnp.mean(models.example_loss_fn(p, batch, config))
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  losses = []
+  for _ in range(steps):
+    params, opt_state, loss = step(params, opt_state)
+    losses.append(loss)
+  return jax.device_get(params), [float(x) for x in jax.device_get(losses)]
+
+
+def _target_margins(params, config, examples):
+  """Per continuation, the smallest teacher-forced log-probability lead of its target token over
+  the most likely other token (nats; negative where another token is ahead)."""
+  import jax
+  from private_t5 import models
+  targets = np.stack(examples.targets)
+  logits = models.EncoderDecoderModel(config).compute_logits(
+      params, {"encoder_input_tokens": examples.inputs, "decoder_target_tokens": targets})
+  logp = np.array(jax.nn.log_softmax(logits.astype(np.float32)))
+  target = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  np.put_along_axis(logp, targets[..., None], -np.inf, -1)
+  return (target - logp.max(-1)).min(-1)
+
+
+@pytest.fixture(scope="module")
+def overfit(shared_data, tmp_path_factory):
   from private_t5 import models
   from private_t5.data.corpora import Document
   from private_t5.eval import canaries as canaries_lib
@@ -52,6 +100,9 @@ def overfit(shared_data, tmp_path_factory):
   tokens = memorization.tokenize_documents(vocab, [d.text for d in docs])
   # Documents long enough whose continuations differ (distinct first P+T tokens), and that the
   # split detection does not find near-duplicated in the pool (some corpora share boilerplate).
+  # The T + 1 tokens the model is trained to continue with are all different: a 2-layer decoder
+  # learns a repeated token ("/ /", ":: ::") only after many more steps (it must count positions),
+  # which left some continuations undecided (two tokens tied) after the short training.
   from private_t5.eval import splits as splits_lib
   split_config = splits_lib.SplitConfig(num_perm=900, num_bands=90, num_workers=1)  # as SPLIT_CONFIG_FLAGS
   found = splits_lib.build_splits(docs, [], split_config, tokenize=lambda text: vocab.encode(text))
@@ -61,7 +112,7 @@ def overfit(shared_data, tmp_path_factory):
     if d.id not in unique:
       continue
     key = tuple(t[:P + T])
-    if len(t) >= P + T + 1 and key not in seen and len(set(t[P:P + T].tolist())) > 3:
+    if len(t) >= P + T + 1 and key not in seen and len(set(t[P:P + T + 1].tolist())) == T + 1:
       picked.append(d)
       seen.add(key)
     if len(picked) == NUM_TRAIN + NUM_UNSEEN:
@@ -102,22 +153,10 @@ def overfit(shared_data, tmp_path_factory):
 
   vocab_rows = -(-vocab.vocab_size // 128) * 128
   config = models.load_preset("t5_1_0_tiny", vocab_size=vocab_rows, dropout_rate=0.0)
-  params = models.init_params(config, jax.random.PRNGKey(0))
-  opt = optax.adam(3e-3)
-  opt_state = opt.init(params)
-
-  @jax.jit
-  def step(params, opt_state):
-    loss_fn = lambda p: jnp.mean(models.example_loss_fn(p, batch, config))
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  for _ in range(400):
-    params, opt_state, loss = step(params, opt_state)
-  return dict(params=jax.device_get(params), config=config, vocab=vocab, vocab_path=vocab_path,
+  params, losses = _train_overfit(batch, config)
+  return dict(params=params, config=config, vocab=vocab, vocab_path=vocab_path,
               train_docs=train_docs, unseen_docs=unseen_docs, canaries=cans, fmt=fmt, cfg=cfg,
-              final_loss=float(loss), tmp=tmp)
+              final_loss=losses[-1], tmp=tmp)
 
 
 @pytest.mark.slow
@@ -133,8 +172,14 @@ def test_overfit_model_regenerates_training_continuations_only(overfit):
     metrics, stats, _ = memorization.evaluate_split(o["params"], o["config"], ex, o["cfg"], verbose=False)
     results[name] = metrics
     assert stats.generated_tokens == len(docs) * T
-  assert results["train"].exact_match >= 0.85, results
-  assert results["train"].token_accuracy >= 0.95, results
+    if name == "train":
+      margins = _target_margins(o["params"], o["config"], ex)
+  # Every training continuation is learnt with a clear margin, and regenerated.
+  print(f"regenerated {round(results['train'].exact_match * NUM_TRAIN)} of {NUM_TRAIN} training continuations, "
+        f"smallest margin {margins.min():.2f} nats (asked >= {OVERFIT_MARGIN})")
+  assert margins.min() >= OVERFIT_MARGIN, margins
+  assert results["train"].exact_match == 1.0, results
+  assert results["train"].token_accuracy == 1.0, results
   assert results["train"].median_edit_distance == 0.0
   assert results["unseen"].exact_match <= 0.15, results
   assert results["unseen"].token_accuracy < 0.5, results
@@ -230,7 +275,7 @@ def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
   assert report["splits"]["sizes"] == {"train_dup": 20, "train_unique": NUM_TRAIN, "valid_in_train": 0,
                                        "valid_unique": NUM_UNSEEN}
   assert greedy["train_dup"]["n"] == 0 and greedy["train_dup"]["skipped"] == 20
-  assert greedy["train_unique"]["n"] == NUM_TRAIN and greedy["train_unique"]["exact_match"] >= 0.85
+  assert greedy["train_unique"]["n"] == NUM_TRAIN and greedy["train_unique"]["exact_match"] == 1.0
   assert greedy["valid_unique"]["n"] == NUM_UNSEEN and greedy["valid_unique"]["exact_match"] <= 0.15
   assert greedy["valid_in_train"]["n"] == 0 and greedy["valid_in_train"]["exact_match"] is None
   assert any("valid_in_train" in w and "empty" in w for w in report["warnings"])

@@ -1,7 +1,9 @@
-"""`pip install .` of the committed tree ships the Gin configs, found by name from any directory."""
+"""`pip install .` of the committed tree ships the Gin configs (found by name from any directory)
+and the built-in GLUE-layout tasks, and builds without setuptools warnings."""
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -35,6 +37,49 @@ def test_pip_install_outside_the_repository_finds_configs_by_name(tmp_path):
   for name in ("models/t5_1_0_small.gin", "configs/models/t5_1_0_small.gin"):
     out = _run([sys.executable, "-m", "private_t5.stages.cli", "info", f"--gin_file={name}"], cwd="/", env=env)
     assert '"num_params": 60506624' in out, out[:300]
+  # The built-in local tasks read the copy shipped in the installed package.
+  script = ("from private_t5.data import glue_tasks as g\n"
+            "for name in ('rotten_tomatoes', 'bible_paraphrase', 'bbc_news'):\n"
+            "  ex = g.load_examples(name, 'validation')\n"
+            "  print(name, len(ex['inputs']), ex['source'])\n")
+  out = _run([sys.executable, "-c", script], cwd="/", env=env).splitlines()
+  assert len(out) == 3, out
+  for line in out:
+    name, n, source = line.split(" ", 2)
+    assert int(n) > 0 and source.startswith(str(target / "private_t5" / "data" / "glue_like" / name)), line
+
+
+def _tracked(*patterns):
+  return sorted(_run(["git", "ls-files", "--", *patterns], cwd=PROJECT_ROOT).split())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+  """(pip's output, the names in the wheel) of `pip wheel` on a clone of the committed tree."""
+  tmp = tmp_path_factory.mktemp("wheel")
+  clone = tmp / "src"
+  _run(["git", "clone", "--quiet", "--no-checkout", PROJECT_ROOT, str(clone)])
+  _run(["git", "checkout", "--quiet", _run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT).strip()], cwd=str(clone))
+  done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                         "-w", str(tmp / "dist"), str(clone)], cwd=str(tmp), capture_output=True, text=True,
+                        check=True)
+  (path,) = (tmp / "dist").glob("private_t5-*.whl")
+  with zipfile.ZipFile(path) as z:
+    return done.stdout + done.stderr, set(z.namelist())
+
+
+def test_wheel_builds_without_setuptools_warnings(wheel):
+  output, _ = wheel
+  assert "would be ignored" not in output and "Warning" not in output, output[-3000:]
+
+
+def test_wheel_holds_every_gin_config_and_the_builtin_tasks(wheel):
+  _, names = wheel
+  gin = _tracked("private_t5/configs/*.gin")
+  tasks = _tracked("private_t5/data/glue_like/*.tsv")
+  assert len(gin) >= 30 and len(tasks) == 9
+  assert not set(gin + tasks) - names, sorted(set(gin + tasks) - names)
+  assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
 
 
 def test_metadata_declares_ranges_that_hold_the_tested_stack(tmp_path):

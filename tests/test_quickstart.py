@@ -57,3 +57,20 @@ def test_quickstart_script_runs_a_few_steps(shared_data, tmp_path):
   assert report["epsilon"] == report["epsilon_by_events"] < report["epsilon_by_addition"]
   assert report["training_epsilon"] < report["epsilon"]
   assert "DP vocabulary included" in out and "ε composed by events: ε = " in out
+  # The next step it prints runs as printed (from any folder): the memorization stage on the
+  # documents training read and those it held out, which the script wrote.
+  lines = out.splitlines()
+  i = next(k for k, line in enumerate(lines) if "[quickstart] next, how much training text" in line)
+  assert "docs/memorization.md" in lines[i]
+  command = " ".join(line.strip().rstrip("\\") for line in lines[i + 1:i + 4])
+  assert command.split()[1] == "memorization"
+  run_dir = os.path.dirname(model_dirs[0])
+  counts = {name: sum(1 for _ in open(os.path.join(run_dir, "corpus", f"{name}.jsonl"))) for name in ("train", "valid")}
+  assert counts["train"] + counts["valid"] == 600 and counts["valid"] > 0
+  done = subprocess.run(["bash", "-c", command], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                        timeout=900)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  report = json.load(open(os.path.join(run_dir, "memorization", "report.json")))
+  sizes = report["splits"]["sizes"]
+  assert sizes["train_dup"] + sizes["train_unique"] == counts["train"]
+  assert sizes["valid_in_train"] + sizes["valid_unique"] == counts["valid"]

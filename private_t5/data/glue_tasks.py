@@ -10,7 +10,7 @@ Rows come from
 * a local copy of the official GLUE directories (`<glue_dir>/SST-2/train.tsv`, `dev.tsv`, ...),
 * or any directory of `{train,validation,test}.tsv` files with a header row, registered with
   `register_local_tsv_task` (how a user adds their own classification task; the three
-  `glue_like` tasks of this project's test data are registered the same way).
+  `glue_like` tasks shipped with the package are registered the same way).
 
 `GlueSource` exposes one split of a task or mixture as a `train.main.ExampleSource`
 (`num_examples`, `privacy_unit == "example"`: one labelled example is the privacy unit,
@@ -41,11 +41,12 @@ SPLITS = ("train", "validation", "test")
 EOS_ID = 1
 UNK_ID = 2
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# This project's GLUE-layout test data (not shipped with the package): the full set beside a
-# checkout when present, otherwise the small copy in the repository's tests/data.
+# This project's GLUE-layout tasks: the full set beside a checkout when present, otherwise the
+# small copy shipped in the package (private_t5/data/glue_like, package data; the tests'
+# tests/data/glue_like is a link to it), so that an installed package has them too.
+SHIPPED_GLUE_LIKE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "glue_like")
 _FULL_GLUE_LIKE_DIR = os.path.join(os.path.dirname(PROJECT_ROOT), "shared", "data", "glue_like")
-DEFAULT_GLUE_LIKE_DIR = (_FULL_GLUE_LIKE_DIR if os.path.isdir(_FULL_GLUE_LIKE_DIR)
-                         else os.path.join(PROJECT_ROOT, "tests", "data", "glue_like"))
+DEFAULT_GLUE_LIKE_DIR = (_FULL_GLUE_LIKE_DIR if os.path.isdir(_FULL_GLUE_LIKE_DIR) else SHIPPED_GLUE_LIKE_DIR)
 Column = Union[str, int]
 
 
