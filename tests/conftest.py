@@ -76,3 +76,13 @@ def read_only(monkeypatch):
   monkeypatch.setattr(os, "mkdir", mkdir)
   monkeypatch.setattr(os, "open", open_)
   return lambda folder: folders.append(os.path.abspath(str(folder)))
+
+
+@pytest.fixture(autouse=True)
+def _stage_reports_on_stdout():
+  """A test that ran a stage with -q does not silence the next test's stage output."""
+  yield
+  import sys  # pylint: disable=g-import-not-at-top
+  flags = sys.modules.get("private_t5.stages.flags")
+  if flags is not None:
+    flags._SILENT_STDOUT = False  # pylint: disable=protected-access

@@ -421,3 +421,17 @@ def test_cli_invalid_privacy_parameter_writes_nothing(corpus_and_vocab, tmp_path
   assert "Traceback" not in err, err
   assert not (model_dir / "checkpoints").exists()
   assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+@pytest.mark.slow
+def test_quiet_run_prints_nothing_but_keeps_everything(corpus_and_vocab, tmp_path, capsys):
+  # -q: no [train] / [privacy] / progress lines on stdout; the run's files are written as usual.
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "quiet")
+  assert cli.main(["train", "-q", *_args(model_dir, corpus, vocab, 2, "--gin.train.log_every=1")]) == 0
+  captured = capsys.readouterr()
+  assert captured.out == "", captured.out[:2000]
+  assert "Traceback" not in captured.err
+  assert json.load(open(os.path.join(model_dir, "summary.json")))["final_step"] == 2
+  assert cli.main(["train", *_args(model_dir + "_loud", corpus, vocab, 1)]) == 0  # the default prints
+  assert "[train]" in capsys.readouterr().out

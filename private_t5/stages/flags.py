@@ -118,6 +118,18 @@ def _quiet_unraisablehook(unraisable) -> None:
   sys.__unraisablehook__(unraisable)
 
 
+def stage_print(message: str) -> None:
+  """A stage's report line on stdout (`[train] ...`, `[privacy] ...`, progress): what the
+  libraries' `log` prints. Dropped under -q and --verbosity=warning or error; errors and warnings
+  still reach stderr through logging."""
+  if not _SILENT_STDOUT:
+    print(message, flush=True)
+
+
+# True after configure_logging with a level above INFO (-q, --verbosity=warning or error).
+_SILENT_STDOUT = False
+
+
 def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
   """Sets up stdlib logging for a command-line run: one stderr handler, `level` for this package."""
   root = logging.getLogger()
@@ -130,6 +142,8 @@ def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
   root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
   logging.getLogger("private_t5").setLevel(level)
   sys.unraisablehook = sys.__unraisablehook__ if level <= logging.DEBUG else _quiet_unraisablehook
+  global _SILENT_STDOUT
+  _SILENT_STDOUT = level > logging.INFO
   if quiet:
     os.environ[QUIET_ENV] = "1"
   else:

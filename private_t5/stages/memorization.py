@@ -43,5 +43,5 @@ def main(argv) -> int:
     print(USAGE, file=sys.stderr)
     return 2
   parsed = _parser().parse_stage_args(argv)
-  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "run_memorization")
+  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "run_memorization", log=flags.stage_print)
   return 0

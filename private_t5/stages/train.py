@@ -72,7 +72,7 @@ def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train
   if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
     parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
   return gin_utils.run_stage(with_seqio_layer(parsed.gin_files, parsed.gin_bindings), parsed.gin_bindings, entry,
-                             operative_config=gin_utils.operative_config)
+                             operative_config=gin_utils.operative_config, log=flags.stage_print)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
