@@ -304,7 +304,7 @@ def main(argv=None):
 
   def stop():
     log.write({"phase": "stopped", "reason": f"budget of {args.budget_s:g} s spent",
-               "elapsed_s": round(time.monotonic() - start, 1)})
+               "elapsed_s": round(time.monotonic() - start, 1)}, last=True)
     write_summary()
     print(f"[accelerator] budget spent; partial results in {summary_path}", flush=True)
     os._exit(3)  # pylint: disable=protected-access

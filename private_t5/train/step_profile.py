@@ -22,6 +22,7 @@ import collections
 import json
 import os
 import re
+import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -117,14 +118,22 @@ class PhaseLog:
     self.path = path
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     self.records = []
+    self._lock = threading.Lock()
+    self._closed = False
 
-  def write(self, record: Dict[str, Any]) -> Dict[str, Any]:
+  def write(self, record: Dict[str, Any], last: bool = False) -> Dict[str, Any]:
+    """Appends `record`; with `last` (a watchdog's stop line) nothing is written after it, even
+    by a phase that ends on another thread meanwhile."""
     record = dict(record, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record, default=json_default, sort_keys=True) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    self.records.append(record)
+    with self._lock:
+      if self._closed:
+        return record
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=json_default, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+      self.records.append(record)
+      self._closed = last
     return record
 
   def time(self, case: str, phase: str, fn: Callable[[], Any],
