@@ -74,6 +74,17 @@ def assemble_batch(enc: np.ndarray, tgt: np.ndarray, indices: np.ndarray) -> Dic
       "example_index": example_index,
   }
 
+def batch_indices(indices: Sequence[int], batch_size: int, num_examples: Optional[int] = None) -> np.ndarray:
+  """`indices` as int64 [n]; ValueError when n > `batch_size`, IndexError when one falls outside
+  [0, `num_examples`) (not checked when None)."""
+  indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+  if len(indices) > batch_size:
+    raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
+  if num_examples is not None and len(indices) and (indices.min() < 0 or indices.max() >= num_examples):
+    raise IndexError(f"example index out of range [0, {num_examples})")
+  return indices
+
+
 def gather_batch(inputs: np.ndarray, targets: np.ndarray, indices: Sequence[int],
                  batch_size: int) -> Dict[str, np.ndarray]:
   """The trainer's batch of rows `indices` of examples held in memory, padded to `batch_size` rows.
@@ -84,11 +95,7 @@ def gather_batch(inputs: np.ndarray, targets: np.ndarray, indices: Sequence[int]
     ValueError: more indices than `batch_size`.
     IndexError: an index outside [0, N).
   """
-  indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-  if len(indices) > batch_size:
-    raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
-  if len(indices) and (indices.min() < 0 or indices.max() >= len(inputs)):
-    raise IndexError(f"example index out of range [0, {len(inputs)})")
+  indices = batch_indices(indices, batch_size, len(inputs))
   n = len(indices)
   enc = np.zeros((batch_size, inputs.shape[1]), np.int32)
   tgt = np.zeros((batch_size, targets.shape[1]), np.int32)
@@ -227,9 +234,7 @@ class CorpusSource:
       ValueError: more indices than `batch_size`.
       IndexError: an index outside [0, num_examples).
     """
-    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if len(indices) > batch_size:
-      raise ValueError(f"{len(indices)} indices do not fit a batch of {batch_size}")
+    indices = batch_indices(indices, batch_size)  # each index is checked by `example`
     li, lt = self.objective.inputs_length, self.objective.targets_length
     enc = np.zeros((batch_size, li), np.int32)
     tgt = np.zeros((batch_size, lt), np.int32)
