@@ -109,7 +109,6 @@ def test_fixed_batches_are_not_accounted_as_poisson():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(noise_multiplier=0.0), "noise_multiplier"),
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(clip_norm=0.0), "clip_norm"),
     (dict(sampling_rate=1.5), "sampling_rate"),
     (dict(sampling_rate=0.0), "sampling_rate"),
     (dict(steps=0), "steps"),
@@ -122,6 +121,13 @@ def test_fixed_batches_are_not_accounted_as_poisson():
 def test_bad_inputs(kwargs, match):
   with pytest.raises(PrivacyError, match=match):
     accounting.validate_privacy_params(**kwargs)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), None])
+def test_one_check_of_the_clip_norm(value):
+  with pytest.raises(PrivacyError, match="clip_norm"):
+    accounting.check_clip_norm(value)
+  assert accounting.check_clip_norm(0.5) == 0.5
 
 
 def test_delta_at_least_one_over_n_warns():

@@ -24,6 +24,7 @@ import sentencepiece as spm
 from private_t5 import models
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp import auditing, clipping, ghost
+from private_t5.dp import noise as noise_lib
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.stages import gin_utils
@@ -185,7 +186,8 @@ def test_bf16_dp_update_is_close_to_float32(aggregators, ghost_sums, params, bat
     agg = aggregators[dtype, "ghost"]
     grad_sum = ghost_sums[dtype](params, batch)[0]
     assert {g.dtype for g in jax.tree.leaves(grad_sum)} == {jnp.dtype(jnp.float32)}
-    update = jax.jit(agg.finalize)(params, grad_sum, noise_key)
+    update = jax.jit(lambda p, g, k: noise_lib.apply(noise_lib.transform_for(agg), agg.finalize(p, g), {}, p, k))(
+        params, grad_sum, noise_key)
     assert {g.dtype for g in jax.tree.leaves(update)} == {jnp.dtype(jnp.float32)}
     clean[dtype], noisy[dtype] = _flat(grad_sum) / EXPECTED_BATCH, _flat(update)
   np.testing.assert_allclose(noisy["bfloat16"] - noisy["float32"],

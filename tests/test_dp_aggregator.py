@@ -19,6 +19,7 @@ import sentencepiece as spm
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp import aggregator as agg_lib
 from private_t5.dp import clipping
+from private_t5.dp import noise as noise_lib
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.errors import PrivacyError
 from private_t5.models import example_loss_fn, init_params, load_preset
@@ -193,9 +194,9 @@ def clipped_sum_fns(dp_aggregator):
 
 @pytest.fixture(scope="module")
 def dp_step(loss_fn):
-  """The full DP aggregation (noise on)."""
+  """The full DP step's release: the clipped sum, then the noise transform (noise on)."""
   aggregator = DPAggregator(loss_fn, NoisySum(CLIP, SIGMA, EXPECTED_BATCH))
-  return jax.jit(lambda p, b, d, n: aggregator(p, b, dropout_rng=d, noise_rng=n))
+  return jax.jit(lambda p, b, d, n: noise_lib.privatize(aggregator, p, b, dropout_rng=d, noise_rng=n))
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +363,7 @@ def test_noise_is_gaussian_on_the_sum_divided_by_public_batch_size(params, batch
   assert scipy.stats.kstest(noise[:20000] / std, "norm").pvalue > 1e-4
   # The noise is exactly sigma*C times the documented draw from the step's key.
   leaves = jax.tree.leaves(clean)
-  expected = np.concatenate([np.ravel(x) for x in agg_lib.gaussian_like(noise_key, leaves)])
+  expected = np.concatenate([np.ravel(x) for x in noise_lib.gaussian_like(noise_key, leaves)])
   np.testing.assert_allclose(noise, std * expected, rtol=1e-3, atol=1e-3 * std)
   # Same key: same noise; another key: independent noise.
   again, _ = dp_step(params, batch, DROPOUT_KEY, noise_key)
@@ -374,7 +375,7 @@ def test_noise_is_gaussian_on_the_sum_divided_by_public_batch_size(params, batch
 
 def test_noise_leaves_are_independent():
   leaves = [jnp.zeros((64, 32)), jnp.zeros((64, 32)), jnp.zeros((7,))]
-  draws = agg_lib.gaussian_like(jax.random.PRNGKey(0), leaves)
+  draws = noise_lib.gaussian_like(jax.random.PRNGKey(0), leaves)
   assert [d.shape for d in draws] == [(64, 32), (64, 32), (7,)]
   a, b = np.ravel(draws[0]), np.ravel(draws[1])
   assert abs(np.corrcoef(a, b)[0, 1]) < 6 / np.sqrt(a.size)
@@ -408,7 +409,7 @@ def test_sharded_step_equals_single_device(params, batch, loss_fn, dp_step):
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     sharded_batch = jax.device_put(batch, data)
     sharded_params = jax.device_put(params, replicated)
-    step = jax.jit(lambda p, b, d, n: sharded_aggregator(p, b, dropout_rng=d, noise_rng=n))
+    step = jax.jit(lambda p, b, d, n: noise_lib.privatize(sharded_aggregator, p, b, dropout_rng=d, noise_rng=n))
     grads, metrics = step(sharded_params, sharded_batch, DROPOUT_KEY, noise_key)
     assert len(sharded_batch["encoder_input_tokens"].sharding.device_set) == 8
   reference, ref_metrics = dp_step(params, batch, DROPOUT_KEY, noise_key)
@@ -449,4 +450,4 @@ def test_noise_needs_a_key():
   aggregator = DPAggregator(loss_fn, NoisySum(1.0, 1.0, 2.0))
   batch = {"x": np.ones((2, 3), np.float32), "example_weight": np.ones(2, np.float32)}
   with pytest.raises(PrivacyError, match="noise_rng"):
-    aggregator({"w": jnp.ones(3)}, batch, noise_rng=None)
+    noise_lib.privatize(aggregator, {"w": jnp.ones(3)}, batch, noise_rng=None)

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import models
 from private_t5.dp import clipping, ghost, mechanism
+from private_t5.dp import noise as noise_lib
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
@@ -123,7 +124,7 @@ def test_second_pass_microbatches_and_instantiation_agree_with_vmap_aggregator()
   assert float(want_metrics["nondp/fraction_clipped"]) == 1.0  # clipping really happened
   second_pass = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), clipped_sum_method=ghost.SECOND_PASS)
   grad_sum, micro_metrics = _clipped_sum_in_microbatches(second_pass, params, batch, 2, dropout_rng)
-  micro = second_pass.finalize(params, grad_sum, None), micro_metrics
+  micro = second_pass.finalize(params, grad_sum), micro_metrics
   # Book-keeping that sums the instantiated per-example kernel gradients.
   instantiated = step(ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), norm_method="instantiate",
                                               reuse_instantiated=True))
@@ -147,10 +148,10 @@ def test_sharded_equals_unsharded():
   noise_rng = jax.random.PRNGKey(3)
   unsharded = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 1.0, 8.0))
   sharded = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 1.0, 8.0), spmd_axis_name="data")
-  want, _ = jax.jit(functools.partial(unsharded, noise_rng=noise_rng))(params, batch)
+  release = lambda agg: jax.jit(lambda p, b: noise_lib.privatize(agg, p, b, noise_rng=noise_rng))
+  want, _ = release(unsharded)(params, batch)
   with mesh:
-    got, _ = jax.jit(functools.partial(sharded, noise_rng=noise_rng))(replicated_params,
-                                                                       sharded_batch)
+    got, _ = release(sharded)(replicated_params, sharded_batch)
   assert _max_rel_err(got, want) <= 1e-5
 
 

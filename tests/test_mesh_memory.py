@@ -19,6 +19,7 @@ from private_t5 import models
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
+from private_t5.dp import noise as noise_lib
 from private_t5.train import optimizers, partitioning
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -79,7 +80,7 @@ def test_noise_is_drawn_sharded_like_the_parameters(monkeypatch):
   added = _peak(_trainer("ghost", (1, 8))) - without_noise
   assert 0 < added < param_bytes / 4, (added, param_bytes)  # about its 1/8 shard
   # The measurement can tell: a noise draw materialised whole on each device costs a copy.
-  monkeypatch.setattr(aggregator_lib, "gaussian_like", _flat_gaussian_like)
+  monkeypatch.setattr(noise_lib, "gaussian_like", _flat_gaussian_like)
   whole = _peak(_trainer("ghost", (1, 8))) - without_noise
   assert whole > 3 * param_bytes / 4, (whole, param_bytes)
 

@@ -15,6 +15,7 @@ from private_t5 import models
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp.mechanism import AGGREGATORS
 from private_t5.dp.aggregator import MeanAggregator
+from private_t5.dp import noise as noise_lib
 from private_t5.train import optimizers, partitioning
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
@@ -104,8 +105,9 @@ def test_accumulated_sum_does_not_depend_on_m_and_noise_is_added_once(trainer, s
   for m in (2, 7):  # the finalized (noisy) step differs from the noiseless sum by sigma C noise once
     acc = trainer.accumulate_microbatches(state.params, _batch(examples, sample, _padded(7, m)), m,
                                           seeds.dropout_base_key, state.step)
-    _, noise_rng = jax.random.fold_in(seeds.dropout_base_key, 0), jax.random.fold_in(seeds.noise_base_key, 0)
-    grads = trainer.aggregator.finalize(state.params, acc[0], noise_rng)
+    noise_rng = jax.random.fold_in(seeds.noise_base_key, 0)
+    grads, _ = trainer.aggregator.finish(state.params, acc)
+    grads = noise_lib.apply(trainer.noise, grads, {}, state.params, noise_rng)
     noise = _flat(grads) * EXPECTED - _flat(acc[0])
     grads_std.append(np.std(noise))
   assert grads_std[0] == pytest.approx(SIGMA * CLIP, rel=0.05)

@@ -7,6 +7,7 @@ import scipy.stats
 from dp_accounting import dp_event
 
 from private_t5.dp import accounting
+from private_t5.dp.mechanism import BatchLayout, DPConfig, ExecutionSettings, build_mechanism
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
 
@@ -179,7 +180,7 @@ def test_shuffled_bad_sizes_are_refused():
 def test_untruncated_sizes_are_exactly_binomial():
   """No cap: the sample sizes over many steps are Binomial(N, q) (mean, variance, chi-square)."""
   n, q, steps = 500, 0.04, 4000
-  sampler = PoissonSampler(n, q, max_batch_size=None, seed=5, microbatch_size=8)
+  sampler = PoissonSampler(n, q, max_batch_size=None, seed=5)
   assert not sampler.truncated and sampler.truncation_probability == 0.0
   sizes = np.array([len(sampler.indices_for_step(t)) for t in range(steps)])
   mean, var = n * q, n * q * (1 - q)
@@ -198,10 +199,11 @@ def test_untruncated_sizes_are_exactly_binomial():
 
 
 def test_every_sampled_example_runs_in_exactly_one_microbatch():
-  sampler = PoissonSampler(300, 0.05, max_batch_size=None, seed=2, microbatch_size=4)
+  sampler = PoissonSampler(300, 0.05, max_batch_size=None, seed=2)
+  layout = BatchLayout(batch_rows=4, variable_rows=True, microbatch_size=4)
   for t in range(200):
     indices = sampler.indices_for_step(t)
-    rows = sampler.padded_rows(len(indices))
+    rows = layout.rows_for_step(len(indices))
     assert rows % 4 == 0 and 0 <= rows - len(indices) <= 3  # at most m - 1 padding rows
     slots = np.full(rows, -1)
     slots[:len(indices)] = indices
@@ -210,15 +212,30 @@ def test_every_sampled_example_runs_in_exactly_one_microbatch():
     real = seen[seen >= 0]
     assert sorted(real.tolist()) == sorted(indices.tolist()) and len(set(real.tolist())) == len(real)
   # Untruncated, no batch has a fixed size: a step's rows follow its sample.
-  assert sampler.padded_rows(0) == 0 and sampler.padded_batch_size is None
+  assert layout.rows_for_step(0) == 0 and sampler.padded_batch_size is None
 
 
 def test_untruncated_resume_draws_the_same_samples():
   """The sample of step t is a function of (seed, t): a resumed sampler continues the sequence."""
-  a = PoissonSampler(1000, 0.02, max_batch_size=None, seed=9, microbatch_size=16)
+  a = PoissonSampler(1000, 0.02, max_batch_size=None, seed=9)
   first = [a.indices_for_step(t) for t in range(20)]
-  b = PoissonSampler(1000, 0.02, max_batch_size=None, seed=9, microbatch_size=4)  # other m, same draws
+  b = PoissonSampler(1000, 0.02, max_batch_size=None, seed=9)
   for t in range(10, 20):
     np.testing.assert_array_equal(b.indices_for_step(t), first[t])
-  with pytest.raises(PrivacyError, match="microbatch_size"):
-    PoissonSampler(1000, 0.02, max_batch_size=None, seed=9)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "poisson_truncated", None])
+def test_the_sampler_does_not_depend_on_the_microbatch_size(sampling):
+  """Microbatching is an execution setting: the mechanism built with any microbatch size draws
+  the same samples (and the sampler has no microbatch setting at all)."""
+  dp = None if sampling is None else DPConfig(noise_multiplier=1.0, expected_batch_size=3, sampling=sampling)
+  draws = []
+  for m in (None, 2, 4, 16):
+    mechanism = build_mechanism(dp, ExecutionSettings(microbatch_size=m), loss_fn=lambda *a: None,
+                                num_examples=4000, privacy_unit="document", batch_size=16, train_steps=10,
+                                sampler_seed=7, log=lambda _: None)
+    assert "microbatch_size" not in vars(mechanism.sampler)
+    draws.append([mechanism.indices_for_step(t) for t in range(12)])
+  for other in draws[1:]:
+    for want, got in zip(draws[0], other):
+      np.testing.assert_array_equal(got, want)

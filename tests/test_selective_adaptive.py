@@ -13,6 +13,7 @@ from private_t5.data import source as source_lib
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
+from private_t5.dp import noise as noise_lib
 from private_t5.errors import CheckpointError, ConfigError
 from private_t5.models import T5Config
 from private_t5.selective import adaptive, adaptive_train
@@ -59,21 +60,21 @@ def test_gamma_scales_the_measured_noise_std(rho_value):
   params = {"w": jnp.zeros((200_000,), jnp.float32)}
   batch = {"example_weight": jnp.array([1.0, 1.0, 1.0, 0.0]),
            adaptive.PRIVACY_PROBABILITY: jnp.array([rho_value] * 3 + [0.0])}
-  grads, metrics = agg(params, batch, dropout_rng=None, noise_rng=jax.random.PRNGKey(3))
+  grads, metrics = noise_lib.privatize(agg, params, batch, noise_rng=jax.random.PRNGKey(3))
   measured = float(jnp.std(grads["w"]))
   assert float(metrics[adaptive.METRIC_PRIVACY_WEIGHT]) == pytest.approx(rho_value)
   assert measured == pytest.approx(rho_value * sigma * clip / expected_batch, rel=0.01)
   # gamma = 1 is exactly the DP aggregator with the same key.
   if rho_value == 1.0:
-    plain, _ = dp(params, {"example_weight": batch["example_weight"]}, noise_rng=jax.random.PRNGKey(3))
+    plain, _ = noise_lib.privatize(dp, params, {"example_weight": batch["example_weight"]},
+                                   noise_rng=jax.random.PRNGKey(3))
     np.testing.assert_allclose(grads["w"], plain["w"], rtol=1e-6)
 
 
 def test_aggregator_needs_privacy_probabilities():
   dp = aggregator_lib.DPAggregator(_zero_grad_loss, NoisySum(1.0, 1.0, 2.0))
   with pytest.raises(ConfigError, match="privacy_probability"):
-    adaptive.AdaptiveDPAggregator(dp)({"w": jnp.zeros(3)}, {"example_weight": jnp.ones(2)},
-                                      noise_rng=jax.random.PRNGKey(0))
+    adaptive.AdaptiveDPAggregator(dp)({"w": jnp.zeros(3)}, {"example_weight": jnp.ones(2)})
 
 
 def test_implied_epsilon_matches_dp_at_gamma_one_and_grows_below():

@@ -27,9 +27,14 @@ def _setup(dp, **overrides):
   return privacy.build_mechanism(dp, execution, **kwargs)
 
 
+def _layout(dp, microbatch_size=None, batch_size=32):
+  return privacy.BatchLayout.for_run(dp, ExecutionSettings(microbatch_size=microbatch_size), batch_size)
+
+
 def test_non_private_baseline():
   setup = _setup(None)
-  assert isinstance(setup.aggregator, MeanAggregator) and isinstance(setup.sampler, ShuffledBatchSampler)
+  assert isinstance(setup.clipped_sum, MeanAggregator) and isinstance(setup.sampler, ShuffledBatchSampler)
+  assert setup.dp_event is None
   assert not setup.private and setup.ledger.non_private and math.isinf(setup.ledger.training_epsilon())
   with pytest.raises(ConfigError, match="larger than the dataset"):
     _setup(None, num_examples=10)
@@ -42,22 +47,25 @@ def test_dp_pieces_share_one_mechanism():
   setup = _setup(DPConfig(clip_norm=0.5, noise_multiplier=1.1, expected_batch_size=4, delta=1e-5,
                           sampling=TRUNCATED))
   assert setup.private
-  agg, sampler, ledger = setup.aggregator, setup.sampler, setup.ledger
+  agg, sampler, ledger = setup.clipped_sum, setup.sampler, setup.ledger
   assert isinstance(agg, DPAggregator) and isinstance(sampler, PoissonSampler)
-  assert agg.clip_norm == 0.5 and agg.noise_multiplier == 1.1 and agg.expected_batch_size == pytest.approx(4)
+  assert agg.clip_norm == 0.5 and agg.noisy_sum.noise_multiplier == 1.1 and agg.expected_batch_size == pytest.approx(4)
+  assert setup.noise_multiplier == 1.1 and agg.sensitivity == pytest.approx(0.5 / 4)
+  assert setup.dp_event == accounting.make_dp_event(1.1, 0.004, 1, num_examples=1000, max_batch_size=32)
   assert agg.spmd_axis_name == "data"
   assert sampler.sampling_rate == pytest.approx(0.004) and sampler.padded_batch_size == 32
   assert ledger.sampling_rate == sampler.sampling_rate and ledger.noise_multiplier == 1.1
   assert ledger.max_batch_size == 32 and ledger.truncation_probability == pytest.approx(
       accounting.truncation_probability(1000, 0.004, 32))
   assert setup.fingerprint()["noise_multiplier"] == 1.1 and setup.fingerprint()["non_private"] is False
-  assert setup.microbatch_size is None
+  assert _layout(DPConfig(noise_multiplier=1.1, sampling=TRUNCATED)).microbatch_size is None
 
 
 def test_untruncated_poisson_is_the_default():
   setup = _setup(DPConfig(noise_multiplier=1.1, delta=1e-5), microbatch_size=8)
   sampler, ledger = setup.sampler, setup.ledger
-  assert not sampler.truncated and setup.microbatch_size == 8 and setup.batch_rows == 8
+  layout = _layout(DPConfig(noise_multiplier=1.1), microbatch_size=8)
+  assert not sampler.truncated and layout.microbatch_size == 8 and layout.batch_rows == 8
   assert sampler.padded_batch_size is None  # a step's rows follow its sample
   # The expected batch defaults to the configured batch size; no cap, no truncation term.
   assert sampler.expected_batch_size == pytest.approx(32) and setup.aggregator.expected_batch_size == 32
@@ -71,7 +79,7 @@ def test_untruncated_poisson_is_the_default():
   assert report["accountant_used"] in ("rdp", "pld")
   # An expected batch above the configured batch size is a free choice when untruncated.
   assert _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=64)).sampler.expected_batch_size == 64
-  assert _setup(DPConfig(noise_multiplier=1.0)).microbatch_size == 32  # m defaults to batch_size
+  assert _layout(DPConfig(noise_multiplier=1.0)).microbatch_size == 32  # m defaults to batch_size
 
 
 def test_default_expected_batch_size_bounds_truncation():
@@ -332,29 +340,32 @@ def test_speed_settings_are_apart_from_the_privacy_config():
   assert vmap.ledger.report()["clipping_method"] == "vmap"
 
 
-def test_mechanism_reports_the_rows_of_each_step():
-  """The loop asks the mechanism, not the sampler, how many rows a step's sample runs on."""
-  fixed = _setup(None)
+def test_layout_gives_the_rows_of_each_step():
+  """The loop asks the batch layout (an execution setting), not the sampler, how many rows a
+  step's sample runs on."""
+  truncated_dp = DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED)
+  fixed = _layout(None)
   assert (fixed.batch_rows, fixed.variable_rows, fixed.microbatch_size) == (32, False, None)
   assert fixed.rows_for_step(32, microbatched=False) == 32
-  truncated = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED))
+  truncated = _layout(truncated_dp)
   assert (truncated.batch_rows, truncated.variable_rows, truncated.microbatch_size) == (32, False, None)
   assert truncated.rows_for_step(3, microbatched=False) == 32
   # A fixed batch larger than the microbatch size runs through the trainer's accumulate loop.
-  assert _setup(None, microbatch_size=8).microbatch_size == 8
-  assert _setup(None, microbatch_size=64).microbatch_size is None  # one fused step
-  micro_truncated = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4, sampling=TRUNCATED),
-                           microbatch_size=16)
+  assert _layout(None, microbatch_size=8).microbatch_size == 8
+  assert _layout(None, microbatch_size=64).microbatch_size is None  # one fused step
+  micro_truncated = _layout(truncated_dp, microbatch_size=16)
   assert (micro_truncated.batch_rows, micro_truncated.variable_rows, micro_truncated.microbatch_size) == \
       (32, False, 16)
   with pytest.raises(ConfigError, match="microbatch_size=12 must divide batch_size=32"):
-    _setup(None, microbatch_size=12)
-  whole = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=20), microbatch_size=8)
+    _layout(None, microbatch_size=12)
+  whole_dp = DPConfig(noise_multiplier=1.0, expected_batch_size=20)
+  whole = _layout(whole_dp, microbatch_size=8)
   assert (whole.batch_rows, whole.variable_rows, whole.microbatch_size) == (8, True, 8)
   for n, microbatched, want in ((0, True, 0), (0, False, 8), (1, True, 8), (8, True, 8), (9, True, 16),
                                 (17, False, 24)):
     assert whole.rows_for_step(n, microbatched=microbatched) == want
+  mechanism = _setup(whole_dp, microbatch_size=8)
   for step in range(5):  # the indices are the sampler's, step by step
-    np.testing.assert_array_equal(whole.indices_for_step(step), whole.sampler.indices_for_step(step))
-    assert whole.rows_for_step(len(whole.indices_for_step(step)), microbatched=True) == \
-        whole.sampler.padded_rows(len(whole.indices_for_step(step)))
+    n = len(mechanism.indices_for_step(step))
+    np.testing.assert_array_equal(mechanism.indices_for_step(step), mechanism.sampler.indices_for_step(step))
+    assert 0 <= whole.rows_for_step(n) - n <= 7 and whole.rows_for_step(n) % 8 == 0

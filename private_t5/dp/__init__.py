@@ -1,4 +1,4 @@
-"""The privacy layer: the mechanism object, per-example clipped gradients, noise, sampling,
+"""The privacy layer: the mechanism (clipped sum, noise transform, sampler, DP event), sampling,
 accounting, ledger.
 
 Names are imported lazily so that `private-t5 epsilon` (accounting only) does not pay for
@@ -12,6 +12,10 @@ _EXPORTS = {
     "GhostDPAggregator": "private_t5.dp.ghost",
     "DPConfig": "private_t5.dp.mechanism",
     "ExecutionSettings": "private_t5.dp.mechanism",
+    "BatchLayout": "private_t5.dp.mechanism",
+    "Sampling": "private_t5.dp.accounting",
+    "gaussian_noise": "private_t5.dp.noise",
+    "no_noise": "private_t5.dp.noise",
     "Mechanism": "private_t5.dp.mechanism",
     "build_mechanism": "private_t5.dp.mechanism",
     "NoisySum": "private_t5.dp.accounting",

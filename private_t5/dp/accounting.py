@@ -27,6 +27,7 @@ releases (`composed_epsilon`).
 """
 import collections
 import dataclasses
+import enum
 import logging
 import math
 import warnings
@@ -48,7 +49,28 @@ ACCOUNTANTS = ("rdp", "pld")
 # What a run may ask for: one accountant, or "auto", the smaller ε of the two (`compute_epsilons`).
 AUTO = "auto"
 ACCOUNTANT_CHOICES = (AUTO,) + ACCOUNTANTS
-SAMPLING_SCHEMES = ("poisson", "fixed")
+
+
+class Sampling(str, enum.Enum):
+  """Who is in a step's batch: the one name of each sampling scheme, in configs, samplers,
+  accounting and reports (a member equals its string value: "poisson" == Sampling.POISSON).
+
+  POISSON: every example joins each step independently with rate q, the sample of any size
+  runs in microbatches (DP training's default). POISSON_TRUNCATED: the same, a sample capped at
+  the padded batch size; accounted as POISSON with the cap (`make_dp_event(max_batch_size=)`)
+  and the δ the cap adds. FIXED: shuffled fixed-size batches (sampling without replacement;
+  the non-private baseline, accounted only as such).
+  """
+  POISSON = "poisson"
+  POISSON_TRUNCATED = "poisson_truncated"
+  FIXED = "fixed"
+
+  def __str__(self) -> str:
+    return self.value
+
+
+# The schemes an accountant tells apart (a truncated Poisson sample is POISSON with a cap).
+SAMPLING_SCHEMES = (Sampling.POISSON.value, Sampling.FIXED.value)
 # Noise multipliers searched when calibrating σ for a target ε.
 MIN_NOISE_MULTIPLIER = 1e-3
 MAX_NOISE_MULTIPLIER = 1e4
@@ -109,6 +131,13 @@ def _check_number(name: str, value, low=None, high=None, low_open=True, high_ope
   return v
 
 
+def check_clip_norm(value, name: str = "clip_norm (C)") -> float:
+  """C as a float; PrivacyError unless it is a finite number > 0. The one check of a clip norm:
+  a `DPConfig` runs it when the user's config is made, a `NoisySum` when one is built without
+  one (a benchmark, a ledger read back from its file)."""
+  return _check_number(name, value, low=0, low_open=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class NoisySum:
   """What one DP step releases: (Σ_i clip_C(g_i) + N(0, σ²C² I)) / (q N).
@@ -130,7 +159,8 @@ class NoisySum:
   expected_batch_size: float
 
   def __post_init__(self):
-    for name, low_open in (("clip_norm", True), ("noise_multiplier", False), ("expected_batch_size", True)):
+    object.__setattr__(self, "clip_norm", check_clip_norm(self.clip_norm))
+    for name, low_open in (("noise_multiplier", False), ("expected_batch_size", True)):
       value = _check_number(f"{name} ({_SYMBOLS[name]})", getattr(self, name), low=0, low_open=low_open)
       object.__setattr__(self, name, value)
 
@@ -140,7 +170,7 @@ class NoisySum:
     return self.noise_multiplier * self.clip_norm
 
 
-_SYMBOLS = {"clip_norm": "C", "noise_multiplier": "σ", "expected_batch_size": "q·N"}
+_SYMBOLS = {"noise_multiplier": "σ", "expected_batch_size": "q·N"}
 
 
 def sampling_rate_from_batch(batch_size: float, num_examples: int) -> float:
@@ -156,7 +186,6 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
                             sampling_rate: Optional[float] = None,
                             steps: Optional[int] = None,
                             delta: Optional[float] = None,
-                            clip_norm: Optional[float] = None,
                             num_examples: Optional[int] = None,
                             batch_size: Optional[float] = None,
                             accountant: Optional[str] = None,
@@ -168,8 +197,6 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
   """
   if noise_multiplier is not None:
     _check_number("noise_multiplier (σ)", noise_multiplier, low=0)
-  if clip_norm is not None:
-    _check_number("clip_norm (C)", clip_norm, low=0)
   if sampling_rate is not None:
     _check_number("sampling_rate (q)", sampling_rate, low=0, high=1, high_open=False)
   if steps is not None:
@@ -196,7 +223,7 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
 
 
 def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
-                  sampling: str = "poisson", num_examples: Optional[int] = None,
+                  sampling: str = Sampling.POISSON, num_examples: Optional[int] = None,
                   max_batch_size: Optional[int] = None) -> dp_accounting.DpEvent:
   """The `DpEvent` of `steps` DP-SGD steps (the same object the sampler's config describes).
 
@@ -212,7 +239,7 @@ def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
       otherwise (None, the default) the untruncated `PoissonSampled(Gaussian)`, whose
       guarantee holds for the truncated run with δ from `total_delta`.
   """
-  if sampling == "poisson":
+  if sampling == Sampling.POISSON:
     if max_batch_size is not None:
       if num_examples is None:
         raise PrivacyError("a truncated Poisson event needs num_examples")
@@ -222,7 +249,7 @@ def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
             truncated_batch_size=int(max_batch_size), noise_multiplier=noise_multiplier)
         return dp_accounting.SelfComposedDpEvent(step, int(steps))
     step = dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
-  elif sampling == "fixed":
+  elif sampling == Sampling.FIXED:
     if num_examples is None:
       raise PrivacyError("fixed-batch accounting needs num_examples")
     batch = int(round(sampling_rate * num_examples))
@@ -235,11 +262,11 @@ def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
   return dp_accounting.SelfComposedDpEvent(step, int(steps))
 
 
-def make_accountant(accountant: str = "rdp", sampling: str = "poisson") -> dp_accounting.PrivacyAccountant:
+def make_accountant(accountant: str = "rdp", sampling: str = Sampling.POISSON) -> dp_accounting.PrivacyAccountant:
   """A fresh `dp_accounting` accountant (RDP with its default orders, or PLD)."""
   if accountant not in ACCOUNTANTS:
     raise PrivacyError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-  if sampling == "fixed":
+  if sampling == Sampling.FIXED:
     if accountant != "rdp":
       raise PrivacyError("fixed-batch (without replacement) accounting is only available with accountant='rdp'")
     return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
@@ -249,7 +276,7 @@ def make_accountant(accountant: str = "rdp", sampling: str = "poisson") -> dp_ac
 
 
 def compute_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float,
-                    accountant: str = "rdp", *, sampling: str = "poisson",
+                    accountant: str = "rdp", *, sampling: str = Sampling.POISSON,
                     num_examples: Optional[int] = None, max_batch_size: Optional[int] = None) -> float:
   """ε of `steps` sampled-Gaussian steps at `delta` (the paper's Table 5 with RDP).
 
@@ -291,15 +318,15 @@ def _check_pld_in_reach(noise_multiplier, sampling_rate, steps, delta, sampling,
         "outgrow memory; use accountant='rdp' or 'auto'")
 
 
-def accountants_for(accountant: str, sampling: str = "poisson") -> tuple:
+def accountants_for(accountant: str, sampling: str = Sampling.POISSON) -> tuple:
   """The accountants `accountant` runs: both for "auto" (RDP only for fixed batches), else itself."""
   if accountant != AUTO:
     return (accountant,)
-  return ("rdp",) if sampling == "fixed" else ACCOUNTANTS
+  return ("rdp",) if sampling == Sampling.FIXED else ACCOUNTANTS
 
 
 def compute_epsilons(noise_multiplier: float, sampling_rate: float, steps: int, delta: float, *,
-                     sampling: str = "poisson", num_examples: Optional[int] = None,
+                     sampling: str = Sampling.POISSON, num_examples: Optional[int] = None,
                      max_batch_size: Optional[int] = None, accountant: str = AUTO) -> dict:
   """{accountant name: ε} for each accountant `accountant` runs (`accountants_for`).
 
@@ -317,7 +344,7 @@ def compute_epsilons(noise_multiplier: float, sampling_rate: float, steps: int, 
 
 
 def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, delta: float,
-                    accountant: str = "rdp", *, sampling: str = "poisson",
+                    accountant: str = "rdp", *, sampling: str = Sampling.POISSON,
                     num_examples: Optional[int] = None, tol: float = 1e-4) -> float:
   """The smallest σ (to `tol`) whose ε at `delta` is at most `target_epsilon`.
 

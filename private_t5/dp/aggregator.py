@@ -1,18 +1,21 @@
-"""Gradient aggregators: the one place where per-example gradients become a batch gradient.
+"""Clipped sums: the one place where per-example gradients become a batch gradient.
 
-Both aggregators share one call signature, used inside the jitted train step:
+A DP step is two parts (jax-privacy's `DPExecutionPlan` has the same shape): a clipped-sum
+function, here, that carries C and the public divisor q N, and the noise transform that adds
+the Gaussian noise to its output (`noise.gaussian_noise`, an optax transform chained in front of
+the optimizer). Every clipped sum runs a step's rows as one or several microbatches:
 
-  grads, metrics = aggregate(params, batch, dropout_rng=k1, noise_rng=k2)
+  acc = cs.zero_sum(params); acc = cs.accumulate(params, acc, micro, dropout_rng) ...
+  grads, metrics = cs.finish(params, acc)          # or, for one batch: cs(params, batch, ...)
 
 * `MeanAggregator` (non-private): sum_i w_i grad l_i / sum_i w_i over the real rows of the
   batch (`example_weight` w_i is 1 for a real row and 0 for a padding row), one batched
-  backward pass per call.
-* `DPAggregator` (DP-SGD, Abadi et al. 2016, Alg. 1; Ponomareva et al. 2022, Sec. 3): each example's gradient
-  is clipped to L2 norm <= C, the clipped gradients are summed, N(0, sigma^2 C^2) noise is
-  added to the SUM and the result is divided by the public expected batch size q N. A step's
-  sample may also run as several microbatches (`zero_sum`, `accumulate`, `finish`, driven by
-  `Trainer.train_step_microbatched`, the one microbatching path): the noise is then added
-  once, to the sum over all of them.
+  backward pass per call; its noise transform is `noise.no_noise()`.
+* `DPAggregator` (DP-SGD, Abadi et al. 2016, Alg. 1; Ponomareva et al. 2022, Sec. 3): each
+  example's gradient is clipped to L2 norm <= C, the clipped gradients are summed and the sum
+  is divided by the public expected batch size q N (sensitivity C / (q N)); the noise transform
+  then adds N(0, (σ C / (q N))²) once per step, whatever the number of microbatches.
+  `ghost.GhostDPAggregator` computes the same sum with ghost norms.
 
 `loss_fn(params, batch, dropout_rng) -> loss[B]` returns one loss per example (the model's
 `example_loss_fn` partially applied). Each example is evaluated as a batch of one under
@@ -33,16 +36,15 @@ Why this module is written here rather than taken from a library:
   strided microbatch layout and `spmd_axis_name`), but it is not a dependency of this
   project and brings a large dependency tree for ~100 lines. The code here is small enough
   to audit line by line, accumulates microbatches one compiled call at a time so that memory
-  is bounded by the microbatch size, and keeps the noise on the sum with its own key.
+  is bounded by the microbatch size, and leaves the noise to one transform with its own key.
 """
-import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from private_t5.dp import clipping, schedule
+from private_t5.dp import clipping
 from private_t5.dp.accounting import NoisySum
 from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
 from private_t5.errors import PrivacyError
@@ -50,10 +52,6 @@ from private_t5.errors import PrivacyError
 
 # (float32 clipped sum, non-DP sums `clipping.SUM_NAMES`) of the microbatches of a step so far.
 Accumulator = Tuple[PyTree, Dict[str, jax.Array]]
-
-
-def _cast_like(tree: PyTree, params: PyTree) -> PyTree:
-  return jax.tree.map(lambda g, p: g.astype(p.dtype), tree, params)
 
 
 class MeanAggregator:
@@ -70,7 +68,6 @@ class MeanAggregator:
   def __init__(self, loss_fn: LossFn, per_example_dropout_keys: bool = False):
     self.loss_fn = loss_fn
     self.per_example_dropout_keys = bool(per_example_dropout_keys)
-    self.is_private = False
 
   def weighted_sum(self, params: PyTree, batch: Batch, dropout_rng: Optional[jax.Array] = None
                    ) -> Tuple[PyTree, jax.Array, jax.Array]:
@@ -92,11 +89,10 @@ class MeanAggregator:
     grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     return grads, loss, jnp.sum(batch["example_weight"].astype(jnp.float32))
 
-  def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,
-               noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    del noise_rng  # no noise in the non-private mean
+  def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None
+               ) -> Tuple[PyTree, Dict[str, jax.Array]]:
     grad_sum, loss_sum, weight_sum = self.weighted_sum(params, batch, dropout_rng)
-    return self.finish(params, (grad_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum}), None)
+    return self.finish(params, (grad_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum}))
 
   # -- a step's batch in several microbatches (`Trainer.train_step_microbatched`) ---------------
 
@@ -113,25 +109,24 @@ class MeanAggregator:
     return (jax.tree.map(jnp.add, acc_sum, grad_sum),
             {"loss_sum": acc_stats["loss_sum"] + loss_sum, "weight_sum": acc_stats["weight_sum"] + weight_sum})
 
-  def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array] = None
-             ) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    """(the weighted mean gradient, its metrics) from the sums over all the step's rows."""
-    del noise_rng
+  def finish(self, params: PyTree, acc: Accumulator) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(the weighted mean gradient in float32, its metrics) from the sums over all the step's rows."""
+    del params
     grad_sum, sums = acc
     denominator = jnp.maximum(sums["weight_sum"], 1e-12)
     grads = jax.tree.map(lambda g: g / denominator, grad_sum)
     metrics = {METRIC_LOSS: sums["loss_sum"] / denominator, METRIC_BATCH_SIZE: sums["weight_sum"]}
-    return _cast_like(grads, params), metrics
+    return grads, metrics
 
 
 class DPAggregator:
-  """DP-SGD aggregation: clip each example to C, sum, add N(0, sigma^2 C^2), divide by q N.
+  """DP-SGD's clipped sum: clip each example to C, sum, divide by the public q N (the noise
+  transform `noise.gaussian_noise` adds N(0, (σ C / (q N))²) to the result).
 
   Attributes:
     loss_fn: per-example loss, `loss_fn(params, batch, dropout_rng) -> loss[B]`.
     noisy_sum: the release's C (the L2 bound on each example's gradient, global norm over all
-      params), σ (noise std σ·C on the sum; 0 disables the noise: tests only, no privacy) and
-      the public q·N the noisy sum is divided by (DP rule "noise on the sum, divide by a public
+      params), σ (read by the noise transform only) and the public q·N the sum is divided by (DP rule "noise on the sum, divide by a public
       constant"): `accounting.NoisySum`, the same object as the run's ledger's.
     spmd_axis_name: mesh axis that the examples are sharded over (e.g. "data"), passed to
       `jax.vmap` so that per-example gradients stay on the device holding the example.
@@ -149,21 +144,13 @@ class DPAggregator:
     return self.noisy_sum.clip_norm
 
   @property
-  def noise_multiplier(self) -> float:
-    return self.noisy_sum.noise_multiplier
-
-  @property
   def expected_batch_size(self) -> float:
     return self.noisy_sum.expected_batch_size
 
   @property
-  def is_private(self) -> bool:
-    return self.noisy_sum.noise_multiplier > 0
-
-  @property
-  def noise_std(self) -> float:
-    """Std of the Gaussian noise added to each coordinate of the clipped SUM: sigma * C."""
-    return self.noisy_sum.noise_std
+  def sensitivity(self) -> float:
+    """L2 sensitivity of the output (the clipped sum divided by q N) to one example: C / (q N)."""
+    return self.noisy_sum.clip_norm / self.noisy_sum.expected_batch_size
 
   def per_example_grads(self, params: PyTree, batch: Batch, rows: jax.Array,
                         dropout_rng: Optional[jax.Array]) -> Tuple[jax.Array, PyTree]:
@@ -200,35 +187,19 @@ class DPAggregator:
     stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
     return grad_sum, clipping.clipping_metrics(batch, *stats)
 
-  def add_noise(self, grad_sum: PyTree, noise_rng: jax.Array) -> PyTree:
-    """grad_sum + N(0, (sigma C)^2 I): one independent normal per coordinate.
-
-    `noise_rng` must be fresh for every step (DP rule "noise keys are secret and never
-    reused"): the trainer derives it from a secret seed and the step number, never from a fixed constant.
-    """
-    if self.noisy_sum.noise_multiplier == 0:
-      return grad_sum
-    if noise_rng is None:
-      raise PrivacyError("DPAggregator needs a noise_rng when noise_multiplier > 0")
-    leaves, treedef = jax.tree.flatten(grad_sum)
-    # The draw waits for the clipped sum: drawn early, it would be alive through the backward pass.
-    noise_rng = schedule.after(noise_rng, leaves[-1])
-    noise = gaussian_like(noise_rng, leaves)
-    noisy = [g + self.noise_std * n for g, n in zip(leaves, noise)]
-    return jax.tree.unflatten(treedef, noisy)
-
-  def finalize(self, params: PyTree, grad_sum: PyTree, noise_rng: Optional[jax.Array]) -> PyTree:
-    """The step's gradient from its clipped sum (over all its microbatches): noise added once
-    with the step's key, divided by the public q N, cast to the parameters' dtypes."""
-    noisy_sum = self.add_noise(grad_sum, noise_rng)
+  def finalize(self, params: PyTree, grad_sum: PyTree) -> PyTree:
+    """The step's clipped sum (over all its microbatches) divided by the public q N, float32
+    (DP rule "noise on the sum, divide by a public constant"; the noise transform adds
+    N(0, (σ C / (q N))²) to it: `noise.gaussian_noise`)."""
+    del params
     # Divide by the PUBLIC expected batch size q N, never by the realised (private) count.
-    grads = jax.tree.map(lambda g: g / self.noisy_sum.expected_batch_size, noisy_sum)
-    return _cast_like(grads, params)
+    return jax.tree.map(lambda g: g / self.noisy_sum.expected_batch_size, grad_sum)
 
-  def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None,
-               noise_rng: Optional[jax.Array] = None) -> Tuple[PyTree, Dict[str, jax.Array]]:
+  def __call__(self, params: PyTree, batch: Batch, *, dropout_rng: Optional[jax.Array] = None
+               ) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(the noiseless clipped sum of `batch` divided by q N, its non-DP metrics)."""
     grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
-    return self.finalize(params, grad_sum, noise_rng), metrics
+    return self.finalize(params, grad_sum), metrics
 
   # -- a step's sample in several microbatches (`Trainer.train_step_microbatched`) -------------
 
@@ -248,47 +219,8 @@ class DPAggregator:
     return (jax.tree.map(jnp.add, acc_sum, grad_sum),
             {name: acc_stats[name] + sums[name] for name in clipping.SUM_NAMES})
 
-  def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array]
-             ) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    """(the step's gradient, its non-DP metrics) from the sum over all its microbatches: the
-    noise is added once with the step's key (`finalize`)."""
+  def finish(self, params: PyTree, acc: Accumulator) -> Tuple[PyTree, Dict[str, jax.Array]]:
+    """(the step's noiseless clipped sum over all its microbatches divided by q N, its non-DP
+    metrics); the noise transform adds the noise once, to this (`noise.gaussian_noise`)."""
     grad_sum, stats = acc
-    return self.finalize(params, grad_sum, noise_rng), clipping.metrics_from_sums(**stats)
-
-
-def gaussian_like(key: jax.Array, leaves: Sequence[jax.Array]) -> List[jax.Array]:
-  """Independent float32 N(0, 1) arrays shaped like `leaves`, from one key.
-
-  The leaves are grouped by shape; the r-th leaf of group g is
-  `normal(fold_in(fold_in(key, g), r), its shape)`: every coordinate gets its own independent
-  normal and no key is used twice (the bug of reusing one key per leaf cannot happen). How it
-  compiles, which is why it is written so:
-
-  * sharded: each draw has its leaf's shape, so on a mesh XLA shards it like the gradient it
-    is added to and (JAX's partitionable threefry) each device makes only its shard of the
-    random bits, the same bits whatever the mesh; a single flat draw of all P normals cut
-    into the leaves is instead made whole on every device;
-  * one random-number kernel per distinct shape (eight for T5 v1.1), not per leaf: a group
-    is drawn by one loop whose output is materialised once. XLA otherwise copies
-    the random-bits code into every fusion that reads a leaf of the noise (the noisy sum,
-    then each Adafactor statistic of it), and compiling the copies took longer than the rest
-    of the DP step on a mesh.
-  * after the clipped sum: the loop writes into a buffer that waits for the key (which waits for
-    the clipped sum, `add_noise`); XLA would otherwise allocate it, a zero-filled shard of every
-    parameter (`lax.map`'s stacked output), while the forward pass runs, and keep it through
-    the backward pass.
-  """
-  groups: Dict[Tuple[int, ...], List[int]] = {}
-  for i, leaf in enumerate(leaves):
-    groups.setdefault(tuple(leaf.shape), []).append(i)
-  out: List[Optional[jax.Array]] = [None] * len(leaves)
-  for g, (shape, members) in enumerate(groups.items()):
-    group_key = jax.random.fold_in(key, g)
-    draw = jax.lax.fori_loop(
-        0, len(members),
-        lambda r, buf, k=group_key, shape=shape: buf.at[r].set(
-            jax.random.normal(jax.random.fold_in(k, r), shape, jnp.float32)),
-        schedule.after(jnp.zeros((len(members),) + shape, jnp.float32), group_key))
-    for row, i in enumerate(members):
-      out[i] = draw[row]
-  return out
+    return self.finalize(params, grad_sum), clipping.metrics_from_sums(**stats)

@@ -30,7 +30,7 @@ Only the parameters being differentiated are recorded: a loss may close over oth
 
 Each example is evaluated as a batch of one under `jax.vmap` with dropout key
 `fold_in(dropout_rng, row)`, exactly like `DPAggregator`, so both methods compute the same
-function of the batch (same privacy semantics, same noise, same division by q N).
+function of the batch (same privacy semantics, same division by q N, the same noise transform after it).
 
 Low-precision activations (`T5Config.dtype="bfloat16"`): the recorded inputs and output
 gradients are in the activation dtype; the norms and the book-keeping sum both cast those
@@ -415,11 +415,23 @@ def cost_breakdown(recording: Recording) -> List[Dict[str, Any]]:
   return rows
 
 
+class NormPass(NamedTuple):
+  """What the first half of a ghost clipped sum leaves for the second (`GhostDPAggregator`)."""
+  losses: jax.Array
+  norms: jax.Array
+  uses: Dict[str, LayerUse]
+  inputs: Dict[str, jax.Array]
+  out_grads: Dict[str, jax.Array]
+  instantiated: Optional[Dict[str, jax.Array]]
+  vjp_fn: Any
+  deltas: Dict[str, jax.Array]
+
+
 class GhostDPAggregator(DPAggregator):
   """`DPAggregator` whose clipped sum uses ghost norms instead of per-example gradients.
 
-  Same constructor arguments and call as `DPAggregator` (clip to C, sum, noise sigma C,
-  divide by the public q N), plus:
+  Same constructor arguments and call as `DPAggregator` (clip to C, sum, divide by the public
+  q N; the noise transform adds the noise), plus:
 
   Attributes:
     norm_method: "auto" (per layer, the cheaper of the Gram identity and the instantiated
@@ -446,9 +458,9 @@ class GhostDPAggregator(DPAggregator):
     self.clipped_sum_method = clipped_sum_method
     self.reuse_instantiated = bool(reuse_instantiated)
 
-  def ghost_clipped_sum(self, params: PyTree, batch: Batch, keys: Optional[jax.Array]
-                        ) -> Tuple[PyTree, jax.Array, jax.Array, jax.Array]:
-    """(sum_i w_i clip_C(grad l_i) [float32], losses [B], norms [B], factors [B]) of one batch."""
+  def norm_pass(self, params: PyTree, batch: Batch, keys: Optional[jax.Array]) -> "NormPass":
+    """The first half of a ghost clipped sum: one forward and backward pass of sum_i loss_i,
+    and from the recorded layer inputs and output gradients the per-example gradient norms."""
     first = jax.tree.map(lambda x: x[0], batch)
     recording = record_layer_uses(self.loss_fn, params, first, None if keys is None else keys[0])
     check_coverage(params, recording)
@@ -457,55 +469,65 @@ class GhostDPAggregator(DPAggregator):
     uses, shapes = recording.uses, recording.output_shapes
     rows = clipping.num_rows(batch)
     deltas = {k: jnp.zeros((rows,) + s.shape, s.dtype) for k, s in shapes.items()}
-
-    def forward(p, d, examples, example_keys):
-      return per_example_forward(self.loss_fn, p, examples, example_keys, d, self.spmd_axis_name)
-
-    losses, vjp_fn, inputs = jax.vjp(lambda p, d: forward(p, d, batch, keys), params, deltas,
+    losses, vjp_fn, inputs = jax.vjp(lambda p, d: self._forward(p, d, batch, keys), params, deltas,
                                      has_aux=True)
     # Backward of sum_i loss_i: the output gradient of every layer, for every example.
     _, out_grads = vjp_fn(jnp.ones_like(losses))
     reuse = self.clipped_sum_method == BOOKKEEPING and self.reuse_instantiated
     instantiated = {} if reuse else None
     sq = per_example_sq_norms(uses, inputs, out_grads, self.norm_method, instantiated)
-    c = clipping.clip(jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)), batch["example_weight"],
-                      self.noisy_sum.clip_norm)
+    return NormPass(losses, jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)), uses, inputs, out_grads,
+                    instantiated, vjp_fn, deltas)
+
+  def _forward(self, p, d, examples, example_keys):
+    return per_example_forward(self.loss_fn, p, examples, example_keys, d, self.spmd_axis_name)
+
+  def sum_pass(self, params: PyTree, batch: Batch, keys: Optional[jax.Array], npass: "NormPass",
+               c: clipping.Clip) -> PyTree:
+    """The second half: sum_i scale_i grad l_i in float32, by book-keeping (the recorded inputs
+    and output gradients, no second backward pass) or by a second backward pass."""
     if self.clipped_sum_method == SECOND_PASS:
+      losses = npass.losses
 
       def reuse_forward(_):
-        return vjp_fn(c.scale.astype(losses.dtype))[0]
+        return npass.vjp_fn(c.scale.astype(losses.dtype))[0]
 
       def replace_dropped(_):
         # A dropped row's zero scale would meet its NaN activations (0 x NaN) in the reused
         # backward pass; recompute the forward with copies of a kept row in its place.
         examples, example_keys = clipping.replace_dropped((batch, keys), c.keep)
-        _, vjp_kept, _ = jax.vjp(lambda p, d: forward(p, d, examples, example_keys), params,
-                                 deltas, has_aux=True)
+        _, vjp_kept, _ = jax.vjp(lambda p, d: self._forward(p, d, examples, example_keys), params,
+                                 npass.deltas, has_aux=True)
         grads = vjp_kept(c.scale.astype(losses.dtype))[0]
         return jax.tree.map(lambda g: jnp.where(jnp.any(c.keep), g, jnp.zeros_like(g)), grads)
 
       grads = jax.lax.cond(jnp.all(jnp.isfinite(c.norms)), reuse_forward, replace_dropped, None)
-      grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-    else:
-      # Zero the recorded rows of dropped examples: 0 * NaN would be NaN in the sums.
-      inputs, out_grads = clipping.zero_dropped((inputs, out_grads), c.keep)
-      instantiated = None if instantiated is None else clipping.zero_dropped(instantiated, c.keep)
-      grads = weighted_grad_sum(params, uses, inputs, out_grads, c.scale, instantiated)
-    return grads, losses, c.norms, c.factors
+      return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    # Zero the recorded rows of dropped examples: 0 * NaN would be NaN in the sums.
+    inputs, out_grads = clipping.zero_dropped((npass.inputs, npass.out_grads), c.keep)
+    instantiated = None if npass.instantiated is None else clipping.zero_dropped(npass.instantiated, c.keep)
+    return weighted_grad_sum(params, npass.uses, inputs, out_grads, c.scale, instantiated)
+
+  def ghost_clipped_sum(self, params: PyTree, batch: Batch, keys: Optional[jax.Array]
+                        ) -> Tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+    """(sum_i w_i clip_C(grad l_i) [float32], losses [B], norms [B], factors [B]) of one batch."""
+    npass = self.norm_pass(params, batch, keys)
+    c = clipping.clip(npass.norms, batch["example_weight"], self.noisy_sum.clip_norm)
+    return self.sum_pass(params, batch, keys, npass, c), npass.losses, c.norms, c.factors
 
   def clipped_sum(self, params: PyTree, batch: Batch, dropout_rng: Optional[jax.Array] = None
                   ) -> Tuple[PyTree, Dict[str, jax.Array]]:
     """Noiseless sum_i w_i clip_C(grad l_i) in float32 and its (non-DP) statistics."""
-
     batch, row_ids = clipping.split_row_ids(batch)
-    grads, losses, norms, _ = self.ghost_clipped_sum(params, batch, clipping.example_keys(dropout_rng, row_ids))
-    c = clipping.clip(norms, batch["example_weight"], self.noisy_sum.clip_norm)  # the same clip again
-    stats = clipping.add_stats(clipping.init_stats(), losses, batch["example_weight"], c)
+    keys = clipping.example_keys(dropout_rng, row_ids)
+    npass = self.norm_pass(params, batch, keys)
+    c = clipping.clip(npass.norms, batch["example_weight"], self.noisy_sum.clip_norm)
+    grads = self.sum_pass(params, batch, keys, npass, c)
+    stats = clipping.add_stats(clipping.init_stats(), npass.losses, batch["example_weight"], c)
     return grads, clipping.clipping_metrics(batch, *stats)
 
   def per_example_norms(self, params: PyTree, batch: Batch,
                         dropout_rng: Optional[jax.Array] = None) -> jax.Array:
     """Ghost per-example gradient norms [B] of a whole batch (no microbatching)."""
     rows = jnp.arange(clipping.num_rows(batch), dtype=jnp.int32)
-    _, _, norms, _ = self.ghost_clipped_sum(params, batch, clipping.example_keys(dropout_rng, rows))
-    return norms
+    return self.norm_pass(params, batch, clipping.example_keys(dropout_rng, rows)).norms

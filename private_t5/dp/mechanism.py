@@ -4,23 +4,24 @@
   size, sampling scheme, whether the vocabulary is public). Each value is checked once, when
   the config is made (`__post_init__`); a bad value fails there with one PrivacyError line.
 * `ExecutionSettings`: what changes only speed and memory, never the guarantee: how the
-  clipped sum is computed ("ghost" or "vmap") and the microbatch size.
+  clipped sum is computed ("ghost" or "vmap") and the microbatch size; `BatchLayout`, built from
+  them, says how a step's sample runs as compiled batches.
 * `build_mechanism(dp, execution, ...)`: checks the rules that depend on the data (expected
   batch vs N and the padded batch, the δ added by truncation), calibrates σ, and builds the
-  sampler, the aggregator and the ledger from the same q, σ and C (DP rule "sampling matches
-  accounting"); returns a `Mechanism`.
-* `Mechanism`: what the training loop and the trainer use: the example indices and the rows of
-  each step, the aggregator the trainer calls once per compiled step, the ledger, and the
-  fields of the checkpoint fingerprint.
+  mechanism's four parts from the same q, σ and C (DP rule "sampling matches accounting"):
+  the clipped-sum function (carrying C and q·N), the noise transform (an optax transform), the
+  sampler and the DP event of one step, plus the ledger that composes that event.
 
-`dp=None` gives the non-private baseline: `MeanAggregator`, shuffled fixed batches, and a
-ledger that records steps with ε = ∞. A `DPConfig` gives DP-Adafactor: a DP aggregator (clip,
-sum, noise, divide by q N; ghost clipping by default), Poisson sampling with rate
-q = expected_batch_size / N, and a ledger whose accounting event is built from the same q, σ
-(and truncation cap, if any) as the sampler. By default the sample is not truncated: a step's
-sample of any size runs as ceil(n / m) microbatches of m = microbatch_size (or batch_size) rows,
-the noise is added once to their clipped sum, and the ledger accounts the plain Poisson
-subsampled Gaussian. `sampling="poisson_truncated"` caps a sample at `batch_size` rows instead.
+`dp=None` gives the non-private baseline: the mean (`MeanAggregator`), no noise
+(`noise.no_noise()`), shuffled fixed batches, no DP event and a ledger that records steps with
+ε = ∞: the same plan with other parts, so the training loop has no private/non-private branch.
+A `DPConfig` gives DP-Adafactor: a clipped sum (clip, sum, divide by q N; ghost clipping by
+default), Gaussian noise σ·C/(q N) on it, Poisson sampling with rate
+q = expected_batch_size / N, and the PoissonSampled Gaussian event of the same q and σ (and
+truncation cap, if any). By default the sample is not truncated: a step's sample of any size
+runs as ceil(n / m) microbatches of m = microbatch_size (or batch_size) rows, the noise is
+added once to their clipped sum, and the ledger accounts the plain Poisson subsampled Gaussian.
+`sampling="poisson_truncated"` caps a sample at `batch_size` rows instead.
 
 Everything here runs before any compute: invalid privacy parameters, an unreachable target ε
 or a batch larger than the dataset fail at once with a PrivacyError.
@@ -28,7 +29,7 @@ or a batch larger than the dataset fail at once with a PrivacyError.
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from private_t5.data import corpora
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
+from private_t5.dp import noise as noise_lib
 from private_t5.dp import sampling
 from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning, read_report,
                                   vocabulary_report_mismatch)
@@ -44,9 +46,10 @@ from private_t5.errors import ConfigError, PrivacyError
 # Largest acceptable per-step chance that a Poisson batch exceeds the padded batch size when
 # the expected batch size is derived from it.
 DEFAULT_MAX_TRUNCATION_PROBABILITY = 1e-6
-# DPConfig.sampling values: untruncated Poisson (microbatched), or truncated at batch_size.
-POISSON = "poisson"
-POISSON_TRUNCATED = "poisson_truncated"
+# DPConfig.sampling values (`accounting.Sampling`): untruncated Poisson (microbatched), or
+# truncated at batch_size.
+POISSON = accounting.Sampling.POISSON
+POISSON_TRUNCATED = accounting.Sampling.POISSON_TRUNCATED
 DP_SAMPLING = (POISSON, POISSON_TRUNCATED)
 # ExecutionSettings.method: the DP aggregator computing the clipped sum; ghost clipping by default.
 # "vmap": per-example gradients under `jax.vmap` (`aggregator.DPAggregator`, the reference);
@@ -106,8 +109,9 @@ class DPConfig:
 
   def __post_init__(self):
     if self.sampling not in DP_SAMPLING:
-      raise PrivacyError(f"DPConfig.sampling must be one of {DP_SAMPLING}, got {self.sampling!r}: fixed "
-                         "shuffled batches are a different mechanism and are not offered")
+      raise PrivacyError(f"DPConfig.sampling must be one of {tuple(map(str, DP_SAMPLING))}, got "
+                         f"{self.sampling!r}: fixed shuffled batches are a different mechanism and are not offered")
+    object.__setattr__(self, "sampling", accounting.Sampling(self.sampling))
     if (self.noise_multiplier is None) == (self.target_epsilon is None):
       raise PrivacyError("set exactly one of DPConfig.noise_multiplier and DPConfig.target_epsilon "
                          f"(got {self.noise_multiplier!r} and {self.target_epsilon!r})")
@@ -116,8 +120,7 @@ class DPConfig:
                          f"{self.noise_multiplier!r} (use DP=None for a non-private run)")
     if self.target_epsilon is not None and not _positive_finite(self.target_epsilon):
       raise PrivacyError(f"DPConfig.target_epsilon (ε) must be a finite number > 0, got {self.target_epsilon!r}")
-    if not _positive_finite(self.clip_norm):
-      raise PrivacyError(f"DPConfig.clip_norm (C) must be a finite number > 0, got {self.clip_norm!r}")
+    accounting.check_clip_norm(self.clip_norm, "DPConfig.clip_norm (C)")
     if self.expected_batch_size is not None and not _positive_finite(self.expected_batch_size):
       raise PrivacyError(f"DPConfig.expected_batch_size (q·N) must be a finite number > 0, got "
                          f"{self.expected_batch_size!r}")
@@ -197,46 +200,42 @@ class Sampler(Protocol):
 
 @dataclasses.dataclass
 class Mechanism:
-  """A run's privacy mechanism, built by `build_mechanism`: what the loop and the trainer use.
+  """A run's privacy mechanism, built by `build_mechanism`: four parts, and the ledger.
 
   Attributes:
-    aggregator: `aggregate(params, batch, *, dropout_rng, noise_rng) -> (grads, metrics)` on the
-      rows it is given; it also accumulates microbatches (`zero_sum`, `accumulate`, `finish`).
-    sampler: draws each step's example indices.
+    clipped_sum: the clipped-sum function (`aggregator.DPAggregator`, `ghost.GhostDPAggregator`;
+      `MeanAggregator` for a non-private run): `zero_sum`, `accumulate`, `finish`; it carries C
+      and the public divisor q·N (its `noisy_sum`).
+    noise: the noise transform (`noise.gaussian_noise`; `noise.no_noise()` for a non-private
+      run), an optax `GradientTransformationExtraArgs` applied once per step.
+    sampler: draws each step's example indices (it knows nothing about microbatches).
+    dp_event: the `dp_accounting.DpEvent` of ONE step (None without a formal guarantee); the
+      ledger composes one per step taken.
     ledger: the privacy spent so far (replaced by the checkpoint's on resume).
-    private: whether the run has a formal DP guarantee.
-    batch_rows: rows of every compiled batch: the fixed batch size, or with untruncated Poisson
-      sampling the rows of one microbatch.
-    variable_rows: untruncated Poisson sampling: a step runs every sampled example, in as many
-      batches of `batch_rows` rows as it needs.
-    microbatch_size: the rows of one microbatch when a step's rows run as microbatches through
-      the trainer's accumulate loop (`Trainer.train_step_microbatched`; always with untruncated
-      Poisson sampling, and for a fixed batch larger than `ExecutionSettings.microbatch_size`);
-      None: one fused compiled step per batch.
     noise_multiplier: σ (calibrated when a target ε was given); None for a non-private run.
     dp_spm_report: the DP-SentencePiece report composed into the ledger, if any.
   """
-  aggregator: Any
+  clipped_sum: Any
+  noise: Any
   sampler: Sampler
+  dp_event: Any
   ledger: PrivacyLedger
-  private: bool
-  batch_rows: int
-  variable_rows: bool = False
-  microbatch_size: Optional[int] = None
   noise_multiplier: Optional[float] = None
   dp_spm_report: Optional[str] = None
+
+  @property
+  def private(self) -> bool:
+    """Whether the run has a formal DP guarantee (its ledger accounts a DP mechanism)."""
+    return not self.ledger.non_private
+
+  @property
+  def aggregator(self):
+    """The former name of `clipped_sum`."""
+    return self.clipped_sum
 
   def indices_for_step(self, step: int) -> np.ndarray:
     """The (unpadded) example indices of step `step`: a pure function of the seed and step."""
     return self.sampler.indices_for_step(step)
-
-  def rows_for_step(self, num_sampled: int, microbatched: bool) -> int:
-    """Rows step's batch runs on: `batch_rows`, or for untruncated Poisson sampling the sample
-    rounded up to whole microbatches of `batch_rows` (at least one when not microbatched)."""
-    if not self.variable_rows:
-      return self.batch_rows
-    rows = -(-int(num_sampled) // self.batch_rows) * self.batch_rows
-    return rows if microbatched else max(rows, self.batch_rows)
 
   def fingerprint(self) -> Dict[str, Any]:
     """The ledger fields that define the mechanism (part of the checkpoint fingerprint)."""
@@ -245,6 +244,58 @@ class Mechanism:
                                   "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+  """How a step's sample runs as compiled batches: speed and memory only, never the guarantee.
+
+  Attributes:
+    batch_rows: rows of every compiled batch: the fixed batch size, or with untruncated Poisson
+      sampling the rows of one microbatch.
+    variable_rows: untruncated Poisson sampling: a step runs every sampled example, in as many
+      batches of `batch_rows` rows as it needs.
+    microbatch_size: the rows of one microbatch when a step's rows run as microbatches through
+      the trainer's accumulate loop (always with untruncated Poisson sampling, and for a fixed
+      batch larger than `ExecutionSettings.microbatch_size`); None: one fused compiled step.
+  """
+  batch_rows: int
+  variable_rows: bool = False
+  microbatch_size: Optional[int] = None
+
+  @classmethod
+  def for_run(cls, dp: Optional[DPConfig], execution: ExecutionSettings, batch_size: int) -> "BatchLayout":
+    """The layout of a run of padded `batch_size` rows (ConfigError for a microbatch size that
+    does not divide a fixed batch)."""
+    m = execution.microbatch_size
+    if dp is not None and not dp.truncated:
+      rows = int(m) if m else batch_size
+      return cls(batch_rows=rows, variable_rows=True, microbatch_size=rows)
+    return cls(batch_rows=batch_size, microbatch_size=_fixed_batch_microbatch(batch_size, m))
+
+  def rows_for_step(self, num_sampled: int, microbatched: Optional[bool] = None) -> int:
+    """Rows a step's batch runs on: `batch_rows`, or for untruncated Poisson sampling the sample
+    rounded up to whole microbatches of `batch_rows` (at least one when not microbatched;
+    `microbatched` defaults to whether this layout microbatches)."""
+    if not self.variable_rows:
+      return self.batch_rows
+    microbatched = self.microbatch_size is not None if microbatched is None else microbatched
+    rows = -(-int(num_sampled) // self.batch_rows) * self.batch_rows
+    return rows if microbatched else max(rows, self.batch_rows)
+
+
+def step_parts(noisy_sum: Optional[accounting.NoisySum], method: str, loss_fn: Callable, *,
+               spmd_axis_name: Optional[str] = None, **ghost_options) -> Tuple[Any, Any]:
+  """(clipped sum, noise transform) of a step: the mean and no noise when `noisy_sum` is None,
+  else the `method` clipped sum ("vmap" or "ghost", with `ghost.GhostDPAggregator`'s options)
+  of `noisy_sum`'s C and q·N and its Gaussian noise transform. `build_mechanism` and the
+  benchmark build their steps here."""
+  if noisy_sum is None:
+    return aggregator_lib.MeanAggregator(loss_fn), noise_lib.no_noise()
+  if method not in DP_METHODS:
+    raise ConfigError(f"the clipped-sum method must be one of {DP_METHODS}, got {method!r}")
+  if ghost_options and method != GHOST:
+    raise ConfigError(f"{sorted(ghost_options)} are options of ghost clipping, not of {method!r}")
+  clipped_sum = AGGREGATORS[method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name, **ghost_options)
+  return clipped_sum, noise_lib.gaussian_noise(noisy_sum)
 
 
 def default_delta(num_examples: int) -> float:
@@ -295,7 +346,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                     noise_secret: bool = True, population: Optional[Mapping[str, Any]] = None,
                     corpus: Union[None, str, Sequence[str]] = None,
                     log: Callable[[str], None] = print) -> Mechanism:
-  """Builds sampler, aggregator and ledger for a private (`dp`) or non-private (`None`) run.
+  """The mechanism's four parts (clipped sum, noise transform, sampler, DP event) and its ledger,
+  for a private (`dp`) or non-private (`None`) run.
 
   The rules that depend on the data are checked here, once: the batch sizes against N, and
   with truncation the δ the cap adds. `spmd_axis_name` is the mesh axis the examples are
@@ -308,18 +360,16 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
   population = dict(population) if population else None
   if batch_size <= 0 or train_steps <= 0:
     raise ConfigError(f"batch_size and train_steps must be > 0, got {batch_size} and {train_steps}")
-  microbatch_size = execution.microbatch_size
   if dp is None:
     if batch_size > num_examples:
       raise ConfigError(f"batch_size={batch_size} is larger than the dataset ({num_examples} examples)")
+    clipped_sum, noise = step_parts(None, execution.method, loss_fn)
     return Mechanism(
-        aggregator=aggregator_lib.MeanAggregator(loss_fn),
-        sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed),
+        clipped_sum=clipped_sum, noise=noise,
+        sampler=sampling.ShuffledBatchSampler(num_examples, batch_size, sampler_seed), dp_event=None,
         ledger=PrivacyLedger.non_private_baseline(num_examples=num_examples, privacy_unit=privacy_unit,
                                                   batch_size=batch_size, noise_secret=noise_secret,
-                                                  population=population),
-        private=False, batch_rows=batch_size,
-        microbatch_size=_fixed_batch_microbatch(batch_size, microbatch_size))
+                                                  population=population))
   if not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
   truncated = dp.truncated
@@ -331,9 +381,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
     expected = (_expected_batch_for_delta(dp, num_examples, batch_size, train_steps, delta) if truncated
                 else batch_size)
   q = accounting.sampling_rate_from_batch(expected, num_examples)
-  rows = int(microbatch_size) if microbatch_size else batch_size
-  sampler = (sampling.PoissonSampler(num_examples, q, batch_size, sampler_seed) if truncated else
-             sampling.PoissonSampler(num_examples, q, None, sampler_seed, microbatch_size=rows))
+  max_batch_size = batch_size if truncated else None
+  sampler = sampling.PoissonSampler(num_examples, q, max_batch_size, sampler_seed)
   sigma = dp.noise_multiplier
   if sigma is None:
     sigma = accounting.calibrate_noise(dp.target_epsilon, q, train_steps, delta, dp.accountant)
@@ -345,21 +394,22 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
     warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
     noisy_sum = accounting.NoisySum(dp.clip_norm, sigma, q * num_examples)
     ledger = PrivacyLedger.create(noisy_sum=noisy_sum, delta=delta, num_examples=num_examples, sampling_rate=q,
-                                  max_batch_size=batch_size if truncated else None,
-                                  accountant=dp.accountant, privacy_unit=privacy_unit, sampling="poisson",
+                                  max_batch_size=max_batch_size, accountant=dp.accountant,
+                                  privacy_unit=privacy_unit, sampling=accounting.Sampling.POISSON,
                                   configured_batch_size=batch_size, clipping_method=execution.method,
                                   noise_secret=noise_secret, population=population)
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus)
-  aggregator = AGGREGATORS[execution.method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name)
+  clipped_sum, noise = step_parts(noisy_sum, execution.method, loss_fn, spmd_axis_name=spmd_axis_name)
+  rows = BatchLayout.for_run(dp, execution, batch_size).batch_rows
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
               if truncated else f"untruncated, run in microbatches of {rows} rows")
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
       f"{q * num_examples:.1f}, {batching}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
       f"clipped sum by {execution.method}")
-  return Mechanism(aggregator=aggregator, sampler=sampler, ledger=ledger, private=True,
-                   batch_rows=batch_size if truncated else rows, variable_rows=not truncated,
-                   microbatch_size=_fixed_batch_microbatch(batch_size, microbatch_size) if truncated else rows,
-                   noise_multiplier=sigma, dp_spm_report=report)
+  dp_event = accounting.make_dp_event(sigma, q, 1, sampling=accounting.Sampling.POISSON,
+                                      num_examples=num_examples, max_batch_size=max_batch_size)
+  return Mechanism(clipped_sum=clipped_sum, noise=noise, sampler=sampler,
+                   dp_event=dp_event, ledger=ledger, noise_multiplier=sigma, dp_spm_report=report)
 
 
 def _fixed_batch_microbatch(batch_size: int, microbatch_size: Optional[int]) -> Optional[int]:

@@ -4,15 +4,15 @@ Samplers are stateless in the step: `indices_for_step(step)` is a pure function 
 (seed, step), so the data position of a run is just its step counter and a resumed run draws
 exactly the batches an uninterrupted one would have drawn. The returned indices are unpadded;
 `ExampleSource.get_batch(indices, seed, batch_size=rows)` pads them to the step's rows
-(`Mechanism.rows_for_step`; padding rows have `example_weight` 0): a fixed shape, so XLA
-compiles the train step once.
+(`mechanism.BatchLayout.rows_for_step`; padding rows have `example_weight` 0): a fixed shape,
+so XLA compiles the train step once. Samplers know nothing about microbatches: how a sample is
+cut into compiled batches is an execution setting (`mechanism.BatchLayout`).
 
 * `PoissonSampler` (for DP): each example joins each step independently with probability q;
   the privacy accounting (`accounting.make_dp_event`, PoissonSampled / TruncatedSubsampledGaussian
-  events) assumes exactly this (DP rule "sampling matches accounting"). Untruncated (the default for DP training), a step's
-  sample of any size n runs as ceil(n / m) microbatches of m rows (`padded_rows`), so at most
-  m - 1 rows per step are padding and nothing is dropped; truncated, a sample is capped at
-  `max_batch_size` rows. Truncation probabilities and caps come from `accounting` too
+  events) assumes exactly this (DP rule "sampling matches accounting"). Untruncated (the default
+  for DP training), every sampled example is returned, whatever their number; truncated, a
+  sample is capped at `max_batch_size` rows. Truncation probabilities and caps come from `accounting` too
   (`truncation_probability`, `max_batch_size_for`).
 * `ShuffledBatchSampler` (non-private): an epoch-wise random permutation cut into fixed-size
   batches. It is NOT Poisson sampling: a DP run must refuse it, or account it as sampling
@@ -50,6 +50,7 @@ class ShuffledBatchSampler:
   """
 
   is_poisson = False
+  scheme = accounting.Sampling.FIXED
 
   def __init__(self, num_examples: int, batch_size: int, seed: int):
     num_examples, batch_size = int(num_examples), int(batch_size)
@@ -108,8 +109,8 @@ class PoissonSampler:
   sample is a uniform subset of that size (all subsets of size n have probability
   q^n (1-q)^(N-n)).
 
-  Untruncated, every sampled example is returned; the trainer pads the n rows to
-  `padded_rows(n)` = ceil(n / m) m rows, m = `microbatch_size`. Truncated: if n exceeds
+  Untruncated, every sampled example is returned (the training loop runs them in as many
+  microbatches as they need). Truncated: if n exceeds
   `max_batch_size`, a uniformly random subset of `max_batch_size` of the n is
   kept (truncated Poisson sampling; `accounting.make_dp_event(..., max_batch_size=...)` gives the
   matching `TruncatedSubsampledGaussianDpEvent`); `truncation_probability` is
@@ -118,36 +119,29 @@ class PoissonSampler:
 
   is_poisson = True
 
-  def __init__(self, num_examples: int, sampling_rate: float, max_batch_size: Optional[int], seed: int,
-               microbatch_size: Optional[int] = None):
+  def __init__(self, num_examples: int, sampling_rate: float, max_batch_size: Optional[int], seed: int):
     num_examples = int(num_examples)
     if num_examples <= 0:
       raise PrivacyError(f"num_examples (N) must be > 0, got {num_examples}")
     self.sampling_rate = validate_sampling_rate(sampling_rate)
     self.num_examples = num_examples
     if max_batch_size is None:
-      if microbatch_size is None or int(microbatch_size) <= 0:
-        raise PrivacyError(f"untruncated Poisson sampling needs a microbatch_size > 0, got {microbatch_size}")
       self.max_batch_size = None
     else:
       if int(max_batch_size) <= 0:
         raise PrivacyError(f"max_batch_size must be > 0, got {max_batch_size}")
       self.max_batch_size = min(int(max_batch_size), num_examples)
-    self.microbatch_size = int(microbatch_size) if microbatch_size is not None else self.max_batch_size
     self.seed = int(seed)
+
+  @property
+  def scheme(self) -> "accounting.Sampling":
+    """`Sampling.POISSON_TRUNCATED` when capped, else `Sampling.POISSON`."""
+    return accounting.Sampling.POISSON_TRUNCATED if self.truncated else accounting.Sampling.POISSON
 
   @property
   def truncated(self) -> bool:
     """Whether a sample larger than `max_batch_size` is cut down (truncated Poisson sampling)."""
     return self.max_batch_size is not None
-
-  def padded_rows(self, n: int) -> int:
-    """Rows a step with n sampled examples runs on: ceil(n / m) m, at most m - 1 of them padding
-    (0 for an empty sample); truncated, always `max_batch_size`."""
-    if self.truncated:
-      return self.max_batch_size
-    m = self.microbatch_size
-    return -(-int(n) // m) * m
 
   @classmethod
   def from_expected_batch_size(cls, num_examples: int, expected_batch_size: float,
@@ -166,7 +160,7 @@ class PoissonSampler:
   @property
   def padded_batch_size(self) -> Optional[int]:
     """Rows of every batch when truncated; None untruncated, where a step's rows follow its
-    sample (`padded_rows`)."""
+    sample (`mechanism.BatchLayout.rows_for_step`)."""
     return self.max_batch_size
 
   @property

@@ -15,6 +15,7 @@ the formal guarantee as none (epsilon = infinity in the ledger) and, as Wu et al
 epsilon that the per-step effective noise multipliers sigma * gamma_t WOULD imply if they had
 been fixed in advance. That number is a heuristic summary, never a DP guarantee.
 """
+import copy
 import dataclasses
 import json
 import math
@@ -29,14 +30,15 @@ from private_t5 import models
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ledger as ledger_lib
-from private_t5.errors import CheckpointError, ConfigError, DataError, PrivacyError
+from private_t5.dp import noise as noise_lib
+from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import atomic_open, file_sha256
 from private_t5.models import checkpoints
 
 NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
 PRIVACY_PROBABILITY = "privacy_probability"
-METRIC_PRIVACY_WEIGHT = "nondp/privacy_weight"
+METRIC_PRIVACY_WEIGHT = noise_lib.NOISE_SCALE_METRIC  # "nondp/privacy_weight": γ_B scales the noise
 REPORT_FILENAME = ledger_lib.ADAPTIVE_REPORT_FILENAME
 PROBABILITIES_FILENAME = "privacy_probabilities.npz"
 FORMAL_GUARANTEE = (
@@ -214,45 +216,73 @@ def privacy_weight(rho: jax.Array, example_weight: jax.Array) -> jax.Array:
   there would only reveal that the batch was empty.
   """
   w = example_weight.astype(jnp.float32)
-  total = jnp.sum(w)
-  gamma = jnp.sum(w * rho.astype(jnp.float32)) / jnp.maximum(total, 1.0)
-  return jnp.where(total > 0, jnp.clip(gamma, 0.0, 1.0), 1.0)
+  return privacy_weight_from_sums(jnp.sum(w * rho.astype(jnp.float32)), jnp.sum(w))
+
+
+def privacy_weight_from_sums(rho_sum: jax.Array, weight_sum: jax.Array) -> jax.Array:
+  """`privacy_weight` from sum_i w_i rho_i and sum_i w_i (added over a step's microbatches)."""
+  gamma = rho_sum / jnp.maximum(weight_sum, 1.0)
+  return jnp.where(weight_sum > 0, jnp.clip(gamma, 0.0, 1.0), 1.0)
 
 
 class AdaptiveDPAggregator:
-  """Adaptive-DP aggregation: the DP aggregator's clipped sum with noise std gamma_B sigma C.
+  """Adaptive DP's clipped sum: the DP clipped sum, and γ_B for the noise transform.
 
-  Same signature as `dp.aggregator.DPAggregator`: `aggregate(params, batch, *, dropout_rng,
-  noise_rng) -> (grads, metrics)`; the batch must carry `privacy_probability` (AdaptiveSource).
+  A clipped-sum function like `dp.aggregator.DPAggregator` (`zero_sum`, `accumulate`, `finish`,
+  or a call on one batch) whose batches carry `privacy_probability` (AdaptiveSource). It
+  accumulates sum_i w_i rho_i and sum_i w_i over the step's microbatches beside the clipped sum,
+  and `finish` reports γ_B (Eq. 5) as the metric `dp.noise.NOISE_SCALE_METRIC`: the run's
+  noise transform (`dp.noise.gaussian_noise`, the same as DP training's) scales its std by it,
+  z = γ_B · N(0, σ²C²) on the sum (Eq. 6). Clip, sum and the public divisor q N are DP-SGD's.
   """
 
   def __init__(self, dp_aggregator: aggregator_lib.DPAggregator):
     if not isinstance(dp_aggregator, aggregator_lib.DPAggregator):
       raise ConfigError(f"AdaptiveDPAggregator wraps a DPAggregator, got {type(dp_aggregator).__name__}")
     self.dp = dp_aggregator
-    self.is_private = False  # no formal DP guarantee (see the module docstring)
+    self.noisy_sum = dp_aggregator.noisy_sum  # the noise transform's σ, C and q N
 
-  def __call__(self, params, batch, *, dropout_rng: Optional[jax.Array] = None,
-               noise_rng: Optional[jax.Array] = None):
-    if PRIVACY_PROBABILITY not in batch:
+  @property
+  def loss_fn(self):
+    return self.dp.loss_fn
+
+  @loss_fn.setter
+  def loss_fn(self, value):  # the trainer binds a LoRA base here
+    self.dp = copy.copy(self.dp)
+    self.dp.loss_fn = value
+
+  # The accumulator is the DP clipped sum's, its sums dict with two more entries.
+  _SUMS = ("rho_sum", "rho_weight_sum")
+
+  def _split(self, acc):
+    grad_sum, sums = acc
+    return (grad_sum, {k: v for k, v in sums.items() if k not in self._SUMS}), [sums[k] for k in self._SUMS]
+
+  def zero_sum(self, params):
+    grad_sum, sums = self.dp.zero_sum(params)
+    return grad_sum, dict(sums, **{k: jnp.float32(0) for k in self._SUMS})
+
+  def accumulate(self, params, acc, micro, dropout_rng: Optional[jax.Array]):
+    if PRIVACY_PROBABILITY not in micro:
       raise ConfigError(f"adaptive DP batches need a {PRIVACY_PROBABILITY!r} column (wrap the source "
                         "in AdaptiveSource)")
-    if noise_rng is None and self.dp.noise_multiplier > 0:
-      raise PrivacyError("AdaptiveDPAggregator needs a noise_rng")
-    model_batch = {k: v for k, v in batch.items() if k != PRIVACY_PROBABILITY}
-    grad_sum, metrics = self.dp.clipped_sum(params, model_batch, dropout_rng)
-    gamma = privacy_weight(batch[PRIVACY_PROBABILITY], batch["example_weight"])
-    if self.dp.noise_multiplier > 0:
-      leaves, treedef = jax.tree.flatten(grad_sum)
-      noise = aggregator_lib.gaussian_like(noise_rng, leaves)
-      std = gamma * self.dp.noise_std  # Eq. 6: z = gamma_B * N(0, sigma^2 C^2 I)
-      grad_sum = jax.tree.unflatten(treedef, [g + std * n for g, n in zip(leaves, noise)])
-    # Same public divisor q N as DP-SGD (DP rule "noise on the sum, divide by a public constant").
-    grads = jax.tree.map(lambda g: g / self.dp.expected_batch_size, grad_sum)
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    inner, (rho_sum, weight_sum) = self._split(acc)
+    model_batch = {k: v for k, v in micro.items() if k != PRIVACY_PROBABILITY}
+    w = micro["example_weight"].astype(jnp.float32)
+    grad_sum, sums = self.dp.accumulate(params, inner, model_batch, dropout_rng)
+    rho_sum = rho_sum + jnp.sum(w * micro[PRIVACY_PROBABILITY].astype(jnp.float32))
+    return grad_sum, dict(sums, rho_sum=rho_sum, rho_weight_sum=weight_sum + jnp.sum(w))
+
+  def finish(self, params, acc):
+    inner, (rho_sum, weight_sum) = self._split(acc)
+    grads, metrics = self.dp.finish(params, inner)
     metrics = dict(metrics)
-    metrics[METRIC_PRIVACY_WEIGHT] = gamma
+    metrics[METRIC_PRIVACY_WEIGHT] = privacy_weight_from_sums(rho_sum, weight_sum)
     return grads, metrics
+
+  def __call__(self, params, batch, *, dropout_rng: Optional[jax.Array] = None):
+    """(the noiseless clipped sum of one batch / q N, its metrics with γ_B)."""
+    return self.finish(params, self.accumulate(params, self.zero_sum(params), batch, dropout_rng))
 
 
 # -- what the run may claim -----------------------------------------------------------------------

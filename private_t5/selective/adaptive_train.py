@@ -1,9 +1,9 @@
-"""Adaptive-DP-Adafactor training (Wu et al. 2022): the trainer with the adaptive aggregator.
+"""Adaptive-DP-Adafactor training (Wu et al. 2022): the trainer with the adaptive clipped sum.
 
 The run is the ordinary DP-Adafactor run of `train.main.train` (same Poisson sampler, clip,
 divisor q N, Adafactor, checkpoints and resume) with two swaps: batches carry each row's
-privacy probability (`AdaptiveSource`) and the aggregator scales the noise by gamma_B
-(`AdaptiveDPAggregator`). Because that breaks the formal guarantee, the ledger in every
+privacy probability (`AdaptiveSource`) and the clipped sum reports gamma_B, by which the run's
+noise transform scales the noise (`AdaptiveDPAggregator`). Because that breaks the formal guarantee, the ledger in every
 checkpoint records epsilon = infinity, and `adaptive_dp_report.json` beside it gives the
 implied-epsilon number of Wu et al. 2022 with its caveat.
 """
@@ -68,17 +68,17 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
       f"max {summary_rho['rho_max']:.3f}), normalization {probabilities.normalization}")
 
   def make_adaptive(dp_setup, data) -> train_main.PrivacyOverride:
-    # The DP setup (sampler, clip, divisor, nominal σ) is kept; the aggregator scales its noise
-    # by γ_B, and since that breaks the formal guarantee the ledger that travels with the
+    # The DP setup (sampler, clip, divisor, nominal σ, noise transform) is kept; the noise is
+    # scaled by γ_B, and since that breaks the formal guarantee the ledger that travels with the
     # checkpoints says ε = ∞.
     log(f"[adaptive] nominal σ={dp_setup.noise_multiplier:.4f} scaled by γ_B each step "
         "(NOT a formal DP guarantee)")
-    # The same sampler and rows; the whole sample runs as one batch (no microbatch accumulation).
+    # The same sampler, layout and noise transform; the clipped sum reports γ_B, which scales the noise.
     setup = dataclasses.replace(
-        dp_setup, aggregator=adaptive.AdaptiveDPAggregator(dp_setup.aggregator),
+        dp_setup, clipped_sum=adaptive.AdaptiveDPAggregator(dp_setup.clipped_sum), dp_event=None,
         ledger=ledger_lib.PrivacyLedger.non_private_baseline(num_examples=data.num_examples,
                                                              privacy_unit=data.privacy_unit, batch_size=batch_size),
-        private=False, microbatch_size=None, dp_spm_report=None)
+        dp_spm_report=None)
     extra = {"adaptive_dp": True, "normalization": probabilities.normalization,
              "optimizer": "Adaptive-DP-Adafactor"}
     return train_main.PrivacyOverride(mechanism=setup, source=adaptive.AdaptiveSource(data, probabilities.rho),

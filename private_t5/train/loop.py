@@ -1,14 +1,15 @@
 """The training loop: resume, sample, step, log, evaluate, checkpoint, account.
 
 Order of one step t (t = the state's step = the data position), with `mechanism` the run's
-`dp.mechanism.Mechanism`:
-  indices = mechanism.indices_for_step(t); rows = mechanism.rows_for_step(len(indices), ...);
+`dp.mechanism.Mechanism` and `layout` its `dp.mechanism.BatchLayout` (an execution setting):
+  indices = mechanism.indices_for_step(t); rows = layout.rows_for_step(len(indices));
   batch = source.get_batch(indices, data_seed(t), rows);
   state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
 `rows` is the fixed batch size B, or with untruncated Poisson sampling the n sampled examples
-padded to ceil(n / m) m rows. With `mechanism.microbatch_size` = m set, the rows run as
-microbatches of m rows (`Trainer.train_step_microbatched`, the one microbatching path); else
-as one fused compiled step (`Trainer.train_step`).
+padded to ceil(n / m) m rows. With `layout.microbatch_size` = m set, the rows run as
+microbatches of m rows (`Trainer.train_step_on_microbatches`, the one microbatching path); else
+as one fused compiled step (`Trainer.train_step`). The loop is the same for a private and a
+non-private mechanism (their parts differ, not the loop).
 Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
 a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
 rewritten only once that checkpoint is committed (complete on disk), so it never claims more
@@ -40,7 +41,7 @@ from private_t5 import progress as progress_lib
 from private_t5.dp import clipping
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
-from private_t5.dp.mechanism import Mechanism
+from private_t5.dp.mechanism import BatchLayout, Mechanism
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
@@ -150,16 +151,30 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
   return None, None, None
 
 
+def privacy_so_far(ledger: PrivacyLedger) -> Dict[str, Any]:
+  """The run's privacy numbers for its logs and summary: total and training ε and δ, the
+  vocabulary's status; all None for a ledger without a formal guarantee (ε ∞ is kept: a
+  vocabulary that is not private)."""
+  if ledger.non_private:
+    return dict.fromkeys(("epsilon", "delta", "training_epsilon", "training_delta", "vocabulary"))
+  return {"epsilon": ledger.total_epsilon(), "delta": ledger.total_delta(),
+          "training_epsilon": ledger.training_epsilon(), "training_delta": ledger.training_delta(),
+          "vocabulary": ledger.vocabulary_status()}
+
+
 def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seeds: RunSeeds,
         manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
-        initial_params_fn: Optional[Callable[[], Any]] = None,
+        layout: Optional[BatchLayout] = None, initial_params_fn: Optional[Callable[[], Any]] = None,
         log: Callable[[str], None] = print) -> Dict[str, Any]:
   """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary
   (written to summary.json by the caller, once it is complete).
 
   `source` and `validation_source` (or None) are `train.main.ExampleSource`s: the loop reads their
-  `num_examples` and `get_batch`. `initial_params_fn` (fine-tuning) supplies the step-0 parameters of a fresh run; a resumed
-  run ignores it and continues from its own checkpoint.
+  `num_examples` and `get_batch`. `layout` says how each step's sample runs (None: one fused
+  step per batch of the sampler's `padded_batch_size`). `initial_params_fn` (fine-tuning)
+  supplies the step-0 parameters of a fresh run; a resumed run ignores it and continues from
+  its own checkpoint. The loop is the same for every mechanism; whether it is private changes
+  only the wording of its logs and summary (`privacy.private`: "not DP" labels).
   """
   model_dir = config.model_dir
   ledger: PrivacyLedger = privacy.ledger
@@ -179,8 +194,10 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
     initial_params = initial_params_fn() if initial_params_fn is not None else None
     state = trainer.init_state(seeds.init_key, initial_params)
   privacy.ledger = ledger
+  not_dp = privacy.private  # the wording of the statistics of private data
+  layout = layout or BatchLayout(batch_rows=int(privacy.sampler.padded_batch_size))
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
-  padded = privacy.batch_rows
+  padded = layout.batch_rows
   rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
   data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
   primary = partitioning.is_primary()  # the one process that writes the run's files
@@ -206,7 +223,7 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
                                         metrics_lib.NOT_DP_PREFIX + "token_accuracy": result["token_accuracy"]})
     log(f"[eval] step {step}: validation token accuracy {result['token_accuracy']:.4f}, "
         f"loss {result['loss']:.4f} ({int(result['examples'])} held-out examples"
-        f"{', not DP' if privacy.private else ''})")
+        f"{', not DP' if not_dp else ''})")
     return result
 
   last_train: Dict[str, float] = {}
@@ -216,11 +233,11 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   rows_run = 0
   step = start_step
   first_step_time = None
-  microbatch_size = privacy.microbatch_size
+  microbatch_size = layout.microbatch_size
   shapes_compiled = set()  # (path, rows) of the compiled train-step calls this session
   while step < config.train_steps:
     indices = privacy.indices_for_step(step)
-    step_rows = privacy.rows_for_step(len(indices), microbatched=microbatch_size is not None)
+    step_rows = layout.rows_for_step(len(indices))
     seed = seeds.data_seed(step)
     if microbatch_size is None:  # one batch, rows spread over the data axis; each process reads its own
       chunks = [local_batch(source, indices, seed, step_rows, data_size, range(*trainer.local_rows(step_rows)))]
@@ -261,20 +278,20 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
     bar.update(1)
     if log_now:
       values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-      epsilon = ledger.total_epsilon() if privacy.private else None  # ∞: vocabulary not private
+      so_far = privacy_so_far(ledger)
+      epsilon = so_far["epsilon"]  # ∞: vocabulary not private
       loss = values.get("nondp/loss")
       last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
       tb = dict(values)
       tb["nondp/token_accuracy"] = batch_accuracy
       if epsilon is not None:
         tb["privacy/epsilon"] = _finite(epsilon)
-        tb["privacy/training_epsilon"] = ledger.training_epsilon()
+        tb["privacy/training_epsilon"] = so_far["training_epsilon"]
       writer.scalars("train", step, tb)
       bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
                                     + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
-      log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=privacy.private,
-                       learning_rate=values.get("learning_rate"),
-                       training_epsilon=ledger.training_epsilon() if privacy.private else None))
+      log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=not_dp,
+                       learning_rate=values.get("learning_rate"), training_epsilon=so_far["training_epsilon"]))
     if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
       last_eval = run_eval(step, state.params)
     if step % config.checkpoint_every == 0 or step == config.train_steps:
@@ -296,7 +313,7 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
         + ", ".join(f"{kind} of {rows} rows" for kind, rows in sorted(shapes_compiled)) + ")")
   if rows_run:
     log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
-        f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if privacy.private else ''})")
+        f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if not_dp else ''})")
   timed = max(elapsed - (first_step_time or 0.0), 1e-9)
   summary = {
       "model_dir": os.path.abspath(model_dir),
@@ -307,19 +324,15 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
       "steps_per_second": (steps_run - 1) / timed if steps_run > 1 else None,
       "examples_per_second": examples_seen / elapsed if elapsed > 0 else None,
       "real_row_fraction": real_fraction,
-      "train_batch_metrics_not_dp" if privacy.private else "train_batch_metrics": last_train,
-      metrics_lib.validation_key(privacy.private): last_eval,
+      "train_batch_metrics_not_dp" if not_dp else "train_batch_metrics": last_train,
+      metrics_lib.validation_key(not_dp): last_eval,
       "private": privacy.private,
-      "epsilon": _finite(ledger.total_epsilon()) if privacy.private else None,
-      "delta": ledger.total_delta() if privacy.private else None,
-      "training_epsilon": _finite(ledger.training_epsilon()) if privacy.private else None,
-      "training_delta": ledger.training_delta() if privacy.private else None,
-      "vocabulary": ledger.vocabulary_status() if privacy.private else None,
+      **{k: _finite(v) if k.endswith("epsilon") else v for k, v in privacy_so_far(ledger).items()},
       "privacy_report": os.path.abspath(ledger_lib.report_path(model_dir)),
       "checkpoint_dir": manager.directory,
       "tensorboard_dir": os.path.abspath(writer.log_dir),
       "deterministic_seed": seeds.deterministic,
   }
-  if privacy.private:  # statistics of the private data, outside the guarantee
+  if not_dp:  # statistics of the private data, outside the guarantee
     summary["not_dp"] = [k for k in metrics_lib.NOT_DP_SUMMARY_KEYS if k in summary]
   return summary

@@ -323,6 +323,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   rules = partitioning.axis_rules(parameter_sharding)
   base = build_lora(lora, initial_checkpoint, model_config)
   execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log)
+  layout = mechanism_lib.BatchLayout.for_run(dp, execution, batch_size)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
@@ -351,8 +352,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate, lora)
-    trainer = Trainer(model_config, setup.aggregator, optimizer, mesh, learning_rate_fn=schedule, rules=rules,
-                      lora=lora, base_params=None if lora is None else base.params)
+    trainer = Trainer(model_config, setup.clipped_sum, optimizer, mesh, learning_rate_fn=schedule, rules=rules,
+                      lora=lora, base_params=None if lora is None else base.params, noise=setup.noise)
     num_params = trainer.num_trainable_params()
     log(describe_run(model_config, mesh, parameter_sharding, train_data, batch_size,
                      extra.get("optimizer") or ("DP-Adafactor" if setup.private else "non-private Adafactor")))
@@ -365,8 +366,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     elif initial_checkpoint:
       log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
     summary = loop.run(
-        trainer=trainer, privacy=setup, source=source, validation_source=validation_data, seeds=seeds,
-        manager=manager,
+        trainer=trainer, privacy=setup, layout=layout, source=source, validation_source=validation_data,
+        seeds=seeds, manager=manager,
         config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
                                eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
         metadata=metadata, log=log,

@@ -1,23 +1,30 @@
-"""The jit-compiled train step: aggregate gradients, then Adafactor.
+"""The jit-compiled train step: accumulate, finish, noise, Adafactor.
 
-DP is one swapped component: the gradient aggregator. With `dp.aggregator.MeanAggregator`
-the step is ordinary (non-private) training; with `dp.aggregator.DPAggregator` (per-example
-clip, sum, Gaussian noise on the sum, divide by the public q N) followed by the same Adafactor
-it is DP-Adafactor (Ponomareva et al. 2022, Sec. 3.2). Nothing else in the step changes.
+A step is plain functions of the run's mechanism (`dp.mechanism.Mechanism`), in the shape of
+T5X's `accumulate_grads_microbatched` / `apply_grads`:
 
-Microbatching has one path, `train_step_microbatched`: a step's n rows (an untruncated Poisson
-sample of any size, or a fixed batch larger than the microbatch size) run as ceil(n / m) calls
-of one compiled accumulate step (`aggregator.accumulate`: the (clipped) sum of m rows, added to
-a float32 accumulator) and one compiled finalize step (`aggregator.finish`: for DP, Gaussian
-noise added once to the accumulated sum with the step's noise key, divided by the public q N;
-then Adafactor). Without microbatching, `train_step` is one fused compiled call for the batch. Each compiled step calls one method of the
-aggregator; what the aggregator must offer is declared here (`Aggregator`,
-`MicrobatchAggregator`).
+  acc = clipped_sum.zero_sum(params)
+  acc = clipped_sum.accumulate(params, acc, microbatch, dropout_rng)   # once per microbatch
+  grads, metrics = clipped_sum.finish(params, acc)                     # the sum / q N (DP) or the mean
+  grads, _ = noise.update(grads, ..., noise_rng=noise_rng)             # Gaussian once (DP) or identity
+  updates, opt_state = optimizer.update(grads, opt_state, params)      # Adafactor
+
+A non-private run is the same step with `MeanAggregator` and `noise.no_noise()`; DP-Adafactor
+(Ponomareva et al. 2022, Sec. 3.2) has `DPAggregator` (per-example clip, sum, divide by the
+public q N) or its ghost variant and `noise.gaussian_noise`. The noise transform is an optax
+transform (it chains in front of Adafactor); the trainer applies it and the optimizer in turn so
+that the optimizer state, and every checkpoint, holds Adafactor's state alone.
+
+Microbatching is an execution setting: a step's n rows (an untruncated Poisson sample of any
+size, or a fixed batch larger than the microbatch size) run through `train_step_microbatched`
+as ceil(n / m) calls of one compiled accumulate step (the (clipped) sum of m rows, added to a
+float32 accumulator) and one compiled finalize step (finish, noise once with the step's key,
+Adafactor). Without microbatching, `train_step` is one fused compiled call of the same functions.
 
 LoRA (`models.lora`): with `lora` set the state's params are the adapters only (what the
-optimizer updates, the aggregator clips and noises, and checkpoints store); the frozen base
-weights are held by the trainer and passed to every compiled step as a separate argument,
-never differentiated, donated or updated. The aggregator's `loss_fn(adapters, batch,
+optimizer updates, the clipped sum clips and the noise covers, and checkpoints store); the frozen
+base weights are held by the trainer and passed to every compiled step as a separate argument,
+never differentiated, donated or updated. The clipped sum's `loss_fn(adapters, batch,
 dropout_rng, base)` is bound to them (`functools.partial(..., base=...)`) inside each step.
 
 Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
@@ -35,6 +42,7 @@ import optax
 
 from private_t5 import models
 from private_t5.dp import clipping
+from private_t5.dp import noise as noise_lib
 from private_t5.errors import ConfigError
 from private_t5.models import lora as lora_lib
 from private_t5.train import partitioning
@@ -47,17 +55,9 @@ HOST_ONLY_FEATURES = ("example_index", "is_padding")
 Accumulator = Tuple[PyTree, Dict[str, jax.Array]]
 
 
-class Aggregator(Protocol):
-  """Turns a batch into the step's gradient (`dp.aggregator.MeanAggregator`, `DPAggregator`)."""
-
-  def __call__(self, params: PyTree, batch, *, dropout_rng: Optional[jax.Array],
-               noise_rng: Optional[jax.Array]) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    ...
-
-
-class MicrobatchAggregator(Aggregator, Protocol):
-  """An aggregator that also runs a step's rows as several microbatches (every aggregator of
-  `dp.aggregator`)."""
+class ClippedSum(Protocol):
+  """A step's gradient from its rows, microbatch by microbatch (`dp.aggregator.MeanAggregator`,
+  `DPAggregator`, `ghost.GhostDPAggregator`, adaptive DP's wrapper)."""
 
   def zero_sum(self, params: PyTree) -> Accumulator:
     ...
@@ -66,8 +66,7 @@ class MicrobatchAggregator(Aggregator, Protocol):
                  ) -> Accumulator:
     ...
 
-  def finish(self, params: PyTree, acc: Accumulator, noise_rng: Optional[jax.Array]
-             ) -> Tuple[PyTree, Dict[str, jax.Array]]:
+  def finish(self, params: PyTree, acc: Accumulator) -> Tuple[PyTree, Dict[str, jax.Array]]:
     ...
 
 
@@ -96,9 +95,10 @@ class Trainer:
 
   Attributes:
     model_config: the T5Config.
-    aggregator: an `Aggregator` (a `MicrobatchAggregator` for `train_step_microbatched`), e.g.
-      the `aggregator` of a `dp.mechanism.Mechanism`.
+    aggregator: the `ClippedSum` (e.g. the `clipped_sum` of a `dp.mechanism.Mechanism`).
     optimizer: an optax GradientTransformation (Adafactor).
+    noise: the noise transform (`dp.noise.gaussian_noise`, `no_noise`; the mechanism's `noise`);
+      None: the one that matches `aggregator` (`dp.noise.transform_for`).
     mesh: the (data, model) device mesh.
     learning_rate_fn: optional schedule, logged as `learning_rate`.
     rules: the logical-axis rules of the parameters (`partitioning.axis_rules`: replicated over
@@ -106,15 +106,17 @@ class Trainer:
     lora: a `models.lora.LoraConfig` to train adapters on the frozen `base_params`, or None.
   """
 
-  def __init__(self, model_config: models.T5Config, aggregator: Aggregator,
+  def __init__(self, model_config: models.T5Config, aggregator: ClippedSum,
                optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                learning_rate_fn: Optional[Callable] = None,
                rules=partitioning.LOGICAL_AXIS_RULES, *, lora: Optional[lora_lib.LoraConfig] = None,
-               base_params: Optional[PyTree] = None):
+               base_params: Optional[PyTree] = None,
+               noise: Optional[optax.GradientTransformationExtraArgs] = None):
     self.model_config = model_config
     self.lora = lora
     self.model = models.EncoderDecoderModel(model_config, lora=lora)
     self.aggregator = aggregator
+    self.noise = noise if noise is not None else noise_lib.transform_for(aggregator)
     self.optimizer = optimizer
     self.mesh = mesh
     self.learning_rate_fn = learning_rate_fn
@@ -182,8 +184,8 @@ class Trainer:
   def _init_from_params_fn(self, params) -> TrainState:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
 
-  def _bound(self, base) -> Aggregator:
-    """The aggregator, its loss bound to the frozen LoRA `base` (itself without LoRA)."""
+  def _bound(self, base) -> ClippedSum:
+    """The clipped sum, its loss bound to the frozen LoRA `base` (itself without LoRA)."""
     if self.lora is None:
       return self.aggregator
     bound = copy.copy(self.aggregator)
@@ -196,12 +198,16 @@ class Trainer:
       return params
     return lora_lib.combine(self._base if base is None else base, params)
 
+  def _dropout(self, key: jax.Array) -> Optional[jax.Array]:
+    return key if self.use_dropout else None
+
   def _train_step_fn(self, state: TrainState, base, batch, dropout_base_key, noise_base_key):
-    dropout_rng, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
-    grads, metrics = self._bound(base)(state.params, batch,
-                                     dropout_rng=dropout_rng if self.use_dropout else None,
-                                     noise_rng=noise_rng)
-    return self._apply_fn(state, grads, metrics)
+    """The fused step: the batch is the step's one microbatch."""
+    dropout_rng, _ = step_keys(dropout_base_key, noise_base_key, state.step)
+    clipped_sum = self._bound(base)
+    acc = clipped_sum.accumulate(state.params, clipped_sum.zero_sum(state.params), batch,
+                                 self._dropout(dropout_rng))
+    return self._apply_fn(state, base, acc, noise_base_key)
 
   def _zero_sum_fn(self):
     return self.aggregator.zero_sum(self._abstract.params)
@@ -210,14 +216,17 @@ class Trainer:
     """acc + the (clipped) sum of one microbatch (its `ROW_ID` column: the rows' positions in
     the step's sample)."""
     dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
-    return self._bound(base).accumulate(params, acc, micro, dropout_rng if self.use_dropout else None)
+    return self._bound(base).accumulate(params, acc, micro, self._dropout(dropout_rng))
 
   def _finalize_fn(self, state: TrainState, base, acc, dropout_base_key, noise_base_key):
-    _, noise_rng = step_keys(dropout_base_key, noise_base_key, state.step)
-    grads, metrics = self._bound(base).finish(state.params, acc, noise_rng)
-    return self._apply_fn(state, grads, metrics)
+    del dropout_base_key
+    return self._apply_fn(state, base, acc, noise_base_key)
 
-  def _apply_fn(self, state: TrainState, grads, metrics):
+  def _apply_fn(self, state: TrainState, base, acc, noise_base_key):
+    """finish, noise (once, with the step's key), Adafactor."""
+    noise_rng = jax.random.fold_in(noise_base_key, state.step)  # = step_keys(...)[1]
+    grads, metrics = self._bound(base).finish(state.params, acc)
+    grads = noise_lib.apply(self.noise, grads, metrics, state.params, noise_rng)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
@@ -282,7 +291,7 @@ class Trainer:
     """One optimizer step on all of a step's rows: `batch` (host arrays, a multiple of
     `microbatch_size` rows, possibly 0) runs as consecutive microbatches (`split_microbatches`)
     through the compiled accumulate step, then (for DP) the noise is added once and the update
-    applied. Needs a `MicrobatchAggregator`; `state` is donated."""
+    applied. `state` is donated."""
     return self.train_step_on_microbatches(state, split_microbatches(batch, microbatch_size),
                                            dropout_base_key, noise_base_key)
 
