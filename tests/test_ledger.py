@@ -445,3 +445,19 @@ def test_public_dp_vocabulary_is_not_composed_into_a_run_on_other_data(tmp_path)
   composed.add_vocabulary(modest, modest_path)
   composed.record_steps(100)
   assert composed.total_epsilon() > composed.training_epsilon()
+
+
+def test_step_event_is_one_step_of_the_ledger_s_mechanism():
+  plain = _ledger(max_batch_size=None)
+  assert plain.step_event() == dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1))
+  # `steps` of them are the event the ledger's ε is accounted from.
+  plain.record_steps(30)
+  composed = dp_accounting.SelfComposedDpEvent(plain.step_event(), 30)
+  assert composed == accounting.make_dp_event(1.1, 0.01, 30)
+  assert accounting.composed_epsilon([composed], plain.delta, "rdp") == pytest.approx(plain.training_epsilon())
+  truncated = _ledger(max_batch_size=510)
+  assert truncated.truncation_probability > 0
+  assert isinstance(truncated.step_event(), dp_accounting.TruncatedSubsampledGaussianDpEvent)
+  fixed = _ledger(max_batch_size=None, sampling="fixed")
+  assert isinstance(fixed.step_event(), dp_accounting.SampledWithoutReplacementDpEvent)
+  assert PrivacyLedger.non_private_baseline(num_examples=100, batch_size=10).step_event() is None

@@ -83,6 +83,8 @@ PLD_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 # nothing or is far beyond any training run): "auto" then reports RDP's ε alone.
 PLD_MAX_EPSILON = 1e4
 PLD_MAX_STEPS = 10**7
+# What a release is to the accountants (the type of `make_dp_event`'s and `step_dp_event`'s results).
+DpEvent = dp_accounting.DpEvent
 
 
 class MeaninglessGuaranteeWarning(UserWarning):
@@ -224,13 +226,31 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
 
 def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
                   sampling: str = Sampling.POISSON, num_examples: Optional[int] = None,
-                  max_batch_size: Optional[int] = None) -> dp_accounting.DpEvent:
-  """The `DpEvent` of `steps` DP-SGD steps (the same object the sampler's config describes).
+                  max_batch_size: Optional[int] = None) -> DpEvent:
+  """The `DpEvent` of `steps` DP-SGD steps (the same object the sampler's config describes):
+  `step_dp_event` composed `steps` times.
 
   Args:
     noise_multiplier: σ, the noise std divided by the clip norm C.
     sampling_rate: q (Poisson rate, or batch/N for fixed batches).
     steps: number of steps composed.
+    sampling: "poisson" (default) or "fixed" (shuffled fixed-size batches, sampled without
+      replacement; needs `num_examples`).
+    num_examples: N; required for fixed batches and for `max_batch_size`.
+    max_batch_size: Poisson only: the truncation cap (see `step_dp_event`).
+  """
+  step = step_dp_event(noise_multiplier, sampling_rate, sampling=sampling, num_examples=num_examples,
+                       max_batch_size=max_batch_size)
+  return dp_accounting.SelfComposedDpEvent(step, int(steps))
+
+
+def step_dp_event(noise_multiplier: float, sampling_rate: float, *, sampling: str = Sampling.POISSON,
+                  num_examples: Optional[int] = None, max_batch_size: Optional[int] = None) -> DpEvent:
+  """The `DpEvent` of one DP-SGD step.
+
+  Args:
+    noise_multiplier: σ, the noise std divided by the clip norm C.
+    sampling_rate: q (Poisson rate, or batch/N for fixed batches).
     sampling: "poisson" (default) or "fixed" (shuffled fixed-size batches, sampled without
       replacement; needs `num_examples`).
     num_examples: N; required for fixed batches and for `max_batch_size`.
@@ -244,22 +264,19 @@ def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
       if num_examples is None:
         raise PrivacyError("a truncated Poisson event needs num_examples")
       if truncation_probability(num_examples, sampling_rate, max_batch_size) > 0.0:
-        step = dp_accounting.TruncatedSubsampledGaussianDpEvent(
+        return dp_accounting.TruncatedSubsampledGaussianDpEvent(
             dataset_size=int(num_examples), sampling_probability=sampling_rate,
             truncated_batch_size=int(max_batch_size), noise_multiplier=noise_multiplier)
-        return dp_accounting.SelfComposedDpEvent(step, int(steps))
-    step = dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
-  elif sampling == Sampling.FIXED:
+    return dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
+  if sampling == Sampling.FIXED:
     if num_examples is None:
       raise PrivacyError("fixed-batch accounting needs num_examples")
     batch = int(round(sampling_rate * num_examples))
     # Replace-one neighbours: the clipped sum moves by up to 2C, and dp_accounting's
     # without-replacement bound (Wang et al. 2019, Thm 27) takes std / l2-sensitivity = σ/2.
-    step = dp_accounting.SampledWithoutReplacementDpEvent(
+    return dp_accounting.SampledWithoutReplacementDpEvent(
         int(num_examples), batch, dp_accounting.GaussianDpEvent(noise_multiplier / 2.0))
-  else:
-    raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
-  return dp_accounting.SelfComposedDpEvent(step, int(steps))
+  raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
 
 
 def make_accountant(accountant: str = "rdp", sampling: str = Sampling.POISSON) -> dp_accounting.PrivacyAccountant:

@@ -395,7 +395,7 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
     noisy_sum = accounting.NoisySum(dp.clip_norm, sigma, q * num_examples)
     ledger = PrivacyLedger.create(noisy_sum=noisy_sum, delta=delta, num_examples=num_examples, sampling_rate=q,
                                   max_batch_size=max_batch_size, accountant=dp.accountant,
-                                  privacy_unit=privacy_unit, sampling=accounting.Sampling.POISSON,
+                                  privacy_unit=privacy_unit, sampling=accounting.Sampling.POISSON.value,
                                   configured_batch_size=batch_size, clipping_method=execution.method,
                                   noise_secret=noise_secret, population=population)
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus)

@@ -34,7 +34,7 @@ checks numerically how much δ that threshold really spends). The paper's
 only for ε < 1 (beyond it the formula UNDERSTATES ε: σ = 58.9, k = 256 gives 27.0 by the
 formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε (the exact hockey-stick
 divergence of noise multiplier σ/k at δ/2), valid for every ε. The accounting lives in
-`dp.accounting` and the report's privacy fields in `dp.ledger` (`vocabulary_report`).
+`dp.accounting` and the report's privacy fields in `dp.privacy_report` (`vocabulary_report`).
 """
 import collections
 import dataclasses
@@ -607,8 +607,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   del histogram
 
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  report = ledger_lib.vocabulary_report(
+  from private_t5.dp import privacy_report  # pylint: disable=g-import-not-at-top
+  report = privacy_report.vocabulary_report(
       params, model_bytes=model, insecure_seed=insecure_seed,
       sensitivity=bound.as_dict(),
       words_total=words_total,
@@ -637,13 +637,13 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp_fields=not_dp)
   if report["warnings"]:
     logger.warning("dp-spm: %s", report["warnings"][0])
-  report_path = report_path or ledger_lib.vocabulary_report_path(output)
+  report_path = report_path or privacy_report.vocabulary_report_path(output)
   # The pair is written as one unit: the report (naming the model by its hash) is committed
   # first, then the model, already on disk, is renamed into place. A kill leaves no model
   # without its report; at worst (between the two renames) the old model beside the new report,
   # which names another vocabulary, so training does not compose it.
   write_bytes_atomic(output, model,
-                     before_rename=lambda: ledger_lib.write_report(report_path, report, sort_keys=False))
+                     before_rename=lambda: privacy_report.write_report(report_path, report, sort_keys=False))
   report["report_path"] = os.path.abspath(report_path)
   log(f"dp-spm: pieces by source: {sources}")
   if utility:

@@ -1,0 +1,230 @@
+"""The releases a privacy ledger composes with training: its `components`.
+
+Other DP releases computed from the same data (the DP-SentencePiece vocabulary, the training of
+the parameters a run started from) are composed into a run's guarantee as components; a
+vocabulary without a matching DP report is recorded as non-private (the total ε is then ∞),
+unless it is declared public. A release at a stronger privacy unit than training's is composed by
+group privacy (`group_privacy`); one at a weaker unit is refused (`ComposedReleases.check_unit`).
+"""
+import logging
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from private_t5.dp import privacy_report
+from private_t5.errors import DataError, PrivacyError
+
+PRIVACY_UNITS = ("document", "example", "user")
+# A user's data holds whole documents, and a document holds whole examples (chunks). Larger is
+# stronger: a guarantee at a stronger unit covers a weaker one by group privacy (`check_unit`).
+_UNIT_STRENGTH = {"example": 0, "document": 1, "user": 2}
+
+
+def group_privacy(epsilon: float, delta: float, size: int) -> tuple:
+  """(ε, δ)-DP for one unit, as a guarantee for `size` units: (kε, δ·(1 + e^ε + … + e^((k-1)ε)))."""
+  if size == 1:
+    return epsilon, delta
+  return size * epsilon, delta * sum(math.exp(min(i * epsilon, 700.0)) for i in range(size))
+
+
+class ComposedReleases:
+  """The components of a `PrivacyLedger` (its base class): releases composed with training.
+
+  Works on the ledger's `privacy_unit`, its training's `training_epsilon()`, `training_delta()`
+  and `noise_secret`, and its `components`: other mechanisms composed in, dicts {"name",
+  "epsilon", "delta", "source"}, or {"name": "vocabulary", "private": false, "public", "source"}
+  for a vocabulary without a matching DP report (`add_vocabulary`), or {"name":
+  "initial_checkpoint", ...} for the training of the parameters the run started from
+  (`add_initial_checkpoint`). A component whose noise was not secret has "noise_secret": false.
+  """
+
+  def add_component(self, name: str, epsilon: float, delta: float, source: str = "",
+                    vocab_sha256: Optional[str] = None, noise_secret: bool = True,
+                    details: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Composes another (ε, δ)-DP release on the same data, once; returns its entry.
+
+    A release already in the ledger is not composed again (e.g. re-added on resume): the same
+    vocabulary by content hash (`vocab_sha256`, so a moved or copied run directory still
+    counts it once), else the same `source`. A release whose noise was not secret is recorded
+    with "noise_secret": false; `details` (JSON-able) are stored in the entry as they are.
+    """
+    epsilon = float(epsilon)
+    delta = float(delta)
+    if not (epsilon >= 0 and math.isfinite(epsilon)) or not 0 <= delta < 1:
+      raise PrivacyError(f"component {name!r} has invalid (ε, δ) = ({epsilon}, {delta})")
+    for c in self.components:
+      same_vocabulary = vocab_sha256 is not None and c.get("vocab_sha256") == vocab_sha256
+      if c["name"] == name and (same_vocabulary or c.get("source", "") == source):
+        if math.isclose(c["epsilon"], epsilon) and math.isclose(c["delta"], delta):
+          if not noise_secret:
+            c["noise_secret"] = False
+          return c  # already composed
+        raise PrivacyError(f"component {name!r} from {source!r} is already in the ledger with "
+                           f"(ε, δ) = ({c['epsilon']}, {c['delta']}), not ({epsilon}, {delta})")
+    entry = {"name": name, "epsilon": epsilon, "delta": delta, "source": source, **(details or {})}
+    if vocab_sha256 is not None:
+      entry["vocab_sha256"] = vocab_sha256
+    if not noise_secret:
+      entry["noise_secret"] = False
+    self.components.append(entry)
+    return entry
+
+  def add_component_from_report(self, path: str) -> Dict[str, Any]:
+    """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`).
+
+    A report at a stronger unit than training's (a document-level vocabulary, example-level
+    training) is composed by group privacy (`check_unit`): its own (ε, δ) are kept in the entry
+    as "group_privacy". A report whose noise was not secret is composed with "noise_secret": false.
+
+    Raises:
+      PrivacyError: the report's privacy unit is weaker than this ledger's (`check_unit`).
+    """
+    report = privacy_report.read_report(path)
+    for key in ("epsilon", "delta"):
+      if not isinstance(report.get(key), (int, float)):
+        raise DataError(f"{path}: privacy report has no numeric {key!r}")
+    name = str(report.get("mechanism", "dp_sentencepiece"))
+    unit = report.get("privacy_unit", "document")
+    size = self.check_unit(unit, f"{name} ({path})")
+    epsilon, delta = group_privacy(float(report["epsilon"]), float(report["delta"]), size)
+    details = None
+    if size > 1:
+      details = {"group_privacy": {"size": size, "privacy_unit": unit, "epsilon": float(report["epsilon"]),
+                                   "delta": float(report["delta"])}}
+      if delta >= 1:
+        raise PrivacyError(
+            f"{name} ({path}) is {unit}-level DP with (ε, δ) = ({report['epsilon']:g}, {report['delta']:g}); as a "
+            f"{self.privacy_unit}-level guarantee (group privacy, 2 {unit}s) its δ is {delta:.3g} >= 1: no "
+            f"guarantee; train the vocabulary with a smaller ε, or train at the {unit} unit")
+    event = privacy_report.vocabulary_report_event(report) if size == 1 else None
+    if event is not None:
+      details = {"event": event}
+    vocab_sha256 = report.get("vocab_sha256")
+    return self.add_component(name, epsilon, delta, source=os.path.abspath(path),
+                              vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None,
+                              noise_secret=privacy_report.report_noise_secret(report), details=details)
+
+  def check_unit(self, unit: str, what: str) -> int:
+    """The group size at which a guarantee at `unit` composes into this ledger's unit.
+
+    1 at the same unit. 2 at a stronger unit: removing one example (a chunk of one document)
+    changes that document, which for a document-level release is a substitution (remove the
+    document, add the changed one), so a document-level (ε, δ) covers it as (2ε, (1 + e^ε)·δ)
+    (`group_privacy`); the same holds for a user-level release and document- or example-level
+    training. A weaker unit is refused: a document-level ε covers a user with K documents only as
+    K·ε, and K is not bounded.
+
+    Raises:
+      PrivacyError: `unit` is unknown or weaker than training's.
+    """
+    if unit not in _UNIT_STRENGTH:
+      raise PrivacyError(f"{what}: unknown privacy_unit {unit!r} (expected one of {PRIVACY_UNITS})")
+    if _UNIT_STRENGTH[unit] < _UNIT_STRENGTH[self.privacy_unit]:
+      raise PrivacyError(
+          f"{what} is {unit}-level DP but training is {self.privacy_unit}-level: one "
+          f"{self.privacy_unit} with K {unit}s costs up to K·ε of it (group privacy), so its ε cannot "
+          f"be composed as is; dp-spm trains document-level vocabularies only, so train the "
+          f"vocabulary at the {self.privacy_unit} unit, or use a vocabulary built without the private "
+          f"data (VOCAB_IS_PUBLIC=True)")
+    return 2 if _UNIT_STRENGTH[unit] > _UNIT_STRENGTH[self.privacy_unit] else 1
+
+  def add_vocabulary(self, vocab_path: str, report_path: Optional[str] = None, *,
+                     public: bool = False) -> Dict[str, Any]:
+    """Records the vocabulary's share of the guarantee; returns its component.
+
+    A DP-SentencePiece report (`report_path`) that names this vocabulary by content hash is
+    composed ({"name": "dp_sentencepiece", "epsilon", "delta", "source"}). Otherwise (no report,
+    an old report without a hash, or a report of another vocabulary) the vocabulary is recorded
+    as {"name": "vocabulary", "private": false}: the total ε is then ∞, unless `public` (the
+    vocabulary was built without the private data), recorded as "public": true and not counted.
+    A public vocabulary's matching report covers the data it was built on, not this run's: it is
+    not composed (it is named as "dp_report"), e.g. a DP vocabulary of a pretraining corpus used
+    to fine-tune on a task whose examples are not in that corpus.
+
+    Raises:
+      PrivacyError: the matching report's privacy unit is weaker than training's.
+    """
+    if report_path is None:
+      reason = "no DP-SentencePiece privacy report was found beside it"
+    else:
+      reason = privacy_report.vocabulary_report_mismatch(privacy_report.read_report(report_path), vocab_path)
+      if reason is None and not public:
+        return self.add_component_from_report(report_path)
+    component = {"name": privacy_report.VOCABULARY_COMPONENT, "private": False, "public": bool(public),
+                 "source": os.path.abspath(vocab_path)}
+    if public and report_path is not None and reason is None:
+      component["dp_report"] = os.path.abspath(report_path)
+    if public:
+      logging.info("vocabulary %s is declared public (VOCAB_IS_PUBLIC): it is not counted in ε", vocab_path)
+    else:
+      component["reason"] = reason
+      logging.warning("vocabulary %s is not covered by differential privacy (%s): the total ε is ∞; run "
+                      "`private-t5 dp-spm`, or declare a vocabulary built without the private data "
+                      "public (VOCAB_IS_PUBLIC=True)", vocab_path, reason)
+    self.components = [c for c in self.components if c["name"] != privacy_report.VOCABULARY_COMPONENT
+                       or c.get("source") != component["source"]]
+    self.components.append(component)
+    return component
+
+  def add_initial_checkpoint(self, report: Dict[str, Any], source: str, note: str) -> Dict[str, Any]:
+    """Records the training of the parameters this run starts from, when it used the private data.
+
+    `report` is that training's privacy report (`report()`). A DP one is composed at its total
+    (ε, δ) (by group privacy at a stronger unit, like `add_component_from_report`); a non-private
+    one (or one with ε = ∞) is recorded as {"name": "initial_checkpoint", "private": false,
+    "public": false, "source", "reason": note}, and the total ε is then ∞. `note` says how that
+    training used the data (e.g. "trained without DP on a redacted copy of this data").
+
+    Raises:
+      PrivacyError: the report's privacy unit is weaker than this ledger's.
+    """
+    source = os.path.abspath(source)
+    self.components = [c for c in self.components if c["name"] != privacy_report.INITIAL_CHECKPOINT_COMPONENT
+                       or c.get("source") != source]
+    if report.get("dp") and report.get("epsilon") is not None:
+      size = self.check_unit(report.get("privacy_unit", "document"), f"the initial checkpoint ({source})")
+      epsilon, delta = group_privacy(float(report["epsilon"]), float(report["delta"]), size)
+      return self.add_component(privacy_report.INITIAL_CHECKPOINT_COMPONENT, epsilon, delta, source,
+                                noise_secret=privacy_report.report_noise_secret(report), details={"note": note})
+    component = {"name": privacy_report.INITIAL_CHECKPOINT_COMPONENT, "private": False, "public": False, "source": source,
+                 "reason": f"the initial parameters were {note}: the total ε is ∞"}
+    self.components.append(component)
+    return component
+
+  def vocabulary_status(self) -> Optional[str]:
+    """"dp" (a DP report is composed), "public", "not private", or None (none recorded)."""
+    return privacy_report.vocabulary_status(self.components)
+
+  def dp_components(self, exclude: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The components counted in ε (a public vocabulary is not), less those named in `exclude`."""
+    return [c for c in self.components if c["name"] not in exclude
+            and not (c["name"] == privacy_report.VOCABULARY_COMPONENT and c.get("public"))]
+
+  def components_without_event(self, exclude: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The components counted in ε that record no DP event (they are composed by addition only)."""
+    return [c for c in self.dp_components(exclude) if "event" not in c]
+
+  def epsilon_by_addition(self, exclude: Sequence[str] = ()) -> float:
+    """Training ε plus every component's ε (simple composition); ∞ with a non-private component.
+
+    Components named in `exclude` are left out (e.g. the initial checkpoint's training, for the
+    share of this run alone).
+    """
+    components = [c for c in self.components if c["name"] not in exclude]
+    if any(not c.get("private", True) and not c.get("public") for c in components):
+      return math.inf
+    return self.training_epsilon() + sum(c.get("epsilon", 0.0) for c in components)
+
+  def composition(self, exclude: Sequence[str] = ()) -> Optional[str]:
+    """How `total_epsilon` composes training with its components, in one line (None: none
+    counted; `privacy_report.composition`)."""
+    return privacy_report.composition(self, exclude)
+
+  def total_delta(self, exclude: Sequence[str] = ()) -> float:
+    """Training δ (with truncation) plus every component's δ (simple composition)."""
+    return min(1.0, self.training_delta() + sum(c.get("delta", 0.0) for c in self.components
+                                                if c["name"] not in exclude))
+
+  def noise_secret_everywhere(self) -> bool:
+    """Whether the noise of training and of every DP component was secret."""
+    return self.noise_secret and all(c.get("noise_secret", True) for c in self.components)
