@@ -48,10 +48,9 @@ class PrivacyLedger(ComposedReleases):
   """Privacy spent by a DP training run, serialisable to JSON.
 
   Attributes:
-    noisy_sum: the released sum's C, σ and divisor q·N (`accounting.NoisySum`): the same
-      object the run's aggregator computes with (None for a non-private baseline). The JSON
-      form keeps them as the flat fields `clip_norm`, `noise_multiplier`, `expected_batch_size`,
-      which are also read here as properties.
+    noisy_sum: the release's C, σ and divisor q·N (`accounting.NoisySum`, the object the run's
+      clipped sum and noise transform hold; None for a non-private baseline), kept in JSON as
+      the flat fields `clip_norm`, `noise_multiplier`, `expected_batch_size` (also properties).
     sampling_rate: q, the Poisson sampling rate (expected batch size / N).
     delta: δ of the Gaussian steps (truncation accounted by RDP adds to it, see `training_delta`).
     accountant: "auto" (the smaller ε of RDP and PLD, `accountant_used`), "rdp" or "pld".
@@ -67,9 +66,8 @@ class PrivacyLedger(ComposedReleases):
     clipping_method: how the clipped sum was computed ("ghost" or "vmap"), for the report.
     noise_secret: False when the training noise came from a fixed seed (insecure: the ε reported
       is then no guarantee); once False it stays False on resume.
-    population: public facts on what the N units are, given by the training data when it is not
-      one of our corpora (a seqio Task or Mixture: its tasks, their example counts, and whether
-      the privacy unit is the user's declaration); None: the data's description says it.
+    population: public facts on the N units when the data is a seqio Task or Mixture (its tasks,
+      example counts, whether the unit is the user's declaration); None: the data's description.
   """
   noisy_sum: Optional[accounting.NoisySum]
   sampling_rate: float
@@ -169,8 +167,7 @@ class PrivacyLedger(ComposedReleases):
   # -- bookkeeping ------------------------------------------------------------------------------
 
   @property
-  def fixed_batches(self) -> bool:
-    """Whether the steps were shuffled fixed batches (`accounting.Sampling.FIXED`), not Poisson."""
+  def fixed_batches(self) -> bool:  # shuffled fixed batches, not Poisson sampling
     return self.sampling == accounting.Sampling.FIXED
 
   def record_steps(self, n: int = 1) -> None:
