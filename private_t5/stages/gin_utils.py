@@ -90,10 +90,10 @@ GIN_TABLE = {
     # tokenizer
     "train_dp_vocabulary": ("private_t5.tokenizer.dp_spm:train_dp_vocabulary", ("train_dp_vocabulary",)),
     # benchmarks
-    "benchmark": ("private_t5.stages.bench:benchmark", ("benchmark",)),
+    "benchmark": ("private_t5.experiments.benchmark:benchmark", ("benchmark",)),
     # the end-to-end study
-    "run_study": ("private_t5.stages.study:run_study", ("run_study",)),
-    "run_utility_study": ("private_t5.stages.study_utility:run_utility_study", ("run_utility_study",)),
+    "run_study": ("private_t5.experiments.study:run_study", ("run_study",)),
+    "run_utility_study": ("private_t5.experiments.study_utility:run_utility_study", ("run_utility_study",)),
 }
 # Views of GIN_TABLE. Gin name -> "module:attribute".
 CONFIGURABLES = {name: target for name, (target, _) in GIN_TABLE.items()}

@@ -32,7 +32,7 @@ from typing import Callable, List, Optional, Sequence
 
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
-from private_t5.stages import study
+from private_t5.experiments import study
 
 logger = logging.getLogger(__name__)
 
