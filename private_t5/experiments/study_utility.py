@@ -1,4 +1,4 @@
-"""`private-t5 study --part=utility`: the utility findings of Ponomareva et al. 2022 end to end.
+"""The utility findings of Ponomareva et al. 2022 end to end (`private-t5 study --part=utility`).
 
   private-t5 study --part=utility --corpus=PATH --task_dir=DIR --output=OUT [--gin.NAME=VALUE ...]
 

@@ -1,5 +1,4 @@
-"""Gin's command-line arguments: `--gin_file=F` and `--gin.NAME=VALUE` overrides split out of argv.
-"""
+"""Gin's command-line arguments: `--gin_file=F` and `--gin.NAME=VALUE` overrides split out of argv."""
 import re
 from typing import Sequence
 

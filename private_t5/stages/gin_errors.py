@@ -1,5 +1,4 @@
-"""Gin's errors in one line: the syntax of a file or a binding, and the project's errors Gin wrapped.
-"""
+"""Gin's errors in one line: the syntax of a file or a binding, and the project's errors Gin wrapped."""
 import io
 import re
 import tokenize

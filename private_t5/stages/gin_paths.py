@@ -1,5 +1,4 @@
-"""Where Gin files are found: the current directory, `--gin_search_paths`, the shipped configs.
-"""
+"""Where Gin files are found: the current directory, `--gin_search_paths`, the shipped configs."""
 import os
 from typing import List, Optional, Sequence, Union
 
