@@ -98,7 +98,7 @@ def case_name(preset, inputs, targets, batch, method):
 
 def run_case(log, args, preset, batch_size, method, peak):
   import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.stages import bench  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
   from private_t5.train import step_profile  # pylint: disable=g-import-not-at-top
   name = case_name(preset, args.inputs, args.targets, batch_size, method)
   info = dict(preset=preset, inputs=args.inputs, targets=args.targets, batch=batch_size, method=method)
@@ -145,7 +145,7 @@ def run_sensitivity(log, args):
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5.dp import auditing  # pylint: disable=g-import-not-at-top
-  from private_t5.stages import bench  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
   clip, rows = 1e-4, 8  # every example's gradient norm is far above C: each is clipped
   inputs, targets = (args.inputs, args.targets) if args.smoke else (64, 16)
   for dtype in ("float32", "bfloat16"):
@@ -166,7 +166,7 @@ def run_sensitivity(log, args):
 
 def run_max_batch(log, args, preset, method, budget_bytes):
   import jax  # pylint: disable=g-import-not-at-top
-  from private_t5.stages import bench  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
   name = case_name(preset, args.inputs, args.targets, "max", method)
   _, trainer = bench.make_trainer(preset, method, args.batch, 1.0, 1.0, None, args.dtype)
   state = trainer.abstract_state()

@@ -83,6 +83,6 @@ def _stage_reports_on_stdout():
   """A test that ran a stage with -q does not silence the next test's stage output."""
   yield
   import sys  # pylint: disable=g-import-not-at-top
-  flags = sys.modules.get("private_t5.stages.flags")
-  if flags is not None:
-    flags._SILENT_STDOUT = False  # pylint: disable=protected-access
+  verbosity = sys.modules.get("private_t5.stages.verbosity")
+  if verbosity is not None:
+    verbosity._SILENT_STDOUT = False  # pylint: disable=protected-access

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from private_t5 import models
-from private_t5.stages import bench
+from private_t5.experiments import benchmark_case as bench
 from private_t5.train import step_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from private_t5.experiments import benchmark
 from private_t5.stages import bench
 from private_t5.errors import ConfigError
 
@@ -21,15 +22,15 @@ def _result(method, step_s, peak, rss, flops, max_batch=None):
 def test_ratios_are_against_the_non_dp_step_of_the_same_shape():
   results = [_result("nondp", 2.0, 100, 1000, 10.0, 64), _result("ghost", 2.5, 110, 1200, 12.0, 48),
              _result("vmap", 4.0, 300, 3000, 11.0, 8)]
-  ratios = {r["method"]: r for r in bench._ratios(results)}  # pylint: disable=protected-access
+  ratios = {r["method"]: r for r in benchmark._ratios(results)}  # pylint: disable=protected-access
   assert set(ratios) == {"ghost", "vmap"}
   assert ratios["ghost"]["throughput"] == pytest.approx(0.8)
   assert ratios["ghost"]["compiled_memory"] == pytest.approx(1.1)
   assert ratios["vmap"]["rss"] == pytest.approx(3.0)
   assert ratios["vmap"]["max_batch"] == pytest.approx(0.125)
-  text = bench.markdown({"machine": dict(platform="linux", cpu_count=2, jax="x", backend="cpu",
+  text = benchmark.markdown({"machine": dict(platform="linux", cpu_count=2, jax="x", backend="cpu",
                                          load_average=(1.0, 1.0, 1.0), time_utc="t"),
-                         "results": results, "ratios": bench._ratios(results)})  # pylint: disable=protected-access
+                         "results": results, "ratios": benchmark._ratios(results)})  # pylint: disable=protected-access
   assert "| t5_1_0_tiny | 32/8 | 4 | ghost | 0.80 | 0.80 | 1.10 | 1.20 | 1.20 | 0.75 |" in text
 
 
@@ -37,15 +38,15 @@ def test_dtype_ratios_compare_each_method_with_its_float32_step():
   results = [dict(_result(m, s, p, 1000, 10.0), dtype=d) for m, s, p, d in (
       ("nondp", 2.0, 100, "float32"), ("nondp", 3.0, 150, "bfloat16"),
       ("ghost", 2.5, 110, "float32"), ("ghost", 5.0, 121, "bfloat16"))]
-  ratios = bench._dtype_ratios(results)  # pylint: disable=protected-access
+  ratios = benchmark._dtype_ratios(results)  # pylint: disable=protected-access
   assert [(r["method"], r["dtype"]) for r in ratios] == [("nondp", "bfloat16"), ("ghost", "bfloat16")]
   assert ratios[0]["step_time"] == pytest.approx(1.5) and ratios[1]["step_time"] == pytest.approx(2.0)
   assert ratios[1]["compiled_memory"] == pytest.approx(1.1)
   # The DP / non-DP ratios stay within one dtype.
-  dp = bench._ratios(results)  # pylint: disable=protected-access
+  dp = benchmark._ratios(results)  # pylint: disable=protected-access
   assert [(r["dtype"], r["throughput"]) for r in dp] == [
       ("float32", pytest.approx(0.8)), ("bfloat16", pytest.approx(0.6))]
-  text = bench.markdown({"machine": dict(platform="linux", cpu_count=2, jax="x", backend="cpu",
+  text = benchmark.markdown({"machine": dict(platform="linux", cpu_count=2, jax="x", backend="cpu",
                                          load_average=(1.0,), time_utc="t"),
                          "results": results, "ratios": dp, "dtype_ratios": ratios})
   assert "| t5_1_0_tiny | 32/8 | 4 | ghost | bfloat16 | 2.00 | 2.00 | 1.10 | 1.00 |" in text
@@ -63,7 +64,7 @@ def test_dtype_ratios_compare_each_method_with_its_float32_step():
 def test_invalid_configuration_raises_config_error(kwargs, match, tmp_path):
   args = dict(presets=["t5_1_0_tiny"], shapes=[(32, 8, 2)], output_dir=str(tmp_path))
   with pytest.raises(ConfigError, match=match):
-    bench.benchmark(**{**args, **kwargs})
+    benchmark.benchmark(**{**args, **kwargs})
 
 
 def test_cli_rejects_unknown_flags():

@@ -7,14 +7,16 @@ needs no heavy imports and fails on the line that breaks a rule. The folder is t
   models/                                                               rank 1
   dp/, tokenizer/, data/                                                rank 2
   train/, eval/, selective/                                             rank 3
-  stages/ (every command, the CLI, flags, the Gin registry)             rank 4
+  experiments/ (the end-to-end study, the benchmark)                    rank 4
+  stages/ (every command, the CLI, flags, the Gin registry)             rank 5
 
 A module may import modules of its own rank or below, never above; no import cycle between
 modules; no private name (`_x`) imported from another module; gin, argparse and the flag
 helpers only in stages/, and nothing outside stages/ imports it; `dp_accounting` only in
 `dp/accounting.py`. train/, eval/ and selective/ never import one another (checkpoints are read
 and written through models/, `models.checkpoints`); only the two runs of selective DP that
-train (`TRAINING_RUNS`) import train/.
+train (`TRAINING_RUNS`) import train/. stages/ is the entry layer: each of its modules holds at
+most `STAGE_MODULE_MAX_LINES` lines (its flags, its Gin parsing and the call; libraries live below).
 """
 import ast
 import pathlib
@@ -26,8 +28,10 @@ PACKAGE = "private_t5"
 
 # Folder -> layer; the package's top-level modules are the base layer (0).
 FOLDER_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "eval": 3,
-                "selective": 3, "stages": 4}
+                "selective": 3, "experiments": 4, "stages": 5}
 STAGES_FOLDER = "stages"
+# The most lines a module of stages/ may hold.
+STAGE_MODULE_MAX_LINES = 200
 # Modules only the stages may import (third-party and standard library).
 STAGE_ONLY_IMPORTS = ("gin", "argparse")
 # The one module that talks to `dp_accounting`.
@@ -215,12 +219,22 @@ def test_dp_accounting_only_in_dp_accounting_module():
   assert not bad, f"dp_accounting imported outside {ACCOUNTING_MODULE}: " + ", ".join(bad)
 
 
+def test_stage_modules_are_small():
+  long = [f"{path.relative_to(ROOT.parent)}: {n} lines" for module, path in MODULES.items()
+          if folder(module) == STAGES_FOLDER and (n := len(path.read_text().splitlines())) > STAGE_MODULE_MAX_LINES]
+  assert not long, (f"stages/ modules over {STAGE_MODULE_MAX_LINES} lines (move their library code below "
+                    "stages/):\n" + "\n".join(long))
+
+
 @pytest.mark.parametrize("module,importer,expected", [
     ("private_t5.errors", "private_t5.models.config", True),
     ("private_t5.train.loop", "private_t5.data.glue_tasks", False),
     ("private_t5.models.checkpoints", "private_t5.eval.memorization", True),
     ("private_t5.stages.gin_utils", "private_t5.train.main", False),
     ("private_t5.train.main", "private_t5.stages.train", True),
+    ("private_t5.train.main", "private_t5.experiments.study", True),
+    ("private_t5.experiments.benchmark", "private_t5.stages.bench", True),
+    ("private_t5.stages.gin_utils", "private_t5.experiments.study", False),
 ])
 def test_rank_rule_itself(module, importer, expected):
   assert (rank(module) <= rank(importer)) is expected

@@ -1,4 +1,4 @@
-"""`private-t5 study --part=utility`: the utility findings of Ponomareva et al. 2022 end to end.
+"""The utility findings of Ponomareva et al. 2022 end to end (`private-t5 study --part=utility`).
 
   private-t5 study --part=utility --corpus=PATH --task_dir=DIR --output=OUT [--gin.NAME=VALUE ...]
 
@@ -32,7 +32,7 @@ from typing import Callable, List, Optional, Sequence
 
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
-from private_t5.stages import study
+from private_t5.experiments import study
 
 logger = logging.getLogger(__name__)
 
