@@ -40,10 +40,12 @@ def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, se
 
 
 def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
-                  noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None):
+                 noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None):
+  """(config, Trainer) of one benchmark case; the step's clipped sum and noise transform come
+  from the mechanism builder (`dp.mechanism.step_parts`), with q·N = `batch_size`."""
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ghost, mechanism  # pylint: disable=g-import-not-at-top
   from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
@@ -51,18 +53,15 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
     overrides["dtype"] = dtype
   config = models.load_preset(preset, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
-  if method == NONDP:
-    aggregator = aggregator_lib.MeanAggregator(loss_fn)
-  elif method == VMAP:
-    aggregator = aggregator_lib.DPAggregator(loss_fn, NoisySum(clip_norm, noise_multiplier, batch_size))
-  else:
-    aggregator = ghost.GhostDPAggregator(
-        loss_fn, NoisySum(clip_norm, noise_multiplier, batch_size),
-        clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
-        reuse_instantiated=method == GHOST)
+  noisy_sum = None if method == NONDP else NoisySum(clip_norm, noise_multiplier, batch_size)
+  options = {} if method in (NONDP, VMAP) else dict(
+      clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
+      reuse_instantiated=method == GHOST)
+  clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else mechanism.GHOST, loss_fn,
+                                            **options)
   mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
   optimizer = optimizers.adafactor(learning_rate=1e-3)
-  return config, trainer_lib.Trainer(config, aggregator, optimizer, mesh)
+  return config, trainer_lib.Trainer(config, clipped_sum, optimizer, mesh, noise=noise)
 
 
 def compiled_memory(compiled) -> Dict[str, Any]:
