@@ -51,7 +51,8 @@ def test_dp_pieces_share_one_mechanism():
   assert isinstance(agg, DPAggregator) and isinstance(sampler, PoissonSampler)
   assert agg.clip_norm == 0.5 and agg.noisy_sum.noise_multiplier == 1.1 and agg.expected_batch_size == pytest.approx(4)
   assert setup.noise_multiplier == 1.1 and agg.sensitivity == pytest.approx(0.5 / 4)
-  assert setup.dp_event == accounting.make_dp_event(1.1, 0.004, 1, num_examples=1000, max_batch_size=32)
+  assert setup.dp_event == accounting.step_dp_event(1.1, 0.004, num_examples=1000, max_batch_size=32)
+  assert setup.dp_event == ledger.step_event()  # the event the ledger composes per step
   assert agg.spmd_axis_name == "data"
   assert sampler.sampling_rate == pytest.approx(0.004) and sampler.padded_batch_size == 32
   assert ledger.sampling_rate == sampler.sampling_rate and ledger.noise_multiplier == 1.1

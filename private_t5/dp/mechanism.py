@@ -406,8 +406,9 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
   log(f"[privacy] DP training: unit={privacy_unit}, N={num_examples}, q={q:.4g} (expected batch "
       f"{q * num_examples:.1f}, {batching}), C={dp.clip_norm:g}, σ={sigma:.4f}, δ={delta:.3g}, "
       f"clipped sum by {execution.method}")
-  dp_event = accounting.make_dp_event(sigma, q, 1, sampling=accounting.Sampling.POISSON,
-                                      num_examples=num_examples, max_batch_size=max_batch_size)
+  # The event of one step, from the same σ, q and cap as the sampler: the ledger composes it per step.
+  dp_event = accounting.step_dp_event(sigma, q, sampling=accounting.Sampling.POISSON, num_examples=num_examples,
+                                      max_batch_size=max_batch_size)
   return Mechanism(clipped_sum=clipped_sum, noise=noise, sampler=sampler,
                    dp_event=dp_event, ledger=ledger, noise_multiplier=sigma, dp_spm_report=report)
 
