@@ -9,8 +9,8 @@
   python scripts/bench_finetune.py scores --preset=t5_1_0_tiny --steps=300 --batch_size=32
 
 Both modes use the production path: `GlueSource` batches, the trainer's `Trainer` with the
-aggregator `dp.mechanism.build_mechanism` builds (MeanAggregator, or DPAggregator with
-Poisson sampling), Adafactor; `scores` runs `private-t5 train`'s `train()` then the
+clipped sum and noise transform `dp.mechanism.build_mechanism` builds (MeanAggregator, or
+DPAggregator with Poisson sampling), Adafactor; `scores` runs `private-t5 train`'s `train()` then the
 evaluation of `private-t5 evaluate`. Without --vocab_path a small SentencePiece model is
 trained on the tasks' training text. Results are printed and written as JSON (--output).
 """
@@ -80,8 +80,8 @@ def throughput(args, vocab_path: str) -> dict:
                                       privacy_unit=source.privacy_unit, batch_size=args.batch_size,
                                       train_steps=args.steps, sampler_seed=0, spmd_axis_name=None,
                                       log=lambda _: None)
-      trainer = Trainer(config, setup.aggregator, optimizers.adafactor(optimizers.constant_schedule(1e-3)),
-                        mesh)
+      trainer = Trainer(config, setup.clipped_sum, optimizers.adafactor(optimizers.constant_schedule(1e-3)),
+                        mesh, noise=setup.noise)
       state = trainer.init_state(jax.random.PRNGKey(0))
       keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
       # Full batches in both modes so that both time the same number of rows.
