@@ -287,13 +287,9 @@ def step_parts(noisy_sum: Optional[accounting.NoisySum], method: str, loss_fn: C
   """(clipped sum, noise transform) of a step: the mean and no noise when `noisy_sum` is None,
   else the `method` clipped sum ("vmap" or "ghost", with `ghost.GhostDPAggregator`'s options)
   of `noisy_sum`'s C and q·N and its Gaussian noise transform. `build_mechanism` and the
-  benchmark build their steps here."""
+  benchmark build their steps here; `method` was checked by their settings."""
   if noisy_sum is None:
     return aggregator_lib.MeanAggregator(loss_fn), noise_lib.no_noise()
-  if method not in DP_METHODS:
-    raise ConfigError(f"the clipped-sum method must be one of {DP_METHODS}, got {method!r}")
-  if ghost_options and method != GHOST:
-    raise ConfigError(f"{sorted(ghost_options)} are options of ghost clipping, not of {method!r}")
   clipped_sum = AGGREGATORS[method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name, **ghost_options)
   return clipped_sum, noise_lib.gaussian_noise(noisy_sum)
 

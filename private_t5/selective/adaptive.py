@@ -240,7 +240,11 @@ class AdaptiveDPAggregator:
     if not isinstance(dp_aggregator, aggregator_lib.DPAggregator):
       raise ConfigError(f"AdaptiveDPAggregator wraps a DPAggregator, got {type(dp_aggregator).__name__}")
     self.dp = dp_aggregator
-    self.noisy_sum = dp_aggregator.noisy_sum  # the noise transform's σ, C and q N
+
+  @property
+  def noisy_sum(self):
+    """The wrapped clipped sum's σ, C and q N (what the noise transform reads)."""
+    return self.dp.noisy_sum
 
   @property
   def loss_fn(self):

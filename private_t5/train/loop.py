@@ -164,14 +164,14 @@ def privacy_so_far(ledger: PrivacyLedger) -> Dict[str, Any]:
 
 def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seeds: RunSeeds,
         manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
-        layout: Optional[BatchLayout] = None, initial_params_fn: Optional[Callable[[], Any]] = None,
+        layout: BatchLayout, initial_params_fn: Optional[Callable[[], Any]] = None,
         log: Callable[[str], None] = print) -> Dict[str, Any]:
   """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary
   (written to summary.json by the caller, once it is complete).
 
   `source` and `validation_source` (or None) are `train.main.ExampleSource`s: the loop reads their
-  `num_examples` and `get_batch`. `layout` says how each step's sample runs (None: one fused
-  step per batch of the sampler's `padded_batch_size`). `initial_params_fn` (fine-tuning)
+  `num_examples` and `get_batch`. `layout` says how each step's sample runs (an execution
+  setting, `BatchLayout.for_run`). `initial_params_fn` (fine-tuning)
   supplies the step-0 parameters of a fresh run; a resumed run ignores it and continues from
   its own checkpoint. The loop is the same for every mechanism; whether it is private changes
   only the wording of its logs and summary (`privacy.private`: "not DP" labels).
@@ -195,7 +195,6 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
     state = trainer.init_state(seeds.init_key, initial_params)
   privacy.ledger = ledger
   not_dp = privacy.private  # the wording of the statistics of private data
-  layout = layout or BatchLayout(batch_rows=int(privacy.sampler.padded_batch_size))
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
   padded = layout.batch_rows
   rows = range(*trainer.local_rows(padded))  # this process's rows of every batch

@@ -164,9 +164,8 @@ class Trainer:
     # Only the state is donated: the outputs of the accumulator's shapes already reuse the donated
     # state's buffers, so none is left for the accumulator's (JAX would warn they were not usable).
     self._finalize = jax.jit(
-        self._finalize_fn,
-        in_shardings=(self.state_shardings, base, (self.param_shardings, self._replicated), self._replicated,
-                      self._replicated),
+        self._apply_fn,
+        in_shardings=(self.state_shardings, base, (self.param_shardings, self._replicated), self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
     self._eval_step = jax.jit(
@@ -217,10 +216,6 @@ class Trainer:
     the step's sample)."""
     dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
     return self._bound(base).accumulate(params, acc, micro, self._dropout(dropout_rng))
-
-  def _finalize_fn(self, state: TrainState, base, acc, dropout_base_key, noise_base_key):
-    del dropout_base_key
-    return self._apply_fn(state, base, acc, noise_base_key)
 
   def _apply_fn(self, state: TrainState, base, acc, noise_base_key):
     """finish, noise (once, with the step's key), Adafactor."""
@@ -304,7 +299,7 @@ class Trainer:
     the noise is added once and the update applied. `state` is donated."""
     acc = self.accumulate(state.params, microbatches, dropout_base_key, state.step)
     with self._mesh_context():
-      return self._finalize(state, self._base, acc, dropout_base_key, noise_base_key)
+      return self._finalize(state, self._base, acc, noise_base_key)
 
   def accumulate(self, params: PyTree, microbatches: Iterable[Dict[str, np.ndarray]],
                  dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
