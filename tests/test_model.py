@@ -107,6 +107,37 @@ def test_init_params_are_plain_arrays_matching_shapes():
   assert q == pytest.approx(k / np.sqrt(config.d_kv), rel=0.15)
 
 
+def test_grouped_init_draws_every_parameter_like_its_flax_initializer():
+  """`init_params` draws the parameters that share an initializer and a shape in one vmapped
+  call: each must still follow the distribution Flax's own `init` gives it, the members of a
+  group must be independent draws, and another key must give other values."""
+  import scipy.stats  # pylint: disable=g-import-not-at-top
+  from private_t5.models import network  # pylint: disable=g-import-not-at-top
+  config = _tiny("t5_1_1_tiny")
+  ours = _flat(init_params(config, jax.random.PRNGKey(0)))
+  reference = _flat(flax.linen.unbox(network._init_boxed(config, jax.random.PRNGKey(1))))
+  assert set(ours) == set(reference)
+  with layers.recording_initializers() as initializers:
+    jax.eval_shape(lambda k: network._init_boxed(config, k), jax.random.PRNGKey(0))
+  groups = {}
+  for path, (init, shape) in initializers.items():
+    groups.setdefault((init, shape), []).append("/".join(path))
+  assert len(groups) < len(ours) / 3  # drawn in groups, not one call per parameter
+  for key, value in ours.items():
+    a, b = np.ravel(value), np.ravel(reference[key])
+    if np.all(b == b[0]):  # the norms' scales: ones
+      np.testing.assert_array_equal(a, b)
+    else:
+      assert scipy.stats.ks_2samp(a, b).pvalue > 1e-4, key
+  for members in groups.values():
+    if len(members) > 1 and ours[members[0]].size > 100 and np.std(ours[members[0]]) > 0:
+      a, b = np.ravel(ours[members[0]]), np.ravel(ours[members[-1]])
+      assert abs(np.corrcoef(a, b)[0, 1]) < 6 / np.sqrt(a.size), members
+  other = _flat(init_params(config, jax.random.PRNGKey(1)))
+  embedding = "token_embedder/embedding"
+  assert abs(np.corrcoef(np.ravel(ours[embedding]), np.ravel(other[embedding]))[0, 1]) < 0.1
+
+
 @pytest.mark.parametrize("changes, match", [
     (dict(num_heads=3, d_kv=None), "num_heads=3 does not divide d_model=128"),
     (dict(d_model=-8), "d_model must be a positive integer"),

@@ -4,8 +4,10 @@ Every dense layer is a plain `x @ kernel` on a 2-D kernel, so that per-example g
 norms can later be computed layer by layer from activations and output gradients. Every
 parameter carries logical axis names (`nn.with_logical_partitioning`) for mesh sharding.
 """
+import contextlib
+import contextvars
 import functools
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -20,10 +22,41 @@ Initializer = Callable[..., jax.Array]
 NEG_INF = -1e10
 
 default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+relative_bias_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+
+@functools.lru_cache(maxsize=None)
+def query_kernel_init(head_dim: int) -> Initializer:
+  """`default_kernel_init / sqrt(head_dim)` (T5's unscaled attention moves the 1/sqrt(d) into the
+  query's initialisation). One object per head_dim, so `network.init_params` draws every query
+  kernel of a network in one group."""
+  scale = np.float32(1.0 / np.sqrt(head_dim))
+  return lambda *a: default_kernel_init(*a) * scale
+
+
+InitializerRecord = Dict[Tuple[str, ...], Tuple[Initializer, Tuple[int, ...]]]
+# Set by `recording_initializers`: where `_param` notes each parameter's initializer and shape.
+_INITIALIZERS: contextvars.ContextVar = contextvars.ContextVar("initializers", default=None)
+
+
+@contextlib.contextmanager
+def recording_initializers() -> Iterator[InitializerRecord]:
+  """Collects `{parameter path: (initializer, shape)}` of the parameters created inside (for
+  `network.init_params`, which draws them grouped)."""
+  record: InitializerRecord = {}
+  token = _INITIALIZERS.set(record)
+  try:
+    yield record
+  finally:
+    _INITIALIZERS.reset(token)
 
 
 def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int],
            axes: Tuple[str, ...]) -> jax.Array:
+  """Every parameter of the network is made here (float32, with logical axis names)."""
+  record = _INITIALIZERS.get()
+  if record is not None:
+    record[tuple(module.path) + (name,)] = (init, tuple(shape))
   return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
@@ -145,9 +178,8 @@ class RelativePositionBias(nn.Module):
   def __call__(self, q_len: int, k_len: int, bidirectional: bool) -> jax.Array:
     """Returns the additive bias `[1, heads, q_len, k_len]`."""
     buckets = offset_buckets(q_len, k_len, bidirectional, self.num_buckets, self.max_distance)
-    table = _param(self, "rel_embedding",
-                   nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                   (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+    table = _param(self, "rel_embedding", relative_bias_init, (self.num_heads, self.num_buckets),
+                   ("heads", "relpos_buckets"))
     per_offset = jnp.take(table, jnp.asarray(buckets), axis=1)  # [heads, q + k - 1]
     bias = jnp.take(per_offset, offset_index(q_len, k_len), axis=1)  # [heads, q, k]
     return bias[None].astype(self.dtype)
@@ -175,7 +207,7 @@ class MultiHeadAttention(nn.Module):
                decode: bool = False) -> jax.Array:
     """`mask` is boolean `[B|1, 1, q, k]` (True = attend), `bias` `[1, heads, q, k]`."""
     joined = self.num_heads * self.head_dim
-    query_init = lambda *a: default_kernel_init(*a) / np.sqrt(self.head_dim).astype(np.float32)
+    query_init = query_kernel_init(self.head_dim)
     dense = functools.partial(Dense, features=joined, kernel_axes=("embed", "joined_kv"),
                               dtype=self.dtype)
     split = lambda x: x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
