@@ -14,7 +14,10 @@ this.) The cases run in priority order, until the budget is spent:
   4. a short `private-t5 train` run (DP-SentencePiece vocabulary, then DP-Adafactor, tiny T5),
   5. the sensitivity of the clipped sums on this device: removing one example moves the
      noiseless sum by at most C (vmap and ghost, float32 and bfloat16; tiny T5),
-  6. the largest batch whose compiled peak fits the device, non-DP and DP-ghost (only if time
+  6. the first preset at batch 32 and the large batch again with the attention as one fused
+     `jax.nn.dot_product_attention` call (--attention_variants: cuDNN's kernel; `T5Config.attention`),
+     non-DP and DP-ghost: the settings search for the best throughput,
+  7. the largest batch whose compiled peak fits the device, non-DP and DP-ghost (only if time
      is left: compilations only).
 
 Each case goes through build, init (trace, lower, compile, run), the train step's trace,
@@ -61,6 +64,8 @@ def parse_args(argv):
   p.add_argument("--large_batch", type=int, default=256, help="0: skip the large-batch cases")
   p.add_argument("--methods", default=f"{NONDP},{GHOST}")
   p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--attention_variants", default="cudnn",
+                 help="T5Config.attention values for the cases of step 6, comma-separated ('' to skip)")
   p.add_argument("--steps", type=int, default=8, help="steady steps timed per case")
   p.add_argument("--train_steps", type=int, default=60, help="steps of the short training run (0: skip)")
   p.add_argument("--max_batch", action="store_true", default=True)
@@ -75,6 +80,7 @@ def parse_args(argv):
     args.presets, args.inputs, args.targets = "t5_1_1_tiny", 32, 8
     args.batch, args.large_batch, args.steps = 4, 8, 2
     args.train_steps = min(args.train_steps, 3)
+    args.attention_variants = "xla" if args.attention_variants == "cudnn" else args.attention_variants
   return args
 
 
@@ -90,20 +96,22 @@ def plan(args):
   return cases
 
 
-def case_name(preset, inputs, targets, batch, method):
-  return f"{preset} {inputs}/{targets} b{batch} {method}"
+def case_name(preset, inputs, targets, batch, method, attention=None):
+  return f"{preset} {inputs}/{targets} b{batch} {method}" + (f" attention={attention}" if attention else "")
 
 
 # --- one case -------------------------------------------------------------------------------------
 
-def run_case(log, args, preset, batch_size, method, peak):
+def run_case(log, args, preset, batch_size, method, peak, attention=None):
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
   from private_t5.train import step_profile  # pylint: disable=g-import-not-at-top
-  name = case_name(preset, args.inputs, args.targets, batch_size, method)
+  name = case_name(preset, args.inputs, args.targets, batch_size, method, attention)
   info = dict(preset=preset, inputs=args.inputs, targets=args.targets, batch=batch_size, method=method)
+  if attention:
+    info["attention"] = attention
   config, trainer = log.time(name, "build", lambda: bench.make_trainer(
-      preset, method, batch_size, 1.0, 1.0, None, args.dtype), **info)
+      preset, method, batch_size, 1.0, 1.0, None, args.dtype, attention=attention), **info)
   rng = jax.random.PRNGKey(0)
   traced = log.time(name, "init_trace", lambda: trainer.trace_init(rng), **info)
   lowered = log.time(name, "init_lower", traced.lower, **info)
@@ -321,17 +329,21 @@ def main(argv=None):
              "peak_flops": peak, "startup_s": round(time.monotonic() - start, 2)})
   methods = [m for m in args.methods.split(",") if m]
   left = lambda: deadline - time.monotonic()
-  for preset, batch in plan(args):
-    for method in methods:
-      name = case_name(preset, args.inputs, args.targets, batch, method)
-      print(f"[accelerator] {name} ({left():.0f} s left)", flush=True)
-      try:
-        run_case(log, args, preset, batch, method, peak)
-      except Exception as e:  # pylint: disable=broad-except
-        # An out-of-memory batch or a failed compilation ends this case, not the check.
-        log.write({"case": name, "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000],
-                   "traceback": traceback.format_exc()[-4000:]})
-      write_summary()
+
+  def cases(preset_batches, attention=None):
+    for preset, batch in preset_batches:
+      for method in methods:
+        name = case_name(preset, args.inputs, args.targets, batch, method, attention)
+        print(f"[accelerator] {name} ({left():.0f} s left)", flush=True)
+        try:
+          run_case(log, args, preset, batch, method, peak, attention)
+        except Exception as e:  # pylint: disable=broad-except
+          # An out-of-memory batch or a failed compilation ends this case, not the check.
+          log.write({"case": name, "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000],
+                     "traceback": traceback.format_exc()[-4000:]})
+        write_summary()
+
+  cases(plan(args))
   if args.train_steps and not args.compile_only:
     print(f"[accelerator] short DP training ({left():.0f} s left)", flush=True)
     try:
@@ -346,6 +358,9 @@ def main(argv=None):
     except Exception as e:  # pylint: disable=broad-except
       log.write({"case": "sensitivity", "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000]})
     write_summary()
+  first = plan(args)[0][0]
+  for attention in [a for a in args.attention_variants.split(",") if a]:
+    cases([(first, args.batch)] + ([(first, args.large_batch)] if args.large_batch else []), attention)
   budget_bytes = stats.get("bytes_limit")
   if args.max_batch and budget_bytes and not args.compile_only:
     for method in methods:

@@ -40,6 +40,9 @@ def test_smoke_run_times_every_phase_of_every_case(tmp_path):
     assert steady["sequences_per_s"] > 0 and steady["analytic_flops_per_step"] > 0
     lowered = next(r for r in records if r.get("case") == name and r["phase"] == "lower")
     assert 0 < lowered["largest_constant_bytes"] < 2 ** 20
+  for method in ("nondp", "ghost"):  # the attention as one jax.nn.dot_product_attention call
+    name = f"t5_1_1_tiny 32/8 b4 {method} attention=xla"
+    assert [r["phase"] for r in records if r.get("case") == name] == STEP_PHASES
   sensitivity = [r for r in records if r["phase"] == "sensitivity"]
   assert len(sensitivity) == 4  # vmap and ghost, float32 and bfloat16
   assert all(1 - 1e-5 < r["max_ratio"] <= 1 + 1e-5 and r["over_1e-5"] == 0 for r in sensitivity)

@@ -76,10 +76,13 @@ def _vmap_reference(loss_fn, clip, batch, dropout_rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["t5_1_0_tiny", "t5_1_1_tiny"])
-def test_full_tiny_model_norms_and_clipped_sums_equal_vmap(preset):
-  """Tied (v1.0) and untied (v1.1) tiny T5 with dropout, padding rows and masked targets."""
-  config, params, loss_fn = _setup(preset, dropout_rate=0.1)
+@pytest.mark.parametrize("preset, overrides", [
+    ("t5_1_0_tiny", {}), ("t5_1_1_tiny", {}), ("t5_1_1_tiny", {"attention": "xla", "dropout_rate": 0.0})],
+    ids=["t5_1_0_tiny", "t5_1_1_tiny", "t5_1_1_tiny_dot_product_attention"])
+def test_full_tiny_model_norms_and_clipped_sums_equal_vmap(preset, overrides):
+  """Tied (v1.0) and untied (v1.1) tiny T5 with dropout, padding rows and masked targets; and
+  with the attention as one `jax.nn.dot_product_attention` call (no dropout there)."""
+  config, params, loss_fn = _setup(preset, **{"dropout_rate": 0.1, **overrides})
   batch = _model_batch(_batch(config))
   dropout_rng = jax.random.PRNGKey(7)  # the same per-example dropout keys in both paths
   want_norms, want_sum = _vmap_reference(loss_fn, CLIP, batch, dropout_rng)(params, batch)

@@ -107,6 +107,36 @@ def test_init_params_are_plain_arrays_matching_shapes():
   assert q == pytest.approx(k / np.sqrt(config.d_kv), rel=0.15)
 
 
+def test_dot_product_attention_computes_the_same_network():
+  """`T5Config.attention="xla"` (one `jax.nn.dot_product_attention` call) gives the einsum
+  attention's logits and gradients, with padded inputs and targets (masks) and the bias."""
+  config = _tiny("t5_1_1_tiny", dropout_rate=0.0)
+  fused = config.replace(attention="xla")
+  params = init_params(config, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  enc = rng.integers(2, SMALL_VOCAB, (3, 12))
+  enc[1, 7:] = 0
+  dec = rng.integers(2, SMALL_VOCAB, (3, 5))
+  dec[2, 3:] = 0
+  logits = lambda c, p: Transformer(c).apply({"params": p}, enc, dec)
+  np.testing.assert_allclose(logits(fused, params), logits(config, params), atol=2e-5, rtol=1e-5)
+  batch = dict(encoder_input_tokens=enc, decoder_input_tokens=dec, decoder_target_tokens=dec,
+               decoder_loss_weights=(dec > 0).astype(np.float32))
+  grad = lambda c: jax.grad(lambda p: jnp.sum(example_loss_fn(p, batch, c)))(params)
+  for a, b in zip(jax.tree.leaves(grad(fused)), jax.tree.leaves(grad(config))):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"attention": "flash"}, "T5Config.attention must be one of"),
+    ({"attention": "xla", "dropout_rate": 0.1}, "no dropout on the attention weights"),
+    ({"attention": "cudnn", "dropout_rate": 0.0, "dtype": "float32"}, "needs bfloat16 or float16"),
+])
+def test_attention_settings_are_checked(changes, match):
+  with pytest.raises(ConfigError, match=match):
+    _tiny("t5_1_1_tiny", **changes)
+
+
 def test_grouped_init_draws_every_parameter_like_its_flax_initializer():
   """`init_params` draws the parameters that share an initializer and a shape in one vmapped
   call: each must still follow the distribution Flax's own `init` gives it, the members of a

@@ -319,12 +319,17 @@ def test_a_run_resumes_from_its_corpus_moved_to_another_path(corpus_and_vocab, t
   assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
 
 
-def test_float16_activations_are_refused_for_training(corpus_and_vocab, tmp_path, capsys):
+@pytest.mark.parametrize("bindings, expected", [
+    (["--gin.ACTIVATION_DTYPE='float16'"], ["'float16' is not supported for training", "'bfloat16'"]),
+    (["--gin.ACTIVATION_DTYPE='bfloat16'", "--gin.T5Config.dropout_rate=0.0", "--gin.T5Config.attention='cudnn'"],
+     ["'cudnn' is NVIDIA's fused attention kernel and needs a GPU", "backend is 'cpu'"]),
+], ids=["float16", "cudnn_attention_on_cpu"])
+def test_settings_this_machine_cannot_train_are_one_line(bindings, expected, corpus_and_vocab, tmp_path, capsys):
   corpus, vocab = corpus_and_vocab
   model_dir = tmp_path / "run"
-  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), "--gin.ACTIVATION_DTYPE='float16'"]) == 2
+  assert cli.main(["train", *_args(str(model_dir), corpus, vocab, 2), *bindings]) == 2
   err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
-  assert len(err) == 1 and "'float16' is not supported for training" in err[0] and "'bfloat16'" in err[0]
+  assert len(err) == 1 and all(e in err[0] for e in expected), err
   assert not model_dir.exists()
 
 

@@ -40,9 +40,11 @@ def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, se
 
 
 def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
-                 noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None):
+                 noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None,
+                 attention: Optional[str] = None):
   """(config, Trainer) of one benchmark case; the step's clipped sum and noise transform come
-  from the mechanism builder (`dp.mechanism.step_parts`), with q·N = `batch_size`."""
+  from the mechanism builder (`dp.mechanism.step_parts`), with q·N = `batch_size`; `dtype` and
+  `attention` override the preset's `T5Config` fields when given."""
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.dp import ghost, mechanism  # pylint: disable=g-import-not-at-top
@@ -51,6 +53,8 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
   if dtype is not None:
     overrides["dtype"] = dtype
+  if attention is not None:
+    overrides["attention"] = attention
   config = models.load_preset(preset, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
   noisy_sum = None if method == NONDP else NoisySum(clip_norm, noise_multiplier, batch_size)

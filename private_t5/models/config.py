@@ -6,6 +6,9 @@ from private_t5.errors import ConfigError
 
 FEED_FORWARD_TYPES = ("relu", "gated-gelu")
 DTYPES = ("float32", "bfloat16", "float16")
+# How attention weights are computed: our einsums and softmax, or `jax.nn.dot_product_attention`
+# with that implementation ("cudnn": the fused kernel of NVIDIA GPUs).
+ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
 
 # T5's SentencePiece vocabulary (32000 pieces + 100 sentinels, padded to a multiple of 128).
 T5_VOCAB_SIZE = 32128
@@ -42,6 +45,12 @@ class T5Config:
       The T5 v1.1 presets other than tiny use "bfloat16" (as T5X's v1.1 configs); every other
       preset "float32" (see docs/model.md, "Activation dtype"). Training refuses "float16":
       T5's activations overflow its range (`train.main.validate_train_args`).
+    attention: how the attention weights are computed. "einsum" (default): two einsums and a
+      float32 softmax, with dropout on the weights. "xla" or "cudnn": one call of
+      `jax.nn.dot_product_attention` with that implementation ("cudnn" is NVIDIA's fused
+      attention kernel, for bfloat16/float16 activations on a GPU). The fused call has no
+      dropout on the weights, so both need `dropout_rate=0` (T5 v1.1's pretraining setting).
+      Cached decoding always uses "einsum" (one query position at a time).
   """
   vocab_size: int
   d_model: int
@@ -56,6 +65,7 @@ class T5Config:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   dtype: str = "float32"
+  attention: str = "einsum"
 
   def __post_init__(self):
     if self.d_kv is None and _is_positive_int(self.num_heads) and _is_positive_int(self.d_model):
@@ -82,6 +92,14 @@ class T5Config:
       raise ConfigError(f"T5Config.tie_embeddings must be True or False, got {self.tie_embeddings!r}")
     if self.dtype not in DTYPES:
       raise ConfigError(f"T5Config.dtype must be one of {DTYPES}, got {self.dtype!r}")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ConfigError(f"T5Config.attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
+    if self.attention != "einsum" and self.dropout_rate > 0:
+      raise ConfigError(f"T5Config.attention={self.attention!r} has no dropout on the attention weights; "
+                        f"set dropout_rate=0 (got {self.dropout_rate}) or attention='einsum'")
+    if self.attention == "cudnn" and self.dtype == "float32":
+      raise ConfigError("T5Config.attention='cudnn' needs bfloat16 or float16 activations (cuDNN's fused "
+                        "attention); set dtype='bfloat16' or attention='xla'")
     buckets = self.relative_attention_num_buckets
     # The bidirectional encoder splits the buckets by sign, then keeps half of each side
     # for exact offsets (T5's `_relative_position_bucket`); both halves must be non-empty.

@@ -200,6 +200,7 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   cross_attention: bool = False
   lora: Optional[LoraConfig] = None
+  implementation: str = "einsum"  # or "xla", "cudnn": `jax.nn.dot_product_attention` (T5Config.attention)
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, mask: Optional[jax.Array] = None,
@@ -249,6 +250,24 @@ class MultiHeadAttention(nn.Module):
         if bias is not None:
           bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=2)
 
+    if self.implementation == "einsum" or decode:
+      out = self._einsum_attention(query, key, value, mask, bias, enable_dropout)
+    else:
+      if enable_dropout and self.dropout_rate > 0:
+        raise ValueError(f"attention {self.implementation!r} has no dropout on the weights (dropout_rate=0)")
+      # The same product as `_einsum_attention`: logits in float32, scale 1 (T5), the bias added,
+      # masked positions at a large negative value, a float32 softmax, weights @ values. cuDNN
+      # takes the bias in the activations' dtype.
+      if bias is not None and self.implementation == "cudnn":
+        bias = bias.astype(query.dtype)
+      out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=1.0,
+                                         implementation=self.implementation)
+    out = out.reshape(out.shape[:-2] + (joined,))
+    return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
+                 lora=_adapted(self.lora, "out"), name="out")(out, enable_dropout=enable_dropout)
+
+
+  def _einsum_attention(self, query, key, value, mask, bias, enable_dropout):
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
     if bias is not None:
       logits = logits + bias.astype(jnp.float32)
@@ -257,10 +276,7 @@ class MultiHeadAttention(nn.Module):
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     if enable_dropout and self.dropout_rate > 0:
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-    out = out.reshape(out.shape[:-2] + (joined,))
-    return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
-                 lora=_adapted(self.lora, "out"), name="out")(out, enable_dropout=enable_dropout)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
 
 
 class MlpBlock(nn.Module):

@@ -34,7 +34,7 @@ class EncoderLayer(nn.Module):
     cfg, dtype = self.config, jnp.dtype(self.config.dtype)
     y = layers.RMSNorm(dtype=dtype, name="pre_attention_layer_norm")(x)
     y = layers.MultiHeadAttention(cfg.num_heads, cfg.d_kv, cfg.dropout_rate, dtype, lora=self.lora,
-                                  name="attention")(
+                                  implementation=cfg.attention, name="attention")(
         y, y, mask, bias, enable_dropout=enable_dropout)
     x = x + _dropout(cfg, y, enable_dropout)
     y = layers.RMSNorm(dtype=dtype, name="pre_mlp_layer_norm")(x)
@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
   def __call__(self, x, encoded, self_mask, cross_mask, bias, enable_dropout=False, decode=False):
     cfg, dtype = self.config, jnp.dtype(self.config.dtype)
     attention = functools.partial(layers.MultiHeadAttention, cfg.num_heads, cfg.d_kv,
-                                  cfg.dropout_rate, dtype, lora=self.lora)
+                                  cfg.dropout_rate, dtype, lora=self.lora, implementation=cfg.attention)
     y = layers.RMSNorm(dtype=dtype, name="pre_self_attention_layer_norm")(x)
     y = attention(name="self_attention")(y, y, self_mask, bias, enable_dropout=enable_dropout,
                                          decode=decode)

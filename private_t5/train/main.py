@@ -125,6 +125,9 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
     raise ConfigError("T5Config.dtype (ACTIVATION_DTYPE) 'float16' is not supported for training: T5's activations "
                       "overflow float16's range (max 65504) and the loss turns to inf/NaN; use 'bfloat16' (the same "
                       "memory, float32's range) or 'float32'")
+  if model_config.attention == "cudnn" and jax.default_backend() != "gpu":
+    raise ConfigError(f"T5Config.attention 'cudnn' is NVIDIA's fused attention kernel and needs a GPU; this run's "
+                      f"JAX backend is {jax.default_backend()!r}: use attention='xla' or 'einsum'")
 
 
 def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
