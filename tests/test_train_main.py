@@ -440,3 +440,17 @@ def test_quiet_run_prints_nothing_but_keeps_everything(corpus_and_vocab, tmp_pat
   assert json.load(open(os.path.join(model_dir, "summary.json")))["final_step"] == 2
   assert cli.main(["train", *_args(model_dir + "_loud", corpus, vocab, 1)]) == 0  # the default prints
   assert "[train]" in capsys.readouterr().out
+
+
+def test_a_run_resumes_with_another_attention_implementation(corpus_and_vocab, tmp_path):
+  """How attention is computed is not the model: it stays out of the run's fingerprint, and a
+  checkpoint read for inference takes the default, whatever the run that wrote it used."""
+  corpus, vocab = corpus_and_vocab
+  model_dir = str(tmp_path / "run")
+  no_dropout = "--gin.T5Config.dropout_rate=0.0"
+  train_stage.run_from_args(_args(model_dir, corpus, vocab, 1, no_dropout))
+  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, no_dropout,
+                                            "--gin.T5Config.attention='xla'"))
+  assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
+  _, config, _ = checkpoints.restore_for_inference(model_dir)
+  assert config.attention == "einsum" and config.dropout_rate == 0.0

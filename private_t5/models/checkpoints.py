@@ -34,7 +34,7 @@ from private_t5.errors import CheckpointError
 from private_t5.io import json_default
 from private_t5.models import hf_convert, run_dir, run_lock
 from private_t5.models import lora as lora_lib
-from private_t5.models.config import T5Config
+from private_t5.models import config as config_lib
 
 logger = logging.getLogger(__name__)
 
@@ -618,7 +618,7 @@ def _read_for_inference(model_dir: str, step: Optional[int]):
   finally:
     manager.close()
   params = jax.tree.map(np.asarray, restored["params"])
-  model_config = T5Config(**metadata["model_config"])
+  model_config = config_lib.from_saved(metadata["model_config"])
   info = {
       "step": int(step),
       "vocab_path": metadata.get("vocab_path"),

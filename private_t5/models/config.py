@@ -1,6 +1,6 @@
 """T5 hyper-parameters (`T5Config`) and the named presets of T5 v1.0 and v1.1."""
 import dataclasses
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from private_t5.errors import ConfigError
 
@@ -9,6 +9,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 # How attention weights are computed: our einsums and softmax, or `jax.nn.dot_product_attention`
 # with that implementation ("cudnn": the fused kernel of NVIDIA GPUs).
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
+# Fields that choose how the network is computed, not what it computes: left out of a run's
+# fingerprint (a run resumes with another value, and runs saved before a field existed still
+# match) and not taken from a checkpoint (the run that loads it chooses; the default otherwise).
+EXECUTION_FIELDS = ("attention",)
 
 # T5's SentencePiece vocabulary (32000 pieces + 100 sentinels, padded to a multiple of 128).
 T5_VOCAB_SIZE = 32128
@@ -118,6 +122,16 @@ class T5Config:
   @property
   def num_layers(self) -> int:
     return self.num_encoder_layers + self.num_decoder_layers
+
+
+def network_fields(config: T5Config) -> Dict[str, Any]:
+  """The config as a dict without its `EXECUTION_FIELDS`: what a checkpoint's network is."""
+  return {k: v for k, v in dataclasses.asdict(config).items() if k not in EXECUTION_FIELDS}
+
+
+def from_saved(saved: Dict[str, Any], **execution) -> T5Config:
+  """The config of a stored `model_config` dict, its `EXECUTION_FIELDS` the defaults (or `execution`)."""
+  return T5Config(**{k: v for k, v in saved.items() if k not in EXECUTION_FIELDS}, **execution)
 
 
 def _is_positive_int(value) -> bool:

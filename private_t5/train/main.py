@@ -23,6 +23,7 @@ from private_t5.dp import mechanism as mechanism_lib
 from private_t5.dp.mechanism import DPConfig
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints, run_dir
+from private_t5.models import config as config_lib
 from private_t5.models import lora as lora_lib
 from private_t5.train import initial_checkpoint as initial_lib
 from private_t5.train import loop, metrics, optimizers, partitioning
@@ -190,7 +191,8 @@ def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
 def build_fingerprint(model_config, train_data, mechanism: Mapping[str, Any], extra: Mapping[str, Any],
                       initial_checkpoint: Optional[str]) -> dict:
   """What the checkpoints of a run belong to: a directory with another fingerprint is refused."""
-  return {"model_config": dataclasses.asdict(model_config), "data": _fingerprint_data(train_data.describe()),
+  return {"model_config": config_lib.network_fields(model_config),
+          "data": _fingerprint_data(train_data.describe()),
           "privacy": dict(mechanism, **extra),
           "initial_checkpoint": os.path.abspath(initial_checkpoint) if initial_checkpoint else None}
 
