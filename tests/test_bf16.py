@@ -205,14 +205,20 @@ def _scaled(params, factor):
   return out
 
 
-@pytest.mark.parametrize("method", ["vmap", "ghost"])
-def test_the_audit_measures_max_change_over_c_in_bf16(method, ghost_sums, vmap_bf16_sum, params, batch):
+@pytest.mark.parametrize("method", ["vmap", "ghost", "ghost_dot_product_attention"])
+def test_the_audit_measures_max_change_over_c_in_bf16(method, configs, ghost_sums, vmap_bf16_sum, params, batch):
   """max ||S(D) - S(D')|| / C over add/remove neighbours, bfloat16 activations: <= 1 (+ float32
-  rounding), on both sides of the clip (tiny gradients kept whole, large ones clipped)."""
+  rounding), on both sides of the clip (tiny gradients kept whole, large ones clipped); also
+  with the attention as one `jax.nn.dot_product_attention` call (`T5Config.attention="xla"`)."""
   if method == "vmap":
     fn = lambda p, b: vmap_bf16_sum(p, b, DROPOUT_KEY)[0]
-  else:
+  elif method == "ghost":
     fn = lambda p, b: ghost_sums["bfloat16"](p, b)[0]
+  else:
+    config = configs["bfloat16"].replace(attention="xla", dropout_rate=0.0)
+    aggregator = ghost.GhostDPAggregator(_loss_fn(config), NoisySum(CLIP, 0.5, EXPECTED_BATCH))
+    compiled = jax.jit(lambda p, b: aggregator.ghost_clipped_sum(p, b, None)[0])
+    fn = compiled
   measured = {}
   for factor in (1e-3, 1.0, 1e3):
     scaled = _scaled(params, factor)
