@@ -359,8 +359,9 @@ def main(argv=None):
       log.write({"case": "sensitivity", "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000]})
     write_summary()
   first = plan(args)[0][0]
+  large = [(first, args.large_batch)] if args.large_batch and not args.smoke else []  # smoke: one batch
   for attention in [a for a in args.attention_variants.split(",") if a]:
-    cases([(first, args.batch)] + ([(first, args.large_batch)] if args.large_batch else []), attention)
+    cases([(first, args.batch)] + large, attention)
   budget_bytes = stats.get("bytes_limit")
   if args.max_batch and budget_bytes and not args.compile_only:
     for method in methods:
