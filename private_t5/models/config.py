@@ -129,9 +129,9 @@ def network_fields(config: T5Config) -> Dict[str, Any]:
   return {k: v for k, v in dataclasses.asdict(config).items() if k not in EXECUTION_FIELDS}
 
 
-def from_saved(saved: Dict[str, Any], **execution) -> T5Config:
-  """The config of a stored `model_config` dict, its `EXECUTION_FIELDS` the defaults (or `execution`)."""
-  return T5Config(**{k: v for k, v in saved.items() if k not in EXECUTION_FIELDS}, **execution)
+def from_saved(saved: Dict[str, Any]) -> T5Config:
+  """The config of a stored `model_config` dict, with the defaults of its `EXECUTION_FIELDS`."""
+  return T5Config(**{k: v for k, v in saved.items() if k not in EXECUTION_FIELDS})
 
 
 def _is_positive_int(value) -> bool:

@@ -266,7 +266,6 @@ class MultiHeadAttention(nn.Module):
     return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
                  lora=_adapted(self.lora, "out"), name="out")(out, enable_dropout=enable_dropout)
 
-
   def _einsum_attention(self, query, key, value, mask, bias, enable_dropout):
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
     if bias is not None:
