@@ -46,6 +46,30 @@ def test_beam_cached_equals_uncached(model):
     assert len({tuple(beam) for beam in row}) == 3
 
 
+def test_a_beam_alive_at_the_length_wins_over_a_worse_finished_one(model):
+  """A fixed-length decode (extraction's T tokens) has no EOS to reach: the beam that is still
+  alive at max_decode_length is a complete hypothesis and must beat a finished (EOS) one it
+  outscores. beam_size=1 follows the greedy path; the EOS is declared to be the runner-up
+  token of the first step, so a one-token finished hypothesis exists from the start."""
+  from private_t5.models import EncoderDecoderModel  # pylint: disable=g-import-not-at-top
+  config, params, enc = model
+  row = enc[:1]
+  greedy = np.asarray(decoding.greedy_decode(params, config, row, max_decode_length=LENGTH, eos_id=-1))
+  logits = EncoderDecoderModel(config).compute_logits(
+      params, {"encoder_input_tokens": row, "decoder_target_tokens": greedy})
+  logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))[0]
+  eos = next(int(t) for t in np.argsort(-logp[0])[1:] if t not in greedy[0])
+  alpha = 5.0  # long hypotheses favoured: the live beam outscores every EOS ending on its path
+  penalty = lambda n: float(decoding.brevity_penalty(alpha, n))
+  path = np.concatenate([[0.0], np.cumsum(logp[np.arange(LENGTH), greedy[0]])])
+  live = path[-1] / penalty(LENGTH)
+  assert all(live > (path[t] + logp[t, eos]) / penalty(t + 1) for t in range(LENGTH))
+  seqs, scores = decoding.beam_search(params, config, row, max_decode_length=LENGTH, beam_size=1,
+                                      alpha=alpha, eos_id=eos)
+  np.testing.assert_array_equal(np.asarray(seqs)[0, 0], greedy[0])
+  assert float(scores[0, 0]) == pytest.approx(live, rel=1e-4)
+
+
 @pytest.mark.parametrize("model", ["t5_1_1_tiny"], indirect=True)
 def test_eos_stops_each_row(model):
   config, params, enc = model

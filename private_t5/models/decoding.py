@@ -129,8 +129,10 @@ def beam_search(params: Params, config: T5Config, encoder_input_tokens: jax.Arra
   """Beam search with T5X's length normalisation `log p / brevity_penalty(alpha, length)`.
 
   Returns `(sequences int32 [B, beam_size, max_decode_length], scores [B, beam_size])`, best
-  first. A row for which no beam reached EOS returns its live beams, scored with the
-  penalty at `max_decode_length`.
+  first. Beams still alive at `max_decode_length` are complete hypotheses of that length (a
+  fixed-length decode, such as extraction's continuation of T tokens, has no EOS to reach):
+  scored with the penalty at `max_decode_length`, they compete with the beams that ended in
+  EOS, and the best `beam_size` of both are returned.
   """
   batch, k, length = encoder_input_tokens.shape[0], beam_size, max_decode_length
   encoded = _encode(params, config, encoder_input_tokens)
@@ -198,8 +200,11 @@ def beam_search(params: Params, config: T5Config, encoder_input_tokens: jax.Arra
                 finished_flags=gather(all_flags, pick), cache=cache)
 
   final = jax.lax.while_loop(cond, body, state)
-  any_finished = jnp.any(final["finished_flags"], axis=1)
-  sequences = jnp.where(any_finished[:, None, None], final["finished_seqs"], final["live_seqs"])
-  scores = jnp.where(any_finished[:, None], final["finished_scores"],
-                     final["live_logprobs"] / brevity_penalty(alpha, length))
+  # After an early stop no live beam can beat the worst finished one (`cond`), so merging them
+  # changes nothing then; at max_decode_length the live beams are finished hypotheses too.
+  finished_scores = jnp.where(final["finished_flags"], final["finished_scores"], NEG_INF)
+  live_scores = final["live_logprobs"] / brevity_penalty(alpha, length)
+  all_scores = jnp.concatenate([finished_scores, live_scores], axis=1)
+  scores, pick = jax.lax.top_k(all_scores, k)
+  sequences = gather(jnp.concatenate([final["finished_seqs"], final["live_seqs"]], axis=1), pick)
   return sequences[:, :, 1:], scores
