@@ -252,9 +252,7 @@ class MultiHeadAttention(nn.Module):
 
     if self.implementation == "einsum" or decode:
       out = self._einsum_attention(query, key, value, mask, bias, enable_dropout)
-    else:
-      if enable_dropout and self.dropout_rate > 0:
-        raise ValueError(f"attention {self.implementation!r} has no dropout on the weights (dropout_rate=0)")
+    else:  # (T5Config.validate refuses these implementations with dropout)
       # The same product as `_einsum_attention`: logits in float32, scale 1 (T5), the bias added,
       # masked positions at a large negative value, a float32 softmax, weights @ values. cuDNN
       # takes the bias in the activations' dtype.

@@ -5,8 +5,9 @@ layers of each stack, attention without 1/sqrt(d) scaling, dropout (Raffel et al
 Parameter names follow T5X (`token_embedder`, `encoder/layers_0/attention/query/kernel`, ...).
 """
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -173,26 +174,29 @@ def init_params(config: T5Config, rng: jax.Array) -> Params:
   of what compiling the initialisation cost (measured in docs/ghost_clipping.md). The result
   does not depend on the device mesh it is sharded over (partitionable threefry).
   """
+  return jax.jit(functools.partial(_draw_grouped, _initializer_groups(config)))(rng)
+
+
+@functools.lru_cache(maxsize=None)
+def _initializer_groups(config: T5Config) -> Tuple[Tuple[Any, Tuple[int, ...], Tuple[Tuple[str, ...], ...]], ...]:
+  """((initializer, shape, parameter paths), ...) of `config`'s network, in creation order (one
+  trace of the Flax module per config)."""
   with layers.recording_initializers() as initializers:
     jax.eval_shape(functools.partial(_init_boxed, config), jax.random.PRNGKey(0))
-  return jax.jit(functools.partial(_draw_grouped, initializers))(rng)
-
-
-def _draw_grouped(initializers, rng: jax.Array) -> Params:
-  """The parameters `{path: (initializer, shape)}`, one vmapped draw per (initializer, shape)."""
   groups: Dict[Any, list] = {}
   for path, (init, shape) in initializers.items():
     groups.setdefault((init, shape), []).append(path)
-  params: Params = {}
-  for key, ((init, shape), paths) in zip(jax.random.split(rng, len(groups)), groups.items()):
+  return tuple((init, shape, tuple(paths)) for (init, shape), paths in groups.items())
+
+
+def _draw_grouped(groups, rng: jax.Array) -> Params:
+  """The parameters of `_initializer_groups`, one vmapped draw per (initializer, shape)."""
+  params = {}
+  for key, (init, shape, paths) in zip(jax.random.split(rng, len(groups)), groups):
     draws = jax.vmap(lambda k, init=init, shape=shape: init(k, shape, jnp.float32))(
         jax.random.split(key, len(paths)))
-    for row, path in enumerate(paths):
-      node = params
-      for name in path[:-1]:
-        node = node.setdefault(name, {})
-      node[path[-1]] = draws[row]
-  return params
+    params.update({path: draws[row] for row, path in enumerate(paths)})
+  return flax.traverse_util.unflatten_dict(params)
 
 
 def param_shapes(config: T5Config) -> Params:
