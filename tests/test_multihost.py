@@ -64,6 +64,38 @@ def test_process_env_replaces_the_device_count():
   assert env[partitioning.NUM_PROCESSES_ENV] == "2" and env[partitioning.PROCESS_ID_ENV] == "1"
 
 
+_LEAVE = """
+import sys, time
+import jax
+from private_t5.train import partitioning
+from jax._src import distributed
+assert partitioning.initialize_distributed()
+print(int(jax.numpy.arange(4).sum()), flush=True)  # the backend, with its collectives
+state = distributed.global_state
+times = {}
+client_shutdown, service = state.client.shutdown, state.service
+state.client = type("Client", (), {"shutdown": lambda self: times.setdefault("client", time.monotonic()) and client_shutdown()})()
+class Service:
+  def shutdown(self):
+    times["service"] = time.monotonic()
+    service.shutdown()
+    print("client left, service stopped %.2f s later" % (times["service"] - times["client"]), flush=True)
+state.service = Service()
+"""
+
+
+def test_process_0_stops_the_coordination_service_after_its_client_has_left():
+  """At exit the client leaves first; the service stops `SERVICE_STOP_DELAY_S` later (a gRPC race)."""
+  env = launch.process_env(dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2"), process_id=0,
+                           num_processes=1, devices_per_process=1, port=launch.free_port())
+  done = subprocess.run([sys.executable, "-c", _LEAVE], env=env, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = done.stdout.split("\n")
+  assert lines[0] == "6"
+  delay = float(lines[1].split()[-3])
+  assert partitioning.SERVICE_STOP_DELAY_S <= delay < partitioning.SERVICE_STOP_DELAY_S + 5
+
+
 # -- launcher: output and faults (stand-in processes, no JAX) -------------------------------------
 
 _WORKER = """

@@ -26,9 +26,11 @@ then spans the devices of all processes (`jax.devices()`). Each process builds o
 of the global batch owned by its own devices on the `data` axis (`local_rows`) and
 `shard_batch` assembles the global array from them. With one process it is a no-op.
 """
+import atexit
 import logging
 import math
 import os
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -69,6 +71,13 @@ NUM_PROCESSES_ENV = "PRIVATE_T5_NUM_PROCESSES"
 PROCESS_ID_ENV = "PRIVATE_T5_PROCESS_ID"
 # Seconds a process waits for the others to join the cluster.
 INITIALIZATION_TIMEOUT_S = 120
+# Seconds process 0 waits, once its own client has left the cluster, before it stops the
+# coordination service. XLA's gRPC coordination service re-arms a method's handler on its polling
+# thread after the handler has already sent its reply (from another thread); if the service stops
+# in between, gRPC finds a request left armed when it destroys the server and aborts the process
+# (SIGABRT in `RealRequestMatcher`), after the run's work is done. The last reply is the one to
+# this process's own shutdown, so a short wait lets that thread finish first.
+SERVICE_STOP_DELAY_S = 1.0
 
 
 def hide_accelerators_from_tensorflow() -> None:
@@ -102,11 +111,31 @@ def initialize_distributed() -> bool:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id, initialization_timeout=INITIALIZATION_TIMEOUT_S)
-    return True
-  if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("PRIVATE_T5_MULTIHOST") == "1":
+  elif os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("PRIVATE_T5_MULTIHOST") == "1":
     jax.distributed.initialize()
-    return True
-  return False
+  else:
+    return False
+  # atexit runs last-registered first: this runs before JAX's own exit hook, which then finds
+  # the cluster already left.
+  atexit.register(leave_cluster)
+  return True
+
+
+def leave_cluster() -> None:
+  """Leaves the cluster that `initialize_distributed` joined (at exit; a no-op without one).
+
+  What `jax.distributed.shutdown()` does, except that process 0 stops the coordination service
+  `SERVICE_STOP_DELAY_S` after its client has left rather than at once (see there).
+  """
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  state = getattr(jax_distributed, "global_state", None)
+  service = getattr(state, "service", None)
+  if service is not None:
+    state.service = None
+  jax.distributed.shutdown()
+  if service is not None:
+    time.sleep(SERVICE_STOP_DELAY_S)
+    service.shutdown()
 
 
 def is_primary() -> bool:
