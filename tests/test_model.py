@@ -118,11 +118,11 @@ def test_dot_product_attention_computes_the_same_network():
   enc[1, 7:] = 0
   dec = rng.integers(2, SMALL_VOCAB, (3, 5))
   dec[2, 3:] = 0
-  logits = lambda c, p: Transformer(c).apply({"params": p}, enc, dec)
-  np.testing.assert_allclose(logits(fused, params), logits(config, params), atol=2e-5, rtol=1e-5)
+  logits = lambda c: jax.jit(lambda p: Transformer(c).apply({"params": p}, enc, dec))(params)
+  np.testing.assert_allclose(logits(fused), logits(config), atol=2e-5, rtol=1e-5)
   batch = dict(encoder_input_tokens=enc, decoder_input_tokens=dec, decoder_target_tokens=dec,
                decoder_loss_weights=(dec > 0).astype(np.float32))
-  grad = lambda c: jax.grad(lambda p: jnp.sum(example_loss_fn(p, batch, c)))(params)
+  grad = lambda c: jax.jit(jax.grad(lambda p: jnp.sum(example_loss_fn(p, batch, c))))(params)
   for a, b in zip(jax.tree.leaves(grad(fused)), jax.tree.leaves(grad(config))):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 

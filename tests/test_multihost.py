@@ -386,8 +386,9 @@ def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vo
   last = saved.latest_step()
   saved.close()
   assert last is not None and last >= 1
-  # The same launch resumes from the last complete checkpoint, with the same ledger.
-  done = _launch(2, 2, args)
+  # The same launch resumes from the last complete checkpoint, with the same ledger (checkpointing
+  # only at the end: what is tested is the resume, not the saves after it).
+  done = _launch(2, 2, [*args, f"--gin.train.checkpoint_every={steps}"])
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
   assert f"[p0] [train] resuming from checkpoint step {last}" in done.stdout
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
