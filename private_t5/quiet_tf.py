@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Iterator
 
+logger = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def silenced_stderr() -> Iterator[None]:
@@ -70,4 +72,4 @@ def hide_accelerators() -> None:
     with silenced_stderr():  # its look at the devices logs "failed call to cuInit" without a GPU
       tf.config.set_visible_devices([], "GPU")
   except RuntimeError as e:  # TensorFlow's runtime already started in this process
-    logging.debug("TensorFlow keeps its devices: %s", e)
+    logger.debug("TensorFlow keeps its devices: %s", e)

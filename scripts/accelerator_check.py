@@ -15,8 +15,8 @@ this.) The cases run in priority order, until the budget is spent:
   5. the sensitivity of the clipped sums on this device: removing one example moves the
      noiseless sum by at most C (vmap and ghost, float32 and bfloat16; tiny T5),
   6. the first preset at batch 32 and the large batch again with the attention as one fused
-     `jax.nn.dot_product_attention` call (--attention_variants: cuDNN's kernel; `T5Config.attention`),
-     non-DP and DP-ghost: the settings search for the best throughput,
+     `jax.nn.dot_product_attention` call (--attention_variants: cuDNN's kernel on a GPU, XLA's
+     elsewhere; `T5Config.attention`), non-DP and DP-ghost: the settings search for the best throughput,
   7. the largest batch whose compiled peak fits the device, non-DP and DP-ghost (only if time
      is left: compilations only).
 
@@ -25,8 +25,15 @@ lower, compile, first step and steady steps; each phase appends one JSON line to
 OUT/phases.jsonl (wall and CPU seconds, the program's size, memory, throughput, MFU) before the
 next begins, and OUT/accelerator_check.md is rewritten from that file after every case. A
 watchdog ends the process at the budget (exit 3) after writing the summary, so a run cut short
-still says where its time went. JAX's persistent compilation cache (OUT/jax_cache, or
---cache_dir) makes a second run skip the compilations the first one finished.
+still says where its time went. A case that fails (out of memory, say) is written down and
+the next one runs; the check then exits 1 after writing the summary. JAX's persistent
+compilation cache (OUT/jax_cache, or --cache_dir) makes a second run skip the compilations the
+first one finished.
+
+Every flag is checked before anything is written (a bad value: one error line, exit 2), the
+preset, dtype and attention variants together included. --smoke only changes the defaults:
+--presets, --inputs, --targets, --batch, --large_batch, --steps and --train_steps given
+explicitly keep their values.
 
 MFU is the analytic training FLOPs (`train.step_profile.analytic_train_flops`) times the
 sequences per second, over the device's dense bf16 peak (--peak_tflops, or the data-sheet value
@@ -34,6 +41,7 @@ for known devices).
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,46 +57,163 @@ NONDP, GHOST = "nondp", "ghost"
 GIB = 2 ** 30
 
 
+# The flags --smoke sets, and their values without it; a flag given explicitly keeps its value.
+DEFAULTS = dict(presets=["t5_1_1_small", "t5_1_1_base"], inputs=512, targets=114, batch=32, large_batch=256,
+                steps=8, train_steps=60)
+SMOKE = dict(presets=["t5_1_1_tiny"], inputs=32, targets=8, batch=4, large_batch=8, steps=2, train_steps=3)
+
+
+class _Parser(argparse.ArgumentParser):
+  """An argparse parser whose errors are one line on stderr (exit status 2), without the usage."""
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int_at_least(low):
+  def parse(text):
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+    if value < low:
+      raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+    return value
+  return parse
+
+
+def _positive_float(text):
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
+  if not math.isfinite(value) or value <= 0:
+    raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+  return value
+
+
+def _names(valid, allow_empty):
+  """A comma-separated list of names out of `valid`."""
+  def parse(text):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names and not allow_empty:
+      raise argparse.ArgumentTypeError(f"must name at least one of {', '.join(valid)}")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+      raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+    return names
+  return parse
+
+
+def _check_folder(parser, flag, path):
+  """One-line error unless files can be written in the folder `path` (created later, if missing)."""
+  from private_t5.io import check_writable_file  # pylint: disable=g-import-not-at-top
+  try:
+    check_writable_file(os.path.join(os.path.abspath(path), "phases.jsonl"))
+  except OSError as e:
+    where = f" ({e.filename})" if e.filename and os.path.abspath(e.filename) != os.path.abspath(path) else ""
+    parser.error(f"argument {flag}: {path!r} cannot be written: {e.strerror or e}{where}")
+
+
 def parse_args(argv):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--out", default=os.path.join(ROOT, "runs", "accelerator_check"))
-  p.add_argument("--budget_s", type=float, default=450.0,
-                 help="wall-clock budget of the whole check, start-up included (default 7.5 min)")
+  from private_t5.experiments.benchmark_case import METHODS  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
+  presets = sorted(model_config.PRESETS)
+  p = _Parser(prog=os.path.basename(__file__), description=__doc__.splitlines()[0],
+              epilog="Every flag is checked before any work: a bad value is one error line, exit status 2. "
+                     "Exit status: 0 when every case ran, 1 when a case failed (the summary says which), "
+                     "3 when the budget ran out.")
+  p.add_argument("--out", default=os.path.join(ROOT, "runs", "accelerator_check"),
+                 help="folder of phases.jsonl and accelerator_check.md (created; must be writable)")
+  p.add_argument("--budget_s", type=_positive_float, default=450.0,
+                 help="wall-clock budget of the whole check in seconds, start-up included (default 7.5 min)")
   p.add_argument("--smoke", action="store_true",
-                 help="a CPU smoke run: tiny preset, 32/8 tokens, batches 4 and 8, 2 steps")
-  p.add_argument("--presets", default="t5_1_1_small,t5_1_1_base",
-                 help="first preset: batch 32 and the large batch; the others: batch 32 only")
-  p.add_argument("--inputs", type=int, default=512)
-  p.add_argument("--targets", type=int, default=114)
-  p.add_argument("--batch", type=int, default=32)
-  p.add_argument("--large_batch", type=int, default=256, help="0: skip the large-batch cases")
-  p.add_argument("--methods", default=f"{NONDP},{GHOST}")
-  p.add_argument("--dtype", default="bfloat16")
-  p.add_argument("--attention_variants", default="cudnn",
-                 help="T5Config.attention values for the cases of step 6, comma-separated ('' to skip)")
-  p.add_argument("--steps", type=int, default=8, help="steady steps timed per case")
-  p.add_argument("--train_steps", type=int, default=60, help="steps of the short training run (0: skip)")
-  p.add_argument("--max_batch", action="store_true", default=True)
-  p.add_argument("--no_max_batch", dest="max_batch", action="store_false")
+                 help="a CPU smoke run: the defaults become tiny preset, 32/8 tokens, batches 4 and 8, 2 steps, "
+                      "3 training steps; --presets, --inputs, --targets, --batch, --large_batch, --steps and "
+                      "--train_steps given explicitly keep their values")
+  p.add_argument("--presets", type=_names(presets, allow_empty=False), default=None,
+                 help="comma-separated model presets (default t5_1_1_small,t5_1_1_base): the first at batch 32 "
+                      "and the large batch, the others at batch 32 only")
+  p.add_argument("--inputs", type=_int_at_least(1), default=None, help="input tokens per sequence (default 512)")
+  p.add_argument("--targets", type=_int_at_least(1), default=None, help="target tokens per sequence (default 114)")
+  p.add_argument("--batch", type=_int_at_least(1), default=None, help="batch size (default 32)")
+  p.add_argument("--large_batch", type=_int_at_least(0), default=None,
+                 help="the large batch size (default 256; 0: skip the large-batch cases)")
+  p.add_argument("--methods", type=_names(METHODS, allow_empty=False), default=[NONDP, GHOST],
+                 help=f"comma-separated train-step methods, of {', '.join(METHODS)} (default {NONDP},{GHOST})")
+  p.add_argument("--dtype", choices=model_config.DTYPES, default="bfloat16", help="activation dtype (T5Config.dtype)")
+  p.add_argument("--attention_variants", type=_names(model_config.ATTENTION_IMPLEMENTATIONS, allow_empty=True),
+                 default=None,
+                 help="T5Config.attention values for the cases of step 6, comma-separated ('' to skip; default "
+                      "cudnn on a GPU, xla elsewhere, when the first preset can run it); cudnn needs a GPU")
+  p.add_argument("--steps", type=_int_at_least(1), default=None, help="steady steps timed per case (default 8)")
+  p.add_argument("--train_steps", type=_int_at_least(0), default=None,
+                 help="steps of the short training run (default 60; 0: skip)")
+  p.add_argument("--max_batch", action="store_true", default=True,
+                 help="search the largest batch that fits the device's memory, if time is left (default)")
+  p.add_argument("--no_max_batch", dest="max_batch", action="store_false", help="no max-batch search")
   p.add_argument("--compile_only", action="store_true",
                  help="stop each case after compiling its step (CPU measurements of program size and "
                       "compile time); no training run, no max-batch search")
-  p.add_argument("--peak_tflops", type=float, default=None, help="device's dense bf16 peak, for MFU")
+  p.add_argument("--peak_tflops", type=_positive_float, default=None, help="device's dense bf16 peak, for MFU")
   p.add_argument("--cache_dir", default=None, help="JAX's persistent compilation cache (default OUT/jax_cache)")
   args = p.parse_args(argv)
-  if args.smoke:
-    args.presets, args.inputs, args.targets = "t5_1_1_tiny", 32, 8
-    args.batch, args.large_batch, args.steps = 4, 8, 2
-    args.train_steps = min(args.train_steps, 3)
-    args.attention_variants = "xla" if args.attention_variants == "cudnn" else args.attention_variants
+  for name, value in (SMOKE if args.smoke else DEFAULTS).items():
+    if getattr(args, name) is None:
+      setattr(args, name, value)
+  _check_folder(p, "--out", args.out)
+  if args.cache_dir is not None:
+    _check_folder(p, "--cache_dir", args.cache_dir)
   return args
+
+
+def check_configs(args, backend, memory_bytes=0):
+  """ConfigError (one line) for a preset and dtype that do not go together, an attention variant
+  of --attention_variants that the first preset or this backend cannot run, or a case that cannot
+  fit the device's `memory_bytes` (one array of its step alone is larger:
+  `benchmark_case.step_memory_floor`). Without --attention_variants: cudnn on a GPU, xla
+  elsewhere, if the first preset can run it (the fused call has no attention dropout), else none."""
+  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
+  from private_t5.train.main import check_attention_backend  # pylint: disable=g-import-not-at-top
+  for preset in args.presets:
+    model_config.load_preset(preset, dtype=args.dtype)
+
+  def check(attention):
+    check_attention_backend(model_config.load_preset(args.presets[0], dtype=args.dtype, attention=attention))
+
+  if args.attention_variants is None:
+    args.attention_variants = []
+    try:
+      check("cudnn" if backend == "gpu" else "xla")
+      args.attention_variants = ["cudnn" if backend == "gpu" else "xla"]
+    except ConfigError:
+      pass
+  for attention in args.attention_variants:
+    try:
+      check(attention)
+    except ConfigError as e:
+      raise ConfigError(f"argument --attention_variants: {e}") from None
+  if not memory_bytes:
+    return
+  for preset, batch in plan(args):
+    config = model_config.load_preset(preset, dtype=args.dtype)
+    for method in args.methods:
+      floor, what = bench.step_memory_floor(config, args.inputs, args.targets, batch, method)
+      if floor > memory_bytes:
+        alone = bench.step_memory_floor(config, args.inputs, args.targets, 1, method)[0] > memory_bytes
+        flag = "--inputs/--targets" if alone else "--batch" if batch == args.batch else "--large_batch"
+        raise ConfigError(f"argument {flag}: {preset} {method} at {args.inputs}/{args.targets} tokens, batch {batch}, "
+                          f"cannot fit in the device's memory ({memory_bytes / GIB:,.1f} GiB): one array of its "
+                          f"step, the {what}, is {floor / GIB:,.1f} GiB")
 
 
 # --- the plan -------------------------------------------------------------------------------------
 
 def plan(args):
   """[(preset, batch)] in priority order."""
-  presets = [p for p in args.presets.split(",") if p]
+  presets = args.presets
   cases = [(presets[0], args.batch)]
   if args.large_batch:
     cases.append((presets[0], args.large_batch))
@@ -290,16 +415,25 @@ def main(argv=None):
   start = time.monotonic()
   deadline = start + args.budget_s
   out = os.path.abspath(args.out)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import jax  # pylint: disable=g-import-not-at-top
+  from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments.benchmark_case import machine_memory_bytes  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
+  try:  # before anything is written
+    check_configs(args, jax.default_backend(), stats.get("bytes_limit") or machine_memory_bytes())
+  except ConfigError as e:
+    print(f"{os.path.basename(__file__)}: error: {e}", file=sys.stderr)
+    return 2
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.cache_dir or os.path.join(out, "jax_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   os.makedirs(out, exist_ok=True)
   os.chdir(ROOT)  # Gin files are named relative to the checkout
   phases_path = os.path.join(out, "phases.jsonl")
   if os.path.exists(phases_path):
     os.replace(phases_path, os.path.join(out, "phases.previous.jsonl"))
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update("jax_compilation_cache_dir", args.cache_dir or os.path.join(out, "jax_cache"))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   from private_t5.io import write_text_atomic  # pylint: disable=g-import-not-at-top
   from private_t5.train import step_profile  # pylint: disable=g-import-not-at-top
   log = step_profile.PhaseLog(phases_path)
@@ -321,13 +455,11 @@ def main(argv=None):
   watchdog.daemon = True
   watchdog.start()
 
-  device = jax.devices()[0]
-  stats = device.memory_stats() or {}
   peak = args.peak_tflops * 1e12 if args.peak_tflops else step_profile.peak_flops(device.device_kind)
   log.write({"phase": "devices", "backend": jax.default_backend(), "jax": jax.__version__,
              "count": jax.device_count(), "kind": device.device_kind, "bytes_limit": stats.get("bytes_limit"),
              "peak_flops": peak, "startup_s": round(time.monotonic() - start, 2)})
-  methods = [m for m in args.methods.split(",") if m]
+  methods = args.methods
   left = lambda: deadline - time.monotonic()
 
   def cases(preset_batches, attention=None):
@@ -360,7 +492,7 @@ def main(argv=None):
     write_summary()
   first = plan(args)[0][0]
   large = [(first, args.large_batch)] if args.large_batch and not args.smoke else []  # smoke: one batch
-  for attention in [a for a in args.attention_variants.split(",") if a]:
+  for attention in args.attention_variants:
     cases([(first, args.batch)] + large, attention)
   budget_bytes = stats.get("bytes_limit")
   if args.max_batch and budget_bytes and not args.compile_only:
@@ -375,6 +507,11 @@ def main(argv=None):
   log.write({"phase": "done", "elapsed_s": round(time.monotonic() - start, 1)})
   write_summary()
   print(open(summary_path, encoding="utf-8").read())
+  failed = [r.get("case", "?") for r in step_profile.read_phases(phases_path) if r.get("phase") == "error"]
+  if failed:
+    print(f"[accelerator] {len(failed)} case(s) failed ({'; '.join(failed)}): see {summary_path}",
+          file=sys.stderr, flush=True)
+    return 1
   return 0
 
 

@@ -113,3 +113,132 @@ def test_nothing_is_written_after_the_last_line(tmp_path):
   log.write({"phase": "stopped"}, last=True)
   log.time("c", "trace", lambda: None)
   assert [r["phase"] for r in step_profile.read_phases(str(tmp_path / "p.jsonl"))] == ["devices", "stopped"]
+
+
+# --- bad flags: one error line, exit status 2, nothing written, before any work -------------------
+
+def _script():
+  """The script as a module, to call its `main` in this process (milliseconds a case)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture
+def jax_cache_config():
+  """`main` points JAX's persistent compilation cache at OUT: restored for the next tests."""
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  saved = {name: getattr(jax.config, name) for name in names}
+  yield
+  for name, value in saved.items():
+    jax.config.update(name, value)
+
+
+def _refused(argv, capsys) -> str:
+  """Runs the script's `main(argv)` here; asserts exit status 2 and one error line, no traceback."""
+  try:
+    rc = _script().main(argv)
+  except SystemExit as e:  # argparse
+    rc = e.code
+  err = capsys.readouterr().err
+  lines = err.strip().splitlines()
+  assert rc == 2 and len(lines) == 1 and lines[0].startswith("accelerator_check.py: error: "), err
+  assert "Traceback" not in err
+  return lines[0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--budget_s=-5"], "argument --budget_s: must be a finite number > 0, got '-5'"),
+    (["--budget_s=0"], "argument --budget_s: must be a finite number > 0"),
+    (["--budget_s=nan"], "argument --budget_s: must be a finite number > 0, got 'nan'"),
+    (["--budget_s=inf"], "argument --budget_s: must be a finite number > 0, got 'inf'"),
+    (["--presets="], "argument --presets: must name at least one of"),
+    (["--presets=t5_1_1_small,t5_9_9"], "argument --presets: unknown 't5_9_9'"),
+    (["--dtype=bf16"], "argument --dtype: invalid choice: 'bf16'"),
+    (["--attention_variants=flash"], "argument --attention_variants: unknown 'flash'"),
+    (["--methods=nondp,fast"], "argument --methods: unknown 'fast'"),
+    (["--methods=,"], "argument --methods: must name at least one of"),
+    (["--batch=0"], "argument --batch: must be an integer >= 1, got 0"),
+    (["--inputs=0"], "argument --inputs: must be an integer >= 1, got 0"),
+    (["--targets=x"], "argument --targets: must be an integer >= 1, got 'x'"),
+    (["--steps=0"], "argument --steps: must be an integer >= 1"),
+    (["--large_batch=-1"], "argument --large_batch: must be an integer >= 0"),
+    (["--train_steps=-1"], "argument --train_steps: must be an integer >= 0"),
+    (["--peak_tflops=-1"], "argument --peak_tflops: must be a finite number > 0, got '-1'"),
+    (["--smoke", "--dtype=float32", "--attention_variants=cudnn"], "needs bfloat16 or float16 activations"),
+    (["--smoke", "--presets=t5_1_0_tiny", "--attention_variants=xla"], "no dropout on the attention weights"),
+    (["--smoke", "--batch=1000000000000"], "argument --batch: t5_1_1_tiny nondp at 32/8 tokens"),
+    (["--smoke", "--large_batch=1000000000000"], "argument --large_batch: "),
+    (["--smoke", "--inputs=100000000"], "argument --inputs/--targets: "),
+])
+def test_bad_flags_are_one_line_before_any_work(flags, message, tmp_path, capsys):
+  line = _refused([f"--out={tmp_path / 'out'}", *flags], capsys)
+  assert message in line, line
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN's attention runs on a GPU")
+def test_cudnn_attention_off_a_gpu_is_refused_as_train_refuses_it(tmp_path, capsys):
+  line = _refused([f"--out={tmp_path / 'out'}", "--attention_variants=xla,cudnn"], capsys)
+  assert "argument --attention_variants: T5Config.attention 'cudnn'" in line and "needs a GPU" in line
+  assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_cannot_be_written_is_refused(tmp_path, capsys, read_only):
+  (tmp_path / "a_file").write_text("kept")
+  assert "'%s' cannot be written: Not a directory" % (tmp_path / "a_file") in _refused(
+      [f"--out={tmp_path / 'a_file'}"], capsys)
+  assert "cannot be written: Not a directory" in _refused([f"--out={tmp_path / 'a_file' / 'out'}"], capsys)
+  assert "argument --cache_dir:" in _refused([f"--out={tmp_path / 'out'}", f"--cache_dir={tmp_path / 'a_file'}"],
+                                             capsys)
+  (tmp_path / "ro").mkdir()
+  read_only(tmp_path / "ro")
+  assert "argument --out:" in _refused([f"--out={tmp_path / 'ro' / 'out'}"], capsys)
+  assert sorted(os.listdir(tmp_path)) == ["a_file", "ro"] and not os.listdir(tmp_path / "ro")
+  assert (tmp_path / "a_file").read_text() == "kept"
+
+
+def test_bad_flags_from_the_command_line(tmp_path):
+  """The script as run: one line on stderr, exit status 2, nothing under --out (no JAX work)."""
+  (tmp_path / "a_file").write_text("")
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  for flags in (["--budget_s=inf"], ["--methods=fast"], ["--presets="]):
+    proc = subprocess.run([sys.executable, SCRIPT, f"--out={tmp_path / 'out'}", *flags], capture_output=True,
+                          text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+  assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_smoke_changes_only_the_defaults():
+  script = _script()
+  args = script.parse_args(["--smoke", "--steps=5", "--batch=2", "--large_batch=0", "--presets=t5_1_0_tiny",
+                            "--train_steps=0", "--out=/tmp"])
+  assert (args.steps, args.batch, args.large_batch, args.presets, args.train_steps) == (5, 2, 0, ["t5_1_0_tiny"], 0)
+  assert (args.inputs, args.targets) == (32, 8)  # not given: the smoke run's
+  args = script.parse_args(["--smoke", "--out=/tmp"])
+  assert {k: getattr(args, k) for k in script.SMOKE} == script.SMOKE
+  args = script.parse_args(["--out=/tmp"])
+  assert {k: getattr(args, k) for k in script.DEFAULTS} == script.DEFAULTS
+
+
+def test_a_failed_case_makes_the_exit_status_1_after_the_summary(tmp_path, monkeypatch, capsys, jax_cache_config):
+  del jax_cache_config
+  script = _script()
+
+  def fail(log, args, preset, batch_size, method, peak, attention=None):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+  monkeypatch.setattr(script, "run_case", fail)
+  monkeypatch.chdir(ROOT)  # main changes to the checkout: restored
+  rc = script.main([f"--out={tmp_path}", "--smoke", "--compile_only", "--no_max_batch", "--large_batch=0",
+                    "--methods=nondp,ghost", "--attention_variants=", "--budget_s=120"])
+  captured = capsys.readouterr()
+  assert rc == 1
+  assert "2 case(s) failed (t5_1_1_tiny 32/8 b4 nondp; t5_1_1_tiny 32/8 b4 ghost)" in captured.err
+  summary = (tmp_path / "accelerator_check.md").read_text()
+  assert "RESOURCE_EXHAUSTED" in summary and summary in captured.out
+  assert step_profile.read_phases(str(tmp_path / "phases.jsonl"))[-1]["phase"] == "done"

@@ -187,11 +187,58 @@ def test_cli_bad_input_exits_2(capsys, argv):
 
 
 def test_cli_warns_when_truncation_makes_delta_meaningless(capsys):
-  assert cli.main(["epsilon", "--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=1000",
-                   "--delta=1e-6", "--max_batch_size=105"]) == 0
+  assert cli.main(["epsilon", "--noise_multiplier=1.0", "--batch_size=100", "--num_examples=10000", "--steps=50",
+                   "--delta=1e-6", "--max_batch_size=140", "--accountant=rdp"]) == 0
   captured = capsys.readouterr()
-  assert json.loads(captured.out)["total_delta"] > 1e-4  # ≥ 1/N
+  total = json.loads(captured.out)["total_delta"]
+  assert 1e-4 < total < 1  # ≥ 1/N
+  # The warning names the δ it is about (the total, not a clipped stand-in) and where it came from.
   assert "WARNING" in captured.err and "meaningless" in captured.err
+  assert f"total_delta={total:.4g} (δ=1e-06 from --delta plus " in captured.err and "0.999999" not in captured.err
+
+
+# Truncating at 4 a batch of expected size 8: RDP's total δ is 68.9, no guarantee at all.
+TRUNCATED_TO_NOTHING = ["--batch_size=8", "--num_examples=200", "--max_batch_size=4", "--noise_multiplier=1",
+                        "--steps=10", "--delta=1e-5"]
+
+
+def test_cli_refuses_a_truncated_rdp_result_whose_total_delta_is_at_least_one(capsys):
+  assert cli.main(["epsilon", *TRUNCATED_TO_NOTHING, "--accountant=rdp"]) == 2
+  captured = capsys.readouterr()
+  assert captured.out == "" and "Traceback" not in captured.err
+  assert captured.err.startswith("error: no guarantee: truncating batches at --max_batch_size=4 (probability 0.907 "
+                                 "a step) adds 68.94 to δ=1e-05 (from --delta) under RDP, a total δ of 68.94 >= 1; ")
+  assert captured.err.count("\n") == 1
+
+
+def test_cli_auto_reports_only_an_epsilon_that_holds_at_the_delta_asked(capsys):
+  """auto used to report RDP's ε = 1.89 "at δ = 1e-5" beside total_delta 68.9: now PLD's ε, which
+  accounts the truncation exactly at δ; RDP's ε, with δ >= 1, is no guarantee and is not shown."""
+  assert cli.main(["epsilon", *TRUNCATED_TO_NOTHING]) == 0
+  captured = capsys.readouterr()
+  out = json.loads(captured.out)
+  assert out["accountant_used"] == "pld" and out["epsilon"] == out["epsilon_pld"] > 1.89
+  assert out["delta"] == out["total_delta"] == 1e-5
+  assert out["epsilon_rdp"] is None and out["delta_rdp"] == pytest.approx(68.94, abs=0.01)
+  assert "WARNING" not in captured.err
+
+
+def test_cli_meaningless_delta_warning_says_where_delta_came_from(capsys, tmp_path):
+  argv = ["epsilon", "--noise_multiplier=1.0", "--sampling_rate=0.01", "--num_examples=10000", "--steps=10"]
+  assert cli.main([*argv, "--delta=1e-3", "--accountant=rdp"]) == 0
+  assert "delta=0.001 (--delta) >= 1/num_examples=0.0001" in capsys.readouterr().err
+  gin_file = tmp_path / "delta.gin"
+  gin_file.write_text("DELTA = 2e-3\n")
+  assert cli.main([*argv, f"--gin_file={gin_file}", "--accountant=rdp"]) == 0
+  assert "delta=0.002 (Gin macro DELTA) >= 1/num_examples=0.0001" in capsys.readouterr().err
+
+
+def test_cli_huge_noise_prints_the_result_only(capsys):
+  """σ = 1e9: dp_accounting's 84 "Negative Renyi divergence" lines are dropped (ε = 0 is the answer)."""
+  assert cli.main(["epsilon", "--batch_size=8", "--num_examples=200", "--noise_multiplier=1e9", "--steps=10",
+                   "--delta=1e-5"]) == 0
+  captured = capsys.readouterr()
+  assert json.loads(captured.out)["epsilon"] == 0.0 and captured.err == ""
 
 
 @pytest.mark.parametrize("sigma, q, steps", [(0.8, 0.01, 300), (1.5, 0.05, 100), (0.6, 0.002, 2000)])
@@ -231,6 +278,10 @@ def test_accountant_convergence_warning_is_filtered():
   record = logging.LogRecord("absl", logging.WARNING, __file__, 1,
                              "_compute_log_a_frac failed to converge after %d iterations", (5,), None)
   assert not accounting.ConvergenceFilter().filter(record)
+  negative = logging.LogRecord("absl", logging.WARNING, __file__, 1, "Negative Renyi divergence of %g, probably "
+                               "caused by numerical instability from extreme DpEvents. Returning an epsilon of zero.",
+                               (-2e-15,), None)
+  assert not accounting.ConvergenceFilter().filter(negative)
   # Installed on the logger dp_accounting writes through, so no handler ever sees it.
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   assert not absl_logging.get_absl_logger().filter(record)

@@ -29,10 +29,10 @@ def files_under(folder) -> list:
 @pytest.mark.parametrize("bad, message", [
     (["--target_epsilon=nan"], "target_epsilon must be finite"),
     (["--target_epsilon=inf"], "target_epsilon must be finite"),
-    (["--noise_std=nan"], "noise_std (σ) must be finite"),
+    (["--noise_std=nan"], "noise_std must be finite"),
     (["--gin.train_dp_vocabulary.target_epsilon=inf"], "target_epsilon must be finite"),
     (["--gin.train_dp_vocabulary.noise_std=nan", "--gin.train_dp_vocabulary.target_epsilon=None"],
-     "noise_std (σ) must be finite"),
+     "noise_std must be finite"),
     (["--delta=nan"], "delta must be finite"),
 ])
 def test_dp_spm_refuses_non_finite_privacy_parameters(bad, message, tmp_path, capsys):
@@ -146,14 +146,14 @@ def _record(**changes):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda r: r["canaries"][1].update(included="false"), "'included' true or false"),
-    (lambda r: r["canaries"][1].update(included="maybe"), "'included' true or false"),
-    (lambda r: r["canaries"][1].update(included=1), "'included' true or false"),
+    (lambda r: r["canaries"][1].update(included="false"), "canary 1's 'included' must be True or False, got 'false'"),
+    (lambda r: r["canaries"][1].update(included="maybe"), "'included' must be True or False"),
+    (lambda r: r["canaries"][1].update(included=1), "'included' must be True or False"),
     (lambda r: r["canaries"][1].update(text=7), "string 'text'"),
-    (lambda r: r.update(repetitions=-2), "'repetitions' must be a non-negative integer"),
-    (lambda r: r.update(repetitions=1.5), "'repetitions' must be a non-negative integer"),
+    (lambda r: r.update(repetitions=-2), "'repetitions' must be >= 0"),
+    (lambda r: r.update(repetitions=1.5), "'repetitions' must be an integer"),
     (lambda r: r.update(repetitions=0), "at least one included canary"),
-    (lambda r: r.update(seed="7"), "'seed' must be a non-negative integer"),
+    (lambda r: r.update(seed="7"), "'seed' must be an integer"),
     (lambda r: [c.update(included=False) for c in r["canaries"]], "at least one included canary"),
     (lambda r: r.update(canaries={"a": 1}), "'canaries' must be a list"),
 ])
@@ -189,9 +189,9 @@ BENCH = ["bench", "--gin_file=bench/quick.gin"]
     (["--gin.benchmark.shapes=[(32, 8, 0)]"], "of integers >= 1"),
     (["--gin.benchmark.shapes=[(1000000, 1000000, 1000000)]"], "tokens per step"),
     (["--noise_multiplier=-1"], "noise_multiplier (σ) must be >= 0"),
-    (["--noise_multiplier=nan"], "noise_multiplier (σ) must be finite"),
+    (["--noise_multiplier=nan"], "noise_multiplier must be finite"),
     (["--gin.benchmark.clip_norm=0.0"], "clip_norm (C) must be > 0"),
-    (["--gin.benchmark.steps='x'"], "benchmark.steps must be an integer >= 1"),
+    (["--gin.benchmark.steps='x'"], "benchmark.steps must be an integer, got 'x' (str)"),
     (["--gin.benchmark.warmup=-1"], "benchmark.warmup must be an integer >= 0"),
     (["--gin.benchmark.microbatch_size=-1"], "benchmark.microbatch_size must be an integer >= 1"),
 ])
@@ -204,3 +204,20 @@ def test_bench_refuses_an_output_it_cannot_write(tmp_path, capsys, read_only):
   read_only(tmp_path)
   assert "cannot be written" in one_error_line(BENCH + [f"--output={tmp_path}/b"], capsys)
   assert files_under(tmp_path) == []
+
+
+def test_an_initial_checkpoint_that_is_a_file_is_named_as_such(tmp_path, capsys):
+  (tmp_path / "a_file").write_text("")
+  line = one_error_line(["train", "--gin_file=configs/models/t5_1_0_tiny.gin", "--gin_file=configs/runs/finetune.gin",
+                         f"--model_dir={tmp_path}/run", "--gin.MIXTURE_OR_TASK_NAME=rotten_tomatoes",
+                         f"--initial_checkpoint={tmp_path}/a_file"], capsys)
+  assert f"initial checkpoint '{tmp_path}/a_file' is a file, not a checkpoint directory" in line
+  assert "does not exist" not in line and files_under(tmp_path) == ["a_file"]
+
+
+def test_a_task_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
+  (tmp_path / "a_file").write_text("")
+  line = one_error_line(["study", "--part=utility", f"--corpus={CORPUS}", f"--task_dir={tmp_path}/a_file",
+                         f"--output={tmp_path}/out"], capsys)
+  assert f"task directory '{tmp_path}/a_file' is a file, not a folder" in line and "not found" not in line
+  assert files_under(tmp_path) == ["a_file"]

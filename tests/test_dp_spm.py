@@ -286,6 +286,12 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
                                       num_workers=1, verbose=False)
   on_disk = json.load(open(report["report_path"]))
   assert on_disk["vocab_sha256"] == file_sha256(out) and on_disk["privacy_unit"] == "document"
+  # The files read, by content (a public declaration of this vocabulary is checked against them),
+  # and the model says it was trained from a word histogram (a copy without its report is known).
+  assert on_disk["corpus_file_digests"] == [{"path": os.path.realpath(corpus), "bytes": os.path.getsize(corpus),
+                                             "sha256": file_sha256(corpus)}]
+  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  assert spm_lib.trained_from_word_histogram(out) and not spm_lib.trained_from_word_histogram(corpus)
   assert ledger_lib.find_vocabulary_report(out) == report["report_path"]
   ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
   ledger.record_steps(10)

@@ -45,6 +45,31 @@ def test_binding_syntax_error_through_the_cli(capsys):
   assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+SEQIO_RUN = ["configs/models/t5_1_0_tiny.gin", "configs/runs/pretrain.gin", "configs/runs/seqio.gin"]
+SEQIO_MACROS = ['MIXTURE_OR_TASK_NAME="t"', 'MODEL_DIR="/tmp/x"', "TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}",
+                "TRAIN_STEPS=3"]
+
+
+@pytest.mark.parametrize("binding,message", [
+    ('ONE_EXAMPLE_PER_DOCUMENT="False"', "ONE_EXAMPLE_PER_DOCUMENT (bound to make_seqio_source.one_example_per_document) "
+     "must be True or False, got 'False' (str) (a string is not a boolean"),
+    ("ONE_EXAMPLE_PER_DOCUMENT=1", "must be True or False, got 1 (int)"),
+    ("DOCUMENTS_PER_EXAMPLE=2.5", "DOCUMENTS_PER_EXAMPLE (bound to make_seqio_source.documents_per_example) must be an "
+     "integer, got 2.5"),
+    ("TRAIN_STEPS=True", "TRAIN_STEPS (bound to train.train_steps) must be an integer, got True (bool)"),
+    ('DPConfig.clip_norm="1.0"', "Gin binding DPConfig.clip_norm must be a number, got '1.0' (str)"),
+    ("DPConfig.noise_multiplier=nan", "DPConfig.noise_multiplier must be finite, got nan"),
+])
+def test_every_bound_value_is_type_checked_at_parse(binding, message):
+  # A string is never a boolean ("False" is truthy), a boolean never a number: one check, at parse,
+  # for every binding, through its macros.
+  with pytest.raises(ConfigError) as info:
+    gin_utils.parse(SEQIO_RUN, SEQIO_MACROS + [binding], entry="train")
+  assert message in str(info.value) and "\n" not in str(info.value)
+  gin_utils.parse(SEQIO_RUN, SEQIO_MACROS + ["ONE_EXAMPLE_PER_DOCUMENT=True", "DOCUMENTS_PER_EXAMPLE=2",
+                                             "DPConfig.clip_norm=1"], entry="train")
+
+
 @pytest.mark.parametrize("text,line", [("X = 1\nY = [1,\n", None), ("X = 1\n\nZ = 3)\n", 3)])
 def test_file_syntax_error_names_the_file_and_line(tmp_path, text, line):
   path = tmp_path / "bad.gin"

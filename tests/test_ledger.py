@@ -461,3 +461,43 @@ def test_step_event_is_one_step_of_the_ledger_s_mechanism():
   fixed = _ledger(max_batch_size=None, sampling="fixed")
   assert isinstance(fixed.step_event(), dp_accounting.SampledWithoutReplacementDpEvent)
   assert PrivacyLedger.non_private_baseline(num_examples=100, batch_size=10).step_event() is None
+
+
+def test_a_document_level_vocabulary_composes_by_the_documents_one_example_holds(tmp_path):
+  # An example that joins pieces of k documents changes k documents: group privacy of 2k. Where k
+  # is not bounded (a seqio Task at the example unit, none declared), no group size holds: the
+  # vocabulary counts as not private (ε = ∞), never as group privacy of 2.
+  vocab, report, _ = _vocabulary_with_report(tmp_path, epsilon=0.5)
+  delta = ledger_lib.read_report(report)["delta"]
+  unbounded = _ledger(privacy_unit="example", population={"documents_per_example": None})
+  unbounded.record_steps(10)
+  component = unbounded.add_vocabulary(vocab, report)
+  assert component["private"] is False and "DOCUMENTS_PER_EXAMPLE" in component["reason"]
+  assert unbounded.total_epsilon() == math.inf and unbounded.report()["epsilon"] is None
+  declared = _ledger(privacy_unit="example", population={"documents_per_example": 3})
+  component = declared.add_vocabulary(vocab, report)
+  assert component["group_privacy"]["size"] == 6 and component["epsilon"] == pytest.approx(3.0)
+  assert component["delta"] == pytest.approx(delta * sum(math.exp(i * 0.5) for i in range(6)))
+  # A store's example (a chunk of one document) and the document unit are as before.
+  assert _ledger(privacy_unit="example").add_vocabulary(vocab, report)["group_privacy"]["size"] == 2
+  assert "group_privacy" not in _ledger(privacy_unit="document", population={"documents_per_example": None}
+                                        ).add_vocabulary(vocab, report)
+  # The initial checkpoint's DP training at the document unit: the same rule.
+  initial = unbounded.add_initial_checkpoint({"dp": True, "epsilon": 1.0, "delta": 1e-8, "privacy_unit": "document"},
+                                             str(tmp_path / "pretrained"), "trained with DP")
+  assert initial["private"] is False and "DOCUMENTS_PER_EXAMPLE" in initial["reason"]
+
+
+def test_a_public_vocabulary_moved_between_resumptions_is_listed_once(tmp_path):
+  first = tmp_path / "a" / "vocab.model"
+  first.parent.mkdir()
+  first.write_bytes(b"public vocabulary")
+  moved = tmp_path / "b.model"
+  moved.write_bytes(first.read_bytes())
+  saved = _ledger()
+  saved.add_vocabulary(str(first), public=True)
+  saved.record_steps(5)
+  resumed = _ledger()
+  resumed.add_vocabulary(str(moved), public=True)
+  components = resumed.resume_from(saved).components
+  assert [c["source"] for c in components] == [str(moved)]

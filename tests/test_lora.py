@@ -29,6 +29,7 @@ from private_t5.stages import cli
 from private_t5.train import main as train_main
 from private_t5.train.trainer import make_loss_fn
 
+from test_bad_inputs import one_error_line  # pylint: disable=g-bad-import-order
 from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-order
 
 LENGTHS = {"inputs": 32, "targets": 4}
@@ -216,6 +217,58 @@ def test_a_changed_base_is_refused(lora_run):
   wrong = dict(record, base=dict(record["base"], sha256="0" * 64))
   with pytest.raises(CheckpointError, match="changed since the LoRA run"):
     checkpoints.read_lora_base(wrong, lora_run)
+
+
+def test_export_and_evaluate_name_a_moved_base_as_train_does(lora_run, base_dir, tmp_path, capsys):
+  """The base moved after training (the run records its old path): export and evaluate refuse in one
+  line naming --initial_checkpoint, train's flag for the same case; given it, they check the new
+  place by the recorded SHA-256 (as a resumed train does) and read the run."""
+  moved, other, a_file = str(tmp_path / "moved_base"), str(tmp_path / "other_base"), str(tmp_path / "a_file")
+  shutil.copytree(base_dir, other)
+  tensors = st_numpy.load_file(os.path.join(other, "model.safetensors"))
+  name = sorted(tensors)[0]
+  tensors[name] = tensors[name] + 1.0
+  io_lib.write_bytes_atomic(os.path.join(other, "model.safetensors"), st_numpy.save(tensors, metadata={"format": "pt"}))
+  open(a_file, "w").close()
+  export = ["export", f"--model_dir={lora_run}", f"--output={tmp_path / 'out'}"]
+  evaluate = ["evaluate", "--gin_file=configs/runs/eval.gin", f"--model_dir={lora_run}", "--task=rotten_tomatoes",
+              f"--gin.TASK_FEATURE_LENGTHS={LENGTHS!r}", "--gin.evaluate.max_examples=2", "--batch_size=2",
+              f"--output={tmp_path / 'eval'}"]
+  os.rename(base_dir, moved)
+  try:
+    for argv in (export, export + ["--lora=adapter"], evaluate):
+      line = one_error_line(argv, capsys)
+      assert f"adapts the weights in {os.path.abspath(base_dir)!r}, which are missing" in line
+      assert "--initial_checkpoint=DIR" in line, line
+    assert "changed since the LoRA run" in one_error_line(export + [f"--initial_checkpoint={other}"], capsys)
+    assert "changed since the LoRA run" in one_error_line(evaluate + [f"--initial_checkpoint={other}"], capsys)
+    assert "is a file, not a checkpoint directory" in one_error_line(export + [f"--initial_checkpoint={a_file}"],
+                                                                      capsys)
+    line = one_error_line(["evaluate", "--gin_file=configs/runs/eval.gin", f"--model_dir={moved}",
+                           "--task=rotten_tomatoes", f"--initial_checkpoint={moved}"], capsys)
+    assert "is not a LoRA run" in line
+    assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "eval")
+    assert cli.main(export + [f"--initial_checkpoint={moved}"]) == 0
+    with open(tmp_path / "out" / "privacy_report.json") as f:
+      assert json.load(f)["exported_from"]["lora"]["base"]["path"] == moved  # where the base is now
+    assert cli.main(export[:-1] + [f"--output={tmp_path / 'adapter'}", "--lora=adapter",
+                                   f"--initial_checkpoint={moved}"]) == 0
+    with open(tmp_path / "adapter" / "adapter_config.json") as f:
+      assert json.load(f)["base_model_name_or_path"] == moved
+    assert cli.main(evaluate + [f"--initial_checkpoint={moved}"]) == 0
+    with open(tmp_path / "eval" / "results.json") as f:
+      assert json.load(f)["max_examples"] == 2
+  finally:
+    os.rename(moved, base_dir)
+
+
+def test_a_lora_run_without_a_base_names_the_base(tmp_path, capsys):
+  """Not "set VOCAB_PATH": what is missing is the LoRA base checkpoint (INITIAL_CHECKPOINT)."""
+  line = one_error_line(["train", "--gin_file=configs/models/t5_1_1_tiny.gin", "--gin_file=configs/runs/finetune_lora.gin",
+                         f"--gin.MODEL_DIR={tmp_path / 'm'}", "--gin.MIXTURE_OR_TASK_NAME=rotten_tomatoes",
+                         "--gin.INITIAL_CHECKPOINT=None"], capsys)
+  assert "set INITIAL_CHECKPOINT (--initial_checkpoint), the LoRA base checkpoint" in line and "VOCAB_PATH" not in line
+  assert not os.path.exists(tmp_path / "m")
 
 
 def test_lora_needs_an_initial_checkpoint(vocab, tmp_path):

@@ -1,5 +1,6 @@
 """The sharded token store: the Beam build equals the local build, reads across shards, the stage."""
 import gzip
+import hashlib
 import json
 import os
 
@@ -35,8 +36,9 @@ def _write_parts(folder, records, num_parts):
   """`records` split into `num_parts` files part-K.jsonl(.gz); one blank and one id-less document."""
   os.makedirs(folder, exist_ok=True)
   records = list(records)
-  records[1] = {"text": records[1]["text"]}  # id FILE:LINE
-  records[2] = {"id": "blank", "text": "   "}
+  users = [{"user": r["user"]} if "user" in r else {} for r in records[1:3]]
+  records[1] = {"text": records[1]["text"], **users[0]}  # id FILE:LINE
+  records[2] = {"id": "blank", "text": "   ", **users[1]}
   size = -(-len(records) // num_parts)
   for k in range(num_parts):
     name = os.path.join(folder, f"part-{k}.jsonl" + (".gz" if k % 2 == 0 else ""))
@@ -104,18 +106,74 @@ def test_duplicate_ids_across_files_is_one_error(tmp_path, vocab_path):
     store_beam.build_store_beam(str(corpus / "none-*.jsonl"), vocab_path, cache_dir=str(cache))
 
 
-def test_version_1_store_still_opens(tmp_path, shared_data, vocab_path):
-  pattern = _write_parts(str(tmp_path / "corpus"), _fortunes(shared_data, 40), 1)
-  new = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "c"), progress=False)
+def _old_digest(store):
+  """The tokens digest as version 2 computed it: tokens, lengths, then the JSON list of users."""
+  h = hashlib.sha256()
+  for k in range(store.num_shards):
+    h.update(np.asarray(store._tokens_of(k)).tobytes())  # pylint: disable=protected-access
+  h.update(np.asarray(store.lengths(), dtype="<i8").tobytes())
+  h.update(json.dumps(None if store.users is None else list(store.users)).encode())
+  return h.hexdigest()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_stores_still_open_as_the_same_documents(tmp_path, shared_data, vocab_path, version):
+  records = [dict(r, user=f"user-{k % 7}") for k, r in enumerate(_fortunes(shared_data, 40))]
+  pattern = _write_parts(str(tmp_path / "corpus"), records, 1)
+  new = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "c"), progress=False, user_field="user")
+  assert new.manifest["format_version"] == 3 and new.num_users == 7
+  assert new.manifest["tokens_sha256"] == _old_digest(new)  # a run's fingerprint still matches
   old = tmp_path / "old"
   old.mkdir()
   tokens, offsets = store_lib.shard_file_names(0, 1)
-  os.link(os.path.join(new.path, tokens), old / store_lib.TOKENS_FILE)
-  os.link(os.path.join(new.path, offsets), old / store_lib.OFFSETS_FILE)
-  os.link(os.path.join(new.path, store_lib.DOCUMENTS_FILE), old / store_lib.DOCUMENTS_FILE)
-  manifest = {k: v for k, v in new.manifest.items() if k not in ("shards", "shard_starts", "num_shards")}
-  (old / store_lib.MANIFEST_FILE).write_text(json.dumps(dict(manifest, format_version=1)))
-  _assert_same_documents(store_lib.DocumentStore(str(old)), new, range(new.num_documents))
+  names = (store_lib.TOKENS_FILE, store_lib.OFFSETS_FILE) if version == 1 else (tokens, offsets)
+  os.link(os.path.join(new.path, tokens), old / names[0])
+  os.link(os.path.join(new.path, offsets), old / names[1])
+  (old / store_lib.DOCUMENTS_FILE).write_text(json.dumps({"ids": list(new.ids), "users": list(new.users)}))
+  manifest = dict(new.manifest, format_version=version)
+  if version == 1:
+    manifest = {k: v for k, v in manifest.items() if k not in ("shards", "shard_starts", "num_shards")}
+  else:
+    manifest["shards"] = [{k: sh[k] for k in ("tokens", "offsets", "documents", "num_tokens")}
+                          for sh in manifest["shards"]]
+  (old / store_lib.MANIFEST_FILE).write_text(json.dumps(manifest))
+  opened = store_lib.DocumentStore(str(old))
+  _assert_same_documents(opened, new, range(new.num_documents))
+  np.testing.assert_array_equal(opened.id_hashes(), new.id_hashes())
+  np.testing.assert_array_equal(opened.user_index, new.user_index)
+  assert opened.user_names == new.user_names
+  # The same examples and split from either store.
+  for split in ("train", "validation"):
+    a, b = (source_lib.CorpusSource(st, source_lib.objectives_lib.make_objective(
+        "prefix_lm", {"inputs": 16, "targets": 8}, 400), "user") for st in (opened, new))
+    assert a.num_examples == b.num_examples == 7
+    np.testing.assert_array_equal(a.user_ids(), b.user_ids())
+
+
+def test_a_store_is_opened_without_reading_its_ids(tmp_path, shared_data, vocab_path, monkeypatch):
+  # Opening a store and building a training source cost fixed-size arrays per document: no
+  # documents.json, no string per document (ids and users are read on demand, for printing).
+  records = [dict(r, user=f"user-{k % 5}") for k, r in enumerate(_fortunes(shared_data, 60))]
+  pattern = _write_parts(str(tmp_path / "corpus"), records, 1)
+  built = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "c"), progress=False, user_field="user")
+  assert not os.path.exists(os.path.join(built.path, store_lib.DOCUMENTS_FILE))
+  from private_t5.data import store_index  # pylint: disable=g-import-not-at-top
+  read = []
+  original = store_index.StringColumn.__getitem__
+  monkeypatch.setattr(store_index.StringColumn, "__getitem__", lambda self, i: read.append(i) or original(self, i))
+  monkeypatch.setattr(json, "load", lambda f, **kw: (read.append(f.name), json.loads(f.read(), **kw))[1])
+  for unit in ("document", "example", "user"):
+    source = source_lib.make_source(pattern, vocab_path, feature_lengths={"inputs": 32, "targets": 8},
+                                    privacy_unit=unit, split="train", validation_fraction=0.2,
+                                    cache_dir=str(tmp_path / "c"), user_field="user", progress=False)
+    source.get_batch(range(4), seed=0, batch_size=4)
+    source.user_ids()
+  assert read == [os.path.join(built.path, store_lib.MANIFEST_FILE)] * 3  # the manifest, nothing else
+  assert source.store.ids[2] == records[3]["id"] and source.store.users[2] == "user-3"  # the blank one is skipped
+  expected = [i for i, doc_id in enumerate(built.ids) if not source_lib.in_validation(doc_id, 0.2)]
+  np.testing.assert_array_equal(source_lib.make_source(
+      pattern, vocab_path, split="train", validation_fraction=0.2, cache_dir=str(tmp_path / "c"),
+      user_field="user", progress=False)._docs, expected)  # pylint: disable=protected-access
 
 
 def test_store_stage_fills_the_training_cache(tmp_path, shared_data, vocab_path, capsys):

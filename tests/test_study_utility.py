@@ -75,7 +75,12 @@ def test_bootstrap_interval_narrows_with_more_examples():
 
 @pytest.mark.parametrize("argv,message", [
     (["--part=utility", "--corpus=x", "--output={out}"], "give one of --task_dir"),
-    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={tmp}"], "no local TSV task is named"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={tmp}"],
+     "no task.json and no --text_fields, --label_field, --label_names describe task"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={tmp}", "--label_names=a,b"],
+     "missing text_fields, label_field"),
+    (["--corpus=x", "--output={out}", "--label_names=a,b"], "--label_names is for --part=utility"),
+    (["--part=utility", "--corpus=x", "--output={out}", "--task=glue"], "unknown task 'glue'"),
     (["--part=utility", "--corpus=x", "--output={out}", "--task_dir=/no/such/dir"], "task directory not found"),
     (["--corpus=x", "--output={out}", "--task_dir={tmp}"], "--task_dir is for --part=utility"),
     (["--part=utility", "--corpus=x", "--output={out}", "--task_dir={task}",
@@ -111,6 +116,13 @@ def test_a_malformed_task_file_is_refused_before_the_first_phase(tmp_path, capsy
   assert not out.exists()
 
 
+# The study's task: rotten_tomatoes's rows in a folder of another name, described by its task.json
+# (a user's own task; a folder named like the built-in task is read without one).
+TASK_NAME = "my_reviews"
+TASK_JSON = {"text_fields": ["sentence"], "label_field": "label", "label_names": ["negative", "positive"],
+             "metric": "sst2"}
+
+
 @pytest.fixture(scope="module")
 def utility_study(tmp_path_factory):
   # The fine-tuning runs of the four models share their shapes: one compilation serves them
@@ -120,8 +132,13 @@ def utility_study(tmp_path_factory):
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   out = tmp_path_factory.mktemp("utility") / "study"
+  task = out.parent / TASK_NAME
+  task.mkdir()
+  for split in ("train", "validation"):
+    shutil.copy(shared_or_fixture(f"glue_like/rotten_tomatoes/{split}.tsv"), task / f"{split}.tsv")
+  (task / "task.json").write_text(json.dumps(TASK_JSON))
   argv = ["study", "--part=utility", f"--corpus={shared_or_fixture('pretrain/fortunes.jsonl.gz')}",
-          f"--task_dir={shared_or_fixture('glue_like/rotten_tomatoes')}", f"--output={out}", *MICRO_ARGS]
+          f"--task_dir={task}", f"--output={out}", *MICRO_ARGS]
   try:
     assert cli.main(argv) == 0
     yield out, argv
@@ -133,7 +150,10 @@ def utility_study(tmp_path_factory):
 def test_utility_smoke_writes_the_table_and_resumes(utility_study, capsys):
   out, argv = utility_study
   results = json.loads((out / "results.json").read_text())["utility"]
-  assert set(results["models"]) == set(MODELS)
+  assert results["task"] == TASK_NAME and set(results["models"]) == set(MODELS)
+  settings = json.loads((out / "utility_settings.json").read_text())
+  assert settings["task_layout"] == {"name": TASK_NAME, "text_fields": {"sentence": "sentence"}, "label_field": "label",
+                                     "label_names": ["negative", "positive"], "metric": "sst2"}
   for name, m in results["models"].items():
     assert {"private", "epsilon", "delta", "pretrain_validation_token_accuracy", "finetuned", "finetuned_dp"} <= set(m)
     for key in ("finetuned", "finetuned_dp"):
@@ -160,6 +180,9 @@ def test_utility_smoke_writes_the_table_and_resumes(utility_study, capsys):
   assert json.loads((out / "results.json").read_text())["utility"]["models"] == results["models"]
   # Other fine-tuning settings in the same folder: one error line, the finished runs untouched.
   assert cli.main(argv + ["--gin.run_utility_study.finetune_steps=3"]) == 2
+  assert "other task, fine-tuning or batch-sweep settings" in capsys.readouterr().err
+  # Another description of the task (a flag over task.json): the same refusal.
+  assert cli.main(argv + ["--metric=accuracy"]) == 2
   assert "other task, fine-tuning or batch-sweep settings" in capsys.readouterr().err
   assert json.loads((out / "results.json").read_text())["utility"]["models"] == results["models"]
 

@@ -181,7 +181,8 @@ def test_vocabulary_without_report_is_not_private_unless_declared_public(tmp_pat
                   vocab_path=str(vocab)).ledger
   public.record_steps(10)
   assert public.components == [{"name": "vocabulary", "private": False, "public": True,
-                                 "source": str(vocab)}]
+                                 "source": str(vocab), "vocab_sha256": file_sha256(str(vocab)),
+                                 "public_check": public.components[0]["public_check"]}]
   assert public.total_epsilon() == public.training_epsilon() and public.report()["vocabulary"] == "public"
   assert math.isfinite(public.report()["epsilon"])
 
@@ -215,6 +216,51 @@ def test_public_declaration_contradicted_by_the_vocabularys_own_report_is_refuse
   # Without the declaration the same vocabulary is composed as before.
   composed = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=vocab, corpus=str(corpus))
   assert [c["name"] for c in composed.ledger.components] == ["dp_sentencepiece"]
+
+
+def test_public_declaration_is_checked_by_content_not_by_path(tmp_path):
+  from private_t5.dp import public_vocabulary  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / "private" / "train.jsonl"
+  corpus.parent.mkdir()
+  corpus.write_text('{"text": "private words"}\n')
+  public = DPConfig(noise_multiplier=1.0, expected_batch_size=4, vocab_is_public=True)
+  digests = public_vocabulary.file_digests([str(corpus)])
+  vocab, report = _vocab_and_report(tmp_path / "vocab", corpus=str(corpus), corpus_files=[str(corpus)],
+                                    corpus_file_digests=digests)
+  # A byte-identical copy of the corpus the vocabulary was built from, under another name, or a
+  # seqio Task's data file that is that copy: not public.
+  copy = tmp_path / "copy" / "renamed.jsonl"
+  copy.parent.mkdir()
+  copy.write_bytes(corpus.read_bytes())
+  with pytest.raises(PrivacyError, match="which this run trains on by content"):
+    _setup(public, vocab_path=vocab, corpus=str(copy))
+  with pytest.raises(PrivacyError, match="which this run trains on by content"):
+    _setup(public, vocab_path=vocab, corpus="seqio:my_task", data_files=[str(copy)])
+  # An older report (paths only) whose file is still there is compared by the file's content now.
+  old_vocab, _ = _vocab_and_report(tmp_path / "old", corpus_files=[str(corpus)])
+  with pytest.raises(PrivacyError, match="by content"):
+    _setup(public, vocab_path=old_vocab, corpus=str(copy))
+  # Other data: accepted, and the log and the report's entry say what was and was not checked.
+  other = tmp_path / "other.jsonl"
+  other.write_text('{"text": "public words!"}\n')
+  logs = []
+  ledger = _setup(public, vocab_path=vocab, corpus=str(other), data_files=None,
+                  unknown_files="the files of seqio Task t are not known", log=logs.append).ledger
+  check = ledger.components[0]["public_check"]
+  assert check.startswith("checked by content") and "not checked: the files of seqio Task t" in check
+  assert any(check in line for line in logs)
+  # A DP-SentencePiece vocabulary (trained from a word histogram) copied without its report.
+  dp_vocab = tmp_path / "copied" / "dp.model"
+  dp_vocab.parent.mkdir()
+  dp_vocab.write_bytes(spm_lib.model_from_word_counts([("private", 5), ("words", 3)], 16))
+  with pytest.raises(PrivacyError, match="written by `private-t5 dp-spm`.*privacy report naming it is not beside it"):
+    _setup(public, vocab_path=str(dp_vocab), corpus=str(other))
+  # Any other vocabulary without a report: the user's word, and the report says so.
+  plain = tmp_path / "plain.model"
+  plain.write_bytes(b"a vocabulary trained on public text")
+  entry = _setup(public, vocab_path=str(plain), corpus=str(other)).ledger.components[0]
+  assert entry["public"] and entry["public_check"].startswith("not checked") and "user's word" in entry["public_check"]
 
 
 def test_document_level_vocabulary_needs_document_or_example_level_training(tmp_path):

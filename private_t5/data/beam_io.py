@@ -44,6 +44,8 @@ from private_t5.data import corpora
 from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
 
+logger = logging.getLogger(__name__)
+
 # Apache Beam (optional: `import_beam` says so in one line when it is missing) and
 # tensorflow_datasets (it imports TensorFlow) are imported inside the functions that use them.
 
@@ -159,7 +161,7 @@ def run_pipeline(pipeline) -> Dict[str, int]:
     raise
   counters = pipeline_counters(result)
   if counters:
-    logging.info("beam counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+    logger.info("beam counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
   return counters
 
 
@@ -397,7 +399,7 @@ def _read_file(element, corpus_index: int, text_field: str, id_field: str, error
         if not skip_bad_lines:
           raise DataError(f"{doc} (pass --skip_bad_lines to count and skip it)")
         bad.inc()
-        logging.warning("skipped: %s", doc)
+        logger.warning("skipped: %s", doc)
         continue
       docs.inc()
       yield (corpus_index, index, lineno), doc

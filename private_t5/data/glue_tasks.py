@@ -9,8 +9,9 @@ Rows come from
 * TFDS `glue/<task>` when it is prepared under `tfds_data_dir` (never downloaded), or
 * a local copy of the official GLUE directories (`<glue_dir>/SST-2/train.tsv`, `dev.tsv`, ...),
 * or any directory of `{train,validation,test}.tsv` files with a header row, registered with
-  `register_local_tsv_task` (how a user adds their own classification task; the three
-  `glue_like` tasks shipped with the package are registered the same way).
+  `register_local_tsv_task` (how a user adds their own classification task in code; the three
+  `glue_like` tasks shipped with the package are registered the same way), or described by its
+  own `task.json` or the command line's flags (`data.task_dir`, `--task_dir=DIR`).
 
 `GlueSource` exposes one split of a task or mixture as a `train.main.ExampleSource`
 (`num_examples`, `privacy_unit == "example"`: one labelled example is the privacy unit,
@@ -91,6 +92,11 @@ class GlueTask:
     return self.label_names is None
 
 
+# The metric keys a task may name: those of `eval.glue_metrics.TASK_METRICS` (which says what each
+# computes; tests/test_task_dir.py checks the two lists agree), named here for the data layer.
+METRIC_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "mnli_matched", "mnli_mismatched", "qnli", "rte",
+                "wnli", "accuracy")
+
 _GLUE_FILES = {"train": ("train.tsv",), "validation": ("dev.tsv", "validation.tsv"),
                "test": ("test.tsv",)}
 _TFDS_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
@@ -150,6 +156,8 @@ def register_local_tsv_task(name: str, dir: str, text_fields: Union[Sequence[str
                             split_files: Optional[Mapping[str, Sequence[str]]] = None) -> GlueTask:
   """Registers a classification task read from `dir/{train,validation,test}.tsv`.
 
+  (The command line does the same from a task folder's `task.json` or flags: `data.task_dir`.)
+
   The files are tab-separated with a header row. A label cell holds a class name from
   `label_names` or its 0-based index. Inputs read `"<name> <feature>: <text> ..."`, targets
   the class name, exactly as T5 formats GLUE.
@@ -169,6 +177,15 @@ def register_local_tsv_task(name: str, dir: str, text_fields: Union[Sequence[str
   Returns:
     The registered task.
   """
+  return register(local_tsv_task(name, dir, text_fields, label_field, label_names, metric, benchmark_name,
+                                 split_files))
+
+
+def local_tsv_task(name: str, dir: str, text_fields: Union[Sequence[str], Mapping[str, str]],  # pylint: disable=redefined-builtin
+                   label_field: str, label_names: Optional[Sequence[str]], metric: str = "accuracy",
+                   benchmark_name: Optional[str] = None,
+                   split_files: Optional[Mapping[str, Sequence[str]]] = None) -> GlueTask:
+  """The task `register_local_tsv_task` registers, not registered."""
   if not name or not isinstance(name, str):
     raise ConfigError(f"task name must be a non-empty string, got {name!r}")
   if isinstance(text_fields, str):
@@ -182,37 +199,55 @@ def register_local_tsv_task(name: str, dir: str, text_fields: Union[Sequence[str
       raise ConfigError(f"task {name!r}: label_names must be >= 2 distinct names, got {label_names}")
   files = split_files or {"train": ("train.tsv",), "validation": ("validation.tsv", "dev.tsv"),
                           "test": ("test.tsv",)}
-  task = GlueTask(
+  return GlueTask(
       name=name, benchmark_name=benchmark_name or name, feature_names=tuple(columns),
       label_names=label_names, metric=metric, tfds_name=None, tfds_splits={},
       local_subdir=os.path.abspath(os.path.expanduser(dir)),
       split_files={k: tuple(v) for k, v in files.items()}, header=True, text_columns=columns,
       label_column=label_field, default_root=os.path.abspath(os.path.expanduser(dir)))
-  _TASKS[name] = task
-  if "_load_rows" in globals():  # Re-registering a name must not serve stale rows.
-    _load_rows.cache_clear()
+
+
+def register(task: GlueTask) -> GlueTask:
+  """Registers `task` under its name (a task registered again as it was is left as it is)."""
+  if _TASKS.get(task.name) != task:
+    _TASKS[task.name] = task
+    if "_load_rows" in globals():  # Re-registering a name must not serve stale rows.
+      _load_rows.cache_clear()
   return task
 
 
-def register_task_dir(path: str) -> str:
-  """Points the local TSV task named like folder `path` at that folder; returns the task's name.
-
-  The folder's name picks the registered layout (columns, labels, metric): e.g.
-  `/data/glue_like/rotten_tomatoes` reads like the project's `rotten_tomatoes` task.
-  ConfigError for a missing folder or a name with no local TSV layout.
-  """
+def task_folder(path: str) -> str:
+  """The absolute path of task folder `path`; ConfigError for a missing folder or a file."""
   folder = os.path.abspath(os.path.expanduser(path)) if isinstance(path, str) and path else None
+  if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
+    raise ConfigError(f"task directory {path!r} is a file, not a folder (give the folder holding "
+                      "train.tsv and validation.tsv)")
   if folder is None or not os.path.isdir(folder):
     raise ConfigError(f"task directory not found: {path!r}")
-  name = os.path.basename(os.path.normpath(folder))
+  return folder
+
+
+def local_task_names() -> List[str]:
+  """The registered tasks read from a folder of TSV files (those a task folder may be named like)."""
+  return sorted(n for n, t in _TASKS.items() if t.default_root is not None)
+
+
+def register_task_dir(path: str, name: Optional[str] = None) -> str:
+  """Points the local TSV task `name` (default: named like folder `path`) at that folder; returns
+  the task's name.
+
+  The registered task of that name gives the layout (columns, labels, metric): e.g.
+  `/data/glue_like/rotten_tomatoes` reads like the project's `rotten_tomatoes` task. A folder that
+  describes its own task (`task.json`, or flags) is `data.task_dir.register_task_dir`.
+  ConfigError for a missing folder, a file, or a name with no local TSV layout.
+  """
+  folder = task_folder(path)
+  name = name or os.path.basename(os.path.normpath(folder))
   known = _TASKS.get(name)
   if known is None or known.default_root is None:
-    local = sorted(n for n, t in _TASKS.items() if t.default_root is not None)
     raise ConfigError(f"task directory {path!r}: no local TSV task is named {name!r} (folders named "
-                      f"{', '.join(local)} are read; register others with register_local_tsv_task)")
-  _TASKS[name] = dataclasses.replace(known, local_subdir=folder, default_root=folder)
-  if "_load_rows" in globals():  # Re-registering a name must not serve stale rows.
-    _load_rows.cache_clear()
+                      f"{', '.join(local_task_names())} are read; register others with register_local_tsv_task)")
+  register(dataclasses.replace(known, local_subdir=folder, default_root=folder))
   return name
 
 
@@ -237,6 +272,10 @@ def _register_glue_like(root: str = DEFAULT_GLUE_LIKE_DIR) -> None:
 _register_glue_like()
 _MIXTURES["glue"] = GLUE_TASK_NAMES
 _MIXTURES["glue_like"] = ("rotten_tomatoes", "bible_paraphrase", "bbc_news")
+# The tasks of the package itself: a task folder's own task may not take one of these names
+# with another layout (`data.task_dir`).
+BUILTIN_TASK_NAMES = frozenset(_TASKS)
+BUILTIN_MIXTURE_NAMES = frozenset(_MIXTURES)
 
 
 def task_names() -> List[str]:
@@ -274,7 +313,7 @@ def eval_tasks(name: str) -> Tuple[GlueTask, ...]:
 # -- reading rows -------------------------------------------------------------------------------
 
 
-def _split_path(task: GlueTask, split: str, glue_dir: Optional[str]) -> str:
+def split_path(task: GlueTask, split: str, glue_dir: Optional[str]) -> str:
   if split not in SPLITS:
     raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
   if split not in task.split_files:
@@ -376,8 +415,22 @@ def _tfds_rows(task: GlueTask, split: str, tfds_data_dir: Optional[str]):
   return texts, labels
 
 
+def _file_stamp(task: GlueTask, split: str, glue_dir: Optional[str]):
+  """(path, mtime, size) of a local split file, so that a file changed since it was read is read
+  again; None for TFDS data or a file not found (then reading it names the problem)."""
+  if task.default_root is None and glue_dir is None:
+    return None
+  try:
+    path = split_path(task, split, glue_dir)
+    stat = os.stat(path)
+  except (ConfigError, DataError, OSError):
+    return None
+  return path, stat.st_mtime_ns, stat.st_size
+
+
 @functools.lru_cache(maxsize=32)
-def _load_rows(name: str, split: str, glue_dir: Optional[str], tfds_data_dir: Optional[str]):
+def _load_rows(name: str, split: str, glue_dir: Optional[str], tfds_data_dir: Optional[str], stamp=None):
+  del stamp  # part of the cache's key only
   task = get_task(name)
   if task.default_root is None and glue_dir is None:
     rows = _tfds_rows(task, split, tfds_data_dir)
@@ -386,7 +439,7 @@ def _load_rows(name: str, split: str, glue_dir: Optional[str], tfds_data_dir: Op
                       f"{' in ' + tfds_data_dir if tfds_data_dir else ''} and no glue_dir was given; "
                       f"pass glue_dir=<a local copy of the GLUE data with {task.local_subdir}/>")
     return rows, f"tfds:{task.tfds_name}:{task.tfds_splits[split]}"
-  path = _split_path(task, split, glue_dir)
+  path = split_path(task, split, glue_dir)
   return read_tsv_rows(task, path), path
 
 
@@ -399,7 +452,7 @@ def load_examples(name: str, split: str, glue_dir: Optional[str] = None,
     scores for STS-B), `source` (file or TFDS split) and `task`.
   """
   task = get_task(name)
-  (texts, labels), source = _load_rows(name, split, glue_dir, tfds_data_dir)
+  (texts, labels), source = _load_rows(name, split, glue_dir, tfds_data_dir, _file_stamp(task, split, glue_dir))
   inputs, targets = text_to_text(task, texts, labels)
   return {"task": task, "inputs": inputs, "targets": targets, "labels": labels, "source": source}
 

@@ -27,13 +27,13 @@ document's first P tokens, window 0 of that grid: with K = 1 every draw of a doc
 the text its prompt and continuation come from (random positions would almost never do so on a
 long document). Text past the first K windows is not trained on.
 """
-import hashlib
 from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
 from private_t5.data import objectives as objectives_lib
 from private_t5.data import store as store_lib
+from private_t5.data import store_index
 from private_t5.errors import ConfigError, DataError
 
 PRIVACY_UNITS = ("document", "example", "user")
@@ -46,8 +46,15 @@ def in_validation(doc_id: str, validation_fraction: float) -> bool:
   """Public, data-independent split rule: the SHA-256 of the document id decides."""
   if validation_fraction <= 0.0:
     return False
-  h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big")
-  return h / 2.0**64 < validation_fraction
+  return store_index.id_hash(doc_id) / 2.0**64 < validation_fraction
+
+
+def validation_mask(id_hashes: np.ndarray, validation_fraction: float) -> np.ndarray:
+  """`in_validation` of every document at once, from the store's id hashes (uint64[N])."""
+  if validation_fraction <= 0.0:
+    return np.zeros(len(id_hashes), dtype=bool)
+  # uint64 -> float64 rounds to nearest as Python's int -> float does: the same decision.
+  return np.asarray(id_hashes).astype(np.float64) / 2.0**64 < validation_fraction
 
 
 
@@ -132,27 +139,26 @@ class CorpusSource:
       raise DataError(f"split {split!r} of {store.manifest['corpus']} has no documents "
                       f"(validation_fraction={validation_fraction})")
     self._docs = docs
-    lengths = store.lengths()[docs]
     raw = objective.raw_length
     if privacy_unit == "document":
       self._num_examples = len(docs)
     elif privacy_unit == "example":
       # Chunk c of a document: tokens [c*raw, (c+1)*raw); every document has >= 1 chunk.
-      chunks = np.maximum(1, -(-lengths // raw))
+      chunks = np.maximum(1, -(-store.lengths()[docs] // raw))
       self._chunk_doc = np.repeat(np.arange(len(docs)), chunks)
       first = np.concatenate([[0], np.cumsum(chunks)[:-1]])
       self._chunk_start = (np.arange(len(self._chunk_doc)) - np.repeat(first, chunks)) * raw
       self._num_examples = len(self._chunk_doc)
     else:
-      if store.users is None:
+      if store.user_index is None:
         raise ConfigError("privacy_unit='user' needs a user_field naming each document's owner")
-      users = [store.users[d] for d in docs]
-      names, inverse = np.unique(np.asarray(users, dtype=object).astype(str), return_inverse=True)
+      # Users as integers (the store's user index), never a string per document.
+      users, inverse = np.unique(np.asarray(store.user_index[docs]), return_inverse=True)
       order = np.argsort(inverse, kind="stable")
-      counts = np.bincount(inverse, minlength=len(names))
-      self._user_names = names
+      counts = np.bincount(inverse, minlength=len(users))
+      self._user_index = users  # example i is the store's user users[i]
       self._user_docs = np.split(order, np.cumsum(counts)[:-1])  # positions into self._docs
-      self._num_examples = len(names)
+      self._num_examples = len(users)
 
   @property
   def num_examples(self) -> int:
@@ -181,10 +187,9 @@ class CorpusSource:
     if self._privacy_unit == "user":
       return np.arange(self._num_examples, dtype=np.int64)
     doc_pos = self._chunk_doc if self._privacy_unit == "example" else np.arange(len(self._docs))
-    if self.store.users is None:
+    if self.store.user_index is None:
       return doc_pos.astype(np.int64)
-    users = np.asarray([self.store.users[d] for d in self._docs], dtype=object).astype(str)
-    _, inverse = np.unique(users, return_inverse=True)
+    _, inverse = np.unique(np.asarray(self.store.user_index[self._docs]), return_inverse=True)
     return inverse[doc_pos].astype(np.int64)
 
   def document_ids(self, indices: Sequence[int], seed: int) -> list:
@@ -264,7 +269,7 @@ class CorpusSource:
         "privacy_unit": self._privacy_unit,
         "num_examples": self._num_examples,
         "num_documents": int(len(self._docs)),
-        "num_users": int(len(self._user_names)) if self._privacy_unit == "user" else m.get("num_users"),
+        "num_users": int(len(self._user_index)) if self._privacy_unit == "user" else m.get("num_users"),
         "num_tokens": int(self.store.lengths()[self._docs].sum()),
         "split": self.split,
         "validation_fraction": self.validation_fraction,
@@ -319,7 +324,5 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
                                       noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
   docs = None
   if split != "all":
-    want_validation = split == "validation"
-    docs = np.asarray([i for i, doc_id in enumerate(store.ids)
-                       if in_validation(doc_id, validation_fraction) == want_validation], dtype=np.int64)
+    docs = np.flatnonzero(validation_mask(store.id_hashes(), validation_fraction) == (split == "validation"))
   return CorpusSource(store, obj, privacy_unit, docs, split, validation_fraction, max_windows_per_document)

@@ -6,7 +6,9 @@ Layout of a store directory (written to a temp dir, then renamed, so it is compl
                                 raw little-endian int32
   offsets-SSSSS-of-KKKKK.int64  n_S+1 offsets into that shard's tokens: the shard's local
                                 document j is tokens[offsets[j]:offsets[j+1]]
-  documents.json                {"ids": [...], "users": [...] | null}, in global document order
+  ids-*, idhash-*, users.int64, user-names.*
+                                the per-document index: ids and users on disk, read on demand
+                                (`store_index`): opening a store loads no string per document
   manifest.json                 format version, corpus spec, vocab path and SHA-256, counts,
                                 timing, and the shard index: `shards` (file names, documents
                                 and tokens per shard) and `shard_starts` (K+1 cumulative document
@@ -28,15 +30,17 @@ record parsing, no per-read file handles and no new dependency; the OS page cach
 repeated access free. array_record would give the same O(1) access but adds a dependency and a
 serialization layer for what are just int32 runs.
 
-Format versions: version 2 is the sharded layout above. A version-1 store (one
-`tokens.int32` + `offsets.int64`, no shard index) is still opened as a single shard, but the
-cache key includes the format version, so the stages build a version-2 store beside an old
-cached one instead of reusing it (delete old cache entries to reclaim the space).
+Format versions: version 3 is the layout above. Versions 2 (the same shards, with every id and
+user in one `documents.json`) and 1 (one `tokens.int32` + `offsets.int64`, no shard index) still
+open, their `documents.json` read whole (about 180 bytes a document); the cache key includes the
+format version, so the stages build a version-3 store beside an old cached one instead of reusing
+it (delete old cache entries to reclaim the space).
 
 Stores are cached by (corpus spec and its files' size/mtime, reader options, vocab file SHA-256)
 under `cache_dir` and reused by later runs; `private-t5 store` builds the same entry ahead of
 training, locally or on Apache Beam.
 """
+import array
 import bisect
 import hashlib
 import json
@@ -52,6 +56,7 @@ import numpy as np
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
+from private_t5.data import store_index
 from private_t5.documents import Document
 from private_t5.errors import DataError
 from private_t5.io import (STALE_TEMP_SECONDS, atomic_open, file_sha256, make_temp_dir, remove_stale_temp_dirs,
@@ -59,11 +64,12 @@ from private_t5.io import (STALE_TEMP_SECONDS, atomic_open, file_sha256, make_te
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+JSON_INDEX_FORMAT_VERSION = 2   # shards, with every id and user in documents.json
 LEGACY_FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.int32"    # version 1 (single file)
 OFFSETS_FILE = "offsets.int64"  # version 1 (single file)
-DOCUMENTS_FILE = "documents.json"
+DOCUMENTS_FILE = "documents.json"  # versions 1 and 2
 MANIFEST_FILE = "manifest.json"
 _ENCODE_CHUNK = 512  # documents per batched SentencePiece call
 
@@ -132,24 +138,30 @@ class DocumentStore:
     try:
       with open(os.path.join(path, MANIFEST_FILE)) as f:
         self.manifest = json.load(f)
-      with open(os.path.join(path, DOCUMENTS_FILE)) as f:
-        documents = json.load(f)
     except (OSError, ValueError) as e:
       raise DataError(f"{path} is not a token store: {e}") from e
     version = self.manifest.get("format_version")
-    self.ids: List[str] = documents["ids"]
-    self.users: Optional[List[str]] = documents.get("users")
-    if version == FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, JSON_INDEX_FORMAT_VERSION, LEGACY_FORMAT_VERSION):
+      raise DataError(f"{path}: unsupported store format {version!r}")
+    if version == LEGACY_FORMAT_VERSION:
+      self._files = [(TOKENS_FILE, OFFSETS_FILE)]
+    else:
       shards = self.manifest["shards"]
       self._files = [(sh["tokens"], sh["offsets"]) for sh in shards]
       self._starts = [int(x) for x in self.manifest["shard_starts"]]
       if len(self._starts) != len(shards) + 1 or self._starts[0] != 0:
         raise DataError(f"{path}: the shard index does not match its {len(shards)} shards")
-    elif version == LEGACY_FORMAT_VERSION:
-      self._files = [(TOKENS_FILE, OFFSETS_FILE)]
-      self._starts = [0, len(self.ids)]
+    self._id_hashes: Optional[np.ndarray] = None
+    self.user_index: Optional[np.ndarray] = None  # int64[N]: each document's user, with users
+    self.user_names: Optional[Sequence[str]] = None  # the users' names, in index order
+    if version == FORMAT_VERSION:
+      self.ids: Sequence[str] = store_index.ids_column(path, shards)
+      if self.manifest.get("num_users") is not None:
+        self.user_index, self.user_names = store_index.user_columns(path, int(self.manifest["num_users"]))
     else:
-      raise DataError(f"{path}: unsupported store format {version!r}")
+      self._open_json_index(version)
+    self.users: Optional[Sequence[str]] = (None if self.user_index is None
+                                           else store_index.UserColumn(self.user_index, self.user_names))
     if self._starts[-1] != len(self.ids):
       raise DataError(f"{path}: shard index and ids disagree ({self._starts[-1]} vs {len(self.ids)} documents)")
     for k, (_, offsets_file) in enumerate(self._files):
@@ -164,6 +176,36 @@ class DocumentStore:
     self._shard_offsets: Dict[int, np.ndarray] = {}
     self._shard_tokens: Dict[int, np.ndarray] = {}
     self._global_offsets: Optional[np.ndarray] = None
+
+  def _open_json_index(self, version: int) -> None:
+    """An older store's index: every id and user from documents.json, held in memory."""
+    try:
+      with open(os.path.join(self.path, DOCUMENTS_FILE)) as f:
+        documents = json.load(f)
+    except (OSError, ValueError) as e:
+      raise DataError(f"{self.path} is not a token store: {e}") from e
+    self.ids = documents["ids"]
+    if version == LEGACY_FORMAT_VERSION:
+      self._starts = [0, len(self.ids)]
+    users = documents.get("users")
+    if users is not None:
+      index: Dict[str, int] = {}
+      self.user_index = np.asarray([index.setdefault(u, len(index)) for u in users], dtype=np.int64)
+      self.user_names = list(index)
+
+  def id_hashes(self) -> np.ndarray:
+    """uint64[N]: the first 8 bytes of each document id's SHA-256 (`store_index.id_hash`), the
+    public validation split's input; memory-mapped for a one-shard store."""
+    if self._id_hashes is None:
+      if self.manifest.get("format_version") == FORMAT_VERSION:
+        self._id_hashes = store_index.id_hashes(self.path, self.manifest["shards"])
+      else:
+        self._id_hashes = np.asarray([store_index.id_hash(i) for i in self.ids], dtype=np.uint64)
+    return self._id_hashes
+
+  @property
+  def num_users(self) -> Optional[int]:
+    return None if self.user_names is None else len(self.user_names)
 
   @property
   def num_documents(self) -> int:
@@ -222,6 +264,8 @@ class DocumentStore:
   @property
   def offsets(self) -> np.ndarray:
     """N+1 global token offsets (as if the shards were one array); built on first use."""
+    if self._global_offsets is None and self.num_shards == 1:
+      self._global_offsets = self._offsets_of(0)  # memory-mapped: one shard's offsets are the global ones
     if self._global_offsets is None:
       parts, base = [np.zeros((1,), np.int64)], 0
       for k in range(self.num_shards):
@@ -246,8 +290,10 @@ def tokens_digest(path: str, manifest: Dict[str, object]) -> str:
         h.update(chunk)
   for shard in manifest["shards"]:
     h.update(np.diff(np.fromfile(os.path.join(path, shard["offsets"]), dtype=np.int64)).astype("<i8").tobytes())
-  with open(os.path.join(path, DOCUMENTS_FILE)) as f:
-    h.update(json.dumps(json.load(f).get("users")).encode())
+  users = None
+  if manifest.get("num_users") is not None:
+    users = store_index.UserColumn(*store_index.user_columns(path, int(manifest["num_users"])))
+  store_index.users_json_digest(h, users)  # the same bytes as the JSON list of an older store
   return h.hexdigest()
 
 
@@ -410,36 +456,41 @@ def _write_json(path: str, obj) -> None:
 
 
 class ShardWriter:
-  """Writes one shard (tokens + offsets) from documents, tokenizing them in batches.
+  """Writes one shard (tokens + offsets, and its index: ids, id hashes, users) from documents,
+  tokenizing them in batches.
 
   Files are written through `atomic_open`, so a shard file is complete or absent (a retried
-  Beam bundle overwrites it whole).
+  Beam bundle overwrites it whole). Memory: one batch of texts, the offsets and the shard's
+  distinct users; no string per document.
   """
 
-  def __init__(self, out_dir: str, index: int, num_shards: int, proc, num_threads: int = 1):
+  def __init__(self, out_dir: str, index: int, num_shards: int, proc, num_threads: int = 1,
+               with_users: bool = False):
     self.proc, self.num_threads = proc, max(1, int(num_threads))
     self.tokens_file, self.offsets_file = shard_file_names(index, num_shards)
     self._out_dir = out_dir
-    self.ids: List[str] = []
-    self.users: List[Optional[str]] = []
-    self.offsets: List[int] = [0]
+    self.index = store_index.IndexWriter(out_dir, index, num_shards, with_users)
+    self.offsets = array.array("q", [0])  # 8 bytes a document
     self.text_bytes = 0
-    self._batch: List[Document] = []
+    self._batch: List[str] = []
     self._ctx = atomic_open(os.path.join(out_dir, self.tokens_file), "wb")
     self._f = self._ctx.__enter__()
     self._open = True
 
+  @property
+  def documents(self) -> int:
+    return self.index.documents
+
   def add(self, doc: Document) -> int:
     """Adds a document; returns how many documents were tokenized by this call (0 or a batch)."""
-    self.ids.append(doc.id)
-    self.users.append(doc.user)
-    self._batch.append(doc)
+    self.index.add(doc.id, doc.user)
+    self._batch.append(doc.text)
     if len(self._batch) == _ENCODE_CHUNK:
       return self._flush()
     return 0
 
   def _flush(self) -> int:
-    texts = [d.text for d in self._batch]
+    texts = self._batch
     # SentencePiece's batched encode tokenizes on `num_threads` native threads.
     for tokens in self.proc.encode(texts, num_threads=self.num_threads):
       arr = np.asarray(tokens, dtype=np.int32)
@@ -450,17 +501,18 @@ class ShardWriter:
     return n
 
   def close(self) -> Dict[str, object]:
-    """Finishes both files; returns the shard's entry of the manifest index."""
+    """Finishes every file; returns the shard's entry of the manifest index."""
     self._flush()
     self._open = False
     self._ctx.__exit__(None, None, None)
     with atomic_open(os.path.join(self._out_dir, self.offsets_file), "wb") as f:
-      np.asarray(self.offsets, dtype=np.int64).tofile(f)
-    return {"tokens": self.tokens_file, "offsets": self.offsets_file, "documents": len(self.ids),
-            "num_tokens": int(self.offsets[-1])}
+      np.frombuffer(self.offsets, dtype=np.int64).tofile(f)
+    return {"tokens": self.tokens_file, "offsets": self.offsets_file, "documents": self.documents,
+            "num_tokens": int(self.offsets[-1]), **self.index.close()}
 
   def abort(self) -> None:
-    """Removes the unfinished tokens file (after an error)."""
+    """Removes the unfinished files (after an error)."""
+    self.index.abort()
     if self._open:
       self._open = False
       error = DataError("shard aborted")
@@ -470,33 +522,19 @@ class ShardWriter:
         pass
 
 
-def finish_store(out_dir: str, corpus: str, reader_options, shards: Sequence[Dict[str, object]],
-                 ids_per_shard: Sequence[Sequence[str]], users_per_shard: Sequence[Sequence[Optional[str]]],
+def finish_store(out_dir: str, corpus: str, reader_options, shards: List[Dict[str, object]],
                  stats: Dict[str, int], start: float, sources: Optional[Sequence[str]] = None) -> Dict[str, object]:
-  """Checks ids and users over all shards, writes documents.json; returns the manifest.
+  """Checks the ids over all shards, merges the users; returns the manifest.
 
   Raises:
-    DataError: a document id used twice (in one shard or two), or a missing user.
+    DataError: a document id used twice (in one shard or two), or an empty corpus.
   """
-  ids = [i for part in ids_per_shard for i in part]
-  if len(set(ids)) != len(ids):
-    seen: Dict[str, int] = {}
-    for k, part in enumerate(ids_per_shard):
-      for doc_id in part:
-        if doc_id in seen:
-          where = ""
-          if sources is not None:
-            where = f" in {sources[seen[doc_id]]}" + (f" and {sources[k]}" if k != seen[doc_id] else "")
-          raise DataError(f"corpus {corpus}: duplicate document id {doc_id!r}{where} (ids define the privacy unit)")
-        seen[doc_id] = k
-  users = [u for part in users_per_shard for u in part]
-  has_users = reader_options["user_field"] is not None
-  if has_users and any(u is None for u in users):
-    missing = ids[[u is None for u in users].index(True)]
-    raise DataError(f"corpus {corpus}: document {missing!r} has no user ({reader_options['user_field']!r} is null)")
-  if not ids:
+  num_documents = sum(int(sh["documents"]) for sh in shards)
+  if not num_documents:
     raise DataError(f"corpus {corpus} is empty ({stats.get('blank_skipped', 0)} blank documents skipped)")
-  _write_json(os.path.join(out_dir, DOCUMENTS_FILE), {"ids": ids, "users": users if has_users else None})
+  store_index.check_unique_ids(out_dir, shards, corpus, sources)
+  has_users = reader_options["user_field"] is not None
+  num_users = store_index.merge_users(out_dir, shards) if has_users else None
   starts = [0]
   for sh in shards:
     starts.append(starts[-1] + int(sh["documents"]))
@@ -505,9 +543,9 @@ def finish_store(out_dir: str, corpus: str, reader_options, shards: Sequence[Dic
       "format_version": FORMAT_VERSION,
       "corpus": corpus,
       "reader": reader_options,
-      "num_documents": len(ids),
+      "num_documents": num_documents,
       "num_tokens": int(sum(int(sh["num_tokens"]) for sh in shards)),
-      "num_users": len(set(users)) if has_users else None,
+      "num_users": num_users,
       "blank_skipped": int(stats.get("blank_skipped", 0)),
       "replaced_lines": int(stats.get("replaced_lines", 0)),
       "characters": int(stats.get("characters", 0)),
@@ -524,14 +562,11 @@ def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -
   start = time.time()
   stats = corpora.CorpusStats()
   docs = corpora.iter_documents(corpus, stats=stats, **reader_options)
-  seen = set()
   bar = progress_lib.bar(desc="[store] tokenizing", unit="docs", disable=not (progress and progress_lib.enabled()))
-  writer = ShardWriter(out_dir, 0, 1, proc, num_threads or os.cpu_count() or 1)
+  writer = ShardWriter(out_dir, 0, 1, proc, num_threads or os.cpu_count() or 1,
+                       with_users=reader_options["user_field"] is not None)
   try:
     for doc in docs:
-      if doc.id in seen:
-        raise DataError(f"corpus {corpus}: duplicate document id {doc.id!r} (ids define the privacy unit)")
-      seen.add(doc.id)
       bar.update(writer.add(doc))
     shard = writer.close()
   except BaseException:
@@ -539,8 +574,8 @@ def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -
     raise
   bar.close()
   if progress:
-    logger.info("[store] %s: %d documents, %d tokens in %.1fs (%d blank skipped)", corpus, len(writer.ids),
+    logger.info("[store] %s: %d documents, %d tokens in %.1fs (%d blank skipped)", corpus, writer.documents,
                 shard["num_tokens"], time.time() - start, stats.blank_skipped)
   counts = {"blank_skipped": stats.blank_skipped, "replaced_lines": stats.replaced_lines,
             "characters": stats.characters, "text_bytes": writer.text_bytes}
-  return finish_store(out_dir, corpus, reader_options, [shard], [writer.ids], [writer.users], counts, start)
+  return finish_store(out_dir, corpus, reader_options, [shard], counts, start)

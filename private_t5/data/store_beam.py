@@ -4,10 +4,10 @@
     -> Reshuffle                                   (files spread over the workers)
     -> per file: read its documents in line order, tokenize with SentencePiece (the model is
        loaded once per worker, in `setup`), write shard S of K straight into the build
-       directory (`store.ShardWriter`: tokens + offsets, each complete or absent) and a small
-       side file with the shard's ids, users and counts
+       directory (`store.ShardWriter`: tokens + offsets and the shard's index of ids and users,
+       each complete or absent) and a small side file with the shard's counts and its users
     -> the launching process checks ids over all shards (a duplicate is one DataError),
-       writes documents.json and the manifest with the shard index, and renames the build
+       merges the users, writes the manifest with the shard index, and renames the build
        directory into the cache, exactly as the local build does.
 
 Document order is the sorted input files, then line order inside each file: the order in which
@@ -30,6 +30,8 @@ from private_t5.data import beam_io, corpora
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import write_json_atomic
+
+logger = logging.getLogger(__name__)
 
 _SIDE_FILE = "shard-{:05d}.json"
 
@@ -85,7 +87,8 @@ class _WriteShard:
   def process(self, element):
     index, path = element
     stats = documents_lib.CorpusStats()
-    writer = store_lib.ShardWriter(self.out_dir, index, self.num_shards, self.proc, self.num_threads)
+    writer = store_lib.ShardWriter(self.out_dir, index, self.num_shards, self.proc, self.num_threads,
+                                   with_users=self.reader_options["user_field"] is not None)
     try:
       for doc in _documents_of(path, self.reader_options, stats):
         writer.add(doc)
@@ -93,12 +96,12 @@ class _WriteShard:
     except BaseException:
       writer.abort()
       raise
-    side = {"shard": shard, "ids": writer.ids, "users": writer.users,
+    side = {"shard": shard,
             "stats": {"blank_skipped": stats.blank_skipped, "replaced_lines": stats.replaced_lines,
                       "characters": stats.characters, "text_bytes": writer.text_bytes}}
     write_json_atomic(os.path.join(self.out_dir, _SIDE_FILE.format(index)), side, indent=None,
                                 sort_keys=False)
-    beam_io.counter("documents_tokenized").inc(len(writer.ids))
+    beam_io.counter("documents_tokenized").inc(writer.documents)
     beam_io.counter("tokens_written").inc(int(shard["num_tokens"]))
     beam_io.counter("text_bytes").inc(writer.text_bytes)
     beam_io.counter("shards_written").inc()
@@ -169,7 +172,7 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
          | "reshuffle" >> beam.Reshuffle()
          | "tokenize and write shards" >> beam.ParDo(_do_fn(beam, body)))
     counters.update(beam_io.run_pipeline(pipeline))
-    shards, ids, users = [], [], []
+    shards = []
     totals = {"blank_skipped": 0, "replaced_lines": 0, "characters": 0, "text_bytes": 0}
     for k in range(len(files)):
       side_path = os.path.join(tmp, _SIDE_FILE.format(k))
@@ -180,14 +183,11 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
         raise DataError(f"the Beam build wrote no shard {k} for {files[k]}: {e}") from e
       os.remove(side_path)
       shards.append(side["shard"])
-      ids.append(side["ids"])
-      users.append(side["users"])
       for name in totals:
         totals[name] += int(side["stats"][name])
-    manifest = store_lib.finish_store(tmp, corpus, reader_options, shards, ids, users, totals, start,
-                                      sources=files)
+    manifest = store_lib.finish_store(tmp, corpus, reader_options, shards, totals, start, sources=files)
     manifest["runner"] = runner
-    logging.info("[store] %s on %s: %d documents, %d tokens, %d shards in %.1fs", corpus, runner,
+    logger.info("[store] %s on %s: %d documents, %d tokens, %d shards in %.1fs", corpus, runner,
                  manifest["num_documents"], manifest["num_tokens"], len(shards), manifest["build_seconds"])
     return manifest
 

@@ -92,16 +92,20 @@ class MeaninglessGuaranteeWarning(UserWarning):
 
 
 class ConvergenceFilter(logging.Filter):
-  """Drops dp_accounting's "_compute_log_a_frac failed to converge" warnings.
+  """Drops dp_accounting's numerical notes that no user can act on (`QUIET_MESSAGES`).
 
-  The RDP accountant evaluates a grid of Rényi orders; for fractional orders at large σ·q
-  the series may not converge and dp_accounting then leaves that order out of the minimum.
-  Excluding those orders is a known property of the RDP computation (the bound stays valid,
-  computed from the remaining orders), not a problem a user can act on.
+  "_compute_log_a_frac failed to converge": the RDP accountant evaluates a grid of Rényi
+  orders; for fractional orders at large σ·q the series may not converge and dp_accounting then
+  leaves that order out of the minimum (the bound stays valid, computed from the remaining
+  orders). "Negative Renyi divergence ... Returning an epsilon of zero": at a huge σ (say 1e9)
+  an order's divergence rounds below 0 and that order gives ε = 0, which is the answer (one
+  such line per order: dozens per call).
   """
+  QUIET_MESSAGES = ("failed to converge", "Negative Renyi divergence")
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return "failed to converge" not in record.getMessage()
+    message = record.getMessage()
+    return not any(part in message for part in self.QUIET_MESSAGES)
 
 
 def _quiet_convergence_warnings() -> None:
@@ -191,11 +195,13 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
                             num_examples: Optional[int] = None,
                             batch_size: Optional[float] = None,
                             accountant: Optional[str] = None,
-                            sampling: Optional[str] = None) -> None:
+                            sampling: Optional[str] = None,
+                            delta_source: Optional[str] = None) -> None:
   """Checks DP parameters before any compute; raises `PrivacyError` naming the bad value.
 
   Arguments left as None are not checked. δ ≥ 1/N (N = num_examples) warns loudly with a
-  `MeaninglessGuaranteeWarning`: such a δ permits releasing one whole example.
+  `MeaninglessGuaranteeWarning`: such a δ permits releasing one whole example. `delta_source`
+  (e.g. "--delta") says in that warning where δ came from.
   """
   if noise_multiplier is not None:
     _check_number("noise_multiplier (σ)", noise_multiplier, low=0)
@@ -218,8 +224,9 @@ def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
   if sampling is not None and sampling not in SAMPLING_SCHEMES:
     raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
   if delta is not None and num_examples is not None and delta >= 1.0 / num_examples:
+    source = f" ({delta_source})" if delta_source else ""
     warnings.warn(
-        f"delta={delta:g} >= 1/num_examples={1.0 / num_examples:g}: the (ε, δ) guarantee is "
+        f"delta={delta:g}{source} >= 1/num_examples={1.0 / num_examples:g}: the (ε, δ) guarantee is "
         "meaningless (a mechanism that publishes one random example satisfies it); use δ << 1/N",
         MeaninglessGuaranteeWarning, stacklevel=2)
 

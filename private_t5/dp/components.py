@@ -4,7 +4,7 @@ Other DP releases computed from the same data (the DP-SentencePiece vocabulary, 
 the parameters a run started from) are composed into a run's guarantee as components; a
 vocabulary without a matching DP report is recorded as non-private (the total ε is then ∞),
 unless it is declared public. A release at a stronger privacy unit than training's is composed by
-group privacy (`group_privacy`); one at a weaker unit is refused (`ComposedReleases.check_unit`).
+group privacy (`group_privacy`, `ComposedReleases.group_size`); one at a weaker unit is refused.
 """
 import logging
 import math
@@ -13,10 +13,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5.dp import privacy_report
 from private_t5.errors import DataError, PrivacyError
+from private_t5.io import file_sha256
+
+logger = logging.getLogger(__name__)
 
 PRIVACY_UNITS = ("document", "example", "user")
 # A user's data holds whole documents, and a document holds whole examples (chunks). Larger is
-# stronger: a guarantee at a stronger unit covers a weaker one by group privacy (`check_unit`).
+# stronger: a guarantee at a stronger unit covers a weaker one by group privacy (`group_size`).
 _UNIT_STRENGTH = {"example": 0, "document": 1, "user": 2}
 
 
@@ -73,11 +76,12 @@ class ComposedReleases:
     """Composes a DP-SentencePiece `privacy_report.json` (its `epsilon` and `delta`).
 
     A report at a stronger unit than training's (a document-level vocabulary, example-level
-    training) is composed by group privacy (`check_unit`): its own (ε, δ) are kept in the entry
+    training) is composed by group privacy (`group_size`): its own (ε, δ) are kept in the entry
     as "group_privacy". A report whose noise was not secret is composed with "noise_secret": false.
 
     Raises:
-      PrivacyError: the report's privacy unit is weaker than this ledger's (`check_unit`).
+      PrivacyError: the report's privacy unit is weaker than this ledger's, or stronger with no
+        bound on the group (`group_size`).
     """
     report = privacy_report.read_report(path)
     for key in ("epsilon", "delta"):
@@ -85,7 +89,9 @@ class ComposedReleases:
         raise DataError(f"{path}: privacy report has no numeric {key!r}")
     name = str(report.get("mechanism", "dp_sentencepiece"))
     unit = report.get("privacy_unit", "document")
-    size = self.check_unit(unit, f"{name} ({path})")
+    size = self.group_size(unit, f"{name} ({path})")
+    if size is None:
+      raise PrivacyError(f"{name} ({path}) cannot be composed: {self.unbounded_group_reason(unit)}")
     epsilon, delta = group_privacy(float(report["epsilon"]), float(report["delta"]), size)
     details = None
     if size > 1:
@@ -94,7 +100,7 @@ class ComposedReleases:
       if delta >= 1:
         raise PrivacyError(
             f"{name} ({path}) is {unit}-level DP with (ε, δ) = ({report['epsilon']:g}, {report['delta']:g}); as a "
-            f"{self.privacy_unit}-level guarantee (group privacy, 2 {unit}s) its δ is {delta:.3g} >= 1: no "
+            f"{self.privacy_unit}-level guarantee (group privacy, {size} {unit}s) its δ is {delta:.3g} >= 1: no "
             f"guarantee; train the vocabulary with a smaller ε, or train at the {unit} unit")
     event = privacy_report.vocabulary_report_event(report) if size == 1 else None
     if event is not None:
@@ -104,15 +110,23 @@ class ComposedReleases:
                               vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None,
                               noise_secret=privacy_report.report_noise_secret(report), details=details)
 
-  def check_unit(self, unit: str, what: str) -> int:
+  def documents_per_example(self) -> Optional[int]:
+    """At most how many documents one training unit holds pieces of: 1, except where the data
+    says otherwise (`population["documents_per_example"]`: a seqio Task's declared bound, None
+    when not bounded, since span corruption joins documents)."""
+    population = getattr(self, "population", None) or {}
+    return population.get("documents_per_example", 1) if self.privacy_unit == "example" else 1
+
+  def group_size(self, unit: str, what: str) -> Optional[int]:
     """The group size at which a guarantee at `unit` composes into this ledger's unit.
 
-    1 at the same unit. 2 at a stronger unit: removing one example (a chunk of one document)
-    changes that document, which for a document-level release is a substitution (remove the
-    document, add the changed one), so a document-level (ε, δ) covers it as (2ε, (1 + e^ε)·δ)
-    (`group_privacy`); the same holds for a user-level release and document- or example-level
-    training. A weaker unit is refused: a document-level ε covers a user with K documents only as
-    K·ε, and K is not bounded.
+    1 at the same unit. At a stronger unit, 2k, where k bounds the documents (or users) one
+    training unit changes (`documents_per_example`): removing one example changes each of the
+    k documents it holds pieces of, which for a document-level release is a substitution of each
+    (remove the document, add the changed one), so a document-level (ε, δ) covers it as
+    (2kε, (1 + e^ε + … + e^((2k-1)ε))·δ) (`group_privacy`); the same holds for a user-level
+    release. None when k is not bounded: the release cannot be composed. A weaker unit is
+    refused: a document-level ε covers a user with K documents only as K·ε, and K is not bounded.
 
     Raises:
       PrivacyError: `unit` is unknown or weaker than training's.
@@ -126,10 +140,20 @@ class ComposedReleases:
           f"be composed as is; dp-spm trains document-level vocabularies only, so train the "
           f"vocabulary at the {self.privacy_unit} unit, or use a vocabulary built without the private "
           f"data (VOCAB_IS_PUBLIC=True)")
-    return 2 if _UNIT_STRENGTH[unit] > _UNIT_STRENGTH[self.privacy_unit] else 1
+    if _UNIT_STRENGTH[unit] == _UNIT_STRENGTH[self.privacy_unit]:
+      return 1
+    k = self.documents_per_example()
+    return None if k is None else 2 * int(k)
+
+  def unbounded_group_reason(self, unit: str) -> str:
+    """Why a `unit`-level release cannot be composed (`group_size` is None), for the report."""
+    return (f"it is {unit}-level DP and training is {self.privacy_unit}-level on data whose examples may each "
+            f"hold pieces of any number of {unit}s (documents_per_example is not declared), so no group size "
+            f"covers one {self.privacy_unit}; declare the bound (seqio: DOCUMENTS_PER_EXAMPLE=k, group "
+            f"privacy of 2k) or train at the {unit} unit (ONE_EXAMPLE_PER_DOCUMENT=True where it holds)")
 
   def add_vocabulary(self, vocab_path: str, report_path: Optional[str] = None, *,
-                     public: bool = False) -> Dict[str, Any]:
+                     public: bool = False, public_check: Optional[str] = None) -> Dict[str, Any]:
     """Records the vocabulary's share of the guarantee; returns its component.
 
     A DP-SentencePiece report (`report_path`) that names this vocabulary by content hash is
@@ -139,7 +163,8 @@ class ComposedReleases:
     vocabulary was built without the private data), recorded as "public": true and not counted.
     A public vocabulary's matching report covers the data it was built on, not this run's: it is
     not composed (it is named as "dp_report"), e.g. a DP vocabulary of a pretraining corpus used
-    to fine-tune on a task whose examples are not in that corpus.
+    to fine-tune on a task whose examples are not in that corpus. `public_check` (what was checked
+    of the declaration, `public_vocabulary.check_public_declaration`) goes into the entry.
 
     Raises:
       PrivacyError: the matching report's privacy unit is weaker than training's.
@@ -147,24 +172,41 @@ class ComposedReleases:
     if report_path is None:
       reason = "no DP-SentencePiece privacy report was found beside it"
     else:
-      reason = privacy_report.vocabulary_report_mismatch(privacy_report.read_report(report_path), vocab_path)
-      if reason is None and not public:
+      report = privacy_report.read_report(report_path)
+      reason = privacy_report.vocabulary_report_mismatch(report, vocab_path)
+      unit = report.get("privacy_unit", "document")
+      if reason is None and not public and self.group_size(unit, f"the vocabulary's report {report_path}") is None:
+        reason = f"its DP-SentencePiece report {report_path} cannot be composed: " + self.unbounded_group_reason(unit)
+      elif reason is None and not public:
         return self.add_component_from_report(report_path)
     component = {"name": privacy_report.VOCABULARY_COMPONENT, "private": False, "public": bool(public),
                  "source": os.path.abspath(vocab_path)}
+    if os.path.isfile(vocab_path):
+      component["vocab_sha256"] = file_sha256(vocab_path)
     if public and report_path is not None and reason is None:
       component["dp_report"] = os.path.abspath(report_path)
+    if public and public_check:
+      component["public_check"] = public_check
     if public:
-      logging.info("vocabulary %s is declared public (VOCAB_IS_PUBLIC): it is not counted in ε", vocab_path)
+      logger.info("vocabulary %s is declared public (VOCAB_IS_PUBLIC): it is not counted in ε", vocab_path)
     else:
       component["reason"] = reason
-      logging.warning("vocabulary %s is not covered by differential privacy (%s): the total ε is ∞; run "
+      logger.warning("vocabulary %s is not covered by differential privacy (%s): the total ε is ∞; run "
                       "`private-t5 dp-spm`, or declare a vocabulary built without the private data "
                       "public (VOCAB_IS_PUBLIC=True)", vocab_path, reason)
-    self.components = [c for c in self.components if c["name"] != privacy_report.VOCABULARY_COMPONENT
-                       or c.get("source") != component["source"]]
-    self.components.append(component)
+    self.replace_record(component)
     return component
+
+  def replace_record(self, component: Dict[str, Any]) -> None:
+    """Adds a record without (ε, δ) (a non-private or public vocabulary or initial checkpoint),
+    replacing the one of the same name for the same file: the same path, or the same content
+    (`vocab_sha256`: a vocabulary moved between a run and its resumption is listed once)."""
+    def same(c):
+      return c["name"] == component["name"] and (
+          c.get("source") == component.get("source")
+          or (component.get("vocab_sha256") is not None and c.get("vocab_sha256") == component.get("vocab_sha256")))
+    self.components = [c for c in self.components if not same(c)]
+    self.components.append(dict(component))
 
   def add_initial_checkpoint(self, report: Dict[str, Any], source: str, note: str) -> Dict[str, Any]:
     """Records the training of the parameters this run starts from, when it used the private data.
@@ -181,8 +223,13 @@ class ComposedReleases:
     source = os.path.abspath(source)
     self.components = [c for c in self.components if c["name"] != privacy_report.INITIAL_CHECKPOINT_COMPONENT
                        or c.get("source") != source]
+    unit = report.get("privacy_unit", "document")
+    size = None
     if report.get("dp") and report.get("epsilon") is not None:
-      size = self.check_unit(report.get("privacy_unit", "document"), f"the initial checkpoint ({source})")
+      size = self.group_size(unit, f"the initial checkpoint ({source})")
+      if size is None:
+        note = f"trained with DP, but {self.unbounded_group_reason(unit)}"
+    if size is not None:
       epsilon, delta = group_privacy(float(report["epsilon"]), float(report["delta"]), size)
       return self.add_component(privacy_report.INITIAL_CHECKPOINT_COMPONENT, epsilon, delta, source,
                                 noise_secret=privacy_report.report_noise_secret(report), details={"note": note})

@@ -196,9 +196,7 @@ class PrivacyLedger(ComposedReleases):
         resumed.add_component(c["name"], c["epsilon"], c["delta"], c.get("source", ""), c.get("vocab_sha256"),
                               noise_secret=c.get("noise_secret", True))
       else:  # a non-private (or public) vocabulary: this run's record replaces the saved one
-        resumed.components = [d for d in resumed.components if d["name"] != c["name"]
-                              or d.get("source") != c.get("source")]
-        resumed.components.append(dict(c))
+        resumed.replace_record(c)
     return resumed
 
   # -- privacy spent ----------------------------------------------------------------------------

@@ -33,11 +33,11 @@ from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, T
 
 import numpy as np
 
-from private_t5.data import corpora
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
 from private_t5.dp import noise as noise_lib
+from private_t5.dp import public_vocabulary
 from private_t5.dp import sampling
 from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning, read_report,
                                   vocabulary_report_mismatch)
@@ -340,8 +340,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                     num_examples: int, privacy_unit: str, batch_size: int, train_steps: int, sampler_seed: int,
                     vocab_path: Optional[str] = None, spmd_axis_name: Optional[str] = DATA_AXIS,
                     noise_secret: bool = True, population: Optional[Mapping[str, Any]] = None,
-                    corpus: Union[None, str, Sequence[str]] = None,
-                    log: Callable[[str], None] = print) -> Mechanism:
+                    corpus: Union[None, str, Sequence[str]] = None, data_files: Optional[Sequence[str]] = None,
+                    unknown_files: Optional[str] = None, log: Callable[[str], None] = print) -> Mechanism:
   """The mechanism's four parts (clipped sum, noise transform, sampler, DP event) and its ledger,
   for a private (`dp`) or non-private (`None`) run.
 
@@ -350,8 +350,9 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
   sharded over (None on a mesh with one data position). `noise_secret` is False when the run's
   seeds are fixed (insecure): the ledger records it, and its report says that its ε is no
   guarantee. `population` (public facts on what the N units are, `PrivacyLedger.population`)
-  goes into the ledger and every report. `corpus` is the training corpus spec: a vocabulary
-  declared public whose own DP-SentencePiece report names it is refused.
+  goes into the ledger and every report. `corpus` is the training corpus spec, `data_files` more
+  files the training data reads (a seqio Task's) and `unknown_files` why they are not all known: a
+  vocabulary declared public is checked against them (`public_vocabulary.check_public_declaration`).
   """
   population = dict(population) if population else None
   if batch_size <= 0 or train_steps <= 0:
@@ -394,7 +395,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                   privacy_unit=privacy_unit, sampling=accounting.Sampling.POISSON.value,
                                   configured_batch_size=batch_size, clipping_method=execution.method,
                                   noise_secret=noise_secret, population=population)
-  report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus)
+  report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus, data_files,
+                               unknown_files)
   clipped_sum, noise = step_parts(noisy_sum, execution.method, loss_fn, spmd_axis_name=spmd_axis_name)
   rows = BatchLayout.for_run(dp, execution, batch_size).batch_rows
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
@@ -419,36 +421,18 @@ def _fixed_batch_microbatch(batch_size: int, microbatch_size: Optional[int]) -> 
   return int(microbatch_size)
 
 
-def check_public_declaration(vocab_path: str, report_path: Optional[str],
-                             corpus: Union[None, str, Sequence[str]]) -> None:
-  """PrivacyError when a vocabulary declared public (VOCAB_IS_PUBLIC) was built, by its own
-  DP-SentencePiece report, from files of the training corpus: the declaration is then false, and
-  not counting the vocabulary's ε would under-state the run's."""
-  if not report_path or not corpus:
-    return
-  report = read_report(report_path)
-  if vocabulary_report_mismatch(report, vocab_path) is not None:
-    return  # a report of another vocabulary says nothing about this one
-  specs = lambda value: [value] if isinstance(value, str) else list(value or [])
-  built_from = report.get("corpus_files") or [f for spec in specs(report.get("corpus")) for f in corpora.corpus_files(spec)]
-  common = sorted(set(built_from) & {f for spec in specs(corpus) for f in corpora.corpus_files(spec)})
-  if common:
-    raise PrivacyError(
-        f"the vocabulary {vocab_path} is declared public (VOCAB_IS_PUBLIC=True), but its DP-SentencePiece "
-        f"report {report_path} says it was built from {common[0]}"
-        + (f" (and {len(common) - 1} more file(s))" if len(common) > 1 else "")
-        + ", which this run trains on: set VOCAB_IS_PUBLIC=False, and its ε is composed into the run's")
-
-
 def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public: bool, privacy_unit: str,
-                        log: Callable[[str], None], corpus: Union[None, str, Sequence[str]] = None) -> Optional[str]:
+                        log: Callable[[str], None], corpus: Union[None, str, Sequence[str]] = None,
+                        data_files: Optional[Sequence[str]] = None,
+                        unknown_files: Optional[str] = None) -> Optional[str]:
   """Composes the vocabulary into `ledger`; returns the DP-SentencePiece report composed, if any."""
   report = find_vocabulary_report(vocab_path)
   if not vocab_path:
     return report
+  public_check = None
   if public:
-    check_public_declaration(vocab_path, report, corpus)
-  component = ledger.add_vocabulary(vocab_path, report, public=public)
+    public_check = public_vocabulary.check_public_declaration(vocab_path, report, corpus, data_files, unknown_files)
+  component = ledger.add_vocabulary(vocab_path, report, public=public, public_check=public_check)
   if "epsilon" in component:
     group = component.get("group_privacy")
     log(f"[privacy] composed the vocabulary's DP guarantee from {report}: "
@@ -465,7 +449,7 @@ def _compose_vocabulary(ledger: PrivacyLedger, vocab_path: Optional[str], public
   if component["public"]:
     log(f"[privacy] vocabulary {vocab_path} declared public by the user (VOCAB_IS_PUBLIC=True): not counted in ε"
         + (f" (by that declaration, its DP report {component['dp_report']} covers other data than this run's)"
-           if component.get("dp_report") else ""))
+           if component.get("dp_report") else "") + f"; {public_check}")
   else:
     log(f"[privacy] WARNING: the vocabulary {vocab_path} is not differentially private "
         f"({component['reason']}): the total ε is ∞ (DP-Adafactor's own ε is still reported as "

@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from private_t5 import io
+from private_t5 import checks, io
 from private_t5.dp import auditing, ledger
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import canaries as canaries_lib
@@ -178,12 +178,12 @@ def load_record(path: str) -> AuditRecord:
     canaries = rec["canaries"]
     if not isinstance(canaries, list):
       raise ValueError(f"'canaries' must be a list, got {type(canaries).__name__}")
-    for c in canaries:
-      if not isinstance(c.get("text"), str) or not isinstance(c.get("included"), bool):
-        raise ValueError(f"each canary needs a string 'text' and 'included' true or false, got {c!r:.80}")
+    for k, c in enumerate(canaries):
+      if not isinstance(c.get("text"), str):
+        raise ValueError(f"each canary needs a string 'text', got {c!r:.80}")
+      checks.boolean(c.get("included"), f"canary {k}'s 'included'")
     for name in ("repetitions", "seed", "length"):
-      if not isinstance(rec[name], int) or isinstance(rec[name], bool) or rec[name] < 0:
-        raise ValueError(f"{name!r} must be a non-negative integer, got {rec[name]!r}")
+      checks.integer(rec[name], repr(name), minimum=0)
     texts = [c["text"] for c in canaries]
     included = np.array([c["included"] for c in canaries], dtype=bool)
     record = AuditRecord(texts=texts, included=included, repetitions=rec["repetitions"],
@@ -196,7 +196,7 @@ def load_record(path: str) -> AuditRecord:
                     "`private-t5 canaries --audit`") from None
   except OSError as e:
     raise DataError(f"audit record {path} cannot be read: {e.strerror or e}") from None
-  except (ValueError, KeyError, TypeError, AttributeError) as e:
+  except (ValueError, KeyError, TypeError, AttributeError, ConfigError) as e:
     raise DataError(f"{path} is not an audit record: {e}") from None
   if record.num_canaries < MIN_CANARIES or len(set(texts)) != len(texts):
     raise DataError(f"{path}: an audit needs at least {MIN_CANARIES} distinct canaries, got {len(texts)}")

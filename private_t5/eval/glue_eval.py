@@ -157,7 +157,7 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
              split: str = "validation", step: Optional[int] = None, vocab_path: Optional[str] = None,
              glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
              batch_size: int = 64, max_examples: Optional[int] = None,
-             output_dir: Optional[str] = None) -> Dict[str, Any]:
+             output_dir: Optional[str] = None, initial_checkpoint: Optional[str] = None) -> Dict[str, Any]:
   """Evaluates the checkpoint of `model_dir` and writes `<output_dir>/results.{json,md}`.
 
   Args:
@@ -172,6 +172,9 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
     batch_size: decoding batch size.
     max_examples: evaluate only the first N examples of each task (quick checks).
     output_dir: default MODEL_DIR/eval.
+    initial_checkpoint: a LoRA run whose base moved since training: the base's new directory
+      (Gin macro INITIAL_CHECKPOINT, `--initial_checkpoint`, as for `private-t5 train`), which must
+      hold the weights the run recorded (checked by SHA-256).
   """
   for macro, value in (("MODEL_DIR", model_dir), ("MIXTURE_OR_TASK_NAME", task_or_mixture)):
     if not isinstance(value, str) or not value:
@@ -179,10 +182,12 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
   check_output_file(os.path.join(output_dir, "results.json"), "evaluate.output_dir")  # before the decoding
   if hf_convert.is_hf_t5_dir(model_dir):
+    if initial_checkpoint:
+      raise ConfigError(f"--initial_checkpoint names a moved LoRA base, but {model_dir!r} is not a LoRA run")
     params, model_config = hf_convert.import_hf_t5(model_dir)
     info = {"step": None, "vocab_path": hf_convert.hf_vocabulary_path(model_dir)}
   else:
-    params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
+    params, model_config, info = checkpoints.restore_for_inference(model_dir, step, lora_base=initial_checkpoint)
   vocab_path = vocab_path or info.get("vocab_path")
   if not vocab_path:
     raise ConfigError(f"{model_dir!r} records no vocabulary; set evaluate.vocab_path")

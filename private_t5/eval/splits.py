@@ -32,6 +32,7 @@ import editdistance
 import numpy as np
 
 from private_t5 import progress as progress_lib
+from private_t5 import user_modules
 from private_t5.errors import ConfigError
 from private_t5.io import write_json_atomic
 
@@ -188,7 +189,7 @@ def compute_band_keys(texts: Sequence[str], cfg: SplitConfig,
   if workers > 1 and len(chunks) > 1:
     # "spawn": the caller may already hold JAX/TF threads, which fork would copy unsafely.
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(min(workers, len(chunks))) as pool:
+    with ctx.Pool(min(workers, len(chunks)), **user_modules.pool_kwargs()) as pool:  # TASK_MODULE in workers too
       for res in pool.imap(_minhash_band_keys, jobs):
         results.append(res)
         done += len(res)

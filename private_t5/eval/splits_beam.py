@@ -30,6 +30,8 @@ from private_t5.data import beam_io
 from private_t5.errors import ConfigError
 from private_t5.eval import splits as splits_lib
 
+logger = logging.getLogger(__name__)
+
 TRAIN, VALID = "t", "v"
 
 _SENTENCEPIECE = {}
@@ -234,5 +236,5 @@ def _assemble(records, checked: int, cfg: splits_lib.SplitConfig, vocab_path: Op
       "exact_substring_unit": "tokens" if vocab_path else "words",
       "seconds": {"total": round(seconds, 2)},
   }
-  logging.info("splits: %s", ", ".join(f"{k} {len(v)}" for k, v in ids.items()))
+  logger.info("splits: %s", ", ".join(f"{k} {len(v)}" for k, v in ids.items()))
   return splits_lib.Splits(ids=ids, stats=stats)

@@ -22,6 +22,7 @@ Markdown also breaks down the per-layer cost of the norm computation.
 import concurrent.futures
 import json
 import logging
+import math
 import multiprocessing
 import os
 import platform
@@ -29,7 +30,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5.errors import ConfigError
-from private_t5.experiments.benchmark_case import GHOST, GIB, METHODS, NONDP, VMAP, run_case
+from private_t5.experiments.benchmark_case import (GHOST, GIB, METHODS, NONDP, VMAP, machine_memory_bytes,
+                                                   run_case, step_memory_floor)
 from private_t5.io import check_output_file, write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -57,26 +59,73 @@ def _run_isolated(case: Dict[str, Any]) -> Dict[str, Any]:
 MAX_TOKENS = 2 ** 31  # batch_size * (inputs + targets) above this is no benchmark any machine runs
 
 
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, warmup, microbatch_size) -> List[tuple]:
   """The (inputs, targets, batch_size) triples as ints; ConfigError for a bad input, before any work."""
   for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("microbatch_size", microbatch_size, 1)):
-    if not (value is None and name == "microbatch_size") and (
-        not isinstance(value, int) or isinstance(value, bool) or value < low):
+    if not (value is None and name == "microbatch_size") and (not _is_int(value) or value < low):
       raise ConfigError(f"benchmark.{name} must be an integer >= {low}, got {value!r}")
   if not isinstance(shapes, (list, tuple)) or not shapes:
     raise ConfigError(f"benchmark.shapes must be a non-empty list of (inputs, targets, batch_size), got {shapes!r}")
   for shape in shapes:
     if (not isinstance(shape, (list, tuple)) or len(shape) != 3
-        or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in shape)):
+        or any(not _is_int(s) or s < 1 for s in shape)):
       raise ConfigError(f"benchmark.shapes entries must be (inputs, targets, batch_size) of integers >= 1, "
                         f"got {shape!r}")
     if shape[2] * (shape[0] + shape[1]) > MAX_TOKENS:
       raise ConfigError(f"benchmark.shapes entry {tuple(shape)} is {shape[2] * (shape[0] + shape[1]):,} tokens "
                         f"per step; the most a benchmark takes is {MAX_TOKENS:,}")
+    if microbatch_size is not None and microbatch_size < shape[2] and shape[2] % microbatch_size:
+      raise ConfigError(f"benchmark.microbatch_size={microbatch_size} must divide the batch size of every "
+                        f"benchmark.shapes entry, got {tuple(shape)}")
   from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   NoisySum(clip_norm, noise_multiplier, 1.0)  # C > 0 and σ >= 0, finite
   check_output_file(os.path.join(output_dir, "bench.json"), "benchmark.output_dir")
   return [tuple(shape) for shape in shapes]
+
+
+def _check_search(memory_budget_gb, max_batch_shapes, max_batch_cap, max_batch_resolution) -> Optional[set]:
+  """The settings of the max-batch search; returns the (inputs, targets) it runs for (None: all)."""
+  if memory_budget_gb is not None and (not _is_number(memory_budget_gb) or memory_budget_gb <= 0):
+    raise ConfigError(f"benchmark.memory_budget_gb must be a finite number > 0 (or None: no max-batch search), "
+                      f"got {memory_budget_gb!r}")
+  if max_batch_cap is not None and (not _is_int(max_batch_cap) or max_batch_cap < 1):
+    raise ConfigError(f"benchmark.max_batch_cap must be an integer >= 1 (or None: no cap but the "
+                      f"benchmark's limit of {MAX_TOKENS:,} tokens per step), got {max_batch_cap!r}")
+  if not _is_number(max_batch_resolution) or not 0 <= max_batch_resolution < 1:
+    raise ConfigError(f"benchmark.max_batch_resolution must be a number in [0, 1) (relative precision of the "
+                      f"max-batch search; 0: exact), got {max_batch_resolution!r}")
+  if max_batch_shapes is None:
+    return None
+  if not isinstance(max_batch_shapes, (list, tuple)) or any(
+      not isinstance(s, (list, tuple)) or len(s) != 2 or any(not _is_int(v) or v < 1 for v in s)
+      for s in max_batch_shapes):
+    raise ConfigError(f"benchmark.max_batch_shapes must be a list of (inputs, targets) of integers >= 1 (or None: "
+                      f"every shape), got {max_batch_shapes!r}")
+  return {tuple(s) for s in max_batch_shapes}
+
+
+def _check_memory(configs, shapes, methods, microbatch_size) -> None:
+  """ConfigError for a shape whose step cannot fit this machine's memory: one of its arrays alone
+  (`benchmark_case.step_memory_floor`, a lower bound of the step's peak) is larger."""
+  limit = machine_memory_bytes()
+  if not limit:
+    return
+  for inputs, targets, batch_size in shapes:
+    rows = batch_size if microbatch_size is None else min(batch_size, microbatch_size)
+    for preset, config in configs:
+      floor, what = max(step_memory_floor(config, inputs, targets, rows, m) for m in methods)
+      if floor > limit:
+        raise ConfigError(f"benchmark.shapes entry {(inputs, targets, batch_size)} cannot fit in this machine's "
+                          f"memory ({limit / GIB:,.1f} GiB): one array of its step, {preset}'s {what}, is "
+                          f"{floor / GIB:,.1f} GiB")
 
 
 def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output_dir: str,
@@ -85,13 +134,15 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
               dropout_rate: Optional[float] = None, microbatch_size: Optional[int] = None,
               memory_budget_gb: Optional[float] = None,
               max_batch_shapes: Optional[Sequence[Sequence[int]]] = None,
-              max_batch_cap: int = 1024, max_batch_resolution: float = 0.125,
+              max_batch_cap: Optional[int] = 1024, max_batch_resolution: float = 0.125,
               dtypes: Optional[Sequence[str]] = None, isolate: bool = True) -> Dict[str, Any]:
   """Runs every (preset, shape, method) and writes bench.json and bench.md to `output_dir`.
 
   Args:
     presets: model presets (e.g. "t5_1_0_small").
-    shapes: `(inputs, targets, batch_size)` triples; every method runs at the same batch.
+    shapes: `(inputs, targets, batch_size)` triples; every method runs at the same batch. A
+      shape is refused before any work when one array of its step alone
+      (`benchmark_case.step_memory_floor`) is larger than this machine's physical memory.
     output_dir: where bench.json and bench.md go.
     methods: subset of "nondp", "vmap", "ghost" (book-keeping, reusing instantiated
       per-example kernel gradients), "ghost_recompute" (book-keeping, recomputing them) and
@@ -106,23 +157,31 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
     memory_budget_gb: when set, also searches the largest batch whose compiled peak memory
       fits this budget (compilations only).
     max_batch_shapes: `(inputs, targets)` pairs the search runs for (None: all shapes).
-    max_batch_cap, max_batch_resolution: search limit, and relative precision of the search.
+    max_batch_cap, max_batch_resolution: search limit (None: no cap other than the benchmark's
+      `MAX_TOKENS` per step; the budget still ends the search), and relative precision of the
+      search (in [0, 1); 0: exact).
     dtypes: activation dtypes (`T5Config.dtype`) each case runs with, e.g. ["float32",
       "bfloat16"]; None keeps each preset's own. Each non-float32 case is also reported as a
       ratio to the float32 case of the same method (`dtype_ratios`).
     isolate: run each case in a fresh process (clean peak RSS); False runs in this process.
   """
-  unknown = [m for m in methods if m not in METHODS]
-  if unknown or not methods:
-    raise ConfigError(f"benchmark.methods must be a non-empty subset of {METHODS}, got {list(methods)}")
+  if isinstance(methods, str) or not isinstance(methods, (list, tuple)) or not methods or any(
+      m not in METHODS for m in methods):
+    raise ConfigError(f"benchmark.methods must be a non-empty subset of {METHODS}, got {methods!r}")
   parsed = _check_inputs(shapes, output_dir, clip_norm, noise_multiplier, steps, warmup, microbatch_size)
+  search_for = _check_search(memory_budget_gb, max_batch_shapes, max_batch_cap, max_batch_resolution)
+  if isinstance(presets, str) or not isinstance(presets, (list, tuple)) or not presets:
+    raise ConfigError(f"benchmark.presets must be a non-empty list of model presets, got {presets!r}")
   from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
-  for preset in presets:
-    model_config.load_preset(preset)  # ConfigError for an unknown preset, before any work
-  if dtypes is not None and (not dtypes or any(d not in model_config.DTYPES for d in dtypes)):
+  if dtypes is not None and (isinstance(dtypes, str) or not isinstance(dtypes, (list, tuple)) or not dtypes
+                             or any(d not in model_config.DTYPES for d in dtypes)):
     raise ConfigError(f"benchmark.dtypes must be a non-empty list of {model_config.DTYPES} (or "
                       f"None for each preset's own), got {dtypes!r}")
-  search_for = None if max_batch_shapes is None else {tuple(int(v) for v in s) for s in max_batch_shapes}
+  overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
+  # ConfigError for an unknown preset or a bad override, before any work.
+  configs = [(preset, model_config.load_preset(preset, **overrides, **({} if d is None else {"dtype": d})))
+             for preset in presets for d in (dtypes or [None])]
+  _check_memory(configs, parsed, methods, microbatch_size)
 
   results = []
   dtype_list = [None] if dtypes is None else list(dtypes)
@@ -134,7 +193,8 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
                 method=method, steps=steps, warmup=warmup, clip_norm=clip_norm,
                 noise_multiplier=noise_multiplier, dropout_rate=dropout_rate,
                 microbatch_size=microbatch_size, dtype=dtype,
-                memory_budget_gb=search, max_batch_cap=max_batch_cap,
+                memory_budget_gb=search,
+                max_batch_cap=MAX_TOKENS // (inputs + targets) if max_batch_cap is None else max_batch_cap,
                 max_batch_resolution=max_batch_resolution)
     _log(f"[bench] {len(results) + 1}/{len(cases)}: {preset} {inputs}/{targets} batch {batch_size} "
          f"{method}{'' if dtype is None else ' ' + dtype}")

@@ -25,6 +25,46 @@ def _log(message: str) -> None:
   logger.info("%s", message)
 
 
+# --- what a case cannot do without --------------------------------------------------------------
+
+def machine_memory_bytes() -> int:
+  """Physical memory of this machine (0 where the OS does not say). An accelerator's memory is
+  not read here: that would initialize its backend in the process that spawns the cases."""
+  try:
+    return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+  except (AttributeError, ValueError, OSError):
+    return 0
+
+
+def step_memory_floor(config, inputs: int, targets: int, rows: int, method: str):
+  """(bytes, what): the largest single array a train step of `rows` examples at `inputs` /
+  `targets` tokens must hold, a lower bound of its peak memory (the compiled peak also holds the
+  parameters, the optimizer state and every other activation). The arrays are the model's:
+  the output logits, the relative position bias, the attention weights (materialized unless
+  `attention='cudnn'` fuses them), the feed-forward hidden units and, for DP-vmap, the
+  per-example gradients of the largest parameter."""
+  act = 2 if config.dtype in ("bfloat16", "float16") else 4
+  longest = max(inputs, targets)
+  floors = [
+      (rows * targets * config.vocab_size * act,
+       f"output logits [batch {rows}, targets {targets}, vocab {config.vocab_size}] in {config.dtype}"),
+      (config.num_heads * inputs * inputs * act,
+       f"relative position bias [heads {config.num_heads}, inputs {inputs}, inputs {inputs}] in {config.dtype}"),
+      (rows * longest * config.d_ff * act,
+       f"feed-forward activations [batch {rows}, length {longest}, d_ff {config.d_ff}] in {config.dtype}"),
+  ]
+  if config.attention != "cudnn":
+    floors.append((rows * config.num_heads * longest * longest * act,
+                   f"attention weights [batch {rows}, heads {config.num_heads}, length {longest}, "
+                   f"length {longest}] in {config.dtype}"))
+  if method == VMAP:
+    largest = max(config.vocab_size * config.d_model, config.d_model * config.d_ff,
+                  config.d_model * config.num_heads * config.d_kv)
+    floors.append((rows * largest * 4, f"per-example gradients of the largest parameter "
+                                       f"[batch {rows}, {largest:,}] in float32"))
+  return max(floors)
+
+
 # --- one case, in its own process ---------------------------------------------------------------
 
 def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, seed: int):

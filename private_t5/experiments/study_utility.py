@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Union
 
 from private_t5 import io as io_lib
 from private_t5.errors import ConfigError
@@ -186,7 +186,10 @@ def _sweep_run(point: dict, private: bool, data: dict, vocabs: dict, output_dir:
 
 
 def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None, task_dir: Optional[str] = None,
-                      task: Optional[str] = None, models: Sequence[str] = DEFAULT_MODELS,
+                      task: Optional[str] = None, text_fields: Union[None, str, Sequence[str]] = None,
+                      label_field: Optional[str] = None, label_names: Union[None, str, Sequence[str]] = None,
+                      metric: Optional[str] = None, task_module: Union[None, str, Sequence[str]] = None,
+                      models: Sequence[str] = DEFAULT_MODELS,
                       validation_fraction: float = 0.1, max_documents: Optional[int] = None, seed: int = 0,
                       vocab_size: int = 2000, dp_vocab_epsilon: float = 3.37, dp_vocab_delta: float = 1e-8,
                       dp_vocab_max_words: int = 256, text_field: str = "text",
@@ -207,9 +210,14 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   Args:
     corpus: the pretraining corpus spec (see `private_t5.data.corpora`).
     output_dir: the study's folder (data/, vocab/, models/NAME/, batch_sweep/, results.*).
-    task_dir: a local GLUE-layout task folder (`<dir>/{train,validation}.tsv`) named like a
-      registered local task (e.g. `.../glue_like/rotten_tomatoes`); or
-    task: a registered task name (`sst2` with TFDS or GLUE data, `rotten_tomatoes`, ...).
+    task_dir: a local GLUE-layout task folder (`<dir>/{train,validation}.tsv`) described by its
+      `task.json` or by `text_fields`, `label_field`, `label_names`, `metric` (which override it;
+      `data.task_dir`), or named like a registered local task (e.g. `.../glue_like/rotten_tomatoes`); or
+    task: a registered task name (`sst2` with TFDS or GLUE data, `rotten_tomatoes`, ...); with
+      `task_dir`, the name of the folder's task (default: task.json's "name", else the folder's).
+    text_fields, label_field, label_names, metric: the description of `task_dir`'s task.
+    task_module: module(s) imported first (TASK_MODULE; also in every worker process), which
+      register tasks in code.
     models: which of `nondp_span`, `dp_span`, `fulldp_span`, `scratch`.
     validation_fraction, max_documents, seed: the data phase (no planted copies).
     vocab_size, dp_vocab_epsilon, dp_vocab_delta, dp_vocab_max_words: the vocabularies.
@@ -235,14 +243,15 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   """
   from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
+  from private_t5.data import task_dir as task_dir_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import study_utility_report  # pylint: disable=g-import-not-at-top
   t_start, cpu_start = time.time(), time.process_time()
   for name, value in (("corpus", corpus), ("output", output_dir)):
     if not isinstance(value, str) or not value:
       raise ConfigError(f"private-t5 study --part=utility: missing --{name}")
-  if (task_dir is None) == (task is None):
+  if task_dir is None and task is None:
     raise ConfigError("private-t5 study --part=utility: give one of --task_dir (a GLUE-layout folder) "
-                      "and run_utility_study.task (a registered task name)")
+                      "and --task (a registered task name)")
   unknown = [m for m in models if m not in DEFAULT_MODELS]
   if unknown or not models or len(set(models)) != len(models):
     raise ConfigError(f"models must be distinct names among {', '.join(DEFAULT_MODELS)}, got {list(models)!r}")
@@ -271,7 +280,8 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   if set(lengths) != {"inputs", "targets"}:
     raise ConfigError(f"finetune_feature_lengths needs 'inputs' and 'targets', got {lengths!r}")
   points = sweep_points(batch_sweep_sizes, batch_sweep_examples, batch_sweep_microbatch_size)
-  task = glue_tasks.register_task_dir(task_dir) if task_dir is not None else glue_tasks.get_task(task).name
+  description = dict(text_fields=text_fields, label_field=label_field, label_names=label_names, metric=metric)
+  task = glue_tasks.get_task(task_dir_lib.task_name(task, task_dir, task_module, **description)).name  # one task
   if task_dir is not None:  # a malformed task file is refused now, not after pretraining (phase 4)
     for split in ("train", "validation"):
       glue_tasks.load_examples(task, split)
@@ -292,10 +302,13 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   data = study.prepare_data(corpus, output_dir, dup_cfg, text_field)
   # What a finished run's result depends on; the lists of models, modes and batch sizes may
   # change between runs of one folder (each run's result is its own file).
-  _check_settings(output_dir, {"task": task, "task_dir": os.path.abspath(task_dir) if task_dir else None,
-                               "finetune": settings, "batch_sweep_examples": batch_sweep_examples,
-                               "batch_sweep_microbatch_size": batch_sweep_microbatch_size,
-                               "batch_sweep_epsilon": batch_sweep_epsilon})
+  recorded = {"task": task, "task_dir": os.path.abspath(task_dir) if task_dir else None,
+              "finetune": settings, "batch_sweep_examples": batch_sweep_examples,
+              "batch_sweep_microbatch_size": batch_sweep_microbatch_size,
+              "batch_sweep_epsilon": batch_sweep_epsilon}
+  if task_dir is not None and task_dir_lib.description(os.path.abspath(task_dir), **description) is not None:
+    recorded["task_layout"] = task_dir_lib.layout(glue_tasks.get_task(task))  # a task of its own description
+  _check_settings(output_dir, recorded)
   log_phase()
   pretrained_names = [m for m in models if m != SCRATCH]
   vocabs = study.train_vocabularies(

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from private_t5.errors import CheckpointError
+from private_t5.errors import CheckpointError, ConfigError
 from private_t5.io import json_default
 from private_t5.models import hf_convert, run_dir, run_lock
 from private_t5.models import lora as lora_lib
@@ -522,13 +522,16 @@ def _lookup(tree: Any, dotted: Optional[str]) -> Any:
 ROTATION_RETRIES = 5
 
 
-def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_adapters: bool = True):
+def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_adapters: bool = True,
+                          lora_base: Optional[str] = None):
   """Parameters of a trained model, for evaluation, memorization tests, fine-tuning and export.
 
   A LoRA run's checkpoint holds only adapters: its base (the `lora` entry of the metadata: path
   and SHA-256 of the frozen weights) is read too, checked against the hash, and the adapters are
   merged into it (`lora.merge`), so every reader gets plain T5 parameters; `merge_adapters=False`
-  returns the adapters themselves (for an adapter export).
+  returns the adapters themselves (for an adapter export). `lora_base` names the base's new
+  place when it moved (`--initial_checkpoint` of evaluate and export, as of train): it must hold
+  the recorded weights (same SHA-256), and `info["lora"]` then names it.
 
   Reading the latest checkpoint of a running training is safe: a checkpoint that its
   `keep_checkpoints` rotation deletes while it is read is read again from the new latest (up to
@@ -539,6 +542,7 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
   Args:
     model_dir: a training run's MODEL_DIR.
     step: checkpoint step; None for the latest.
+    lora_base: a LoRA run's base, moved from the recorded path (None: the recorded path).
 
   Returns:
     (params, model_config, info): params as a nested dict of jax arrays (no optimizer state,
@@ -557,6 +561,11 @@ def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_a
     try:
       params, config, info = _read_newest_readable(model_dir, before) if step is None else _read_for_inference(
           model_dir, step)
+      if lora_base and not info.get("lora"):
+        raise ConfigError(f"--initial_checkpoint names a moved LoRA base, but {model_dir!r} is not a LoRA run")
+      if info.get("lora") and lora_base:
+        record = info["lora"]
+        info = dict(info, lora=dict(record, base=dict(record["base"], path=os.path.abspath(lora_base))))
       if info.get("lora") and merge_adapters:
         params = lora_lib.merge(read_lora_base(info["lora"], model_dir), params, lora_lib.config_of(info["lora"]))
       return params, config, info
@@ -646,10 +655,18 @@ def read_model_dir(path: str):
 
 
 def read_lora_base(record: Dict[str, Any], model_dir: str):
-  """The frozen base parameters of a LoRA run (its metadata's `lora` record), hash checked."""
+  """The frozen base parameters of a LoRA run (its metadata's `lora` record), hash checked.
+
+  `record["base"]["path"]` is where the run recorded its base, or where `restore_for_inference`'s
+  `lora_base` says it moved; either way its weights must have the recorded SHA-256.
+  """
   path, sha256 = record["base"]["path"], record["base"]["sha256"]
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f"the LoRA base {path!r} of the run {model_dir!r} is a file, not a checkpoint directory")
   if not os.path.isdir(path):
-    raise CheckpointError(f"the LoRA run {model_dir!r} adapts the weights in {path!r}, which are missing")
+    raise CheckpointError(f"the LoRA run {model_dir!r} adapts the weights in {path!r}, which are missing; "
+                          "if they moved, name their new place with --initial_checkpoint=DIR (train, evaluate, export; "
+                          "checked by SHA-256)")
   params = read_model_dir(path)[0]
   if lora_lib.params_sha256(params) != sha256:
     raise CheckpointError(f"the base weights in {path!r} changed since the LoRA run {model_dir!r} was trained "

@@ -7,10 +7,16 @@
 Prints one JSON object: {"epsilon", "epsilon_rdp", "epsilon_pld", "accountant_used", "delta",
 "noise_multiplier", "sampling_rate", "steps", "accountant", ...}. The default --accountant=auto
 computes both RDP and PLD and reports the smaller ε (σ for a target ε: the smaller of the two
-calibrations); with --max_batch_size also the truncation probability and the total δ of the
-RDP bound (PLD accounts the truncated event itself). Past 10^7 steps, or where RDP's ε is above
-10^4, PLD is not run (its arrays grow with both): "auto" reports RDP's ε ("epsilon_pld": null) and
---accountant=pld is refused.
+calibrations); with --max_batch_size also the truncation probability, "total_delta" (the δ the
+reported ε holds at) and "delta_rdp" (RDP's δ, grown by the truncation term; PLD accounts the
+truncated event itself, at --delta). "auto" then reports the smaller ε among the accountants that
+hold at --delta; an RDP result whose total δ is >= 1 is refused (no guarantee). Past 10^7 steps,
+or where RDP's ε is above 10^4, PLD is not run (its arrays grow with both): "auto" reports RDP's
+ε ("epsilon_pld": null) and --accountant=pld is refused.
+
+Without --delta (nor the Gin macro DELTA), δ is training's default for N = --num_examples,
+min(1e-5, 1/N^1.1) (`dp.mechanism.default_delta`); the output then says so ("delta_source") and
+a log line gives the value.
 """
 import argparse
 import json
@@ -23,6 +29,9 @@ from private_t5.dp import accounting
 from private_t5.errors import PrivacyError
 from private_t5.stages import flags
 
+logger = logging.getLogger(__name__)
+DEFAULT_DELTA_SOURCE = "the training default min(1e-5, 1/N^1.1) of N = --num_examples"
+
 
 def _parser():
   p = flags.StageParser("epsilon", __doc__.split("\n\n")[0])
@@ -33,7 +42,8 @@ def _parser():
   p.add_flag("num_examples", type=int, help="N, the number of privacy units sampled from")
   p.add_flag("sampling_rate", type=float, help="q, instead of --batch_size/--num_examples")
   p.add_flag("steps", type=int, help="number of training steps (required)")
-  p.add_flag("delta", type=float, help="δ (use δ << 1/N) (required)")
+  p.add_flag("delta", type=float, help="δ (use δ << 1/N); default: training's, min(1e-5, 1/N^1.1) "
+             "of --num_examples")
   p.add_flag("accountant", default=accounting.AUTO, choices=accounting.ACCOUNTANT_CHOICES,
              help="auto (default): the smaller ε of rdp and pld")
   p.add_flag("sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
@@ -42,8 +52,14 @@ def _parser():
   return p
 
 
-def run(args: argparse.Namespace) -> dict:
-  """Computes the JSON answer for parsed flags (raises PrivacyError on bad input)."""
+def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
+  """Computes the JSON answer for parsed flags (raises PrivacyError on bad input).
+
+  `delta_source` names where δ came from ("--delta", or the Gin macro DELTA) in the warnings.
+  The reported ε holds at `total_delta`: at --delta, unless only RDP accounted a truncated batch
+  (its δ then grows by the truncation term, `accounting.total_delta`); a total δ >= 1 (no
+  guarantee at all) is refused.
+  """
   if args.sampling_rate is not None:
     if args.batch_size is not None:
       raise PrivacyError("give --sampling_rate or --batch_size/--num_examples, not both")
@@ -55,9 +71,13 @@ def run(args: argparse.Namespace) -> dict:
     q = accounting.sampling_rate_from_batch(args.batch_size, args.num_examples)
   accounting.validate_privacy_params(
       noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
-      num_examples=args.num_examples, accountant=args.accountant, sampling=args.sampling)
+      num_examples=args.num_examples, accountant=args.accountant, sampling=args.sampling,
+      delta_source=delta_source)
   if args.sampling == "fixed" and args.num_examples is None:
     raise PrivacyError("--sampling=fixed needs --num_examples")
+  if args.max_batch_size is not None and args.num_examples is None:
+    raise PrivacyError("--max_batch_size needs --num_examples")
+  p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
   kw = dict(sampling=args.sampling, num_examples=args.num_examples)
   out = {}
   if args.target_epsilon is not None:
@@ -67,33 +87,73 @@ def run(args: argparse.Namespace) -> dict:
     sigma = args.noise_multiplier
   eps_by = accounting.compute_epsilons(sigma, q, args.steps, args.delta, accountant=args.accountant,
                                        max_batch_size=args.max_batch_size, **kw)
-  used = min(eps_by, key=lambda name: (eps_by[name], name))
-  eps = eps_by[used]
-  out.update(epsilon=eps, epsilon_rdp=eps_by.get("rdp"), epsilon_pld=eps_by.get("pld"),
+  # The δ each ε holds at: PLD accounts a truncated batch exactly (at --delta); RDP accounts the
+  # untruncated batch, and truncation adds (1 + e^ε) · steps · p_trunc to its δ.
+  delta_by = {name: (accounting.total_delta(args.delta, args.steps, p_trunc, e) if name == "rdp" else args.delta)
+              for name, e in eps_by.items()}
+  # The smaller ε among the accountants that hold at --delta; RDP at its larger δ only when it is alone.
+  at_delta = [name for name in eps_by if delta_by[name] <= args.delta]
+  used = min(at_delta or eps_by, key=lambda name: (eps_by[name], name))
+  eps, delta_total = eps_by[used], delta_by[used]
+  if delta_total >= 1.0:
+    raise PrivacyError(_no_guarantee(args, p_trunc, delta_total, delta_source))
+  # An accountant's ε whose δ is >= 1 is no guarantee: not printed as one.
+  shown = {name: (e if delta_by[name] < 1.0 else None) for name, e in eps_by.items()}
+  out.update(epsilon=eps, epsilon_rdp=shown.get("rdp"), epsilon_pld=shown.get("pld"),
              accountant_used=used, delta=args.delta, noise_multiplier=sigma, sampling_rate=q,
              steps=args.steps, accountant=args.accountant, sampling=args.sampling)
   if args.max_batch_size is not None:
-    if args.num_examples is None:
-      raise PrivacyError("--max_batch_size needs --num_examples")
-    p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
-    delta_total = (args.delta if used == "pld" else
-                   accounting.total_delta(args.delta, args.steps, p_trunc, eps))
     out.update(max_batch_size=args.max_batch_size, truncation_probability=p_trunc, total_delta=delta_total)
-    accounting.validate_privacy_params(delta=min(delta_total, 0.999999), num_examples=args.num_examples)
+    if "rdp" in delta_by:
+      out["delta_rdp"] = delta_by["rdp"]
+  if delta_total > args.delta:
+    where = (f"δ={args.delta:g} from {delta_source} plus {delta_total - args.delta:.4g} for truncating batches "
+             f"at --max_batch_size={args.max_batch_size}, accounted by RDP")
+    if delta_total >= 1.0 / args.num_examples:
+      warnings.warn(
+          f"total_delta={delta_total:.4g} ({where}) >= 1/num_examples={1.0 / args.num_examples:g}: the (ε, δ) "
+          "guarantee is meaningless (a mechanism that publishes one random example satisfies it); raise "
+          "--max_batch_size" + ("" if args.accountant == accounting.AUTO else " or use --accountant=pld"),
+          accounting.MeaninglessGuaranteeWarning)
+    else:
+      logger.warning("ε=%.4g holds at total_delta=%.4g (%s), not at δ=%g%s", eps, delta_total, where, args.delta,
+                      "" if args.accountant == accounting.AUTO else
+                      "; --accountant=pld accounts the truncation exactly at δ")
   return out
+
+
+def _no_guarantee(args: argparse.Namespace, p_trunc: float, delta_total: float, delta_source: str) -> str:
+  """The one line refusing a result whose total δ is >= 1."""
+  fix = ("raise --max_batch_size" if args.accountant == accounting.AUTO else
+         "raise --max_batch_size, or use --accountant=pld or auto (PLD accounts the truncation exactly at δ)")
+  return (f"no guarantee: truncating batches at --max_batch_size={args.max_batch_size} (probability "
+          f"{p_trunc:.3g} a step) adds {delta_total - args.delta:.4g} to δ={args.delta:g} (from {delta_source}) "
+          f"under RDP, a total δ of {delta_total:.4g} >= 1; {fix}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
   parser = _parser()
-  args = parser.parse_stage_args(sys.argv[1:] if argv is None else argv).args
+  argv = sys.argv[1:] if argv is None else argv
+  args = parser.parse_stage_args(argv).args
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     raise PrivacyError("give exactly one of --noise_multiplier and --target_epsilon")
-  flags.check_required(parser, args, ("steps", "delta"))
+  flags.check_required(parser, args, ("steps",))
+  given = any(a == "--delta" or a.startswith("--delta=") for a in argv)
+  source = "--delta" if given else "Gin macro DELTA"
+  if args.delta is None:
+    if args.num_examples is None:
+      raise PrivacyError("give --delta, or --num_examples for training's default δ = min(1e-5, 1/N^1.1)")
+    accounting.validate_privacy_params(num_examples=args.num_examples)
+    from private_t5.dp import mechanism  # pylint: disable=g-import-not-at-top  # (imports JAX)
+    args.delta, source = mechanism.default_delta(args.num_examples), DEFAULT_DELTA_SOURCE
+    logger.info("no --delta: δ = %g, training's default min(1e-5, 1/N^1.1) for N = %d", args.delta,
+                args.num_examples)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", accounting.MeaninglessGuaranteeWarning)
-    out = run(args)
+    out = run(args, source)
   for w in caught:
-    logging.warning("%s", w.message)
+    logger.warning("%s", w.message)
+  out["delta_source"] = "training default min(1e-5, 1/N^1.1)" if source == DEFAULT_DELTA_SOURCE else source
   print(json.dumps(out))
   return 0
 

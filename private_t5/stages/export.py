@@ -17,7 +17,9 @@ default: a plain T5 as above) or a Hugging Face PEFT adapter (`--lora=adapter`):
 OUTPUT/adapter_config.json + OUTPUT/adapter_model.safetensors (+ spiece.model and
 privacy_report.json, whose `exported_from.lora` names the base weights by path and SHA-256), which
 `peft.PeftModel.from_pretrained(base, OUTPUT)` loads onto the base T5 (export the base with
-`private-t5 export` first if it is one of our run directories).
+`private-t5 export` first if it is one of our run directories). When the base has moved since
+training, `--initial_checkpoint=DIR` names its new place (as `private-t5 train` resumes such a
+run): its weights must have the SHA-256 the run recorded.
 """
 import logging
 import os
@@ -49,10 +51,12 @@ def _privacy_report(model_dir: str, info: Dict[str, Any], ledger_lib) -> Dict[st
 
 
 def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Optional[int] = None,
-                     vocab_path: Optional[str] = None, lora: str = "merged") -> str:
+                     vocab_path: Optional[str] = None, lora: str = "merged",
+                     initial_checkpoint: Optional[str] = None) -> str:
   """Exports the checkpoint of `model_dir` (latest, or `step`) to `output`; returns `output`.
 
   `lora`: for a LoRA run, "merged" (plain T5 weights) or "adapter" (a PEFT adapter directory).
+  `initial_checkpoint`: a LoRA run's base, moved since training (checked by its SHA-256).
 
   Raises:
     ConfigError: an unknown format or LoRA mode, "adapter" for a run without adapters, or an
@@ -72,7 +76,8 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
   io_lib.check_output_file(os.path.join(output, "config.json"))  # a read-only folder, a file in the way
   adapter = lora == "adapter"
-  params, config, info = checkpoints.restore_for_inference(model_dir, step, merge_adapters=not adapter)
+  params, config, info = checkpoints.restore_for_inference(model_dir, step, merge_adapters=not adapter,
+                                                           lora_base=initial_checkpoint)
   if adapter and not info.get("lora"):
     raise ConfigError(f"--lora=adapter: {model_dir!r} is not a LoRA run (it has no adapters); use --lora=merged")
   vocab_path = vocab_path or info.get("vocab_path")
@@ -131,6 +136,8 @@ def _parser() -> flags.StageParser:
   p.add_flag("vocab_path", help="SentencePiece model to ship (default: the checkpoint's)")
   p.add_flag("lora", default="merged", choices=LORA_MODES,
              help="a LoRA run: merged weights (a plain T5) or a PEFT adapter directory")
+  p.add_flag("initial_checkpoint", help="a LoRA run whose base moved: the base's new directory (it must hold "
+             "the weights the run recorded, checked by SHA-256; as for `private-t5 train`)")
   return p
 
 
@@ -139,7 +146,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = parser.parse_stage_args(sys.argv[1:] if argv is None else argv).args
   flags.check_required(parser, args, ("model_dir", "output"))
   out = export_model_dir(args.model_dir, args.output, fmt=args.format, step=args.step,
-                         vocab_path=args.vocab_path, lora=args.lora)
+                         vocab_path=args.vocab_path, lora=args.lora, initial_checkpoint=args.initial_checkpoint)
   print(f"exported {args.model_dir} to {out} ({', '.join(sorted(os.listdir(out)))})")
   return 0
 

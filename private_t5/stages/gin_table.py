@@ -22,7 +22,9 @@ GIN_TABLE = {
     "LoraConfig": ("private_t5.models.lora:LoraConfig", ("train",)),
     "make_source": ("private_t5.data.source:make_source", _TRAINING_USERS),
     "make_glue_source": ("private_t5.data.glue_tasks:make_glue_source", _TRAINING_USERS),
-    "make_seqio_source": ("private_t5.data.seqio_source:make_seqio_source", _TRAINING_USERS),
+    # the task a fine-tuning or evaluation run reads: TASK_MODULE imported, TASK_DIR registered
+    "glue_task": ("private_t5.data.task_dir:task_name", _TRAINING_USERS + ("evaluate",)),
+    "make_seqio_source": ("private_t5.data.seqio_store:make_seqio_source", _TRAINING_USERS),
     "seqio_vocab_path": ("private_t5.data.seqio_source:seqio_vocab_path", _TRAINING_USERS),
     "finetune_vocab_path": ("private_t5.train.initial_checkpoint:finetune_vocab_path", _TRAINING_USERS),
     "adafactor": ("private_t5.train.optimizers:adafactor", _TRAINING_USERS),

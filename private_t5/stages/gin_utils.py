@@ -3,7 +3,7 @@
 Gin binds only the stages (this package): the library below never imports gin. The names .gin
 files may use are `gin_table.GIN_TABLE`, each registered only when a stage that uses it asks
 (`parse(..., entry=NAME)`). Files are found along `gin_paths`, overrides come from `gin_args`,
-errors are put in one line by `gin_errors`; their public names are importable from here too.
+every bound value is type-checked by `gin_types`, errors are put in one line by `gin_errors`; their public names are importable from here too.
 """
 import importlib
 import logging
@@ -21,6 +21,7 @@ from private_t5.stages.gin_errors import (check_syntax, describe_syntax_error, e
 from private_t5.stages.gin_paths import (CONFIG_SEARCH_PATHS, PACKAGE_CONFIGS, PACKAGE_DIR, PROJECT_ROOT,
                                          find_file, search_paths, set_search_paths)
 from private_t5.stages.gin_table import CONFIGURABLES, ENTRIES, GIN_TABLE, STAGE_CONFIGURABLES
+from private_t5.stages.gin_types import check_binding_types
 # pylint: enable=unused-import
 
 # name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.
@@ -56,7 +57,6 @@ def configured(name: str):
   """The Gin-wrapped callable registered as `name` (bindings applied when called)."""
   register((name,))
   return _WRAPPED[name]
-
 
 
 def _quiet_include_lookups(record: logging.LogRecord) -> bool:
@@ -106,6 +106,7 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
     root_logger.removeFilter(_quiet_include_lookups)
   if check_required:
     check_required_macros()
+  check_binding_types()
 
 
 # Gin's private state: the only two uses, kept here. Gin 0.5 has no public call that
@@ -161,7 +162,6 @@ def check_required_macros() -> None:
   if missing:
     flags = " ".join(f"--gin.{name}=..." for name in missing)
     raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")
-
 
 
 def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str, **kwargs):

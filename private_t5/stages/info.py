@@ -52,6 +52,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     raise ConfigError("info needs --gin_file=configs/models/<preset>.gin")
   gin_utils.parse(gin_files, gin_bindings, check_required=False, entry="T5Config")  # only the model is read
   config = gin_utils.call_configured(gin_utils.configured("T5Config"))
+  from private_t5.train.main import check_attention_backend  # pylint: disable=g-import-not-at-top
+  check_attention_backend(config)  # as `train` does: tracing the model runs the attention's checks
   print(json.dumps(summarize(config), indent=args.indent or None))
   return 0
 

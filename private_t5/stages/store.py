@@ -1,8 +1,10 @@
-"""`private-t5 store`: tokenize a corpus into the token store cache ahead of training.
+"""`private-t5 store`: tokenize a corpus (or write a seqio Task's examples) into the store cache ahead of training.
 
   private-t5 store --corpus='data/train-*.jsonl.gz' --vocab_path=vocab/spm.model --cache_dir=cache/
   private-t5 store --corpus='data/train-*.jsonl.gz' --vocab_path=vocab/spm.model --cache_dir=cache/ \\
       --runner=DirectRunner --beam_options="--direct_num_workers=2 --direct_running_mode=multi_processing"
+  private-t5 store --mixture_or_task_name=c4_v220_span_corruption --mixture_or_task_module=t5.data.mixtures \\
+      --task_feature_lengths="{'inputs': 512, 'targets': 114}" --cache_dir=cache/ [--runner=DataflowRunner ...]
 
 Builds the store (see `private_t5.data.store`) in-process (`--runner=local`, one shard) or on
 Apache Beam (one shard per input file, written by the workers; `private_t5.data.store_beam`)
@@ -10,7 +12,14 @@ into the cache entry that training looks up for the same corpus, vocabulary and 
 options: `private-t5 train` with DATA_CACHE_DIR set to the same folder reuses it. An entry
 already built is reused. Prints a JSON summary (path, documents, tokens, shards, seconds, and
 the build's MB/s and documents/s) and the Beam counters.
+
+With --mixture_or_task_name (T5X's flag; or the MIXTURE_OR_TASK_NAME macro of the run's Gin files)
+it writes one split of a seqio Task or Mixture into its example store (`data/seqio_store.py`), the
+cache entry a run with the same Task, TASK_FEATURE_LENGTHS and DATA_CACHE_DIR reads: locally, or on
+Beam with one source shard per worker. Seed, use_cached and max_examples: the Gin files'
+`make_seqio_source` bindings, else its defaults, as training reads them.
 """
+import ast
 import inspect
 import json
 import sys
@@ -24,15 +33,35 @@ from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
+from private_t5.stages import train as train_stage
 
-# Reader options: the Gin files' `make_source.NAME` bindings, else make_source's own defaults.
+# Reader options: the Gin files' `make_source.NAME` bindings, else make_source's own defaults;
+# for a seqio Task, those of `make_seqio_source`.
 _READER_OPTIONS = ("text_field", "id_field", "user_field", "errors", "max_documents", "data_dir")
+_SEQIO_OPTIONS = ("split", "seed", "use_cached", "max_examples")
 
 
-def _reader_defaults() -> dict:
-  """make_source's defaults of the reader options (read from its signature, not copied)."""
-  params = inspect.signature(gin_utils.resolve(gin_utils.CONFIGURABLES["make_source"])).parameters
-  return {name: params[name].default for name in _READER_OPTIONS}
+def _fill_options(args, configurable: str, names, configured: bool) -> None:
+  """Sets each of `names` left unset: the Gin files' `configurable.NAME` binding, else its default
+  (read from the signature, not copied)."""
+  params = inspect.signature(gin_utils.resolve(gin_utils.CONFIGURABLES[configurable])).parameters
+  for name in names:
+    if getattr(args, name, None) is None and configured:
+      try:
+        setattr(args, name, gin.query_parameter(f"{configurable}.{name}"))
+      except ValueError:
+        pass
+    if getattr(args, name, None) is None:
+      setattr(args, name, params[name].default)
+
+
+def _feature_lengths(value):
+  """--task_feature_lengths="{'inputs': 512, 'targets': 114}" (or the macro's dict)."""
+  try:
+    return ast.literal_eval(value) if isinstance(value, str) else value
+  except (ValueError, SyntaxError):
+    raise ConfigError(f"--task_feature_lengths must be a dict such as \"{{'inputs': 512, 'targets': 114}}\", "
+                      f"got {value!r}") from None
 
 
 def _parser() -> flags.StageParser:
@@ -55,31 +84,53 @@ def _parser() -> flags.StageParser:
   p.add_flag("data_dir", macro=False, help="TFDS data directory for tfds: specs")
   p.add_flag("num_threads", type=int, macro=False,
              help="SentencePiece threads (local: default all cores; Beam: per worker, default 1)")
+  p.add_flag("mixture_or_task_name", help="a registered seqio Task or Mixture (instead of --corpus)")
+  p.add_flag("mixture_or_task_module", action="append", help="seqio: module registering it (repeatable)")
+  p.add_flag("task_feature_lengths", type=_feature_lengths, help="seqio: \"{'inputs': Li, 'targets': Lt}\"")
+  p.add_flag("split", macro=False, help="seqio: the split to write (default train)")
+  p.add_flag("max_examples", type=int, macro=False, help="seqio: at most this many examples a task (local runner)")
   beam_io.add_runner_flags(p.flag_group)
   return p
 
 
 def _settings(argv: List[str]):
+  _, files, bindings = gin_utils.split_gin_args(argv)
+  if train_stage.with_seqio_layer(files, bindings) != files:  # layered as training layers it
+    argv = argv + [f"--gin_file={train_stage.SEQIO_GIN}"]
   args, files, bindings = _parser().parse_stage_args(argv)
-  if files or bindings:  # parsed by parse_stage_args (the plain flags' macros)
-    for name in _READER_OPTIONS:
-      if getattr(args, name) is None:
-        try:
-          setattr(args, name, gin.query_parameter(f"make_source.{name}"))
-        except ValueError:
-          pass
-  for name, default in _reader_defaults().items():
-    if getattr(args, name) is None:
-      setattr(args, name, default)
-  flags.check_required(_parser(), args, ("corpus", "vocab_path"))
+  configured = bool(files or bindings)  # parsed by parse_stage_args (the plain flags' macros)
+  if args.mixture_or_task_name:
+    if any(a.split("=", 1)[0] == "--corpus" for a in argv):
+      raise ConfigError("private-t5 store: give --corpus or --mixture_or_task_name, not both")
+    _fill_options(args, "make_seqio_source", _SEQIO_OPTIONS, configured)
+    flags.check_required(_parser(), args, ("task_feature_lengths",))
+  else:
+    _fill_options(args, "make_source", _READER_OPTIONS, configured)
+    flags.check_required(_parser(), args, ("corpus", "vocab_path"))
   if args.skip_bad_lines:
     raise ConfigError("private-t5 store: --skip_bad_lines is not supported (the store keeps every document "
                       "of the corpus, as training reads it); fix or remove the malformed lines")
   return args
 
 
+def _seqio_summary(args) -> dict:
+  from private_t5.data import seqio_store  # pylint: disable=g-import-not-at-top  # imports TensorFlow
+  if beam_io.is_beam(args.runner):
+    beam_io.log_to_stderr_once()
+  start = time.time()
+  store, counters = seqio_store.build_example_store(
+      args.mixture_or_task_name, args.split, args.task_feature_lengths, module=args.mixture_or_task_module,
+      seed=args.seed, use_cached=args.use_cached, max_examples=args.max_examples, cache_dir=args.cache_dir,
+      runner=args.runner, beam_options=args.beam_options)
+  return seqio_store.store_summary(store, time.time() - start, counters)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
   args = _settings(list(sys.argv[1:] if argv is None else argv))
+  if args.mixture_or_task_name:
+    json.dump(_seqio_summary(args), sys.stdout, indent=2)
+    print()
+    return 0
   reader = dict(text_field=args.text_field, id_field=args.id_field, user_field=args.user_field,
                 errors=args.errors, max_documents=args.max_documents, data_dir=args.data_dir)
   reused = store_lib.cache_target(args.corpus, args.vocab_path, store_lib.reader_options_of(**reader),

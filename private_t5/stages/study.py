@@ -31,6 +31,9 @@ USAGE = """usage: private-t5 study [--part=memorization] --corpus=PATH --output=
 --part=utility pretrains non-DP, DP and full-DP span-corruption models, fine-tunes each (and a
 model never pretrained) on a GLUE-style task publicly and with DP, sweeps the batch size at a
 fixed ε, and writes the same three files (default Gin file: configs/experiments/study_utility.gin).
+Its task: a folder DIR (train.tsv, validation.tsv with a header) described by DIR/task.json or by
+--text_fields=a,b --label_field=L --label_names=x,y [--metric=M] (docs/finetuning.md, "Your own
+task"), or a registered task (--task=NAME; tasks registered in code: --task_module=my.tasks).
 
 Trains four models on one corpus with planted duplicates (non-DP prefix LM, non-DP span
 corruption, DP prefix LM, DP-SentencePiece + DP prefix LM), measures their memorization and
@@ -55,19 +58,35 @@ def _parser():
   p.add_flag("output", macro=False, help="study directory (resumed when it exists) "
              "[Gin: run_study.output_dir / run_utility_study.output_dir]")
   p.add_flag("task_dir", macro=False, help="--part=utility: a GLUE-layout task folder "
-             "(<dir>/{train,validation}.tsv, named like a local task) [Gin: run_utility_study.task_dir]")
+             "(<dir>/{train,validation}.tsv; described by <dir>/task.json, the flags below, or named like a "
+             "local task) [Gin: run_utility_study.task_dir]")
+  for flag, what in TASK_FLAGS.items():
+    p.add_flag(flag, macro=False, help=f"--part=utility: {what} [Gin: run_utility_study.{flag}]")
   return p
+
+
+TASK_FLAGS = {  # --part=utility only: the task, as `private-t5 train` takes it
+    "task": "a registered task (with --task_dir: the folder's task's name)",
+    "text_fields": "text columns of --task_dir in input order (a,b)",
+    "label_field": "label column of --task_dir", "label_names": "class names of --task_dir (x,y)",
+    "metric": "metric of --task_dir (default accuracy)",
+    "task_module": "module(s) imported first (and in every worker process), registering tasks in code",
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parsed = _parser().parse_stage_args(argv)
   entry, default_file = PARTS[parsed.args.part]
-  if parsed.args.task_dir is not None and entry != "run_utility_study":
-    raise ConfigError("private-t5 study: --task_dir is for --part=utility")
+  task_flags = ["task_dir", *TASK_FLAGS]
+  given = [f"--{f}" for f in task_flags if getattr(parsed.args, f) is not None]
+  if given and entry != "run_utility_study":
+    raise ConfigError(f"private-t5 study: {', '.join(given)} {'is' if len(given) == 1 else 'are'} for --part=utility")
   files = parsed.gin_files or [default_file]
   bindings = list(parsed.gin_bindings)
-  for flag, param in (("corpus", "corpus"), ("output", "output_dir"), ("task_dir", "task_dir")):
+  if entry == "run_utility_study" and any(b.split("=", 1)[0].strip() == "TASK_MODULE" for b in bindings):
+    bindings.append(gin_utils.Binding("run_utility_study.task_module=%TASK_MODULE", "--gin.TASK_MODULE"))
+  for flag, param in (("corpus", "corpus"), ("output", "output_dir"), *((f, f) for f in task_flags)):
     value = getattr(parsed.args, flag)
     if value is not None:
       bindings.append(gin_utils.Binding(f"{entry}.{param}={value!r}", f"--{flag}={value}"))

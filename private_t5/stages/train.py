@@ -23,9 +23,14 @@ Required macros of configs/runs/pretrain.gin: MODEL_DIR, TRAIN_STEPS, TASK_FEATU
 CORPUS, VOCAB_PATH. Non-private baseline: --gin.DP=None. See docs/training.md.
 A registered seqio Task or Mixture instead of CORPUS, as in T5X: --gin.MIXTURE_OR_TASK_NAME=NAME
 --gin.MIXTURE_OR_TASK_MODULE=my.tasks (configs/runs/seqio.gin is then layered last; docs/data.md).
+Fine-tuning (configs/runs/finetune*.gin) on your own task folder: --task_dir=DIR, described by
+DIR/task.json or --text_fields=a,b --label_field=L --label_names=x,y [--metric=M]; tasks registered
+in code: --gin.TASK_MODULE=my.tasks. See docs/finetuning.md, "Your own task".
 """
 SEQIO_GIN = "runs/seqio.gin"
 SEQIO_MODULE_MACRO = "MIXTURE_OR_TASK_MODULE"
+TASK_NAME_MACRO = "MIXTURE_OR_TASK_NAME"
+TASK_DIR_MACRO = "TASK_DIR"
 
 
 def with_seqio_layer(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> list:
@@ -40,6 +45,32 @@ def with_seqio_layer(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> l
   if seqio and not any(f.replace("\\", "/").endswith(SEQIO_GIN) for f in files):
     files.append(SEQIO_GIN)
   return files
+
+
+def _bound(bindings: Sequence[str], name: str) -> bool:
+  return any(b.split("=", 1)[0].strip() == name for b in bindings)
+
+
+def with_task_dir_name(gin_bindings: Sequence[str]) -> list:
+  """The bindings, plus MIXTURE_OR_TASK_NAME=None when a TASK_DIR is given without a name: the
+  folder then names its task (its task.json's "name", else the folder's name)."""
+  bindings = list(gin_bindings)
+  if _bound(bindings, TASK_DIR_MACRO) and not _bound(bindings, TASK_NAME_MACRO):
+    bindings.append(gin_utils.Binding(f"{TASK_NAME_MACRO}=None", "--task_dir"))
+  return bindings
+
+
+def add_task_flags(parser: flags.StageParser, task: bool = True) -> None:
+  """The flags of a GLUE-style task (fine-tuning and evaluation): a task folder and its description."""
+  if task:
+    parser.add_flag("task", gin=TASK_NAME_MACRO, help="task or mixture (with --task_dir: the folder's task's name)")
+  parser.add_flag("task_dir", gin=TASK_DIR_MACRO, help="your own task folder (train.tsv, validation.tsv with a "
+                  "header; DIR/task.json or the flags below describe it)")
+  parser.add_flag("text_fields", gin="TASK_TEXT_FIELDS", help="text columns of --task_dir, in input order (a,b)")
+  parser.add_flag("label_field", gin="TASK_LABEL_FIELD", help="label column of --task_dir")
+  parser.add_flag("label_names", gin="TASK_LABEL_NAMES", help="class names of --task_dir in index order (x,y)")
+  parser.add_flag("metric", gin="TASK_METRIC", help="metric of --task_dir (default accuracy; e.g. mrpc, cola)")
+  parser.add_flag("task_module", gin="TASK_MODULE", help="module(s) imported first, registering tasks in code")
 
 
 def add_training_flags(parser: flags.StageParser) -> None:
@@ -68,10 +99,13 @@ def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train
   """
   parser = flags.StageParser(stage, description, gin_required=True)
   add_training_flags(parser)
+  if stage == "train":
+    add_task_flags(parser)
   parsed = parser.parse_stage_args(argv)
   if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
     parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
-  return gin_utils.run_stage(with_seqio_layer(parsed.gin_files, parsed.gin_bindings), parsed.gin_bindings, entry,
+  bindings = with_task_dir_name(parsed.gin_bindings)
+  return gin_utils.run_stage(with_seqio_layer(parsed.gin_files, bindings), bindings, entry,
                              operative_config=gin_utils.operative_config, log=flags.stage_print)
 
 

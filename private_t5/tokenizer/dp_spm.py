@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 
 from private_t5 import progress as progress_lib
+from private_t5 import user_modules
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import check_output_file, write_bytes_atomic
 
@@ -225,7 +226,8 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
     # their locks. The workers import only this module (NumPy), so starting them is cheap.
     ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
     in_flight = collections.deque()
-    with ctx.Pool(num_workers) as pool:
+    # The user's task modules (TASK_MODULE) are imported in each worker too, as in the run's process.
+    with ctx.Pool(num_workers, **user_modules.pool_kwargs()) as pool:
       for job in jobs:
         in_flight.append(pool.apply_async(_chunk_histogram, (job,)))
         if len(in_flight) >= 2 * num_workers:
@@ -582,7 +584,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     size_warning = (f"dp-spm: only {actual_size} of the {vocab_size} requested pieces: the kept words support "
                     f"no more ({_knobs(params, bound, public_specs)}); {fix} (--strict_vocab_size makes this "
                     "an error)")
-    logging.warning("%s", size_warning)
+    logger.warning("%s", size_warning)
   sources = piece_sources(model, kept, public_counts or (), base)
 
   utility = None
@@ -607,7 +609,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   del histogram
 
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import privacy_report  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import privacy_report, public_vocabulary  # pylint: disable=g-import-not-at-top
+  corpus_files = [f for spec in corpus_specs for f in corpora.corpus_files(spec)]
   report = privacy_report.vocabulary_report(
       params, model_bytes=model, insecure_seed=insecure_seed,
       sensitivity=bound.as_dict(),
@@ -629,7 +632,10 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       model_type=model_type,
       model=os.path.abspath(output),
       corpus=corpus if isinstance(corpus, str) else list(corpus),
-      corpus_files=[f for spec in corpus_specs for f in corpora.corpus_files(spec)],
+      corpus_files=corpus_files,
+      # Path, size and SHA-256 of each local file read: a public declaration of this vocabulary is
+      # checked against a run's training files by content (`dp.public_vocabulary`).
+      corpus_file_digests=public_vocabulary.file_digests(corpus_files),
       utility=utility,
       seconds=round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with

@@ -23,6 +23,8 @@ from private_t5.data import beam_io
 from private_t5.errors import ConfigError, DataError
 from private_t5.tokenizer import dp_spm
 
+logger = logging.getLogger(__name__)
+
 _STATS_FIELDS = ("documents", "bytes", "words_raw", "words_counted")
 
 
@@ -105,7 +107,7 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     totals = list(beam_io.read_json_lines(out_dir + "/stats")) or [[0] * len(_STATS_FIELDS)]
   stats = dp_spm.HistogramStats(**dict(zip(_STATS_FIELDS, totals[0])))
   stats.seconds = time.time() - start
-  logging.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; counters %s", runner,
+  logger.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; counters %s", runner,
                stats.documents, stats.bytes / 1e6, len(histogram), stats.seconds, counters)
   if stats.documents == 0:
     raise DataError(f"corpus {corpus!r} has no documents")

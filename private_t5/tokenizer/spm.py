@@ -76,6 +76,25 @@ def _train(*, source_errors: Optional[List[BaseException]] = None,
   return proto.getvalue()
 
 
+# The name of the word histogram `model_from_word_counts` trains from: SentencePiece records it (and
+# the "tsv" format) in the model's trainer_spec, which marks a DP-SentencePiece vocabulary.
+WORD_HISTOGRAM_FILE = "words.tsv"
+
+
+def trained_from_word_histogram(model_path: str) -> bool:
+  """Whether the SentencePiece model at `model_path` was trained from a word histogram by
+  `model_from_word_counts` (how `private-t5 dp-spm` trains); False for a file that is no model."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  proto = sentencepiece_model_pb2.ModelProto()
+  try:
+    with open(model_path, "rb") as f:
+      proto.ParseFromString(f.read())
+  except Exception:  # pylint: disable=broad-except
+    return False  # not a readable model: loading it reports that
+  spec = proto.trainer_spec
+  return spec.input_format == "tsv" and any(os.path.basename(p) == WORD_HISTOGRAM_FILE for p in spec.input)
+
+
 def train_from_sentences(sentences: Iterable[str], model_path: str, vocab_size: int,
                          model_type: str = "unigram", character_coverage: float = 0.9995,
                          input_sentence_size: int = 2_000_000,
@@ -141,7 +160,7 @@ def model_from_word_counts(word_counts: Iterable[Tuple[str, int]], vocab_size: i
   if exact_round_trip:
     args.update(normalization_rule_name="identity", remove_extra_whitespaces=False)
   with tempfile.TemporaryDirectory() as tmpdir:
-    tsv = os.path.join(tmpdir, "words.tsv")
+    tsv = os.path.join(tmpdir, WORD_HISTOGRAM_FILE)
     n = 0
     with open(tsv, "w", encoding="utf-8") as f:
       for word, count in word_counts:

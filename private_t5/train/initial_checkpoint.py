@@ -66,6 +66,9 @@ def _read(path: str, keep: bool = True):
   """
   if not path:
     raise CheckpointError("initial checkpoint path is empty")
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f"initial checkpoint {path!r} is a file, not a checkpoint directory (give the run "
+                          "directory, a `private-t5 import` output or a Hugging Face T5 directory)")
   if not os.path.isdir(path):
     raise CheckpointError(f"initial checkpoint {path!r} does not exist")
   key = _dir_signature(path)
@@ -116,8 +119,15 @@ def vocabulary_of(path: str) -> Optional[str]:
 
 
 def finetune_vocab_path(vocab_path: Optional[str] = None,
-                        initial_checkpoint: Optional[str] = None) -> str:
-  """`vocab_path` if given, else the vocabulary recorded with `initial_checkpoint`."""
+                        initial_checkpoint: Optional[str] = None, lora: Any = None) -> str:
+  """`vocab_path` if given, else the vocabulary recorded with `initial_checkpoint`.
+
+  `lora` (configs/runs/finetune_lora.gin binds the run's `LoraConfig`): a LoRA run needs its
+  base, so a missing INITIAL_CHECKPOINT is named as that, whatever VOCAB_PATH is.
+  """
+  if lora is not None and not initial_checkpoint:
+    raise ConfigError("LoRA adapts pretrained weights: set INITIAL_CHECKPOINT (--initial_checkpoint), the LoRA "
+                      "base checkpoint")
   if vocab_path:
     return vocab_path
   if not initial_checkpoint:

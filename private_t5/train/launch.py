@@ -27,6 +27,8 @@ from typing import Callable, Iterator, List, Optional, Sequence, Set, TextIO, Tu
 from private_t5.errors import ConfigError
 from private_t5.train.partitioning import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV
 
+logger = logging.getLogger(__name__)
+
 # Seconds between SIGTERM and SIGKILL when stopping the remaining processes.
 STOP_GRACE_S = 10.0
 # Seconds a process's Python traceback is held back (`_stream`).
@@ -177,7 +179,7 @@ def launch(num_processes: int, devices_per_process: int, stage_argv: Sequence[st
     port = free_port()
   else:
     check_port_free(port)
-  logging.info("launching %d processes x %d devices, coordinator localhost:%d: %s", num_processes,
+  logger.info("launching %d processes x %d devices, coordinator localhost:%d: %s", num_processes,
                devices_per_process, port, " ".join(stage_argv))
   with _stop_on_signals():
     return _run(num_processes, devices_per_process, stage_argv, port=port, out=out, grace_s=grace_s,

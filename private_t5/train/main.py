@@ -126,6 +126,11 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
     raise ConfigError("T5Config.dtype (ACTIVATION_DTYPE) 'float16' is not supported for training: T5's activations "
                       "overflow float16's range (max 65504) and the loss turns to inf/NaN; use 'bfloat16' (the same "
                       "memory, float32's range) or 'float32'")
+  check_attention_backend(model_config)
+
+
+def check_attention_backend(model_config) -> None:
+  """ConfigError unless this process's JAX backend runs `model_config.attention` ('cudnn' needs a GPU)."""
   if model_config.attention == "cudnn" and jax.default_backend() != "gpu":
     raise ConfigError(f"T5Config.attention 'cudnn' is NVIDIA's fused attention kernel and needs a GPU; this run's "
                       f"JAX backend is {jax.default_backend()!r}: use attention='xla' or 'einsum'")
@@ -240,7 +245,8 @@ def build_lora(lora, initial_checkpoint: Optional[str], model_config) -> Optiona
   if not isinstance(lora, lora_lib.LoraConfig):
     raise ConfigError(f"lora must be a LoraConfig (@LoraConfig()) or None, got {type(lora).__name__}")
   if not initial_checkpoint:
-    raise ConfigError("LoRA adapts pretrained weights: set INITIAL_CHECKPOINT (train.initial_checkpoint)")
+    raise ConfigError("LoRA adapts pretrained weights: set INITIAL_CHECKPOINT (--initial_checkpoint, "
+                      "train.initial_checkpoint), the LoRA base checkpoint")
   lora.check_fits(model_config)
   params = initial_lib.load_initial_params(initial_checkpoint, model_config)
   record = lora_lib.base_record(os.path.abspath(initial_checkpoint), lora_lib.params_sha256(params), lora)
@@ -337,13 +343,15 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:
     seeds = build_seeds(manager, insecure_deterministic_seed)
+    described = train_data.describe()
     setup = mechanism_lib.build_mechanism(
         dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
-        noise_secret=not seeds.deterministic, population=train_data.describe().get("population"),
-        corpus=train_data.describe().get("corpus"), log=log)
+        noise_secret=not seeds.deterministic, population=described.get("population"),
+        corpus=described.get("corpus"), data_files=described.get("data_files"),
+        unknown_files=described.get("data_files_unknown"), log=log)
     mechanism = setup.fingerprint()
     override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
                 else privacy_hook(setup, train_data))

@@ -1,0 +1,229 @@
+#!/usr/bin/env python
+"""How each stage's time and memory grow with the corpus: C4-shaped synthetic corpora of 10^5,
+10^6 and 10^7 documents, each stage run as a user runs it, in a fresh process.
+
+  .venv/bin/python benchmarks/scale.py --work=/tmp/scale --sizes=100000,1000000,10000000 \
+      [--stages=store,store_beam,train,poisson,dp_spm,splits,seqio_store] [--long] [--output=scale.jsonl]
+
+A corpus of N documents is one JSON line a document, an id like `c4-train.000000123` and 12
+words of text drawn from a fixed 2,000-word lexicon (C4's median document is ~400 words; the
+per-document costs measured here are per document, not per word); `--long` adds a corpus of
+N/100 documents of 1,200 words (the long-document variant). Every stage runs in a child process;
+its wall time, CPU time (user + system) and peak resident memory (`os.wait4`'s ru_maxrss, the
+largest process of the stage, Beam workers included) are written as one JSON line a
+(stage, N). `--table` prints the markdown table of docs/scaling.md from such a file: per stage,
+the measured values, the per-document memory slope between the two largest N, and its
+extrapolation to C4 (365 M documents).
+
+Stages:
+  store        `private-t5 store` (local, one shard)
+  store_beam   `private-t5 store --runner=DirectRunner`, 2 worker processes, the corpus in 8 files
+  train        `private-t5 train`: DP T5 v1.0 tiny, 2 steps, on the store built above; time to the
+               first step (process start to the end of step 1) and the run's peak memory
+  poisson      one Poisson draw at N (q·N = 4,096), in process: ms a step and bytes allocated
+  dp_spm       `private-t5 dp-spm` (500 pieces, one worker)
+  splits       `private-t5 splits` on the corpus and a 1% validation corpus
+  seqio_store  `private-t5 store --mixture_or_task_name=…` of a seqio Task over the corpus's lines
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import tracemalloc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRIVATE_T5 = [sys.executable, "-m", "private_t5.stages.cli"]
+STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "seqio_store")
+C4_DOCUMENTS = 365_000_000
+LEXICON_SIZE = 2000
+FIRST_STEP_LINE = "first step (compilation included)"
+
+
+def _args(argv):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--work", default="/tmp/private_t5_scale", help="folder for corpora, stores and runs")
+  p.add_argument("--sizes", default="100000,1000000", help="document counts, comma-separated")
+  p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+  p.add_argument("--long", action="store_true", help="also a corpus of N/100 documents of 1,200 words")
+  p.add_argument("--output", default=None, help="JSON lines file (appended to)")
+  p.add_argument("--table", default=None, metavar="JSONL", help="print the markdown table of a results file")
+  args = p.parse_args(argv)
+  args.sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+  args.stages = [s for s in args.stages.split(",") if s]
+  unknown = sorted(set(args.stages) - set(STAGES))
+  if unknown or any(n < 1000 for n in args.sizes):
+    p.error(f"unknown stage(s) {unknown}" if unknown else "sizes must be >= 1000")
+  return args
+
+
+def _words():
+  rng = random.Random(0)
+  letters = "etaoinshrdlucmfwypvbgkjqxz"
+  return ["".join(rng.choice(letters[:12 + k % 14]) for _ in range(2 + k % 9)) for k in range(LEXICON_SIZE)]
+
+
+def write_corpus(path: str, n: int, words_per_document: int, num_files: int = 1, seed: int = 0) -> str:
+  """A C4-shaped corpus of `n` documents in `num_files` files; returns its spec (file or pattern)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  names = [path] if num_files == 1 else [f"{path}-{k:05d}.jsonl" for k in range(num_files)]
+  spec = path if num_files == 1 else f"{path}-*.jsonl"
+  if all(os.path.exists(x) for x in names):
+    return spec
+  lexicon, rng = _words(), random.Random(seed)
+  per_file = -(-n // num_files)
+  for k, name in enumerate(names):
+    with open(name + ".tmp", "w", encoding="utf-8") as f:
+      for i in range(k * per_file, min(n, (k + 1) * per_file)):
+        text = " ".join(rng.choices(lexicon, k=words_per_document))
+        f.write(json.dumps({"id": f"c4-train.{i:09d}", "text": text}) + "\n")
+    os.rename(name + ".tmp", name)
+  return spec
+
+
+def run(cmd, env=None, marker=None, cwd=ROOT):
+  """(wall s, CPU s, peak RSS bytes, wall s to the line holding `marker` or None) of `cmd`."""
+  start = time.time()
+  proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  marked, lines = None, []
+  for line in proc.stdout:
+    lines.append(line)
+    if marker and marked is None and marker in line:
+      marked = time.time() - start
+  _, status, usage = os.wait4(proc.pid, 0)
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  wall = time.time() - start
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{''.join(lines[-20:])}")
+  return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, marked
+
+
+def _env():
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", PRIVATE_T5_QUIET="1")  # progress.QUIET_ENV: no bars
+  env.setdefault("KERAS_HOME", "/tmp/keras")
+  return env
+
+
+def vocabulary(work: str, corpus: str) -> str:
+  path = os.path.join(work, "spm500.model")
+  if not os.path.exists(path):
+    run(PRIVATE_T5 + ["spm", f"--corpus={corpus}", f"--output={path}", "--vocab_size=500",
+                      "--max_documents=20000", "-q"], env=_env())
+  return path
+
+
+def poisson(n: int) -> dict:
+  from private_t5.dp import sampling  # pylint: disable=g-import-not-at-top
+  sampler = sampling.PoissonSampler(n, min(1.0, 4096 / n), None, seed=1)
+  sampler.indices_for_step(0)
+  tracemalloc.start()
+  start, cpu = time.perf_counter(), time.process_time()
+  steps = 20
+  for step in range(1, steps + 1):
+    sampler.indices_for_step(step)
+  wall, cpu = (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+  _, peak = tracemalloc.get_traced_memory()
+  tracemalloc.stop()
+  return {"wall_s": wall, "cpu_s": cpu, "peak_alloc_bytes": peak}
+
+
+def measure(stage: str, n: int, work: str, corpus: str, long_variant: bool) -> dict:
+  if stage == "poisson":
+    return poisson(n)
+  env = _env()
+  tag = f"{n}{'_long' if long_variant else ''}"
+  vocab = vocabulary(work, corpus)
+  cache = os.path.join(work, f"cache-{tag}")
+  if stage == "store":
+    cmd = PRIVATE_T5 + ["store", f"--corpus={corpus}", f"--vocab_path={vocab}", f"--cache_dir={cache}", "-q"]
+    wall, cpu, rss, _ = run(cmd, env)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+  if stage == "store_beam":
+    words = 1200 if long_variant else 12
+    files = write_corpus(os.path.join(work, f"corpus-{tag}-parts", "part"), n, words, num_files=8)
+    cmd = PRIVATE_T5 + ["store", f"--corpus={files}", f"--vocab_path={vocab}", f"--cache_dir={cache}-beam", "-q",
+                        "--runner=DirectRunner",
+                        "--beam_options=--direct_num_workers=2 --direct_running_mode=multi_processing"]
+    wall, cpu, rss, _ = run(cmd, env)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+  if stage == "train":
+    model_dir = os.path.join(work, f"run-{tag}-{time.time_ns()}")
+    cmd = PRIVATE_T5 + ["train", "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
+                        f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", f"--gin.DATA_CACHE_DIR={cache}",
+                        "--gin.VOCAB_SIZE=640", "--gin.TRAIN_STEPS=2",
+                        "--gin.VALIDATION_FRACTION=0.01", "--gin.train.eval_examples=8", "--gin.VOCAB_IS_PUBLIC=True",
+                        "--gin.DPConfig.target_epsilon=None", "--gin.DPConfig.noise_multiplier=1.0"]
+    wall, cpu, rss, first = run(cmd, env, marker=FIRST_STEP_LINE)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss, "first_step_s": first}
+  if stage == "dp_spm":
+    out = os.path.join(work, f"dpspm-{tag}-{time.time_ns()}", "dp.model")
+    cmd = PRIVATE_T5 + ["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}", f"--output={out}",
+                        "--vocab_size=500", "--target_epsilon=8", "--gin.train_dp_vocabulary.num_workers=1", "-q"]
+    wall, cpu, rss, _ = run(cmd, env)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+  if stage == "splits":
+    words = 1200 if long_variant else 12
+    valid = write_corpus(os.path.join(work, f"valid-{tag}.jsonl"), max(1000, n // 100), words, seed=1)
+    out = os.path.join(work, f"splits-{tag}-{time.time_ns()}.json")
+    cmd = PRIVATE_T5 + ["splits", f"--train_corpus={corpus}", f"--valid_corpus={valid}", f"--output={out}", "-q"]
+    wall, cpu, rss, _ = run(cmd, env)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+  if stage == "seqio_store":
+    raise NotImplementedError("seqio_store: see benchmarks/seqio_store.py")
+  raise ValueError(stage)
+
+
+def table(path: str) -> str:
+  """The markdown table of a results file: per stage and N, and the per-document slope."""
+  rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+  out = ["| stage | N | wall s | CPU s | peak memory | memory slope (bytes/document) | at C4 (365 M) |",
+         "|---|---|---|---|---|---|---|"]
+  for stage in STAGES:
+    for variant in (False, True):
+      mine = sorted((r for r in rows if r["stage"] == stage and r.get("long", False) == variant),
+                    key=lambda r: r["n"])
+      key = "peak_rss_bytes" if stage != "poisson" else "peak_alloc_bytes"
+      slope = None
+      if len(mine) >= 2 and mine[-1]["n"] > mine[-2]["n"]:
+        slope = (mine[-1][key] - mine[-2][key]) / (mine[-1]["n"] - mine[-2]["n"])
+      for k, r in enumerate(mine):
+        last = k == len(mine) - 1
+        extra = f", first step {r['first_step_s']:.1f} s" if r.get("first_step_s") else ""
+        at_c4 = (f"{(r[key] + slope * (C4_DOCUMENTS - r['n'])) / 2**30:.1f} GiB" if last and slope is not None
+                 else "")
+        wall = f"{r['wall_s'] * 1e3:.2f} ms" if stage == "poisson" else f"{r['wall_s']:.1f}{extra}"
+        out.append(f"| {stage}{' (long)' if variant else ''} | {r['n']:,} | {wall} | "
+                   f"{r['cpu_s']:.3g} | {r[key] / 2**20:.0f} MiB | "
+                   f"{f'{slope:.1f}' if last and slope is not None else ''} | {at_c4} |")
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  args = _args(sys.argv[1:] if argv is None else argv)
+  if args.table:
+    print(table(args.table))
+    return 0
+  os.makedirs(args.work, exist_ok=True)
+  variants = [False, True] if args.long else [False]
+  for n in args.sizes:
+    for long_variant in variants:
+      size = n // 100 if long_variant else n
+      corpus = None
+      if set(args.stages) - {"poisson"}:  # the draw needs no corpus (e.g. N = 365,000,000)
+        corpus = write_corpus(os.path.join(args.work, f"corpus-{size}{'_long' if long_variant else ''}.jsonl"),
+                              size, 1200 if long_variant else 12)
+      for stage in args.stages:
+        result = {"stage": stage, "n": size, "long": long_variant, "uptime": os.getloadavg()[0],
+                  **measure(stage, size, args.work, corpus, long_variant)}
+        line = json.dumps(result)
+        print(line, flush=True)
+        if args.output:
+          with open(args.output, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,100 @@
+"""The one place where a value a user gives is type-checked: booleans, integers and numbers.
+
+Gin macros and bindings, command-line flags, audit records and task files all reach the code as
+Python values; a string is never a boolean ("False" is truthy), a boolean is never a number, and a
+number is finite unless said otherwise. Every check raises `ConfigError` naming the setting, so
+the command prints one line. `check_annotation` checks a value against a parameter's type
+annotation (what the Gin layer calls for every binding it parses).
+"""
+import math
+import numbers
+import typing
+from typing import Any, Optional
+
+from private_t5.errors import ConfigError
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+  return f"{value!r} ({type(value).__name__})"
+
+
+def boolean(value: Any, name: str, *, optional: bool = False) -> Optional[bool]:
+  """`value` if it is a bool (True/False, NumPy's too); None when `optional`; else ConfigError."""
+  if value is None and optional:
+    return None
+  if isinstance(value, bool) or type(value).__name__ == "bool_":
+    return bool(value)
+  raise ConfigError(f"{name} must be True or False, got {_show(value)}"
+                    + (" (a string is not a boolean: write True or False without quotes)"
+                       if isinstance(value, str) else ""))
+
+
+def integer(value: Any, name: str, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
+            optional: bool = False) -> Optional[int]:
+  """`value` as an int if it is an integer (not a bool) within [minimum, maximum]; None when
+  `optional` and None; else ConfigError."""
+  if value is None and optional:
+    return None
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise ConfigError(f"{name} must be an integer, got {_show(value)}")
+  value = int(value)
+  if minimum is not None and value < minimum:
+    raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+  if maximum is not None and value > maximum:
+    raise ConfigError(f"{name} must be <= {maximum}, got {value}")
+  return value
+
+
+def number(value: Any, name: str, *, minimum: Optional[float] = None, maximum: Optional[float] = None,
+           positive: bool = False, finite: bool = True, optional: bool = False) -> Optional[float]:
+  """`value` as a float if it is a real number (not a bool, not a string), finite unless
+  `finite=False` (NaN is never accepted), > 0 when `positive`, within [minimum, maximum]; None when
+  `optional` and None; else ConfigError."""
+  if value is None and optional:
+    return None
+  if isinstance(value, str) and value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+    raise ConfigError(f"{name} must be finite, got {value.strip()}")  # a flag's nan or inf, as Gin passes it
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ConfigError(f"{name} must be a number, got {_show(value)}")
+  value = float(value)
+  if math.isnan(value) or (finite and math.isinf(value)):
+    raise ConfigError(f"{name} must be finite, got {value}")
+  if positive and not value > 0:
+    raise ConfigError(f"{name} must be > 0, got {value:g}")
+  if minimum is not None and value < minimum:
+    raise ConfigError(f"{name} must be >= {minimum:g}, got {value:g}")
+  if maximum is not None and value > maximum:
+    raise ConfigError(f"{name} must be <= {maximum:g}, got {value:g}")
+  return value
+
+
+def check_annotation(value: Any, annotation: Any, name: str) -> None:
+  """ConfigError when `value` cannot be what `annotation` (a parameter's type hint) says.
+
+  Only the kinds users get wrong are checked: bool (a string or a number is not one), int (a
+  bool, a float or a string is not one) and float (a bool or a string is not one; NaN is
+  refused), alone or inside Optional/Union; other annotations accept anything.
+  """
+  if annotation is bool:
+    boolean(value, name)
+  elif annotation is int:
+    integer(value, name)
+  elif annotation is float:
+    number(value, name, finite=False)
+  elif typing.get_origin(annotation) is typing.Union:
+    options = typing.get_args(annotation)
+    if value is None and type(None) in options:
+      return
+    checked = [a for a in options if a in (bool, int, float)]
+    if not checked or len(checked) != len([a for a in options if a is not type(None)]):
+      return  # another type is allowed too (a string, a sequence, ...): nothing to check here
+    errors = []
+    for option in checked:
+      try:
+        check_annotation(value, option, name)
+        return
+      except ConfigError as e:
+        errors.append(e)
+    raise errors[-1]
