@@ -14,7 +14,7 @@ from private_t5.experiments import benchmark_case as bench
 from private_t5.train import step_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "accelerator_check.py")
+SCRIPT = os.path.join(ROOT, "benchmarks", "accelerator_check.py")
 STEP_PHASES = ["build", "init_trace", "init_lower", "init_compile", "init_run", "trace", "lower",
                "compile", "first_step", "steady"]
 

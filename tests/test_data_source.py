@@ -313,3 +313,14 @@ def test_killed_cache_builds_are_removed_on_the_next_build(shared_data, vocab_pa
   store_lib.build_store(os.path.join(shared_data, FORTUNES), vocab_path, cache_dir=str(cache), max_documents=5)
   left = {n for n in os.listdir(cache) if n.startswith(".building-")}
   assert left == {names["alive"], names["recent"], names["other_host"]}
+
+
+def test_lengths_are_read_a_block_at_a_time_in_any_order(linux_sources):
+  # `lengths_of` (the example unit's chunks, a split's token count) reads ranges of offsets from
+  # the files: the same lengths as the store's own, for sorted and unsorted indices, in blocks.
+  store = linux_sources["prefix_lm"].store
+  for docs in (np.array([3, 0, 2, 7, 5]), np.arange(store.num_documents)):
+    got = np.full(len(docs), -1, dtype=np.int64)
+    for positions, lengths in store.lengths_of(docs, block=2):
+      got[positions] = lengths
+    np.testing.assert_array_equal(got, store.lengths()[docs])

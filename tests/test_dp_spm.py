@@ -615,3 +615,15 @@ def test_unrelated_real_text_has_no_unk(tmp_path, shared_data):
   assert u["unk_rate"] == 0.0 and u["exact_round_trip_fraction"] == 1.0 and u["tokens"] > 10_000
   for text in texts:
     assert proc.decode(proc.encode(text)) == text
+
+
+def test_counts_past_the_trainers_budget_are_scaled_down_not_dropped():
+  # SentencePiece's trainer holds memory in proportion to the total count: a large corpus's
+  # histogram is scaled to the budget (post-processing), every kept word keeping a count >= 1.
+  small = [("a", 5), ("b", 3)]
+  assert dp_spm.scale_counts(small, total=100) == (small, 1.0)
+  counts = [("common", 9_000_000), ("rare", 3), ("mid", 1_000_000)]
+  scaled, factor = dp_spm.scale_counts(counts, total=1_000_000)
+  assert factor == pytest.approx(1_000_000 / 10_000_003)
+  assert dict(scaled) == {"common": 900_000, "rare": 1, "mid": 100_000}
+  assert sum(c for _, c in scaled) <= 1_000_000 + len(counts)

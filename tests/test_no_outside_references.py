@@ -7,7 +7,7 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SEARCHED = ["private_t5", "docs", "configs", "scripts", "README.md"]
+SEARCHED = ["private_t5", "docs", "configs", "scripts", "benchmarks", "README.md"]
 SUFFIXES = {".py", ".md", ".gin", ".sh", ".txt", ".toml", ".cfg"}
 FORBIDDEN = [
     (re.compile(r"\bseed[ _]?0\d\d\b", re.I), "a numbered seed document"),

@@ -3,7 +3,7 @@
 
 `bench` builds its steps from the modules `train` uses (models, dp, train.trainer) on random
 batches; a tiny-preset bench step compiles for ~20 s on two busy cores, more than this test may
-take, so here its stage module is only imported; scripts/bench_startup.py runs it without
+take, so here its stage module is only imported; benchmarks/bench_startup.py runs it without
 TensorFlow."""
 import json
 import os

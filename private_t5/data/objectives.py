@@ -8,7 +8,7 @@ Why a NumPy port of `t5.data.preprocessors.random_spans_noise_mask` and
 `noise_span_to_unique_sentinel` instead of calling them in a `tf.function`: `get_batch` builds
 128 examples per step on the host; through t5's ops in one compiled `tf.function` a batch of
 128 windows takes 264 ms on 2 CPU cores (TF dispatch per example), the port 27 ms
-(scripts/bench_data.py, docs/data.md). The port keeps T5's exact definition (same number of noise tokens and spans,
+(benchmarks/bench_data.py, docs/data.md). The port keeps T5's exact definition (same number of noise tokens and spans,
 alternating non-noise/noise spans starting with non-noise, each segmentation uniformly random,
 sentinels `<extra_id_0>`, `<extra_id_1>`, … = vocab_size-1, vocab_size-2, … in order);
 tests/test_data_objectives.py checks it against t5's functions (identical sentinel layout for

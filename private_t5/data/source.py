@@ -27,6 +27,7 @@ document's first P tokens, window 0 of that grid: with K = 1 every draw of a doc
 the text its prompt and continuation come from (random positions would almost never do so on a
 long document). Text past the first K windows is not trained on.
 """
+import functools
 from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
@@ -47,6 +48,19 @@ def in_validation(doc_id: str, validation_fraction: float) -> bool:
   if validation_fraction <= 0.0:
     return False
   return store_index.id_hash(doc_id) / 2.0**64 < validation_fraction
+
+
+def split_documents(store: store_lib.DocumentStore, validation: bool, validation_fraction: float) -> np.ndarray:
+  """int64: the documents of the validation split (`validation`) or of the training split, by
+  `in_validation`; read a block of id hashes at a time, so the only array as long as the corpus
+  is the result (8 bytes a document)."""
+  docs = np.empty(store.num_documents, dtype=np.int64)
+  count = 0
+  for start, hashes in store.id_hash_blocks():
+    chosen = np.flatnonzero(validation_mask(hashes, validation_fraction) == validation) + start
+    docs[count:count + len(chosen)] = chosen
+    count += len(chosen)
+  return docs[:count].copy() if count < len(docs) // 2 else docs[:count]  # a small split keeps no large buffer
 
 
 def validation_mask(id_hashes: np.ndarray, validation_fraction: float) -> np.ndarray:
@@ -144,7 +158,9 @@ class CorpusSource:
       self._num_examples = len(docs)
     elif privacy_unit == "example":
       # Chunk c of a document: tokens [c*raw, (c+1)*raw); every document has >= 1 chunk.
-      chunks = np.maximum(1, -(-store.lengths()[docs] // raw))
+      chunks = np.empty(len(docs), dtype=np.int64)
+      for positions, lengths in store.lengths_of(docs):
+        chunks[positions] = np.maximum(1, -(-lengths // raw))
       self._chunk_doc = np.repeat(np.arange(len(docs)), chunks)
       first = np.concatenate([[0], np.cumsum(chunks)[:-1]])
       self._chunk_start = (np.arange(len(self._chunk_doc)) - np.repeat(first, chunks)) * raw
@@ -168,6 +184,13 @@ class CorpusSource:
   @property
   def privacy_unit(self) -> str:
     return self._privacy_unit
+
+  @functools.cached_property
+  def num_tokens(self) -> int:
+    """Tokens of the source's documents (read a block of offsets at a time)."""
+    if len(self._docs) == self.store.num_documents:
+      return int(self.store.num_tokens)
+    return int(sum(int(lengths.sum()) for _, lengths in self.store.lengths_of(self._docs)))
 
   @property
   def feature_lengths(self) -> Dict[str, int]:
@@ -270,7 +293,7 @@ class CorpusSource:
         "num_examples": self._num_examples,
         "num_documents": int(len(self._docs)),
         "num_users": int(len(self._user_index)) if self._privacy_unit == "user" else m.get("num_users"),
-        "num_tokens": int(self.store.lengths()[self._docs].sum()),
+        "num_tokens": self.num_tokens,
         "split": self.split,
         "validation_fraction": self.validation_fraction,
         "blank_documents_skipped": m.get("blank_skipped"),
@@ -322,7 +345,5 @@ def make_source(corpus: str, vocab_path: str, objective: str = "span_corruption"
                                 data_dir=data_dir, progress=progress)
   obj = objectives_lib.make_objective(objective, feature_lengths, int(store.manifest["vocab_size"]),
                                       noise_density=noise_density, mean_noise_span_length=mean_noise_span_length)
-  docs = None
-  if split != "all":
-    docs = np.flatnonzero(validation_mask(store.id_hashes(), validation_fraction) == (split == "validation"))
+  docs = None if split == "all" else split_documents(store, split == "validation", validation_fraction)
   return CorpusSource(store, obj, privacy_unit, docs, split, validation_fraction, max_windows_per_document)

@@ -203,6 +203,36 @@ class DocumentStore:
         self._id_hashes = np.asarray([store_index.id_hash(i) for i in self.ids], dtype=np.uint64)
     return self._id_hashes
 
+  def id_hash_blocks(self, block: int = 1 << 20):
+    """(first document, uint64 id hashes of the next <= `block` documents), in order: the hashes
+    read a block at a time from the files (nothing memory-mapped stays resident)."""
+    if self.manifest.get("format_version") != FORMAT_VERSION:
+      hashes = self.id_hashes()
+      for start in range(0, len(hashes), block):
+        yield start, hashes[start:start + block]
+      return
+    for k, shard in enumerate(self.manifest["shards"]):
+      path, n = os.path.join(self.path, shard["id_hashes"]), int(shard["documents"])
+      for start in range(0, n, block):
+        yield self._starts[k] + start, np.fromfile(path, dtype=np.uint64, count=min(block, n - start), offset=8 * start)
+
+  def lengths_of(self, docs: np.ndarray, block: int = 1 << 20):
+    """The token count of each document of `docs` (int64 indices), a block at a time: (positions
+    in `docs`, their int64 lengths). The offsets are read a range at a time from the files
+    (`np.fromfile`), so nothing as long as the corpus is mapped or held."""
+    docs = np.asarray(docs, dtype=np.int64)
+    order = None if np.all(docs[:-1] <= docs[1:]) else np.argsort(docs, kind="stable")
+    ordered = docs if order is None else docs[order]
+    for k in range(self.num_shards):
+      lo, hi = np.searchsorted(ordered, [self._starts[k], self._starts[k + 1]])
+      path = os.path.join(self.path, self._files[k][1])
+      for a in range(lo, hi, block):
+        b = min(hi, a + block)
+        local = ordered[a:b] - self._starts[k]
+        first, last = int(local[0]), int(local[-1])
+        offsets = np.fromfile(path, dtype=np.int64, count=last - first + 2, offset=8 * first)
+        yield (np.arange(a, b) if order is None else order[a:b]), offsets[local - first + 1] - offsets[local - first]
+
   @property
   def num_users(self) -> Optional[int]:
     return None if self.user_names is None else len(self.user_names)

@@ -388,6 +388,24 @@ class _Unsupported(Exception):
     self.cap = cap
 
 
+# SentencePiece's trainer holds memory in proportion to the total of the counts it is given (~130
+# bytes a word occurrence): a corpus of C4's size (10^11 words) cannot be handed over as it is. Above
+# this total the counts are scaled down to it, each kept word keeping a count of at least 1:
+# post-processing of the released histogram (no privacy cost), which keeps the words' relative
+# frequencies to within that rounding. Below it (every corpus of the tests) nothing changes.
+MAX_TRAINER_TOTAL_COUNT = 4_000_000
+
+
+def scale_counts(word_counts: Sequence[Tuple[str, float]], total: int = MAX_TRAINER_TOTAL_COUNT):
+  """(counts whose sum is about `total` at most, the factor applied): `word_counts` as they are
+  (factor 1.0) when their sum is within `total`, else each multiplied by total/sum, rounded, >= 1."""
+  current = float(sum(c for _, c in word_counts))
+  if current <= total:
+    return list(word_counts), 1.0
+  factor = total / current
+  return [(w, max(1, int(round(c * factor)))) for w, c in word_counts], factor
+
+
 def _train_capped(word_counts: List[Tuple[str, int]], vocab_size: int, model_type: str,
                   allow_vocab_cap: bool, character_coverage: float, base: str) -> Tuple[int, bytes]:
   """Trains SentencePiece (byte fallback, `base` characters, exact round trip) in memory.
@@ -564,7 +582,10 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
         f"every word was dropped: no noisy count reached the threshold {params['threshold']:.4g} "
         f"(σ={params['noise_std']:.4g}); raise the privacy budget (target_epsilon), use "
         f"{hint}a smaller max_words_per_document, a public corpus (public_corpus) or a larger corpus")
-  word_counts = merge_public(kept, public_counts)
+  word_counts, count_scale = scale_counts(merge_public(kept, public_counts))
+  if count_scale < 1.0:
+    log(f"dp-spm: the kept counts are scaled by {count_scale:.3g} for SentencePiece's trainer (its memory "
+        f"grows with their total; at most {MAX_TRAINER_TOTAL_COUNT:,})")
   log(f"dp-spm: kept {len(kept)} of {words_total} words"
       + (f" + {len(public_counts)} public words" if public_counts else "")
       + f"; training {model_type} SentencePiece (byte fallback, {len(base)} base characters)")
@@ -603,7 +624,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp += ["utility.sample", "utility.dp_vocabulary"]
     if nonprivate_baseline:
       exact_counts = sorted(histogram.items(), key=lambda x: -x[1])
-      _, nonprivate = _train_capped(exact_counts, vocab_size, model_type, True, character_coverage, base)
+      _, nonprivate = _train_capped(scale_counts(exact_counts)[0], vocab_size, model_type, True, character_coverage,
+                                    base)
       utility["nonprivate_baseline"] = {**tokenization_utility(nonprivate, sample), "label": NONPRIVATE_LABEL}
       not_dp.append("utility.nonprivate_baseline")
   del histogram
@@ -633,6 +655,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       model=os.path.abspath(output),
       corpus=corpus if isinstance(corpus, str) else list(corpus),
       corpus_files=corpus_files,
+      trainer_count_scale=count_scale,
       # Path, size and SHA-256 of each local file read: a public declaration of this vocabulary is
       # checked against a run's training files by content (`dp.public_vocabulary`).
       corpus_file_digests=public_vocabulary.file_digests(corpus_files),

@@ -4,7 +4,7 @@ With this folder first on PYTHONPATH, Python runs this file at start-up: `tensor
 libraries built on it (tensorflow_datasets, tensorflow_text, seqio, t5, tensorboard, keras) are
 then not found, exactly as if they were not installed (`import` raises ModuleNotFoundError,
 `importlib.util.find_spec` returns None). tests/test_no_tensorflow.py and
-scripts/bench_startup.py run `private-t5` this way.
+benchmarks/bench_startup.py run `private-t5` this way.
 """
 import sys
 

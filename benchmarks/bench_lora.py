@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Full DP fine-tuning vs DP-LoRA at two ranks, side by side, from one pretrained checkpoint.
 
-  python scripts/bench_lora.py --output=/tmp/bench_lora.json
+  python benchmarks/bench_lora.py --output=/tmp/bench_lora.json
 
 1. Public side (in-domain public data, as in Kerrigan et al. 2020): the first --public_rows
    rows of rotten_tomatoes' training file (the SST-2 analogue) are declared public; a

@@ -3,7 +3,7 @@
 time to its first step (process start to the end of step 1, compilation included) and the CPU
 seconds of that one-step run.
 
-  .venv/bin/python scripts/bench_startup.py [--baseline=DIR] [--repeats=3] [--skip_bench] [--output=startup.json]
+  .venv/bin/python benchmarks/bench_startup.py [--baseline=DIR] [--repeats=3] [--skip_bench] [--output=startup.json]
 
 Each setup runs the same command in a fresh process, interleaved with the others:
   no_tensorflow  this tree in a Python where TensorFlow, seqio and t5 are not found

@@ -1,6 +1,6 @@
 """Benchmarks of the memorization stage on the real text in ../shared/data.
 
-  .venv/bin/python scripts/bench_memorization.py [--sections=splits,decode,stage] [--out=DIR]
+  .venv/bin/python benchmarks/bench_memorization.py [--sections=splits,decode,stage] [--out=DIR]
 
 * splits: split-building time (MinHash LSH + verification + exact substrings) on linux_docs +
   fortunes (90% of each as "training", 10% as "validation"), Lee et al.'s settings by default.

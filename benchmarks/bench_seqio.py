@@ -1,6 +1,6 @@
 """Input throughput of a seqio Task against our token store on the same text (examples per CPU-second).
 
-  .venv/bin/python scripts/bench_seqio.py [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz]
+  .venv/bin/python benchmarks/bench_seqio.py [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz]
       [--max_documents=1000] [--vocab=PATH.model] [--inputs_length=512] [--batch_size=128]
       [--output=bench.json]
 

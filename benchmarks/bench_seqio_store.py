@@ -1,6 +1,6 @@
 """`private-t5 store` of a seqio Task: peak memory at two Task sizes, and throughput against seqio.
 
-  .venv/bin/python scripts/bench_seqio_store.py [--sizes=20000,200000] [--lengths=512,114]
+  .venv/bin/python benchmarks/bench_seqio_store.py [--sizes=20000,200000] [--lengths=512,114]
       [--work_dir=DIR] [--output=bench.json]
 
 A synthetic text-line Task (`seqio.TextLineDataSource` over N lines of random words, one example a

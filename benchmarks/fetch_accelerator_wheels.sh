@@ -3,10 +3,10 @@
 # a current CUDA image has jax, flax, optax, orbax, sentencepiece, numpy, scipy, torch,
 # transformers and peft, but not gin-config, dp-accounting (and its dm-tree) or editdistance.
 # Run it on a machine with network; the accelerator machine then needs none
-# (scripts/accelerator_check.sh installs them with --no-deps).
+# (benchmarks/accelerator_check.sh installs them with --no-deps).
 #
-#   bash scripts/fetch_accelerator_wheels.sh                 # Python 3.12, x86-64 Linux
-#   ACCEL_PYTHON_VERSION=3.11 bash scripts/fetch_accelerator_wheels.sh
+#   bash benchmarks/fetch_accelerator_wheels.sh                 # Python 3.12, x86-64 Linux
+#   ACCEL_PYTHON_VERSION=3.11 bash benchmarks/fetch_accelerator_wheels.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${ACCEL_WHEELS:-$ROOT/.whl}"

@@ -1,7 +1,7 @@
 """Non-DP vs DP vs Just Fine-tune Twice vs Adaptive DP on a corpus with inserted canaries.
 
-  .venv/bin/python scripts/compare_selective.py --output_dir=/tmp/compare_selective
-  .venv/bin/python scripts/compare_selective.py --gin_file=configs/experiments/compare_selective.gin \
+  .venv/bin/python benchmarks/compare_selective.py --output_dir=/tmp/compare_selective
+  .venv/bin/python benchmarks/compare_selective.py --gin_file=configs/experiments/compare_selective.gin \
       [--gin.compare_selective.steps=400] [--output_dir=...]
 
 Settings come from flags, or from a Gin file binding `compare_selective.<flag>` (flags given on

@@ -2,7 +2,7 @@
 """Training throughput on this machine: steps/s, examples/s and compile time of the train
 step for T5 presets, and the checkpoint save/restore time (batches of real text).
 
-  .venv/bin/python scripts/bench_train.py --vocab=VOCAB.model \
+  .venv/bin/python benchmarks/bench_train.py --vocab=VOCAB.model \
       [--corpus=builtin:python_docs] [--presets=t5_1_0_tiny:128:32,t5_1_0_small:512:114] \
       [--batch_size=8] [--steps=3] [--dp] [--output=bench_out/train.json]
 

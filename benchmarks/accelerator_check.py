@@ -2,10 +2,10 @@
 """The accelerator check: non-DP against DP-ghost training steps on one device, in one process,
 each phase timed and written down as it ends, within a time budget.
 
-  python scripts/accelerator_check.py --out=runs/accelerator_check [--budget_s=450]
-  python scripts/accelerator_check.py --smoke --out=/tmp/smoke     # CPU: tiny preset, seconds
+  python benchmarks/accelerator_check.py --out=runs/accelerator_check [--budget_s=450]
+  python benchmarks/accelerator_check.py --smoke --out=/tmp/smoke     # CPU: tiny preset, seconds
 
-(`scripts/accelerator_check.sh` installs the wheels a bare accelerator image lacks, then runs
+(`benchmarks/accelerator_check.sh` installs the wheels a bare accelerator image lacks, then runs
 this.) The cases run in priority order, until the budget is spent:
 
   1. T5 v1.1 small, 512/114, bfloat16: non-DP and DP-ghost at batch 32,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The train step on a device mesh, compiled only: per-device memory, compile time, sharding.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python scripts/bench_mesh.py \
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python benchmarks/bench_mesh.py \
       [--preset=t5_1_1_small] [--dtype=float32|bfloat16] [--lengths=512:114] [--batch_size=8] \
       [--cases=nondp:1x8:replicated,ghost:1x8:replicated,nondp:8x1:replicated,nondp:8x1:fully_sharded] \
       [--output=bench_out/mesh.json]

@@ -2,7 +2,7 @@
 and Adafactor), compiled with the noise made in other ways (a probe for the docs' "Compile time
 and program size"; not a product path).
 
-  python scripts/noise_compile_probe.py [--program=step|finalize] [--preset=t5_1_1_small]
+  python benchmarks/noise_compile_probe.py [--program=step|finalize] [--preset=t5_1_1_small]
       [--batch=32] [--dtype=bfloat16] [--variants=current,none,...] [--count_kernels]
 
 For T5 v1.1 small at 512/114 (by default) it prints the trace + lower and compile CPU seconds

@@ -1,6 +1,6 @@
 """Benchmarks the data layer: corpus reading, tokenization / store build, batch fetch latency.
 
-  .venv/bin/python scripts/bench_data.py [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz]
+  .venv/bin/python benchmarks/bench_data.py [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz]
       [--vocab=PATH.model] [--batch_size=128] [--repeats=20] [--output=bench.json]
 
 Without --vocab, an 8k unigram vocabulary is trained first on the corpus (timed apart).

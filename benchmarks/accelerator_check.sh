@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The accelerator check on a bare accelerator image, from a cold start, in one command:
 #
-#   bash scripts/fetch_accelerator_wheels.sh          # once, on a machine with network: fills .whl/
-#   bash scripts/accelerator_check.sh [OUT_DIR] [--budget_s=450 ...]
+#   bash benchmarks/fetch_accelerator_wheels.sh          # once, on a machine with network: fills .whl/
+#   bash benchmarks/accelerator_check.sh [OUT_DIR] [--budget_s=450 ...]
 #
 # Installs the wheels of .whl/ (or ACCEL_WHEELS) that the image lacks (gin-config, dp-accounting,
 # dm-tree, editdistance) into a temporary folder with --no-deps, then runs
-# scripts/accelerator_check.py in ONE process: T5 v1.1 small non-DP and DP-ghost at batch 32 and
+# benchmarks/accelerator_check.py in ONE process: T5 v1.1 small non-DP and DP-ghost at batch 32 and
 # 256, base at batch 32, a short DP training, then (time permitting) the largest batch that fits.
 # Every phase (trace, lower, compile, first step, steady steps) is appended to
 # OUT_DIR/phases.jsonl as it ends and OUT_DIR/accelerator_check.md is rewritten after every case;
@@ -15,7 +15,7 @@
 #
 # Needs a Python with JAX for the accelerator plus flax, optax, orbax-checkpoint, sentencepiece,
 # numpy and scipy (a current CUDA image has them). No TensorFlow: training reads the embedded
-# corpus. CPU smoke run: `bash scripts/accelerator_check.sh /tmp/smoke --smoke`.
+# corpus. CPU smoke run: `bash benchmarks/accelerator_check.sh /tmp/smoke --smoke`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/runs/accelerator_check}"
@@ -29,4 +29,4 @@ if compgen -G "$WHEELS/*.whl" > /dev/null; then
   export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}" PYTHONUNBUFFERED=1
-exec "$PY" "$ROOT/scripts/accelerator_check.py" --out="$OUT" "$@"
+exec "$PY" "$ROOT/benchmarks/accelerator_check.py" --out="$OUT" "$@"

@@ -2,11 +2,11 @@
 """Fine-tuning benchmarks on the GLUE-layout data: throughput (public vs DP) and scores.
 
   # examples/s of the compiled train step, non-private vs DP-Adafactor, per model preset
-  python scripts/bench_finetune.py throughput --presets=t5_1_0_tiny,t5_1_0_small \
+  python benchmarks/bench_finetune.py throughput --presets=t5_1_0_tiny,t5_1_0_small \
       --batch_size=16 --inputs_length=64 --targets_length=8 --steps=5
 
   # validation scores on the three glue_like tasks after a fixed budget of fine-tuning
-  python scripts/bench_finetune.py scores --preset=t5_1_0_tiny --steps=300 --batch_size=32
+  python benchmarks/bench_finetune.py scores --preset=t5_1_0_tiny --steps=300 --batch_size=32
 
 Both modes use the production path: `GlueSource` batches, the trainer's `Trainer` with the
 clipped sum and noise transform `dp.mechanism.build_mechanism` builds (MeanAggregator, or

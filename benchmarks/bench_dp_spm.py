@@ -1,6 +1,6 @@
 """Measures DP-SentencePiece: histogram throughput, words kept per ε and sensitivity, stage time.
 
-  .venv/bin/python scripts/bench_dp_spm.py --output_dir=/tmp/bench_dp_spm \\
+  .venv/bin/python benchmarks/bench_dp_spm.py --output_dir=/tmp/bench_dp_spm \\
       [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz --corpus=...python_docs.jsonl.gz]
 
 1. For each sensitivity setting ("paper": k = m = N = 256; "capped": k = √W = 16, m = 1) the

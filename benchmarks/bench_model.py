@@ -1,6 +1,6 @@
 """Benchmarks the T5 network on this machine: a training step and decoding throughput.
 
-  .venv/bin/python scripts/bench_model.py --output /tmp/bench_model.json
+  .venv/bin/python benchmarks/bench_model.py --output /tmp/bench_model.json
 
 1. Forward+backward step (mean per-example loss, `jax.value_and_grad`) of T5 v1.0 small at
    inputs 512 / targets 114, batch 8 (the DP paper's shapes); compile time is reported
