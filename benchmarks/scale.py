@@ -3,7 +3,7 @@
 10^6 and 10^7 documents, each stage run as a user runs it, in a fresh process.
 
   .venv/bin/python benchmarks/scale.py --work=/tmp/scale --sizes=100000,1000000,10000000 \
-      [--stages=store,store_beam,train,poisson,dp_spm,splits,seqio_store] [--long] [--output=scale.jsonl]
+      [--stages=store,store_beam,train,poisson,dp_spm,splits] [--long] [--output=scale.jsonl]
 
 A corpus of N documents is one JSON line a document, an id like `c4-train.000000123` and 12
 words of text drawn from a fixed 2,000-word lexicon (C4's median document is ~400 words; the
@@ -22,8 +22,8 @@ Stages:
                first step (process start to the end of step 1) and the run's peak memory
   poisson      one Poisson draw at N (q·N = 4,096), in process: ms a step and bytes allocated
   dp_spm       `private-t5 dp-spm` (500 pieces, one worker)
-  splits       `private-t5 splits` on the corpus and a 1% validation corpus
-  seqio_store  `private-t5 store --mixture_or_task_name=…` of a seqio Task over the corpus's lines
+  splits       `private-t5 splits` on the corpus and a 1% validation corpus (local: in memory)
+A seqio Task written into a store is measured by benchmarks/bench_seqio_store.py.
 """
 import argparse
 import json
@@ -36,7 +36,7 @@ import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRIVATE_T5 = [sys.executable, "-m", "private_t5.stages.cli"]
-STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "seqio_store")
+STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits")
 C4_DOCUMENTS = 365_000_000
 LEXICON_SIZE = 2000
 FIRST_STEP_LINE = "first step (compilation included)"
@@ -170,8 +170,6 @@ def measure(stage: str, n: int, work: str, corpus: str, long_variant: bool) -> d
     cmd = PRIVATE_T5 + ["splits", f"--train_corpus={corpus}", f"--valid_corpus={valid}", f"--output={out}", "-q"]
     wall, cpu, rss, _ = run(cmd, env)
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
-  if stage == "seqio_store":
-    raise NotImplementedError("seqio_store: see benchmarks/seqio_store.py")
   raise ValueError(stage)
 
 
@@ -194,8 +192,10 @@ def table(path: str) -> str:
         at_c4 = (f"{(r[key] + slope * (C4_DOCUMENTS - r['n'])) / 2**30:.1f} GiB" if last and slope is not None
                  else "")
         wall = f"{r['wall_s'] * 1e3:.2f} ms" if stage == "poisson" else f"{r['wall_s']:.1f}{extra}"
-        out.append(f"| {stage}{' (long)' if variant else ''} | {r['n']:,} | {wall} | "
-                   f"{r['cpu_s']:.3g} | {r[key] / 2**20:.0f} MiB | "
+        cpu = f"{r['cpu_s'] * 1e3:.2f} ms" if stage == "poisson" else f"{r['cpu_s']:.3g}"
+        out.append(f"| {stage}{' (long)' if variant else ''} | {r['n']:,} | {wall} | {cpu} | "
+                   + (f"{r[key] / 2**10:.0f} KiB allocated" if stage == "poisson" else f"{r[key] / 2**20:.0f} MiB")
+                   + " | "
                    f"{f'{slope:.1f}' if last and slope is not None else ''} | {at_c4} |")
   return "\n".join(out)
 
