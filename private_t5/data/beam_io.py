@@ -446,3 +446,20 @@ def log_to_stderr_once() -> None:
   root = logging.getLogger()
   if not root.handlers:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+
+
+def do_fn(beam, body):
+  """A `beam.DoFn` around `body` (an object with `setup()` and `process(element)`): the pipeline's
+  work as plain Python, testable without Beam, wrapped only when a pipeline is built."""
+  class BodyFn(beam.DoFn):  # pylint: disable=missing-class-docstring
+    def __init__(self, inner):
+      super().__init__()
+      self.inner = inner
+
+    def setup(self):
+      self.inner.setup()
+
+    def process(self, element):
+      yield from self.inner.process(element)
+
+  return BodyFn(body)

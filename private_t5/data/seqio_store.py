@@ -48,7 +48,6 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -59,7 +58,7 @@ from private_t5.data import beam_io
 from private_t5.data import seqio_source
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError, DataError
-from private_t5.io import atomic_open, file_sha256, make_temp_dir, write_json_atomic
+from private_t5.io import atomic_open, file_sha256, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -247,34 +246,12 @@ class ExampleStoreTarget:
 
   def build(self, write, runner: str = beam_io.LOCAL_RUNNER) -> ExampleStore:
     """Runs `write(build_dir) -> shard entries` in a fresh build directory in the cache, writes the
-    manifest, then renames the directory into place. A failed (or interrupted) build leaves the
-    cache as it was: its build directory goes, and so do the cache folders it created."""
-    created = _missing_folders(self.cache_dir)
-    try:
-      tmp = self._make_build_dir()
-      try:
-        start = time.time()
-        manifest = dict(self.manifest(write(tmp), start), runner=runner)
-        write_json_atomic(os.path.join(tmp, MANIFEST_FILE), manifest, indent=None, sort_keys=False)
-        try:
-          os.rename(tmp, self.final)
-        except OSError:
-          if not self.exists():  # lost a race: keep the winner's
-            raise
-      finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-      _remove_empty_folders(created)
-      raise
+    manifest, then renames the directory into place (`store.build_in_cache`: a failed or
+    interrupted build leaves the cache as it was)."""
+    start = time.time()
+    store_lib.build_in_cache(self.cache_dir, self.final,
+                             lambda tmp: dict(self.manifest(write(tmp), start), runner=runner))
     return ExampleStore(self.final)
-
-  def _make_build_dir(self) -> str:
-    try:
-      os.makedirs(self.cache_dir, exist_ok=True)
-      store_lib.remove_stale_builds(self.cache_dir)
-      return make_temp_dir(self.cache_dir, store_lib.BUILDING_PREFIX)
-    except OSError as e:
-      raise DataError(f"store cache_dir {self.cache_dir!r} is not writable: {e.strerror or e}") from None
 
   def manifest(self, entries: Sequence[Dict[str, object]], start: float) -> Dict[str, object]:
     """The manifest of a build whose shards are `entries` (in plan order); DataError when empty."""
@@ -296,26 +273,6 @@ class ExampleStoreTarget:
         "build_seconds": round(time.time() - start, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def _missing_folders(path: str) -> List[str]:
-  """`path` and those of its parents that do not exist yet, deepest first."""
-  missing = []
-  while path and not os.path.exists(path) and os.path.dirname(path) != path:
-    missing.append(path)
-    path = os.path.dirname(path)
-  return missing
-
-
-def _remove_empty_folders(folders: Sequence[str]) -> None:
-  """Removes `folders` (deepest first) while they are empty: what a failed build created."""
-  for folder in folders:
-    try:
-      os.rmdir(folder)
-    except FileNotFoundError:
-      continue
-    except OSError:
-      return
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -437,21 +394,6 @@ class _BeamShardBody:
     yield k
 
 
-def _do_fn(beam, body: _BeamShardBody):
-  class WriteShardFn(beam.DoFn):  # pylint: disable=missing-class-docstring
-    def __init__(self, inner):
-      super().__init__()
-      self.inner = inner
-
-    def setup(self):
-      self.inner.setup()
-
-    def process(self, element):
-      yield from self.inner.process(element)
-
-  return WriteShardFn(body)
-
-
 def _write_beam(out_dir: str, target: ExampleStoreTarget, options, counters: Dict[str, int]):
   """Spreads the source shards over the Beam workers (one shard per element); each writes its own
   store shard into `out_dir`. Returns the shard entries in plan order."""
@@ -462,7 +404,7 @@ def _write_beam(out_dir: str, target: ExampleStoreTarget, options, counters: Dic
   _ = (pipeline
        | "source shards" >> beam.Create(list(enumerate(target.plan)))
        | "reshuffle" >> beam.Reshuffle()
-       | "read and write shards" >> beam.ParDo(_do_fn(beam, body)))
+       | "read and write shards" >> beam.ParDo(beam_io.do_fn(beam, body)))
   counters.update(beam_io.run_pipeline(pipeline))
   entries = []
   for k, shard in enumerate(target.plan):

@@ -49,7 +49,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -400,44 +400,60 @@ class CacheTarget:
     return os.path.isfile(os.path.join(self.final, MANIFEST_FILE))
 
   def build(self, write, vocab) -> DocumentStore:
-    """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place.
-
-    A failed build leaves the cache as it was: its build directory goes, and so do the cache
-    folders it created (when still empty).
+    """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place
+    (`build_in_cache`).
 
     Raises:
       DataError: `cache_dir` cannot be created or written.
     """
-    created = _missing_folders(self.cache_dir)
-    try:
-      tmp = self._make_build_dir()
-      try:
-        manifest = write(tmp)
-        manifest.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
-                        vocab_size=int(vocab.vocab_size), tokens_sha256=tokens_digest(tmp, manifest))
-        _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
-        try:
-          os.rename(tmp, self.final)
-        except OSError:
-          if not self.exists():  # lost a race: keep the winner's
-            raise
-      finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-      _remove_empty_folders(created)
-      raise
+    def manifest(tmp):
+      m = write(tmp)
+      m.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
+               vocab_size=int(vocab.vocab_size), tokens_sha256=tokens_digest(tmp, m))
+      return m
+
+    build_in_cache(self.cache_dir, self.final, manifest)
     return DocumentStore(self.final)
 
-  def _make_build_dir(self) -> str:
-    """A fresh build directory in the cache (created if need be), after removing stale ones."""
+
+def build_in_cache(cache_dir: str, final: str, write: Callable[[str], Dict[str, object]]) -> None:
+  """Builds a cache entry: `write(tmp_dir) -> manifest` in a fresh build directory of `cache_dir`,
+  the manifest written last, then the directory renamed to `final` (complete or absent).
+
+  A failed (or interrupted) build leaves the cache as it was: its build directory goes, and so do
+  the cache folders it created (when still empty). A build that lost a race to another process
+  building the same entry keeps the winner's.
+
+  Raises:
+    DataError: `cache_dir` cannot be created or written.
+  """
+  created = _missing_folders(cache_dir)
+  try:
+    tmp = _make_build_dir(cache_dir)
     try:
-      os.makedirs(self.cache_dir, exist_ok=True)
-      remove_stale_builds(self.cache_dir)
-      return make_temp_dir(self.cache_dir, BUILDING_PREFIX)
-    except OSError as e:
-      file = _file_in_the_way(self.cache_dir)
-      reason = f"{file!r} is a file, not a folder" if file else (e.strerror or e)
-      raise DataError(f"store cache_dir {self.cache_dir!r} is not writable: {reason}") from None
+      _write_json(os.path.join(tmp, MANIFEST_FILE), write(tmp))
+      try:
+        os.rename(tmp, final)
+      except OSError:
+        if not os.path.isfile(os.path.join(final, MANIFEST_FILE)):  # lost a race: keep the winner's
+          raise
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  except BaseException:
+    _remove_empty_folders(created)
+    raise
+
+
+def _make_build_dir(cache_dir: str) -> str:
+  """A fresh build directory in the cache (created if need be), after removing stale ones."""
+  try:
+    os.makedirs(cache_dir, exist_ok=True)
+    remove_stale_builds(cache_dir)
+    return make_temp_dir(cache_dir, BUILDING_PREFIX)
+  except OSError as e:
+    file = _file_in_the_way(cache_dir)
+    reason = f"{file!r} is a file, not a folder" if file else (e.strerror or e)
+    raise DataError(f"store cache_dir {cache_dir!r} is not writable: {reason}") from None
 
 
 def _file_in_the_way(path: str) -> Optional[str]:

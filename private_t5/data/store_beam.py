@@ -108,21 +108,6 @@ class _WriteShard:
     yield index
 
 
-def _do_fn(beam, body: _WriteShard):
-  class WriteShardFn(beam.DoFn):  # pylint: disable=missing-class-docstring
-    def __init__(self, inner):
-      super().__init__()
-      self.inner = inner
-
-    def setup(self):
-      self.inner.setup()
-
-    def process(self, element):
-      yield from self.inner.process(element)
-
-  return WriteShardFn(body)
-
-
 def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunner",
                      beam_options: Union[str, Sequence[str]] = "", cache_dir: Optional[str] = None,
                      text_field: str = "text", id_field: str = "id", user_field: Optional[str] = None,
@@ -170,7 +155,7 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
     _ = (pipeline
          | "files" >> beam.Create(list(enumerate(files)))
          | "reshuffle" >> beam.Reshuffle()
-         | "tokenize and write shards" >> beam.ParDo(_do_fn(beam, body)))
+         | "tokenize and write shards" >> beam.ParDo(beam_io.do_fn(beam, body)))
     counters.update(beam_io.run_pipeline(pipeline))
     shards = []
     totals = {"blank_skipped": 0, "replaced_lines": 0, "characters": 0, "text_bytes": 0}
