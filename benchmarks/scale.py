@@ -23,6 +23,7 @@ Stages:
   poisson      one Poisson draw at N (q·N = 4,096), in process: ms a step and bytes allocated
   dp_spm       `private-t5 dp-spm` (500 pieces, one worker)
   splits       `private-t5 splits` on the corpus and a 1% validation corpus (local: in memory)
+  splits_beam  the same on `--runner=DirectRunner`, 2 worker processes, the corpus in 8 files
 A seqio Task written into a store is measured by benchmarks/bench_seqio_store.py.
 """
 import argparse
@@ -36,7 +37,7 @@ import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRIVATE_T5 = [sys.executable, "-m", "private_t5.stages.cli"]
-STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits")
+STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "splits_beam")
 C4_DOCUMENTS = 365_000_000
 LEXICON_SIZE = 2000
 FIRST_STEP_LINE = "first step (compilation included)"
@@ -163,11 +164,15 @@ def measure(stage: str, n: int, work: str, corpus: str, long_variant: bool) -> d
                         "--vocab_size=500", "--target_epsilon=8", "--gin.train_dp_vocabulary.num_workers=1", "-q"]
     wall, cpu, rss, _ = run(cmd, env)
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
-  if stage == "splits":
+  if stage in ("splits", "splits_beam"):
     words = 1200 if long_variant else 12
     valid = write_corpus(os.path.join(work, f"valid-{tag}.jsonl"), max(1000, n // 100), words, seed=1)
-    out = os.path.join(work, f"splits-{tag}-{time.time_ns()}.json")
-    cmd = PRIVATE_T5 + ["splits", f"--train_corpus={corpus}", f"--valid_corpus={valid}", f"--output={out}", "-q"]
+    out = os.path.join(work, f"{stage}-{tag}-{time.time_ns()}.json")
+    train = corpus if stage == "splits" else write_corpus(os.path.join(work, f"corpus-{tag}-parts", "part"), n,
+                                                          words, num_files=8)
+    cmd = PRIVATE_T5 + ["splits", f"--train_corpus={train}", f"--valid_corpus={valid}", f"--output={out}", "-q"]
+    if stage == "splits_beam":
+      cmd += ["--runner=DirectRunner", "--beam_options=--direct_num_workers=2 --direct_running_mode=multi_processing"]
     wall, cpu, rss, _ = run(cmd, env)
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
   raise ValueError(stage)
