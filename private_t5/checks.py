@@ -20,6 +20,16 @@ def _show(value: Any) -> str:
   return f"{value!r} ({type(value).__name__})"
 
 
+def is_integer(value: Any) -> bool:
+  """Whether `value` is an integer (a bool is not)."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+  """Whether `value` is a finite real number (a bool or a string is not)."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def boolean(value: Any, name: str, *, optional: bool = False) -> Optional[bool]:
   """`value` if it is a bool (True/False, NumPy's too); None when `optional`; else ConfigError."""
   if value is None and optional:
@@ -37,7 +47,7 @@ def integer(value: Any, name: str, *, minimum: Optional[int] = None, maximum: Op
   `optional` and None; else ConfigError."""
   if value is None and optional:
     return None
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+  if not is_integer(value):
     raise ConfigError(f"{name} must be an integer, got {_show(value)}")
   value = int(value)
   if minimum is not None and value < minimum:

@@ -22,13 +22,13 @@ Markdown also breaks down the per-layer cost of the norm computation.
 import concurrent.futures
 import json
 import logging
-import math
 import multiprocessing
 import os
 import platform
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from private_t5 import checks
 from private_t5.errors import ConfigError
 from private_t5.experiments.benchmark_case import (GHOST, GIB, METHODS, NONDP, VMAP, machine_memory_bytes,
                                                    run_case, step_memory_floor)
@@ -59,24 +59,16 @@ def _run_isolated(case: Dict[str, Any]) -> Dict[str, Any]:
 MAX_TOKENS = 2 ** 31  # batch_size * (inputs + targets) above this is no benchmark any machine runs
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, warmup, microbatch_size) -> List[tuple]:
   """The (inputs, targets, batch_size) triples as ints; ConfigError for a bad input, before any work."""
   for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("microbatch_size", microbatch_size, 1)):
-    if not (value is None and name == "microbatch_size") and (not _is_int(value) or value < low):
+    if not (value is None and name == "microbatch_size") and (not checks.is_integer(value) or value < low):
       raise ConfigError(f"benchmark.{name} must be an integer >= {low}, got {value!r}")
   if not isinstance(shapes, (list, tuple)) or not shapes:
     raise ConfigError(f"benchmark.shapes must be a non-empty list of (inputs, targets, batch_size), got {shapes!r}")
   for shape in shapes:
     if (not isinstance(shape, (list, tuple)) or len(shape) != 3
-        or any(not _is_int(s) or s < 1 for s in shape)):
+        or any(not checks.is_integer(s) or s < 1 for s in shape)):
       raise ConfigError(f"benchmark.shapes entries must be (inputs, targets, batch_size) of integers >= 1, "
                         f"got {shape!r}")
     if shape[2] * (shape[0] + shape[1]) > MAX_TOKENS:
@@ -93,19 +85,19 @@ def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, w
 
 def _check_search(memory_budget_gb, max_batch_shapes, max_batch_cap, max_batch_resolution) -> Optional[set]:
   """The settings of the max-batch search; returns the (inputs, targets) it runs for (None: all)."""
-  if memory_budget_gb is not None and (not _is_number(memory_budget_gb) or memory_budget_gb <= 0):
+  if memory_budget_gb is not None and (not checks.is_finite_number(memory_budget_gb) or memory_budget_gb <= 0):
     raise ConfigError(f"benchmark.memory_budget_gb must be a finite number > 0 (or None: no max-batch search), "
                       f"got {memory_budget_gb!r}")
-  if max_batch_cap is not None and (not _is_int(max_batch_cap) or max_batch_cap < 1):
+  if max_batch_cap is not None and (not checks.is_integer(max_batch_cap) or max_batch_cap < 1):
     raise ConfigError(f"benchmark.max_batch_cap must be an integer >= 1 (or None: no cap but the "
                       f"benchmark's limit of {MAX_TOKENS:,} tokens per step), got {max_batch_cap!r}")
-  if not _is_number(max_batch_resolution) or not 0 <= max_batch_resolution < 1:
+  if not checks.is_finite_number(max_batch_resolution) or not 0 <= max_batch_resolution < 1:
     raise ConfigError(f"benchmark.max_batch_resolution must be a number in [0, 1) (relative precision of the "
                       f"max-batch search; 0: exact), got {max_batch_resolution!r}")
   if max_batch_shapes is None:
     return None
   if not isinstance(max_batch_shapes, (list, tuple)) or any(
-      not isinstance(s, (list, tuple)) or len(s) != 2 or any(not _is_int(v) or v < 1 for v in s)
+      not isinstance(s, (list, tuple)) or len(s) != 2 or any(not checks.is_integer(v) or v < 1 for v in s)
       for s in max_batch_shapes):
     raise ConfigError(f"benchmark.max_batch_shapes must be a list of (inputs, targets) of integers >= 1 (or None: "
                       f"every shape), got {max_batch_shapes!r}")
