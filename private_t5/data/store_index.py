@@ -61,7 +61,18 @@ def _write_strings(path: str, offsets_path: str, strings: Sequence[str]) -> None
     np.asarray(offsets, dtype=np.int64).tofile(f)
 
 
-class StringColumn(collections.abc.Sequence):
+class _Column(collections.abc.Sequence):
+  """A read-only sequence equal to any list (or column) of the same items."""
+
+  def __eq__(self, other) -> bool:
+    if isinstance(other, (_Column, list, tuple)):
+      return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+    return NotImplemented
+
+  __hash__ = None
+
+
+class StringColumn(_Column):
   """Strings stored as UTF-8 bytes plus int64 offsets, in one or more parts (shards), read on
   demand: nothing is loaded until a string is asked for, then only the parts' files are
   memory-mapped. A `Sequence` (len, index, iteration, `in`); equal to a list of the same strings."""
@@ -97,15 +108,8 @@ class StringColumn(collections.abc.Sequence):
     j = i - int(self._starts[k])
     return bytes(data[offsets[j]:offsets[j + 1]]).decode("utf-8")
 
-  def __eq__(self, other) -> bool:
-    if isinstance(other, (StringColumn, list, tuple)):
-      return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-    return NotImplemented
 
-  __hash__ = None
-
-
-class UserColumn(collections.abc.Sequence):
+class UserColumn(_Column):
   """The user name of each document, from the user index and the names (read on demand)."""
 
   def __init__(self, index: np.ndarray, names: Sequence[str]):
@@ -118,13 +122,6 @@ class UserColumn(collections.abc.Sequence):
     if isinstance(i, slice):
       return [self[j] for j in range(*i.indices(len(self)))]
     return self.names[int(self.index[i])]
-
-  def __eq__(self, other) -> bool:
-    if isinstance(other, (UserColumn, StringColumn, list, tuple)):
-      return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-    return NotImplemented
-
-  __hash__ = None
 
 
 class IndexWriter:
