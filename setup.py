@@ -33,6 +33,7 @@ INSTALL_REQUIRES = [
     "sentencepiece>=0.2.3,<0.3",
     "protobuf>=7,<8",  # sentencepiece 0.2.3's model protocol buffers are protobuf-7 generated code
     "dp-accounting>=0.6,<0.7",
+    "jax-privacy>=2.0,<2.1",  # correlated noise: banded / BLT strategies, their accounting (imported lazily)
     "absl-py>=2",
     "gin-config>=0.5,<0.6",
     "numpy>=2.4,<3",

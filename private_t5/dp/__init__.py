@@ -21,6 +21,8 @@ _EXPORTS = {
     "NoisySum": "private_t5.dp.accounting",
     "AGGREGATORS": "private_t5.dp.mechanism",
     "PoissonSampler": "private_t5.dp.sampling",
+    "CyclicPoissonSampler": "private_t5.dp.sampling",
+    "Strategy": "private_t5.dp.strategies",
     "ShuffledBatchSampler": "private_t5.dp.sampling",
 }
 

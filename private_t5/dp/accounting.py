@@ -20,6 +20,11 @@ ML", Ponomareva et al. 2023, §4.3).
 Fixed (shuffled) batches are a different mechanism (sampling without replacement); they are
 accounted as such under the replace-one neighbouring relation (RDP only), never as Poisson.
 
+Correlated noise by matrix factorization (`strategies`) is accounted for the steps taken as a
+whole: banded with amplification, DP-SGD's event over the ceil(t/b) participations of an example
+(`banded_dp_event`, jax-privacy's `amplified_bandmf_event`); BLT as one Gaussian release of
+multiplier σ·s(n)/s(t) (`blt_dp_event`); `correlated_epsilons`, `calibrate_correlated`.
+
 This is the only module that imports `dp_accounting`: it also accounts DP-SentencePiece (one
 Gaussian release of a word histogram and a threshold, `thresholded_gaussian_parameters`), adaptive
 DP's per-step noise multipliers (`varying_noise_epsilon`), and composes the events of several
@@ -43,6 +48,7 @@ from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting import mechanism_calibration
 from scipy import optimize, special, stats
 
+from private_t5.dp.strategies import BANDED, BLT
 from private_t5.errors import PrivacyError
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -492,6 +498,153 @@ def max_expected_batch_size_for(num_examples: int, max_batch_size: int,
     else:
       hi = mid - 1
   return lo
+
+
+# -- correlated noise: banded (amplified) and BLT matrix factorization -------------------------
+#
+# A matrix factorization mechanism (`strategies`) adds C⁻¹ Z with Z ~ N(0, (σ·C_clip·sens)² I),
+# sens = the strategy's sensitivity. Its examples are sampled by cyclic Poisson sampling: b groups,
+# group t mod b sampled with rate q at step t.
+
+def banded_rounds(steps: int, num_bands: int) -> int:
+  """ceil(t / b): the participations of one example in t steps with b groups."""
+  return -(-int(steps) // int(num_bands))
+
+
+def banded_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, num_bands: int) -> DpEvent:
+  """The event of `steps` steps of banded matrix factorization with amplification (Choquette-Choo
+  et al. 2023, Thm. 4; jax-privacy's `amplified_bandmf_event`): the columns of an example's ≤
+  ceil(t/b) participations do not overlap (≤ b bands, ≥ b steps apart), each a Poisson sampled
+  Gaussian of multiplier σ (noise scaled by the max column norm): DP-SGD's event of ceil(t/b)
+  steps, `make_dp_event(σ, q, ceil(t/b))`."""
+  from jax_privacy.experimental import accounting as jax_privacy_accounting  # pylint: disable=g-import-not-at-top
+  validate_privacy_params(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps)
+  return jax_privacy_accounting.amplified_bandmf_event(
+      noise_multiplier=float(noise_multiplier), iterations=int(steps), num_bands=int(num_bands),
+      sampling_prob=float(sampling_rate))
+
+
+def blt_dp_event(noise_multiplier: float, sensitivity_ratio: float) -> DpEvent:
+  """The event of the first t steps of a BLT (not amplified): one Gaussian release of multiplier
+  σ · s(n) / s(t), the noise std σ·C·s(n) over the release's sensitivity C·s(t)."""
+  return dp_accounting.GaussianDpEvent(float(noise_multiplier) * float(sensitivity_ratio))
+
+
+def correlated_epsilons(noise: str, noise_multiplier: float, sampling_rate: float, steps: int, delta: float, *,
+                        num_bands: int, sensitivity_ratio: float = 1.0, accountant: str = AUTO) -> Dict[str, float]:
+  """{accountant: ε} after `steps` steps of correlated noise ("banded" or "blt"), as `compute_epsilons`.
+
+  Banded: the amplified event, by RDP and PLD (PLD out of reach as for DP-SGD of ceil(t/b)
+  steps). BLT: the Gaussian event of multiplier σ · `sensitivity_ratio` (s(n)/s(t)).
+  """
+  validate_privacy_params(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps,
+                          delta=delta, accountant=accountant)
+  if noise == BANDED:
+    rounds = banded_rounds(steps, num_bands)
+    event = banded_dp_event(noise_multiplier, sampling_rate, steps, num_bands)
+    return event_epsilons(event, delta, accountant, pld_check=lambda: _check_pld_in_reach(
+        noise_multiplier, sampling_rate, rounds, delta, Sampling.POISSON, None))
+  if noise == BLT:
+    event = blt_dp_event(noise_multiplier, sensitivity_ratio)
+    return event_epsilons(event, delta, accountant, pld_check=lambda: _check_event_in_reach(event, delta))
+  raise PrivacyError(f"correlated noise is {BANDED!r} or {BLT!r}, got {noise!r}")
+
+
+def event_epsilons(event: DpEvent, delta: float, accountant: str = AUTO, *, pld_check=None) -> Dict[str, float]:
+  """{accountant: ε at δ} of one add/remove-one event for each accountant `accountant` runs;
+  `pld_check` raises `PldOutOfReachError` where PLD would not fit ("auto" then leaves it out)."""
+  out = {}
+  for name in accountants_for(accountant):
+    try:
+      if name == "pld" and pld_check is not None:
+        pld_check()
+      acc = make_accountant(name)
+      acc.compose(event)
+      out[name] = float(acc.get_epsilon(delta))
+    except PldOutOfReachError:
+      if accountant != AUTO:
+        raise
+  return out
+
+
+def _check_event_in_reach(event: DpEvent, delta: float) -> None:
+  """PldOutOfReachError where RDP's ε of `event` is above PLD_MAX_EPSILON (PLD's arrays grow with ε)."""
+  eps = event_epsilons(event, delta, "rdp")["rdp"]
+  if eps > PLD_MAX_EPSILON:
+    raise PldOutOfReachError(f"ε = {eps:.4g} by RDP: no guarantee, and beyond ε = {PLD_MAX_EPSILON:g} the PLD "
+                             "accountant's arrays outgrow memory; use accountant='rdp' or 'auto'")
+
+
+def calibrate_correlated(noise: str, target_epsilon: float, sampling_rate: float, steps: int, delta: float, *,
+                         num_bands: int, accountant: str = AUTO, tol: float = 1e-4) -> float:
+  """The smallest σ whose ε after `steps` steps of correlated noise is at most `target_epsilon`
+  ("auto": the smaller of the RDP and PLD calibrations, as `calibrate_noise`).
+
+  Banded: `calibrate_noise` of DP-SGD over ceil(n/b) steps (the same event, `banded_dp_event`).
+  BLT over its n steps: one Gaussian release of multiplier σ (s(n)/s(n) = 1).
+  """
+  if noise == BANDED:
+    return calibrate_noise(target_epsilon, sampling_rate, banded_rounds(steps, num_bands), delta, accountant, tol=tol)
+  if noise != BLT:
+    raise PrivacyError(f"correlated noise is {BANDED!r} or {BLT!r}, got {noise!r}")
+  _check_number("target_epsilon", target_epsilon, low=0)
+  validate_privacy_params(delta=delta, accountant=accountant)
+  def eps(sigma, name):
+    return event_epsilons(blt_dp_event(sigma, 1.0), delta, name)[name]
+
+  def calibrate(name, low, high):
+    return float(mechanism_calibration.calibrate_dp_mechanism(
+        lambda: make_accountant(name), lambda s: blt_dp_event(s, 1.0), target_epsilon, delta,
+        bracket_interval=mechanism_calibration.ExplicitBracketInterval(low, high), tol=tol))
+
+  if eps(MAX_NOISE_MULTIPLIER, "rdp") > target_epsilon:
+    raise PrivacyError(f"target_epsilon={target_epsilon:g} is unreachable: even noise_multiplier="
+                       f"{MAX_NOISE_MULTIPLIER:g} gives ε={eps(MAX_NOISE_MULTIPLIER, 'rdp'):.4g} at δ={delta:g}")
+  if eps(MIN_NOISE_MULTIPLIER, "rdp") <= target_epsilon:
+    return MIN_NOISE_MULTIPLIER
+  sigmas = []
+  if "rdp" in accountants_for(accountant):
+    sigmas.append(calibrate("rdp", MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER))
+  if "pld" in accountants_for(accountant):
+    # PLD's arrays grow with ε: bracket near the exact Gaussian σ (a lower bound of PLD's, whose
+    # discretisation only adds to ε) instead of searching from tiny σ.
+    low = high = max(calibrate_gaussian(target_epsilon, delta), MIN_NOISE_MULTIPLIER)
+    while eps(high, "pld") > target_epsilon:
+      low, high = high, high * 2
+    sigmas.append(high if low == high else calibrate("pld", low, high))
+  return min(sigmas)
+
+
+def correlated_plan(noise: str, sampling_rate: float, steps: int, delta: float, *, num_bands: int,
+                    noise_multiplier: Optional[float] = None, target_epsilon: Optional[float] = None,
+                    accountant: str = AUTO) -> Dict[str, object]:
+  """ε (or σ for a target ε) of a whole correlated-noise run of `steps` steps: {"epsilon",
+  "epsilon_rdp", "epsilon_pld", "accountant_used", "noise_multiplier", "mechanism", ...}.
+
+  The coefficients do not enter: banded is accounted per participation (ceil(n/b) of them), a
+  BLT over its n steps is one Gaussian release of multiplier σ (its strategy's sensitivity s(n)
+  scales the noise).
+  """
+  if (noise_multiplier is None) == (target_epsilon is None):
+    raise PrivacyError("give exactly one of noise_multiplier and target_epsilon")
+  if isinstance(num_bands, bool) or int(num_bands) != num_bands or not 1 <= num_bands <= steps:
+    raise PrivacyError(f"num_bands b must be an integer in [1, steps={steps}], got {num_bands!r}")
+  out: Dict[str, object] = {}
+  if target_epsilon is not None:
+    noise_multiplier = calibrate_correlated(noise, target_epsilon, sampling_rate, steps, delta, num_bands=num_bands,
+                                            accountant=accountant)
+    out["target_epsilon"] = target_epsilon
+  eps = correlated_epsilons(noise, noise_multiplier, sampling_rate, steps, delta, num_bands=num_bands,
+                            accountant=accountant)
+  used = min(eps, key=lambda name: (eps[name], name))
+  mechanism = (f"banded matrix factorization, cyclic Poisson sampling in b={num_bands} groups, amplified: "
+               f"{banded_rounds(steps, num_bands)} Poisson sampled Gaussian participations" if noise == BANDED else
+               f"BLT matrix factorization, cyclic Poisson sampling in b={num_bands} groups, not amplified: one "
+               "Gaussian release (noise scaled by the strategy's min-separation sensitivity)")
+  out.update(epsilon=eps[used], epsilon_rdp=eps.get("rdp"), epsilon_pld=eps.get("pld"), accountant_used=used,
+             noise_multiplier=float(noise_multiplier), mechanism=mechanism,
+             participations=banded_rounds(steps, num_bands))
+  return out
 
 
 # -- several releases: their events composed --------------------------------------------------

@@ -14,6 +14,12 @@ as strong as the training unit (at a stronger unit by group privacy, see `group_
 otherwise the vocabulary is recorded as non-private and the total ε is ∞, unless it is declared
 public (not built from the private data).
 
+A ledger of correlated noise (`noise` "banded" or "blt", `strategies`) records its b and its
+strategy (kind, digest, coefficients, sensitivity) and accounts the steps taken as one event:
+banded, the amplified event of ceil(t/b) participations; BLT, one Gaussian release
+(`accounting.correlated_epsilons`). A Gaussian ledger has none of these fields (its JSON is as
+before).
+
 A guarantee needs secret noise: a run (or a component) whose noise came from a fixed seed is
 recorded with `noise_secret: false`, and its report says so (`warnings`).
 
@@ -26,6 +32,7 @@ import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from private_t5.dp import accounting
+from private_t5.dp import strategies
 from private_t5.dp.components import PRIVACY_UNITS, ComposedReleases, group_privacy  # pylint: disable=unused-import
 from private_t5.dp import privacy_report
 # The reports' names, importable from the ledger as well (`privacy_report` owns them).
@@ -40,7 +47,10 @@ from private_t5.errors import DataError, PrivacyError
 LEDGER_VERSION = 1
 # Fields that define the mechanism; a resumed run must keep them unchanged.
 _MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
-                     "sampling", "max_batch_size", "non_private")
+                     "sampling", "max_batch_size", "non_private", "noise", "num_bands", "strategy_digest",
+                     "strategy_sensitivity")
+# The fields only a correlated-noise ledger writes.
+_CORRELATED_FIELDS = ("noise", "num_bands", "strategy")
 
 
 @dataclasses.dataclass
@@ -68,6 +78,11 @@ class PrivacyLedger(ComposedReleases):
       is then no guarantee); once False it stays False on resume.
     population: public facts on the N units when the data is a seqio Task or Mixture (its tasks,
       example counts, whether the unit is the user's declaration); None: the data's description.
+    noise: "gaussian" (DP-SGD), or correlated noise: "banded" or "blt".
+    num_bands: b, the cyclic Poisson groups of correlated noise (q is the rate within a group,
+      the expected batch q·N/b); 1 for Gaussian noise.
+    strategy: correlated noise: the strategy's record (`strategies.Strategy.to_dict`: kind,
+      digest, coefficients or BLT parameters, b, steps, sensitivity); None for Gaussian noise.
   """
   noisy_sum: Optional[accounting.NoisySum]
   sampling_rate: float
@@ -85,10 +100,15 @@ class PrivacyLedger(ComposedReleases):
   clipping_method: Optional[str] = None
   noise_secret: bool = True
   population: Optional[Dict[str, Any]] = None
+  noise: str = strategies.GAUSSIAN
+  num_bands: int = 1
+  strategy: Optional[Dict[str, Any]] = None
 
   def __post_init__(self):
     self._epsilon_cache: Dict[Any, Dict[str, float]] = {}
     self._by_events_cache: Dict[Any, Optional[float]] = {}
+    self._strategy: Optional[strategies.Strategy] = None
+    self._check_noise()
     if self.privacy_unit not in PRIVACY_UNITS:
       raise PrivacyError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
     if int(self.steps) != self.steps or self.steps < 0:
@@ -108,6 +128,45 @@ class PrivacyLedger(ComposedReleases):
         self.truncation_probability = accounting.truncation_probability(
             self.num_examples, self.sampling_rate, self.max_batch_size)
 
+  def _check_noise(self) -> None:
+    """The correlated-noise fields agree with each other and with the sampling (PrivacyError)."""
+    if self.noise not in strategies.NOISE_KINDS:
+      raise PrivacyError(f"noise must be one of {strategies.NOISE_KINDS}, got {self.noise!r}")
+    if isinstance(self.num_bands, bool) or int(self.num_bands) != self.num_bands or self.num_bands < 1:
+      raise PrivacyError(f"num_bands must be an integer >= 1, got {self.num_bands!r}")
+    self.num_bands = int(self.num_bands)
+    if not self.correlated:
+      if self.num_bands != 1 or self.strategy is not None:
+        raise PrivacyError("a Gaussian-noise ledger has num_bands = 1 and no strategy")
+      return
+    if self.non_private or self.sampling != accounting.Sampling.POISSON or self.max_batch_size is not None:
+      raise PrivacyError("correlated noise is accounted for untruncated Poisson sampling only")
+    if not isinstance(self.strategy, dict):
+      raise PrivacyError(f"a {self.noise} ledger needs its strategy, got {self.strategy!r}")
+    self._strategy = strategies.Strategy.from_dict(self.strategy)
+    if self._strategy.kind != self.noise or self._strategy.num_bands != self.num_bands:
+      raise PrivacyError(f"the strategy is {self._strategy.kind!r} with b={self._strategy.num_bands}, but the "
+                         f"ledger's noise is {self.noise!r} with b={self.num_bands}")
+    recorded = self.strategy.get("sensitivity")
+    if not isinstance(recorded, (int, float)) or not math.isclose(recorded, self._strategy.sensitivity, rel_tol=1e-9):
+      raise DataError(f"the recorded strategy's sensitivity {recorded!r} is not its coefficients' "
+                      f"({self._strategy.sensitivity!r})")
+
+  @property
+  def correlated(self) -> bool:
+    """Whether the noise is correlated across steps (a matrix factorization strategy)."""
+    return self.noise != strategies.GAUSSIAN
+
+  @property
+  def strategy_digest(self) -> Optional[str]:
+    """The SHA-256 of the strategy's coefficients (None for Gaussian noise)."""
+    return self.strategy.get("digest") if self.strategy else None
+
+  @property
+  def strategy_sensitivity(self) -> Optional[float]:
+    """The strategy's sensitivity per unit clip norm (None for Gaussian noise)."""
+    return float(self.strategy["sensitivity"]) if self.strategy else None
+
   @classmethod
   def create(cls, *, delta: float, num_examples: int, noisy_sum: Optional[accounting.NoisySum] = None,
              noise_multiplier: Optional[float] = None, clip_norm: Optional[float] = None,
@@ -116,19 +175,22 @@ class PrivacyLedger(ComposedReleases):
              privacy_unit: str = "document", sampling: str = accounting.Sampling.POISSON.value,
              configured_batch_size: Optional[int] = None,
              clipping_method: Optional[str] = None, noise_secret: bool = True,
-             population: Optional[Dict[str, Any]] = None) -> "PrivacyLedger":
+             population: Optional[Dict[str, Any]] = None, noise: str = strategies.GAUSSIAN,
+             strategy: Optional[strategies.Strategy] = None) -> "PrivacyLedger":
     """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N).
 
     `noisy_sum` is the run's (shared with its aggregator; its q·N must be q·N here: DP rule
     "sampling matches accounting"); without it one is made from `noise_multiplier` and
-    `clip_norm` with divisor q·N.
+    `clip_norm` with divisor q·N. Correlated `noise` takes its `strategy`: q is then the rate
+    within one of its b groups and the divisor q·N/b.
     """
+    num_bands = strategy.num_bands if strategy is not None else 1
     if (sampling_rate is None) == (batch_size is None):
       raise PrivacyError("give exactly one of sampling_rate and batch_size")
     if sampling_rate is None:
       accounting.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
       sampling_rate = accounting.sampling_rate_from_batch(batch_size, num_examples)
-    expected = float(sampling_rate) * int(num_examples)
+    expected = float(sampling_rate) * int(num_examples) / num_bands
     if noisy_sum is None:
       noisy_sum = accounting.NoisySum(clip_norm, noise_multiplier, expected)
     elif not math.isclose(noisy_sum.expected_batch_size, expected, rel_tol=1e-9):
@@ -137,7 +199,8 @@ class PrivacyLedger(ComposedReleases):
     return cls(noisy_sum=noisy_sum, sampling_rate=float(sampling_rate), delta=float(delta),
                accountant=accountant, privacy_unit=privacy_unit, num_examples=int(num_examples),
                max_batch_size=max_batch_size, sampling=sampling, configured_batch_size=configured_batch_size,
-               clipping_method=clipping_method, noise_secret=bool(noise_secret), population=population)
+               clipping_method=clipping_method, noise_secret=bool(noise_secret), population=population,
+               noise=noise, num_bands=num_bands, strategy=strategy.to_dict() if strategy is not None else None)
 
   @classmethod
   def non_private_baseline(cls, *, num_examples: Optional[int] = None, privacy_unit: str = "document",
@@ -202,26 +265,55 @@ class PrivacyLedger(ComposedReleases):
   # -- privacy spent ----------------------------------------------------------------------------
 
   def step_event(self) -> Optional[accounting.DpEvent]:
-    """The `DpEvent` of one training step of this ledger's mechanism (None for a non-private run).
+    """The `DpEvent` of one training step of this ledger's mechanism (None for a non-private run,
+    and for correlated noise, whose steps are accounted together: `training_event`).
 
     `accounting.step_dp_event` of σ and q: a Poisson-sampled Gaussian (fixed batches: sampled
     without replacement); truncated (`truncation_probability` > 0), the event only PLD accounts.
     """
-    if self.non_private:
+    if self.non_private or self.correlated:
       return None
     return accounting.step_dp_event(
         self.noise_multiplier, self.sampling_rate, sampling=self.sampling, num_examples=self.num_examples,
         max_batch_size=self.max_batch_size if self.truncation_probability else None)
 
+  def training_event(self, accountant: str = "pld") -> Optional[accounting.DpEvent]:
+    """The `DpEvent` of the `steps` steps taken, as `accountant` accounts them (None for a
+    non-private run or before the first step): Gaussian noise, the step event composed `steps`
+    times (truncation for PLD only); banded, the amplified event (`accounting.banded_dp_event`);
+    BLT, one Gaussian release of multiplier σ·s(n)/s(t) (`accounting.blt_dp_event`)."""
+    if self.non_private or not self.steps:
+      return None
+    if self.noise == strategies.BANDED:
+      return accounting.banded_dp_event(self.noise_multiplier, self.sampling_rate, self.steps, self.num_bands)
+    if self.noise == strategies.BLT:
+      return accounting.blt_dp_event(self.noise_multiplier, self.sensitivity_ratio())
+    return accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, self.steps,
+                                    num_examples=self.num_examples,
+                                    max_batch_size=self.max_batch_size if accountant == "pld" else None)
+
+  def sensitivity_ratio(self) -> float:
+    """BLT: s(n) / s(t), the noise std (set for the strategy's n steps) over the sensitivity of the
+    t = `steps` steps released so far (≥ 1 for t ≤ n; valid for t > n as well); 1 otherwise."""
+    if self.noise != strategies.BLT or not self.steps:
+      return 1.0
+    return self.strategy_sensitivity / self._strategy.sensitivity_over(self.steps)
+
   def epsilons(self) -> Dict[str, float]:
     """{accountant: training ε at `delta`} for each accountant this ledger runs ("auto": RDP and
     PLD); cached per step count (PLD takes seconds at long runs)."""
-    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate)
+    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate, self.noise, self.num_bands,
+           self.strategy_digest)
     if key not in self._epsilon_cache:
       self._epsilon_cache.clear()
-      self._epsilon_cache[key] = accounting.compute_epsilons(
-          self.noise_multiplier, self.sampling_rate, self.steps, self.delta, sampling=self.sampling,
-          num_examples=self.num_examples, max_batch_size=self.max_batch_size, accountant=self.accountant)
+      if self.correlated:
+        self._epsilon_cache[key] = accounting.correlated_epsilons(
+            self.noise, self.noise_multiplier, self.sampling_rate, self.steps, self.delta, num_bands=self.num_bands,
+            sensitivity_ratio=self.sensitivity_ratio(), accountant=self.accountant)
+      else:
+        self._epsilon_cache[key] = accounting.compute_epsilons(
+            self.noise_multiplier, self.sampling_rate, self.steps, self.delta, sampling=self.sampling,
+            num_examples=self.num_examples, max_batch_size=self.max_batch_size, accountant=self.accountant)
     return dict(self._epsilon_cache[key])
 
   def accountant_used(self) -> Optional[str]:
@@ -272,18 +364,15 @@ class PrivacyLedger(ComposedReleases):
     components = self.dp_components(exclude)
     if not components:
       return None
-    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate,
-           tuple(json.dumps(c["event"], sort_keys=True) for c in components))
+    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate, self.noise, self.num_bands,
+           self.strategy_digest, tuple(json.dumps(c["event"], sort_keys=True) for c in components))
     if key not in self._by_events_cache:
       self._by_events_cache.clear()
       releases = [accounting.gaussian_event(c["event"]["noise_multiplier"]) for c in components]
       delta = self.delta + sum(c["event"]["delta_gaussian"] for c in components)
       self._by_events_cache[key] = min(
-          (accounting.composed_epsilon(
-              [accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, self.steps,
-                                        num_examples=self.num_examples,
-                                        max_batch_size=self.max_batch_size if name == "pld" else None)]
-              + releases, delta, name) for name in self.event_accountants()), default=None)
+          (accounting.composed_epsilon([self.training_event(name)] + releases, delta, name)
+           for name in self.event_accountants()), default=None)
     return self._by_events_cache[key]
 
   def event_accountants(self) -> List[str]:
@@ -311,6 +400,9 @@ class PrivacyLedger(ComposedReleases):
   def to_dict(self) -> Dict[str, Any]:
     d = dataclasses.asdict(self)
     del d["noisy_sum"]
+    if not self.correlated:  # a Gaussian ledger's JSON is as it always was
+      for name in _CORRELATED_FIELDS:
+        del d[name]
     d.update(noise_multiplier=self.noise_multiplier, clip_norm=self.clip_norm,
              expected_batch_size=self.expected_batch_size, ledger_version=LEDGER_VERSION)
     return d
@@ -329,7 +421,7 @@ class PrivacyLedger(ComposedReleases):
     if not d.get("non_private", False):
       expected = d.get("expected_batch_size")
       if expected is None and d.get("num_examples"):
-        expected = float(d["sampling_rate"]) * int(d["num_examples"])
+        expected = float(d["sampling_rate"]) * int(d["num_examples"]) / int(d.get("num_bands", 1))
       if expected is None:
         raise DataError("privacy ledger has neither expected_batch_size nor num_examples")
       noisy_sum = accounting.NoisySum(d["clip_norm"], d["noise_multiplier"], expected)

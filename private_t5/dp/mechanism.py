@@ -23,6 +23,14 @@ runs as ceil(n / m) microbatches of m = microbatch_size (or batch_size) rows, th
 added once to their clipped sum, and the ledger accounts the plain Poisson subsampled Gaussian.
 `sampling="poisson_truncated"` caps a sample at `batch_size` rows instead.
 
+`DPConfig.noise = "banded"` or `"blt"` gives correlated noise by matrix factorization instead
+(`strategies`, docs/dp_training.md): cyclic Poisson sampling in b = `num_bands` groups
+(`sampling.CyclicPoissonSampler`, q the rate within a group, q·N/b the expected batch and the
+public divisor), the noise C⁻¹ Z of a strategy optimised for the run's steps
+(`correlated_noise.correlated_noise`, a stateful transform: the trainer keeps its state), and the
+strategy's event for the steps taken in the ledger (banded: amplified; BLT: one Gaussian
+release). b = 1 with "banded" is DP-SGD.
+
 Everything here runs before any compute: invalid privacy parameters, an unreachable target ε
 or a batch larger than the dataset fail at once with a PrivacyError.
 """
@@ -39,6 +47,7 @@ from private_t5.dp import ghost
 from private_t5.dp import noise as noise_lib
 from private_t5.dp import public_vocabulary
 from private_t5.dp import sampling
+from private_t5.dp import strategies
 from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning, read_report,
                                   vocabulary_report_mismatch)
 from private_t5.errors import ConfigError, PrivacyError
@@ -88,6 +97,7 @@ class DPConfig:
       whose truncation at the padded `batch_size` adds at most 10% of δ over the run,
       (1 + e^ε)·steps·p_trunc ≤ 0.1 δ (and p_trunc ≤ 1e-6); an explicit value whose truncation
       adds more than that is refused (PrivacyError).
+      With correlated noise it is the expected sample of a step, q·N/b (default `batch_size`).
     sampling: "poisson" (default: untruncated Poisson sampling run in microbatches) or
       "poisson_truncated" (a sample is capped at `batch_size` rows).
     method: deprecated: how the clipped sum is computed is a speed setting
@@ -96,6 +106,16 @@ class DPConfig:
     vocab_is_public: the vocabulary was built without the private data (Gin macro
       VOCAB_IS_PUBLIC). Without a DP-SentencePiece report that names the vocabulary, the total ε
       is ∞ unless this is set.
+    noise: "gaussian" (default: independent noise each step, DP-SGD), or correlated noise by
+      matrix factorization: "banded" (amplified banded strategy) or "blt" (buffered linear
+      Toeplitz); both need untruncated "poisson" sampling.
+    num_bands: b, correlated noise only: the cyclic Poisson groups (an example joins only every
+      b-th step), the bands of a banded strategy, the minimum separation of a BLT's
+      participations. 1 for Gaussian noise.
+    buffers: "blt" only: its number of buffers (1..15); None: jax-privacy chooses (up to 8).
+    strategy_file: correlated noise only: a JSON file of the strategy's coefficients
+      ({"coefs": [...]}, or for "blt" {"buf_decay": [...], "output_scale": [...]}) instead of the
+      one optimised for the run's steps.
   """
   clip_norm: float = 1.0
   noise_multiplier: Optional[float] = None
@@ -106,6 +126,10 @@ class DPConfig:
   sampling: str = POISSON
   method: Optional[str] = None
   vocab_is_public: bool = False
+  noise: str = strategies.GAUSSIAN
+  num_bands: int = 1
+  buffers: Optional[int] = None
+  strategy_file: Optional[str] = None
 
   def __post_init__(self):
     if self.sampling not in DP_SAMPLING:
@@ -127,7 +151,33 @@ class DPConfig:
     accounting.validate_privacy_params(delta=self.delta, accountant=self.accountant)
     if self.method is not None and self.method not in DP_METHODS:
       raise ConfigError(f"DPConfig.method must be one of {DP_METHODS}, got {self.method!r}")
+    self._check_noise()
 
+  def _check_noise(self) -> None:
+    if self.noise not in strategies.NOISE_KINDS:
+      raise PrivacyError(f"DPConfig.noise must be one of {strategies.NOISE_KINDS}, got {self.noise!r}")
+    b = self.num_bands
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+      raise PrivacyError(f"DPConfig.num_bands (b) must be an integer >= 1, got {b!r}")
+    if self.strategy_file is not None and (not isinstance(self.strategy_file, str) or not self.strategy_file):
+      raise PrivacyError(f"DPConfig.strategy_file must be a path or None, got {self.strategy_file!r}")
+    if not self.correlated:
+      if b != 1 or self.buffers is not None or self.strategy_file is not None:
+        raise PrivacyError("DPConfig.num_bands, buffers and strategy_file are settings of correlated noise: set "
+                           "DPConfig.noise = 'banded' or 'blt' (got noise='gaussian')")
+      return
+    if self.truncated:
+      raise PrivacyError(f"DPConfig.noise={self.noise!r} needs untruncated 'poisson' sampling (its accounting "
+                         "assumes it), got sampling='poisson_truncated'")
+    if self.noise == strategies.BANDED and self.buffers is not None:
+      raise PrivacyError("DPConfig.buffers is a setting of noise='blt', not of 'banded'")
+    if self.noise == strategies.BLT:
+      strategies.check_buffers(self.buffers)
+
+  @property
+  def correlated(self) -> bool:
+    """Whether the noise is correlated across steps (a matrix factorization strategy)."""
+    return self.noise != strategies.GAUSSIAN
   @property
   def truncated(self) -> bool:
     """Whether a Poisson sample is capped at the padded batch size."""
@@ -207,10 +257,12 @@ class Mechanism:
       `MeanAggregator` for a non-private run): `zero_sum`, `accumulate`, `finish`; it carries C
       and the public divisor q·N (its `noisy_sum`).
     noise: the noise transform (`noise.gaussian_noise`; `noise.no_noise()` for a non-private
-      run), an optax `GradientTransformationExtraArgs` applied once per step.
+      run; `correlated_noise.correlated_noise`, whose state the trainer keeps across steps), an
+      optax `GradientTransformationExtraArgs` applied once per step.
     sampler: draws each step's example indices (it knows nothing about microbatches).
     dp_event: the `dp_accounting.DpEvent` of ONE step (None without a formal guarantee); the
-      ledger composes one per step taken.
+      ledger composes one per step taken. Correlated noise: the event of the whole planned run
+      (its steps are accounted together, `PrivacyLedger.training_event`).
     ledger: the privacy spent so far (replaced by the checkpoint's on resume).
     noise_multiplier: σ (calibrated when a target ε was given); None for a non-private run.
     dp_spm_report: the DP-SentencePiece report composed into the ledger, if any.
@@ -240,8 +292,11 @@ class Mechanism:
   def fingerprint(self) -> Dict[str, Any]:
     """The ledger fields that define the mechanism (part of the checkpoint fingerprint)."""
     d = self.ledger.to_dict()
-    return {k: d.get(k) for k in ("non_private", "noise_multiplier", "sampling_rate", "clip_norm",
-                                  "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
+    out = {k: d.get(k) for k in ("non_private", "noise_multiplier", "sampling_rate", "clip_norm",
+                                 "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
+    if self.ledger.correlated:
+      out.update(noise=self.ledger.noise, num_bands=self.ledger.num_bands, strategy=self.ledger.strategy_digest)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,15 +338,28 @@ class BatchLayout:
 
 
 def step_parts(noisy_sum: Optional[accounting.NoisySum], method: str, loss_fn: Callable, *,
-               spmd_axis_name: Optional[str] = None, **ghost_options) -> Tuple[Any, Any]:
+               spmd_axis_name: Optional[str] = None, strategy: Optional[strategies.Strategy] = None,
+               **ghost_options) -> Tuple[Any, Any]:
   """(clipped sum, noise transform) of a step: the mean and no noise when `noisy_sum` is None,
   else the `method` clipped sum ("vmap" or "ghost", with `ghost.GhostDPAggregator`'s options)
-  of `noisy_sum`'s C and q·N and its Gaussian noise transform. `build_mechanism` and the
-  benchmark build their steps here; `method` was checked by their settings."""
+  of `noisy_sum`'s C and q·N and its Gaussian noise transform, or with a `strategy` its
+  correlated noise transform. `build_mechanism` and the benchmark build their steps here;
+  `method` was checked by their settings."""
   if noisy_sum is None:
     return aggregator_lib.MeanAggregator(loss_fn), noise_lib.no_noise()
   clipped_sum = AGGREGATORS[method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name, **ghost_options)
+  if strategy is not None:
+    from private_t5.dp import correlated_noise  # pylint: disable=g-import-not-at-top  # (imports jax-privacy)
+    return clipped_sum, correlated_noise.correlated_noise(noisy_sum, strategy)
   return clipped_sum, noise_lib.gaussian_noise(noisy_sum)
+
+
+def require_gaussian(dp: Optional["DPConfig"], what: str) -> None:
+  """PrivacyError unless `dp` is None or has Gaussian noise: `what` (adaptive DP, JFT) scales or
+  composes per-step Gaussian noise and offers no correlated noise."""
+  if dp is not None and getattr(dp, "noise", strategies.GAUSSIAN) != strategies.GAUSSIAN:
+    raise PrivacyError(f"{what} needs DPConfig.noise='gaussian', got {dp.noise!r}: correlated noise is offered "
+                       "only for plain DP training")
 
 
 def default_delta(num_examples: int) -> float:
@@ -369,6 +437,12 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                                   population=population))
   if not isinstance(dp, DPConfig):
     raise ConfigError(f"dp must be a DPConfig or None, got {type(dp).__name__}")
+  if dp.correlated:
+    return _build_correlated(dp, execution, loss_fn=loss_fn, num_examples=num_examples, privacy_unit=privacy_unit,
+                             batch_size=batch_size, train_steps=train_steps, sampler_seed=sampler_seed,
+                             vocab_path=vocab_path, spmd_axis_name=spmd_axis_name, noise_secret=noise_secret,
+                             population=population, corpus=corpus, data_files=data_files,
+                             unknown_files=unknown_files, log=log)
   truncated = dp.truncated
   dp.check_data(num_examples=num_examples, batch_size=batch_size)
   delta = dp.delta if dp.delta is not None else default_delta(num_examples)
@@ -409,6 +483,56 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                       max_batch_size=max_batch_size)
   return Mechanism(clipped_sum=clipped_sum, noise=noise, sampler=sampler,
                    dp_event=dp_event, ledger=ledger, noise_multiplier=sigma, dp_spm_report=report)
+
+
+def _build_correlated(dp: DPConfig, execution: ExecutionSettings, *, loss_fn: Callable, num_examples: int,
+                      privacy_unit: str, batch_size: int, train_steps: int, sampler_seed: int,
+                      vocab_path: Optional[str], spmd_axis_name: Optional[str], noise_secret: bool,
+                      population: Optional[Dict[str, Any]], corpus, data_files, unknown_files,
+                      log: Callable[[str], None]) -> Mechanism:
+  """`build_mechanism` for correlated noise: cyclic Poisson sampling in b groups with rate q
+  within a group (expected batch q·N/b = `expected_batch_size`, default `batch_size`), the
+  strategy for `train_steps` steps, σ calibrated by the strategy's event, the ledger."""
+  b = dp.num_bands
+  dp.check_data(num_examples=num_examples, batch_size=batch_size)
+  if b > train_steps:
+    raise PrivacyError(f"DPConfig.num_bands b={b} exceeds train_steps={train_steps}: some group would never be sampled")
+  delta = dp.delta if dp.delta is not None else default_delta(num_examples)
+  accounting.validate_privacy_params(delta=delta, num_examples=num_examples, steps=train_steps)
+  expected = float(dp.expected_batch_size if dp.expected_batch_size is not None else batch_size)
+  if b * expected > num_examples:
+    raise PrivacyError(f"num_bands × expected batch = {b} × {expected:g} exceeds N = {num_examples}: each of the b "
+                       "groups (about N/b examples) must hold the expected batch; lower b or the batch")
+  q = b * expected / num_examples
+  strategy = strategies.for_run(dp.noise, steps=train_steps, num_bands=b, buffers=dp.buffers,
+                                strategy_file=dp.strategy_file, log=log)
+  sigma = dp.noise_multiplier
+  if sigma is None:
+    sigma = accounting.calibrate_correlated(dp.noise, dp.target_epsilon, q, train_steps, delta, num_bands=b,
+                                            accountant=dp.accountant)
+    log(f"[privacy] calibrated noise_multiplier σ={sigma:.4f} for ε={dp.target_epsilon:g} at δ={delta:.3g}, "
+        f"q={q:.4g} in b={b} groups, {train_steps} steps, {dp.noise} noise ({dp.accountant})")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", accounting.MeaninglessGuaranteeWarning)  # warned above
+    noisy_sum = accounting.NoisySum(dp.clip_norm, sigma, expected)
+    ledger = PrivacyLedger.create(noisy_sum=noisy_sum, delta=delta, num_examples=num_examples, sampling_rate=q,
+                                  accountant=dp.accountant, privacy_unit=privacy_unit,
+                                  sampling=accounting.Sampling.POISSON.value, configured_batch_size=batch_size,
+                                  clipping_method=execution.method, noise_secret=noise_secret,
+                                  population=population, noise=dp.noise, strategy=strategy)
+  report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus, data_files,
+                               unknown_files)
+  clipped_sum, noise = step_parts(noisy_sum, execution.method, loss_fn, spmd_axis_name=spmd_axis_name,
+                                  strategy=strategy)
+  rows = BatchLayout.for_run(dp, execution, batch_size).batch_rows
+  log(f"[privacy] DP training with {dp.noise} correlated noise: unit={privacy_unit}, N={num_examples}, b={b} "
+      f"cyclic Poisson groups, q={q:.4g} within a group (expected batch {expected:.1f}, untruncated, run in "
+      f"microbatches of {rows} rows), C={dp.clip_norm:g}, σ={sigma:.4f}, strategy {strategy.digest[:12]} "
+      f"(sensitivity {strategy.sensitivity:.4g}), δ={delta:.3g}, clipped sum by {execution.method}")
+  planned = dataclasses.replace(ledger, steps=train_steps)
+  return Mechanism(clipped_sum=clipped_sum, noise=noise,
+                   sampler=sampling.CyclicPoissonSampler(num_examples, q, b, sampler_seed),
+                   dp_event=planned.training_event(), ledger=ledger, noise_multiplier=sigma, dp_spm_report=report)
 
 
 def _fixed_batch_microbatch(batch_size: int, microbatch_size: Optional[int]) -> Optional[int]:

@@ -18,6 +18,9 @@ moved in front of the addition of an independent Gaussian.
   checkpoint) and an optional `noise_scale` (adaptive DP's γ_B). It is stateless.
 * `no_noise()` is the transform of a non-private run: the identity, accepting the same
   arguments.
+* Correlated noise (`correlated_noise.correlated_noise`) draws its normals here too
+  (`step_normals`) and keeps a state across steps: the caller threads it (`apply_with_state`);
+  `apply`, which starts a transform afresh each step, refuses it.
 
 Like jax-privacy's `noise_addition_transform`, the transform is the only place that knows σ;
 unlike optax's `differentially_private_aggregate`, the key is an explicit argument.
@@ -82,12 +85,18 @@ def add_gaussian_noise(tree: PyTree, key: jax.Array, std) -> PyTree:
   (DP rule "noise keys are secret and never reused"); the draw waits for `tree` (drawn early,
   it would be alive through the backward pass). `std` is a float or a float32 scalar array.
   """
+  leaves, treedef = jax.tree.flatten(tree)
+  noise = step_normals(leaves, key)
+  return jax.tree.unflatten(treedef, [g.astype(jnp.float32) + std * n for g, n in zip(leaves, noise)])
+
+
+def step_normals(leaves: Sequence[jax.Array], key: jax.Array) -> List[jax.Array]:
+  """A step's standard normals: `gaussian_like(key, leaves)`, drawn once `leaves` (the clipped
+  sum) is computed. The draw of Gaussian and correlated noise alike (`correlated_noise`)."""
   if key is None:
     raise PrivacyError("the Gaussian noise needs a noise_rng (the step's secret noise key)")
-  leaves, treedef = jax.tree.flatten(tree)
   key = schedule.after(key, leaves[-1])
-  noise = gaussian_like(key, leaves)
-  return jax.tree.unflatten(treedef, [g.astype(jnp.float32) + std * n for g, n in zip(leaves, noise)])
+  return gaussian_like(key, leaves)
 
 
 def gaussian_noise(noisy_sum: NoisySum) -> optax.GradientTransformationExtraArgs:
@@ -130,11 +139,26 @@ def transform_for(clipped_sum) -> optax.GradientTransformationExtraArgs:
 
 def apply(noise: optax.GradientTransformationExtraArgs, grads: PyTree, metrics: Dict[str, jax.Array],
           params: PyTree, noise_rng: Optional[jax.Array]) -> PyTree:
-  """`grads` (a finished clipped sum) through the noise transform `noise`, with the step's key
-  and the noise scale its metrics may carry (`NOISE_SCALE_METRIC`)."""
-  noisy, _ = noise.update(grads, noise.init(params), params, noise_rng=noise_rng,
-                          noise_scale=metrics.get(NOISE_SCALE_METRIC))
+  """`grads` (a finished clipped sum) through the stateless noise transform `noise` (Gaussian or
+  none), with the step's key and the noise scale its metrics may carry (`NOISE_SCALE_METRIC`).
+
+  Raises:
+    PrivacyError: `noise` keeps a state across steps (correlated noise): starting it afresh
+      every step is not the mechanism accounted; use `apply_with_state` and keep the state.
+  """
+  state = noise.init(params)
+  if jax.tree.leaves(state):
+    raise PrivacyError("this noise transform keeps a state across steps (correlated noise): the caller must "
+                       "keep it (noise.apply_with_state), not start it afresh every step")
+  noisy, _ = noise.update(grads, state, params, noise_rng=noise_rng, noise_scale=metrics.get(NOISE_SCALE_METRIC))
   return noisy
+
+
+def apply_with_state(noise: optax.GradientTransformationExtraArgs, grads: PyTree, metrics: Dict[str, jax.Array],
+                     params: PyTree, state: Any, noise_rng: Optional[jax.Array]) -> Tuple[PyTree, Any]:
+  """(noisy `grads`, the next noise state): `apply` for any noise transform, its state (from
+  `noise.init(params)`, then each step's result) kept by the caller across steps."""
+  return noise.update(grads, state, params, noise_rng=noise_rng, noise_scale=metrics.get(NOISE_SCALE_METRIC))
 
 
 def privatize(clipped_sum, params: PyTree, batch, *, dropout_rng: Optional[jax.Array] = None,

@@ -180,7 +180,9 @@ def ledger_report(ledger) -> Dict[str, Any]:
   smaller of `epsilon_by_events` and `epsilon_by_addition` (`total_epsilon`), and `composition`
   says in one line which, with both numbers; `training_epsilon` is DP-Adafactor's own ε;
   `vocabulary` is `vocabulary_status`; `accounting_delta` is the δ the training ε is computed at;
-  `noise_secret` is False when any noise came from a fixed seed; `warnings` has one line per
+  `noise_secret` is False when any noise came from a fixed seed; a correlated-noise run also
+  names its `mechanism` (`correlated_mechanism`), `strategy_digest`, `num_bands` (b) and the
+  strategy's `sensitivity` per unit clip norm; `warnings` has one line per
   reason the ε is no guarantee as it reads (`report_warnings`); with an initial checkpoint component,
   `epsilon_without_initial_checkpoint` / `delta_without_initial_checkpoint` are this run's share
   alone; `ledger` holds the exact fields for `PrivacyLedger.from_dict`.
@@ -203,6 +205,9 @@ def ledger_report(ledger) -> Dict[str, Any]:
       warnings=report_warnings(ledger),
       ledger=ledger.to_dict(),
   )
+  if getattr(ledger, "correlated", False):
+    out.update(mechanism=correlated_mechanism(ledger), strategy_digest=ledger.strategy_digest,
+               sensitivity=ledger.strategy_sensitivity, num_bands=ledger.num_bands)
   if any(c["name"] == INITIAL_CHECKPOINT_COMPONENT for c in ledger.components):
     exclude = (INITIAL_CHECKPOINT_COMPONENT,)
     out.update(epsilon_without_initial_checkpoint=finite(ledger.total_epsilon(exclude)),
@@ -213,6 +218,16 @@ def ledger_report(ledger) -> Dict[str, Any]:
   elif not ledger.non_private:
     out.update(epsilon_rdp=0.0, epsilon_pld=0.0 if not ledger.fixed_batches else None)
   return out
+
+
+def correlated_mechanism(ledger) -> str:
+  """A correlated-noise report's `mechanism`, in one line."""
+  s = ledger.strategy
+  if ledger.noise == "banded":
+    return (f"banded matrix factorization, {len(s['coefs'])} bands, cyclic Poisson sampling in b={ledger.num_bands} "
+            "groups, amplified (Choquette-Choo et al. 2023)")
+  return (f"BLT matrix factorization, {len(s['buf_decay'])} buffers, cyclic Poisson sampling in b={ledger.num_bands} "
+          "groups, min-separation sensitivity, not amplified (Dvijotham et al. 2024)")
 
 
 def vocabulary_status(components: Sequence[Dict[str, Any]]) -> Optional[str]:

@@ -14,6 +14,12 @@ cut into compiled batches is an execution setting (`mechanism.BatchLayout`).
   for DP training), every sampled example is returned, whatever their number; truncated, a
   sample is capped at `max_batch_size` rows. Truncation probabilities and caps come from `accounting` too
   (`truncation_probability`, `max_batch_size_for`).
+* `CyclicPoissonSampler` (for correlated-noise DP, `strategies`): the examples are split into b
+  groups by a keyed hash of (secret seed, index), an independent uniform partition; step t samples
+  only group t mod b, each of its examples independently with probability q (Choquette-Choo et
+  al. 2023's cyclic Poisson sampling; jax-privacy's `CyclicPoissonSampling` with
+  `PartitionType.INDEPENDENT`, the partition that matches the add/remove-one relation). b = 1 is
+  `PoissonSampler`.
 * `ShuffledBatchSampler` (non-private): an epoch-wise random permutation cut into fixed-size
   batches. It is NOT Poisson sampling: a DP run must refuse it, or account it as sampling
   without replacement / shuffling, never as Poisson.
@@ -32,6 +38,9 @@ from private_t5.errors import ConfigError, PrivacyError
 # Domain separation: the same integer seed never yields the same stream in two samplers.
 _POISSON_STREAM = 0x5053  # "PS"
 _SHUFFLE_STREAM = 0x5342  # "SB"
+_GROUP_STREAM = 0x4347  # "CG": the keys of the cyclic groups' hash
+# splitmix64's finaliser constants (a bijection of 64-bit integers).
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
 def _check_step(step: int) -> int:
@@ -197,3 +206,63 @@ class PoissonSampler:
       return np.arange(self.num_examples, dtype=np.int64)
     chosen = rng.choice(self.num_examples, size=count, replace=False)
     return np.sort(chosen).astype(np.int64)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+  """splitmix64's finaliser on uint64 (wrapping arithmetic): a bijection that spreads every input bit."""
+  x = x ^ (x >> np.uint64(30))
+  x = x * _MIX[0]
+  x = x ^ (x >> np.uint64(27))
+  x = x * _MIX[1]
+  return x ^ (x >> np.uint64(31))
+
+
+class CyclicPoissonSampler:
+  """Cyclic Poisson sampling: b groups, step t samples group t mod b with rate q.
+
+  Example i belongs to group g(i) = h_k(i) mod b, h_k a hash keyed by 128 bits drawn from the
+  secret seed: every example's group is independent and uniform (an independent partition, so
+  adding or removing one example changes no other example's group: the add/remove-one relation of
+  the accounting), and neither the partition nor any per-example state is stored. Step t's
+  sample is every example with g(i) = t mod b, each independently with probability q: the
+  Poisson(q) candidates over all N are drawn exactly as `PoissonSampler` draws them (Binomial
+  count, then a uniform subset) and those of the step's group are kept. Time and memory per step
+  are O(q N), never O(N); with b = 1 the indices are exactly `PoissonSampler`'s for the same
+  seed. The expected batch is q N / b, the public divisor of the noisy sum.
+  """
+
+  is_poisson = True
+  scheme = accounting.Sampling.POISSON
+  truncated = False
+  max_batch_size = None
+  padded_batch_size = None
+
+  def __init__(self, num_examples: int, sampling_rate: float, num_groups: int, seed: int):
+    num_groups = int(num_groups)
+    if num_groups < 1:
+      raise PrivacyError(f"num_groups (b) must be >= 1, got {num_groups}")
+    self.num_groups = num_groups
+    self._poisson = PoissonSampler(num_examples, sampling_rate, None, seed)
+    self.num_examples, self.sampling_rate, self.seed = self._poisson.num_examples, self._poisson.sampling_rate, int(seed)
+    rng = np.random.default_rng([_GROUP_STREAM, self.seed])
+    self._keys = rng.integers(0, np.iinfo(np.uint64).max, size=2, dtype=np.uint64, endpoint=True)
+
+  @property
+  def expected_batch_size(self) -> float:
+    """q N / b: the expected sample of a step, the public divisor of the noisy sum."""
+    return self.sampling_rate * self.num_examples / self.num_groups
+
+  def group_of(self, indices) -> np.ndarray:
+    """g(i) in [0, b) of each example index (int64)."""
+    i = np.asarray(indices, np.int64).astype(np.uint64)
+    if self.num_groups == 1:
+      return np.zeros(i.shape, np.int64)
+    h = _mix64(_mix64(i ^ self._keys[0]) + self._keys[1])
+    return (h % np.uint64(self.num_groups)).astype(np.int64)
+
+  def indices_for_step(self, step: int) -> np.ndarray:
+    """Sorted example indices (int64[n]) of step `step`: the group `step mod b`'s Poisson sample."""
+    candidates = self._poisson.indices_for_step(step)
+    if self.num_groups == 1:
+      return candidates
+    return candidates[self.group_of(candidates) == int(step) % self.num_groups]

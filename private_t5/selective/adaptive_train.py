@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 from private_t5 import io as io_lib
 from private_t5.dp import ledger as ledger_lib
+from private_t5.dp.mechanism import require_gaussian
 from private_t5.errors import ConfigError
 from private_t5.selective import adaptive
 from private_t5.train import main as train_main
@@ -51,6 +52,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
   dp = train_kwargs.get("dp")
   if dp is None:
     raise ConfigError("adaptive DP scales the DP noise: give a DPConfig (dp), not None")
+  require_gaussian(dp, "adaptive DP (a per-step noise scale)")
   train_data, model_dir, batch_size = train_kwargs["train_data"], train_kwargs["model_dir"], train_kwargs["batch_size"]
   train_main.validate_train_args(**{k: train_kwargs[k] for k in (
       "model_config", "train_data", "train_steps", "batch_size", "dp", "checkpoint_every", "keep_checkpoints",

@@ -26,7 +26,7 @@ from scipy import stats
 
 from private_t5 import io as io_lib
 from private_t5.dp import ledger as ledger_lib
-from private_t5.dp.mechanism import DPConfig
+from private_t5.dp.mechanism import DPConfig, require_gaussian
 from private_t5.errors import ConfigError, DataError
 from private_t5.selective import detectors
 from private_t5.train import main as train_main
@@ -172,6 +172,8 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
   # are checked when its mechanism is built, at once).
   if not isinstance(phase2_dp, DPConfig) or not isinstance(phase1_dp, (DPConfig, type(None))):
     raise ConfigError("phase1_dp and phase2_dp must be DPConfigs (@DPConfig(); phase1_dp may be None)")
+  for phase_dp in (phase1_dp, phase2_dp):
+    require_gaussian(phase_dp, "JFT (its phases' ledgers compose per-step Gaussian events)")
   if train_kwargs.get("batch_size") is not None:
     phase2_dp.check_data(num_examples=full_data.num_examples, batch_size=train_kwargs["batch_size"])
   if train_fn is None:

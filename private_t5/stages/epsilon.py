@@ -14,6 +14,11 @@ hold at --delta; an RDP result whose total δ is >= 1 is refused (no guarantee).
 or where RDP's ε is above 10^4, PLD is not run (its arrays grow with both): "auto" reports RDP's
 ε ("epsilon_pld": null) and --accountant=pld is refused.
 
+--noise=banded --num_bands=b (or --noise=blt [--buffers=k]) accounts correlated noise by matrix
+factorization with cyclic Poisson sampling in b groups: --sampling_rate is the rate q within a
+group, --batch_size the expected batch q·N/b of a step (q = b · batch / N). The output names the
+mechanism ("mechanism"); the strategy's coefficients do not change ε (docs/privacy.md).
+
 Without --delta (nor the Gin macro DELTA), δ is training's default for N = --num_examples,
 min(1e-5, 1/N^1.1) (`dp.mechanism.default_delta`); the output then says so ("delta_source") and
 a log line gives the value.
@@ -49,6 +54,10 @@ def _parser():
   p.add_flag("sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
              help="poisson (default) or fixed shuffled batches (accounted without replacement)")
   p.add_flag("max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
+  p.add_flag("noise", default="gaussian", choices=("gaussian", "banded", "blt"),
+             help="gaussian (DP-SGD, default), or correlated noise: banded or blt matrix factorization")
+  p.add_flag("num_bands", type=int, default=1, help="b: cyclic Poisson groups (bands; a BLT's min separation)")
+  p.add_flag("buffers", type=int, help="--noise=blt: its buffers (ε does not depend on them)")
   return p
 
 
@@ -60,6 +69,8 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   (its δ then grows by the truncation term, `accounting.total_delta`); a total δ >= 1 (no
   guarantee at all) is refused.
   """
+  if args.num_bands < 1:
+    raise PrivacyError(f"--num_bands must be >= 1, got {args.num_bands}")
   if args.sampling_rate is not None:
     if args.batch_size is not None:
       raise PrivacyError("give --sampling_rate or --batch_size/--num_examples, not both")
@@ -68,7 +79,11 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
     if args.batch_size is None or args.num_examples is None:
       raise PrivacyError("need --sampling_rate, or both --batch_size and --num_examples")
     accounting.validate_privacy_params(batch_size=args.batch_size, num_examples=args.num_examples)
-    q = accounting.sampling_rate_from_batch(args.batch_size, args.num_examples)
+    q = accounting.sampling_rate_from_batch(args.batch_size * args.num_bands, args.num_examples)
+  if args.noise != "gaussian":
+    return _correlated(args, q, delta_source)
+  if args.num_bands != 1 or args.buffers is not None:
+    raise PrivacyError("--num_bands and --buffers are settings of correlated noise (--noise=banded or blt)")
   accounting.validate_privacy_params(
       noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
       num_examples=args.num_examples, accountant=args.accountant, sampling=args.sampling,
@@ -101,7 +116,7 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   shown = {name: (e if delta_by[name] < 1.0 else None) for name, e in eps_by.items()}
   out.update(epsilon=eps, epsilon_rdp=shown.get("rdp"), epsilon_pld=shown.get("pld"),
              accountant_used=used, delta=args.delta, noise_multiplier=sigma, sampling_rate=q,
-             steps=args.steps, accountant=args.accountant, sampling=args.sampling)
+             steps=args.steps, accountant=args.accountant, sampling=args.sampling, noise="gaussian")
   if args.max_batch_size is not None:
     out.update(max_batch_size=args.max_batch_size, truncation_probability=p_trunc, total_delta=delta_total)
     if "rdp" in delta_by:
@@ -119,6 +134,27 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
       logger.warning("ε=%.4g holds at total_delta=%.4g (%s), not at δ=%g%s", eps, delta_total, where, args.delta,
                       "" if args.accountant == accounting.AUTO else
                       "; --accountant=pld accounts the truncation exactly at δ")
+  return out
+
+
+def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
+  """`run` for --noise=banded or blt (untruncated Poisson sampling in --num_bands groups)."""
+  if args.sampling != "poisson" or args.max_batch_size is not None:
+    raise PrivacyError(f"--noise={args.noise} needs untruncated Poisson sampling (no --sampling=fixed, no --max_batch_size)")
+  if args.buffers is not None and (args.noise != "blt" or not 1 <= args.buffers <= 15):
+    raise PrivacyError(f"--buffers must be in [1, 15], with --noise=blt only (got {args.buffers} with --noise={args.noise})")
+  accounting.validate_privacy_params(
+      noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
+      num_examples=args.num_examples, accountant=args.accountant, delta_source=delta_source)
+  out = accounting.correlated_plan(args.noise, q, args.steps, args.delta, num_bands=args.num_bands,
+                                   noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
+                                   accountant=args.accountant)
+  out.update(delta=args.delta, sampling_rate=q, steps=args.steps, accountant=args.accountant, sampling="poisson",
+             noise=args.noise, num_bands=args.num_bands)
+  if args.buffers is not None:
+    out["buffers"] = args.buffers
+  if args.num_examples is not None:
+    out["expected_batch_size"] = q * args.num_examples / args.num_bands
   return out
 
 

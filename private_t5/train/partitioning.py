@@ -16,7 +16,8 @@ logical axis names (`models.param_logical_axes`: `vocab`, `embed`, `mlp`, `heads
 
 The optimizer state follows its parameter (`optimizer_state_shardings`): a moment shaped like
 its parameter is sharded like it, Adafactor's factored row and column moments keep the
-sharding of the dimensions they keep.
+sharding of the dimensions they keep. So does the noise transform's state
+(`noise_state_shardings`: correlated noise's buffers, each shaped like a parameter).
 
 Multi-host (TPU pods, GPU clusters, `private-t5 launch` on one machine): every process runs
 the same command; `initialize_distributed` calls `jax.distributed.initialize()` before any
@@ -245,6 +246,59 @@ def optimizer_state_shardings(optimizer, opt_state: PyTree, params: PyTree, para
   return optax.tree_map_params(
       optimizer, lambda moment, pair: one(moment, *pair), opt_state, pairs,
       transform_non_params=lambda _: replicated(mesh), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def noise_state_shardings(noise_state: PyTree, params: PyTree, param_shardings: PyTree, mesh: Mesh) -> PyTree:
+  """NamedSharding of every array of a noise transform's state (abstract or concrete).
+
+  A correlated-noise state holds trees structured like the parameters (a noise history per
+  step, buffers), whose leaves may themselves be small trees (a counter and a stack of
+  buffers per parameter, as jax-privacy's streaming matrices keep). Each part of the state
+  with the parameters' structure is paired with them: an array shaped like its parameter is
+  sharded like it, one with extra leading dimensions (a stack of b such arrays) like it on
+  the trailing dimensions, one shaped like a factored moment as `optimizer_state_shardings`
+  does. An array outside such a part is sharded like the parameters of its shape when they
+  all share one sharding (a flat list of per-parameter arrays); the rest (counters, keys,
+  scalars) is replicated. No noise transform needs `optax.tree_map_params`'s placeholder
+  protocol for this.
+  """
+  params_def = jax.tree.structure(params)
+  specs_by_shape: Dict[Tuple[int, ...], set] = {}
+  for p, s in zip(jax.tree.leaves(params), jax.tree.leaves(param_shardings)):
+    specs_by_shape.setdefault(tuple(p.shape), set()).add(s.spec)
+
+  def like_params(node) -> bool:
+    if params_def.num_nodes <= 1:
+      return False  # a parameter tree of one array would match every leaf
+    try:
+      params_def.flatten_up_to(node)
+    except (ValueError, TypeError):
+      return False
+    return True
+
+  def leaf_sharding(leaf, param=None, sharding=None) -> NamedSharding:
+    shape = tuple(np.shape(leaf))
+    if param is not None:
+      param_shape = tuple(param.shape)
+      extra = len(shape) - len(param_shape)
+      if extra > 0 and shape[extra:] == param_shape:  # a stack of arrays like the parameter
+        spec = PartitionSpec(*((None,) * extra + tuple(sharding.spec)))
+      else:
+        spec = _moment_spec(sharding.spec, param_shape, shape)
+    else:
+      specs = specs_by_shape.get(shape, set())
+      spec = next(iter(specs)) if len(specs) == 1 else PartitionSpec()
+    return NamedSharding(mesh, _divisible_spec(spec, shape, mesh))
+
+  def part(node):
+    if not like_params(node):
+      return leaf_sharding(node)  # a leaf (like_params is also the traversal's is_leaf)
+    subtrees = params_def.flatten_up_to(node)
+    out = [jax.tree.map(lambda leaf, p=p, s=s: leaf_sharding(leaf, p, s), sub)
+           for sub, p, s in zip(subtrees, jax.tree.leaves(params), jax.tree.leaves(param_shardings))]
+    return jax.tree.unflatten(params_def, out)
+
+  return jax.tree.map(part, noise_state, is_leaf=like_params)
 
 
 def bytes_per_device(tree: PyTree) -> int:

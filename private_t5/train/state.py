@@ -1,4 +1,4 @@
-"""The train state (params, optimizer state, step) and the run's secret randomness.
+"""The train state (params, optimizer state, noise state, step) and the run's secret randomness.
 
 All randomness of a run comes from one 64-bit root seed:
 
@@ -17,7 +17,6 @@ import dataclasses
 import secrets
 from typing import Any, Optional
 
-import flax
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -29,7 +28,8 @@ PyTree = Any
 _INIT_STREAM, _DROPOUT_STREAM, _NOISE_STREAM, _SAMPLER_STREAM, _DATA_STREAM = range(5)
 
 
-@flax.struct.dataclass
+@jax.tree_util.register_pytree_with_keys_class
+@dataclasses.dataclass(frozen=True)
 class TrainState:
   """What one train step reads and writes.
 
@@ -38,10 +38,49 @@ class TrainState:
       pure function of the sampler seed and t).
     params: the model parameters.
     opt_state: the optimizer (Adafactor) state.
+    noise_state: the state of the noise transform (`noise.init(params)`; float32 arrays shaped
+      like the parameters for correlated noise, e.g. the previous steps' noise), threaded
+      through every step and saved in every checkpoint so that a resumed run continues it
+      exactly. A stateless transform's state (`optax.EmptyState()`, None) has no array.
+    holds_noise_state: whether `noise_state` is a child of the pytree; by default whether it
+      has an array. An empty one is not, so that the checkpoints of stateless runs hold the
+      same entries (step, params, opt_state) as before the field existed, and still read back.
+      Kept by every tree operation (a tree of the state's shardings, or of Nones, has the same
+      structure as the state).
   """
   step: jax.Array
   params: PyTree
   opt_state: PyTree
+  noise_state: PyTree = None
+  holds_noise_state: Optional[bool] = dataclasses.field(default=None, repr=False)
+
+  def __post_init__(self):
+    if self.holds_noise_state is None:
+      object.__setattr__(self, "holds_noise_state", has_arrays(self.noise_state))
+
+  def tree_flatten_with_keys(self):
+    children = [(jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in ("step", "params", "opt_state")]
+    if self.holds_noise_state:
+      return children + [(jax.tree_util.GetAttrKey("noise_state"), self.noise_state)], ()
+    # The empty state's structure (hashable, unlike e.g. an empty dict) is the aux data; in a
+    # tuple, which compares unequal to the other aux without comparing a PyTreeDef to ().
+    return children, (jax.tree.structure(self.noise_state),)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    if not aux:
+      return cls(*children, holds_noise_state=True)
+    return cls(*children, noise_state=jax.tree.unflatten(aux[0], []), holds_noise_state=False)
+
+  def replace(self, **changes) -> "TrainState":
+    if "noise_state" in changes:
+      changes.setdefault("holds_noise_state", None)  # decided again for the new state
+    return dataclasses.replace(self, **changes)
+
+
+def has_arrays(tree: PyTree) -> bool:
+  """True when `tree` has at least one leaf (an empty state such as `optax.EmptyState()` has none)."""
+  return bool(jax.tree.leaves(tree))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,14 +6,20 @@ T5X's `accumulate_grads_microbatched` / `apply_grads`:
   acc = clipped_sum.zero_sum(params)
   acc = clipped_sum.accumulate(params, acc, microbatch, dropout_rng)   # once per microbatch
   grads, metrics = clipped_sum.finish(params, acc)                     # the sum / q N (DP) or the mean
-  grads, _ = noise.update(grads, ..., noise_rng=noise_rng)             # Gaussian once (DP) or identity
+  grads, noise_state = noise.update(grads, noise_state, params, noise_rng=noise_rng)  # once per step
   updates, opt_state = optimizer.update(grads, opt_state, params)      # Adafactor
 
 A non-private run is the same step with `MeanAggregator` and `noise.no_noise()`; DP-Adafactor
 (Ponomareva et al. 2022, Sec. 3.2) has `DPAggregator` (per-example clip, sum, divide by the
 public q N) or its ghost variant and `noise.gaussian_noise`. The noise transform is an optax
 transform (it chains in front of Adafactor); the trainer applies it and the optimizer in turn so
-that the optimizer state, and every checkpoint, holds Adafactor's state alone.
+that the optimizer state holds Adafactor's state alone, and the noise transform's own state is
+`TrainState.noise_state`: made once by `noise.init(params)` with the train state, threaded
+through every step, sharded like the parameters it follows (`partitioning.noise_state_shardings`),
+donated with the rest of the state and saved in every checkpoint (a correlated-noise mechanism's
+noise history: DP rule "correlated noise is a state"). Its floating arrays are float32 whatever
+the activation dtype, and each step's new state keeps the dtypes of the one it replaces. The
+stateless transforms (Gaussian, none) have an empty state, which adds nothing to a checkpoint.
 
 Microbatching is an execution setting: a step's n rows (an untruncated Poisson sample of any
 size, or a fixed batch larger than the microbatch size) run through `train_step_microbatched`
@@ -22,9 +28,9 @@ float32 accumulator) and one compiled finalize step (finish, noise once with the
 Adafactor). Without microbatching, `train_step` is one fused compiled call of the same functions.
 
 LoRA (`models.lora`): with `lora` set the state's params are the adapters only (what the
-optimizer updates, the clipped sum clips and the noise covers, and checkpoints store); the frozen
-base weights are held by the trainer and passed to every compiled step as a separate argument,
-never differentiated, donated or updated. The clipped sum's `loss_fn(adapters, batch,
+optimizer updates, the clipped sum clips, the noise and its state cover, and checkpoints
+store); the frozen base weights are held by the trainer and passed to every compiled step as a
+separate argument, never differentiated, donated or updated. The clipped sum's `loss_fn(adapters, batch,
 dropout_rng, base)` is bound to them (`functools.partial(..., base=...)`) inside each step.
 
 Keys: the dropout and noise keys of step t are `fold_in(base_key, t)` with t = `state.step`,
@@ -139,10 +145,13 @@ class Trainer:
     self._batch_sharding = partitioning.batch_sharding(mesh)
     abstract = jax.eval_shape(self._init_fn, jax.random.PRNGKey(0))
     # Each moment is sharded like its parameter (Adafactor's factored ones like the kept dimensions).
+    # The noise transform's state likewise (each array like the parameter it belongs to).
     self.state_shardings = TrainState(
         step=self._replicated, params=self.param_shardings,
         opt_state=partitioning.optimizer_state_shardings(optimizer, abstract.opt_state, abstract.params,
-                                                         self.param_shardings, mesh))
+                                                         self.param_shardings, mesh),
+        noise_state=partitioning.noise_state_shardings(abstract.noise_state, abstract.params,
+                                                       self.param_shardings, mesh))
     self._abstract = abstract
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
     self._init_from = jax.jit(self._init_from_params_fn, in_shardings=(self.param_shardings,),
@@ -177,11 +186,11 @@ class Trainer:
   def _init_fn(self, rng: jax.Array) -> TrainState:
     params = (models.init_params(self.model_config, rng) if self.lora is None
               else models.init_adapters(self.model_config, self.lora, rng))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=self.optimizer.init(params))
+    return self._init_from_params_fn(params)
 
   def _init_from_params_fn(self, params) -> TrainState:
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params),
+                      noise_state=_float32(self.noise.init(params)))
 
   def _bound(self, base) -> ClippedSum:
     """The clipped sum, its loss bound to the frozen LoRA `base` (itself without LoRA)."""
@@ -221,14 +230,17 @@ class Trainer:
     """finish, noise (once, with the step's key), Adafactor."""
     noise_rng = jax.random.fold_in(noise_base_key, state.step)  # = step_keys(...)[1]
     grads, metrics = self._bound(base).finish(state.params, acc)
-    grads = noise_lib.apply(self.noise, grads, metrics, state.params, noise_rng)
+    grads, noise_state = self.noise.update(grads, state.noise_state, state.params, noise_rng=noise_rng,
+                                           noise_scale=metrics.get(noise_lib.NOISE_SCALE_METRIC))
+    # The state keeps its dtypes (float32) and structure from step to step.
+    noise_state = jax.tree.map(lambda new, old: new.astype(old.dtype), noise_state, state.noise_state)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
     metrics["grad_norm_after_aggregation"] = optax.tree.norm(grads)
     if self.learning_rate_fn is not None:
       metrics["learning_rate"] = jnp.asarray(self.learning_rate_fn(state.step), jnp.float32)
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, noise_state=noise_state), metrics
 
   def _eval_step_fn(self, params, base, batch) -> Dict[str, jax.Array]:
     return self.model.eval_metrics(self.model_params(params, base), batch)
@@ -241,7 +253,8 @@ class Trainer:
 
   def init_state(self, rng: jax.Array, initial_params: Optional[PyTree] = None) -> TrainState:
     """State at step 0: fresh parameters from `rng`, or `initial_params` (e.g. a pretrained
-    model to fine-tune), sharded by the logical-axis rules, with a fresh optimizer state."""
+    model to fine-tune), sharded by the logical-axis rules, with a fresh optimizer state and
+    noise state (`noise.init(params)`)."""
     if initial_params is not None and self.lora is not None:
       raise ConfigError("a LoRA trainer starts from fresh adapters on its base; initial_params must be None")
     with self._mesh_context():
@@ -259,6 +272,15 @@ class Trainer:
     """ShapeDtypeStructs (with shardings) of the state: the restore target of a checkpoint."""
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         self._abstract, self.state_shardings)
+
+  def state_bytes_per_device(self) -> Dict[str, int]:
+    """Bytes one device holds of each part of the train state (`partitioning.bytes_per_device`):
+    `params`, `opt_state`, `noise_state` (0 for a stateless noise transform) and the `total`
+    (with the step counter)."""
+    state = self.abstract_state()
+    parts = {name: partitioning.bytes_per_device(getattr(state, name))
+             for name in ("params", "opt_state", "noise_state")}
+    return dict(parts, total=partitioning.bytes_per_device(state))
 
   def local_rows(self, batch_size: int) -> Tuple[int, int]:
     """[start, stop) of the rows of a global batch this process builds (all of them single-host)."""
@@ -370,6 +392,14 @@ class CompiledStep:
 
   def cost_analysis(self):
     return self.compiled.cost_analysis()
+
+
+def _float32(tree: PyTree) -> PyTree:
+  """`tree` with its floating arrays in float32 (a noise state, whatever the parameters' dtype)."""
+  def one(x):
+    x = jnp.asarray(x)
+    return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return jax.tree.map(one, tree)
 
 
 def split_microbatches(batch: Dict[str, np.ndarray], microbatch_size: int) -> List[Dict[str, np.ndarray]]:
