@@ -22,8 +22,13 @@ Stages:
                first step (process start to the end of step 1) and the run's peak memory
   poisson      one Poisson draw at N (q·N = 4,096), in process: ms a step and bytes allocated
   dp_spm       `private-t5 dp-spm` (500 pieces, one worker)
-  splits       `private-t5 splits` on the corpus and a 1% validation corpus (local: in memory)
-  splits_beam  the same on `--runner=DirectRunner`, 2 worker processes, the corpus in 8 files
+  splits       `private-t5 splits` on the corpus and a 1% validation corpus (exact substrings in the
+               500-piece vocabulary's tokens), into the folder the memorization stage reads
+  splits_beam  the same on `--runner=DirectRunner`, 2 worker processes, the corpus in 8 files; also
+               the launching process's own peak (`launcher_peak_rss_bytes`, /proc VmHWM)
+  memorization `private-t5 memorization` of a tiny checkpoint (DP T5 v1.0 tiny, 2 steps, trained once
+               per work folder, not timed) on 1,000 prompts a split (P = 8, T = 4 tokens), reusing
+               the split file `splits` wrote (run `splits` first; else it builds it and that is timed)
 A seqio Task written into a store is measured by benchmarks/bench_seqio_store.py.
 """
 import argparse
@@ -32,12 +37,13 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRIVATE_T5 = [sys.executable, "-m", "private_t5.stages.cli"]
-STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "splits_beam")
+STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "splits_beam", "memorization")
 C4_DOCUMENTS = 365_000_000
 LEXICON_SIZE = 2000
 FIRST_STEP_LINE = "first step (compilation included)"
@@ -84,10 +90,26 @@ def write_corpus(path: str, n: int, words_per_document: int, num_files: int = 1,
   return spec
 
 
-def run(cmd, env=None, marker=None, cwd=ROOT):
-  """(wall s, CPU s, peak RSS bytes, wall s to the line holding `marker` or None) of `cmd`."""
+def _launcher_peak(pid: int, out: dict) -> None:
+  """Polls the launching process's own peak resident memory (VmHWM) until it exits."""
+  while True:
+    try:
+      with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+          if line.startswith("VmHWM:"):
+            out["bytes"] = max(out.get("bytes", 0), int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+      return
+    time.sleep(0.2)
+
+
+def run(cmd, env=None, marker=None, cwd=ROOT, launcher=None):
+  """(wall s, CPU s, peak RSS bytes, wall s to the line holding `marker` or None) of `cmd`; with a
+  dict `launcher`, its "bytes" is the peak of the command's own process (Beam workers excluded)."""
   start = time.time()
   proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  if launcher is not None:
+    threading.Thread(target=_launcher_peak, args=(proc.pid, launcher), daemon=True).start()
   marked, lines = None, []
   for line in proc.stdout:
     lines.append(line)
@@ -164,17 +186,47 @@ def measure(stage: str, n: int, work: str, corpus: str, long_variant: bool) -> d
                         "--vocab_size=500", "--target_epsilon=8", "--gin.train_dp_vocabulary.num_workers=1", "-q"]
     wall, cpu, rss, _ = run(cmd, env)
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+  words = 1200 if long_variant else 12
+  valid = write_corpus(os.path.join(work, f"valid-{tag}.jsonl"), max(1000, n // 100), words, seed=1)
+  memorization_dir = os.path.join(work, f"memorization-{tag}")
+  if stage == "memorization":
+    model_dir = os.path.join(work, "memorization-model")
+    if not os.path.isdir(os.path.join(model_dir, "checkpoints")):
+      run(PRIVATE_T5 + ["train", "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
+                        f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", f"--gin.DATA_CACHE_DIR={cache}",
+                        "--gin.VOCAB_SIZE=640", "--gin.TRAIN_STEPS=2", "--gin.VOCAB_IS_PUBLIC=True",
+                        "--gin.DPConfig.target_epsilon=None", "--gin.DPConfig.noise_multiplier=1.0"], env)
+    out = os.path.join(memorization_dir, f"report-{time.time_ns()}")
+    os.makedirs(out)
+    for name in os.listdir(memorization_dir):  # the split file of `splits`, where the stage looks for it
+      if name.startswith("splits_") and name.endswith(".json"):
+        os.link(os.path.join(memorization_dir, name), os.path.join(out, name))
+    cmd = PRIVATE_T5 + ["memorization", "--gin_file=configs/runs/memorization.gin", f"--gin.MODEL_DIR={model_dir}",
+                        f"--gin.TRAIN_CORPUS={corpus}", f"--gin.VALID_CORPUS={valid}", f"--gin.OUTPUT_DIR={out}",
+                        "--gin.PROMPT_LENGTH=8", "--gin.GENERATION_LENGTH=4", "--gin.MAX_EXAMPLES_PER_SPLIT=1000",
+                        "--gin.BATCH_SIZE=250"]
+    wall, cpu, rss, _ = run(cmd, env)
+    with open(os.path.join(out, "report.json"), encoding="utf-8") as f:
+      report = json.load(f)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss, "splits_reused": report["splits"]["reused"],
+            "evaluated": report["splits"]["evaluated"]}
   if stage in ("splits", "splits_beam"):
-    words = 1200 if long_variant else 12
-    valid = write_corpus(os.path.join(work, f"valid-{tag}.jsonl"), max(1000, n // 100), words, seed=1)
-    out = os.path.join(work, f"{stage}-{tag}-{time.time_ns()}.json")
+    os.makedirs(memorization_dir, exist_ok=True)
+    out = memorization_dir + os.sep if stage == "splits" else os.path.join(work, f"{stage}-{tag}-{time.time_ns()}.json")
     train = corpus if stage == "splits" else write_corpus(os.path.join(work, f"corpus-{tag}-parts", "part"), n,
                                                           words, num_files=8)
-    cmd = PRIVATE_T5 + ["splits", f"--train_corpus={train}", f"--valid_corpus={valid}", f"--output={out}", "-q"]
+    cmd = PRIVATE_T5 + ["splits", f"--train_corpus={train}", f"--valid_corpus={valid}", f"--output={out}",
+                        f"--vocab_path={vocab}", "-q"]
+    launcher = None
     if stage == "splits_beam":
       cmd += ["--runner=DirectRunner", "--beam_options=--direct_num_workers=2 --direct_running_mode=multi_processing"]
-    wall, cpu, rss, _ = run(cmd, env)
-    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+      launcher = {}
+    wall, cpu, rss, _ = run(cmd, env, launcher=launcher)
+    with open(out if out.endswith(".json") else max(
+        (os.path.join(out, x) for x in os.listdir(out) if x.startswith("splits_")), key=os.path.getmtime)) as f:
+      sizes = json.load(f)["sizes"]
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss, "sizes": sizes,
+            **({"launcher_peak_rss_bytes": launcher.get("bytes")} if launcher is not None else {})}
   raise ValueError(stage)
 
 
@@ -200,6 +252,8 @@ def table(path: str) -> str:
         cpu = f"{r['cpu_s'] * 1e3:.2f} ms" if stage == "poisson" else f"{r['cpu_s']:.3g}"
         out.append(f"| {stage}{' (long)' if variant else ''} | {r['n']:,} | {wall} | {cpu} | "
                    + (f"{r[key] / 2**10:.0f} KiB allocated" if stage == "poisson" else f"{r[key] / 2**20:.0f} MiB")
+                   + (f" (launcher {r['launcher_peak_rss_bytes'] / 2**20:.0f} MiB)"
+                      if r.get("launcher_peak_rss_bytes") else "")
                    + " | "
                    f"{f'{slope:.1f}' if last and slope is not None else ''} | {at_c4} |")
   return "\n".join(out)

@@ -204,7 +204,8 @@ def _without_seconds(path):
 def test_splits_equal_local(tmp_path, shared_data):
   train, valid = _split_corpora(tmp_path, shared_data)
   local = splits.build_splits(corpora.read_corpus(train)[0], corpora.read_corpus(valid)[0], FAST)
-  beam = splits_beam.build_splits_beam(train, valid, FAST)
+  beam = splits_beam.build_splits_beam(train, valid, FAST).with_ids(  # flags in corpus order -> ids
+      [d.id for d in corpora.read_corpus(train)[0]], [d.id for d in corpora.read_corpus(valid)[0]])
   assert beam.ids == local.ids
   local.stats.pop("seconds"), beam.stats.pop("seconds")
   assert beam.stats == local.stats

@@ -107,13 +107,16 @@ def prefix_examples(doc_ids: Sequence[str], token_lists: Sequence[np.ndarray],
 
 
 def span_corruption_examples(doc_ids: Sequence[str], token_lists: Sequence[np.ndarray],
-                             cfg: ExtractionConfig, vocab_size: int) -> ExtractionExamples:
+                             cfg: ExtractionConfig, vocab_size: int,
+                             positions: Optional[Sequence[int]] = None) -> ExtractionExamples:
   """The span-corruption variant: corrupt the first raw window of each document.
 
   Args:
-    doc_ids, token_lists: the documents of one split.
+    doc_ids, token_lists: the documents of one split (or a selection of them).
     cfg: lengths, masking and seed (encoder length P with EOS, as in training).
     vocab_size: size of the vocabulary including the sentinels (sentinel k = vocab_size-1-k).
+    positions: each document's position in its split, which seeds its mask (default: its
+      position in `token_lists`).
   """
   raw, targets_length = objectives.span_corruption_lengths(cfg.prompt_length, cfg.noise_density,
                                                            cfg.mean_noise_span_length)
@@ -122,7 +125,7 @@ def span_corruption_examples(doc_ids: Sequence[str], token_lists: Sequence[np.nd
   targets = []
   for row, i in enumerate(keep):
     window = np.asarray(token_lists[i][:raw], dtype=np.int32)
-    rng = np.random.default_rng([cfg.seed, i])
+    rng = np.random.default_rng([cfg.seed, i if positions is None else int(positions[i])])
     mask = objectives.random_spans_noise_mask(raw, cfg.noise_density, rng, cfg.mean_noise_span_length)
     enc = objectives.noise_span_to_unique_sentinel(window, mask, vocab_size)
     enc = np.concatenate([enc, [EOS_ID]])[:cfg.prompt_length]

@@ -7,17 +7,21 @@ MED, optionally the span-corruption variant, the exposure of recorded canaries a
 privacy audit (an ε lower bound from audit canaries, beside the ledger's ε), and writes
 report.json, report.md and plots to the output directory.
 """
+import array
 import dataclasses
+import hashlib
 import os
 import re
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 from jax.experimental import multihost_utils
+import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5.data import corpora
+from private_t5.data import objectives
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import check_output_file, file_sha256
 from private_t5.eval import audit as audit_lib
@@ -174,12 +178,14 @@ class LoadedModel:
 
 @dataclasses.dataclass
 class SplitData:
-  """The corpora and the four splits built (or reused) from them."""
+  """The four splits built (or reused) from the corpora, and what the evaluation reads of them."""
   splits: Any
   split_path: str
   reused: bool
   sizes: dict
-  docs_by_id: dict
+  corpora: dict  # "train" / "valid" -> corpus spec
+  lengths: dict  # "train" / "valid" -> uint32 [documents]: token count of each document
+  text_field: str = "text"
 
 
 def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
@@ -208,25 +214,72 @@ def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
                      objective=objective, privacy_report=privacy_report, eps_text=eps_text)
 
 
+_ENCODE_BATCH = 256
+
+
+def scan_corpus(spec: str, vocab, text_field: str) -> Tuple[str, np.ndarray]:
+  """(`splits.corpus_fingerprint`, token count of each document) in one streaming pass."""
+  fingerprint, lengths, batch = hashlib.sha256(), array.array("I"), []
+
+  def encode():
+    lengths.extend(len(ids) for ids in vocab.tokenizer.encode(batch))
+    batch.clear()
+
+  for d in corpora.iter_documents(spec, text_field=text_field):
+    fingerprint.update(d.id.encode("utf-8") + b"\0" + d.text.encode("utf-8") + b"\1")
+    batch.append(d.text)
+    if len(batch) >= _ENCODE_BATCH:
+      encode()
+  if batch:
+    encode()
+  return fingerprint.hexdigest(), np.frombuffer(lengths, dtype=np.uint32)
+
+
+def read_documents_by_number(spec: str, numbers, text_field: str) -> Dict[int, Any]:
+  """The documents of `spec` whose 0-based numbers are in `numbers`, in one streaming pass that
+  stops after the last one."""
+  wanted, found = set(int(i) for i in numbers), {}
+  if not wanted:
+    return found
+  last = max(wanted)
+  for i, d in enumerate(corpora.iter_documents(spec, text_field=text_field, allow_empty=True)):
+    if i in wanted:
+      found[i] = d
+    if i >= last:
+      break
+  return found
+
+
 def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, output_dir: str,
                  split_config: splits_lib.SplitConfig, text_field: str, warnings: List[str],
                  log: Callable[[str], None] = print) -> SplitData:
-  """Reads both corpora and builds (or reuses) the four splits of Lee et al.
+  """Builds (or reuses) the four splits of Lee et al., streaming the corpora.
 
-  With several JAX processes the split file is built once: process 0 builds and writes it
-  (atomically), the others wait at a barrier and then read it (on a file system that they do
+  One pass over each corpus computes its key (`splits.corpus_fingerprint`) and every document's
+  token count; the split file of that key is read if it exists, else built
+  (`splits.build_splits_streaming`, a second pass). Memory: 4 bytes of token count and a flag a
+  document. With several JAX processes the split file is built once: process 0 builds and writes
+  it (atomically), the others wait at a barrier and then read it (on a file system that they do
   not share with process 0 they find no file and build the same splits themselves).
   """
-  train_docs, _ = corpora.read_corpus(train_corpus, text_field=text_field)
-  valid_docs, _ = corpora.read_corpus(valid_corpus, text_field=text_field)
-  log(f"[memorization] {len(train_docs)} training and {len(valid_docs)} validation documents")
   sp = model.vocab.tokenizer
+  tokenizer_id = file_sha256(model.vocab_path)
+  (train_fp, train_lengths), (valid_fp, valid_lengths) = (
+      scan_corpus(spec, model.vocab, text_field) for spec in (train_corpus, valid_corpus))
+  log(f"[memorization] {len(train_lengths)} training and {len(valid_lengths)} validation documents")
+  key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, split_config, tokenizer_id)
+  path = splits_lib.split_file_path(output_dir, key)
 
   def load_or_build():
-    return splits_lib.load_or_build_splits(
-        output_dir, train_docs, valid_docs, split_config, tokenize=lambda text: sp.encode(text),
-        tokenizer_id=file_sha256(model.vocab_path), specs={"train": train_corpus, "valid": valid_corpus},
-        verbose=True)
+    splits = splits_lib.load_split_file(path, key, verbose=True)
+    if splits is not None:
+      return splits, path, True
+    docs = lambda spec: corpora.iter_documents(spec, text_field=text_field)
+    splits = splits_lib.build_splits_streaming(docs(train_corpus), docs(valid_corpus), split_config,
+                                               tokenize=lambda text: sp.encode(text), verbose=True)
+    splits_lib.write_split_file(path, splits, key, split_config, tokenizer_id,
+                                {"train": train_corpus, "valid": valid_corpus})
+    return splits, path, False
 
   if jax.process_count() == 1:
     splits, split_path, reused = load_or_build()
@@ -239,15 +292,25 @@ def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, outpu
       if not reused:
         log(f"[memorization] warning: process {jax.process_index()} found no split file {split_path} "
             "written by process 0 (OUTPUT_DIR not shared?) and built the splits itself")
+  if (len(splits.train_dup), len(splits.valid_dup)) != (len(train_lengths), len(valid_lengths)):
+    raise DataError(f"split file {split_path} has {len(splits.train_dup)} + {len(splits.valid_dup)} documents, "
+                    f"the corpora {len(train_lengths)} + {len(valid_lengths)}: remove it to rebuild it")
   sizes = splits.sizes()
   log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
       + ", ".join(f"{k} {v}" for k, v in sizes.items()))
   for w in splits_lib.check_nonempty(splits):
     warnings.append(w + ": its metrics are empty, the rest of the report is still produced")
     log(f"[memorization] warning: {warnings[-1]}")
-  by_id = {("train", d.id): d for d in train_docs}
-  by_id.update({("valid", d.id): d for d in valid_docs})
-  return SplitData(splits=splits, split_path=split_path, reused=reused, sizes=sizes, docs_by_id=by_id)
+  return SplitData(splits=splits, split_path=split_path, reused=reused, sizes=sizes,
+                   corpora={"train": train_corpus, "valid": valid_corpus},
+                   lengths={"train": train_lengths, "valid": valid_lengths}, text_field=text_field)
+
+
+def _selected(positions: np.ndarray, k: Optional[int], seed: int) -> np.ndarray:
+  """`memorization.subsample`'s rows of `positions`: up to k, seeded, in corpus order."""
+  if k is None or len(positions) <= k:
+    return positions
+  return positions[np.sort(np.random.default_rng(seed).choice(len(positions), size=k, replace=False))]
 
 
 def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_examples_per_split: Optional[int],
@@ -256,26 +319,48 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
 
   per_document[method][split] = {"ids": the evaluated documents, "exact": 1 where the
   generation reproduced the document's continuation exactly, else 0}, in the same order.
+
+  Every document of a split is checked for length (from the token counts; the skipped ones are
+  counted), then up to MAX_EXAMPLES_PER_SPLIT of the long-enough ones are chosen, and only
+  those are read back from the corpus (one streaming pass a corpus) and tokenized.
   """
   methods = [memorization.GREEDY] + ([memorization.BEAM] if cfg.beam_size > 0 else [])
   variants = [(m, "prefix") for m in methods] + ([(memorization.GREEDY, "span_corruption")]
                                                  if span_corruption else [])
-  extraction, decode_stats, evaluated, per_document = {}, {}, {}, {}
+  raw, _ = objectives.span_corruption_lengths(cfg.prompt_length, cfg.noise_density, cfg.mean_noise_span_length)
+  min_length = {"prefix": cfg.prompt_length + cfg.generation_length, "span_corruption": raw}
+  plan = {}  # (split, variant) -> (split size, eligible count, chosen positions in the split, document numbers)
   for k, name in enumerate(splits_lib.SPLIT_NAMES):
+    numbers = data.splits.indices(name)
+    lengths = data.lengths["train" if name.startswith("train") else "valid"][numbers]
+    for variant in {v for _, v in variants}:
+      eligible = np.flatnonzero(lengths >= min_length[variant])
+      chosen = _selected(eligible, max_examples_per_split, cfg.seed + k)
+      plan[(name, variant)] = (len(numbers), len(eligible), chosen, numbers[chosen])
+  docs = {}
+  for corpus in ("train", "valid"):
+    wanted = np.unique(np.concatenate([np.zeros(0, np.int64)] + [
+        v[3] for (name, _), v in plan.items() if name.startswith(corpus)]))
+    found = read_documents_by_number(data.corpora[corpus], wanted, data.text_field)
+    if len(found) != len(wanted):
+      raise DataError(f"corpus {data.corpora[corpus]} changed while it was evaluated")
+    docs.update({(corpus, i): d for i, d in found.items()})
+  extraction, decode_stats, evaluated, per_document = {}, {}, {}, {}
+  for name in splits_lib.SPLIT_NAMES:
     corpus = "train" if name.startswith("train") else "valid"
-    docs = [data.docs_by_id[(corpus, i)] for i in data.splits.ids.get(name, []) if (corpus, i) in data.docs_by_id]
-    tokens = memorization.tokenize_documents(model.vocab, [d.text for d in docs])
     for method, variant in variants:
-      # Every document of the split is checked for length (skipped ones are counted), then up
-      # to MAX_EXAMPLES_PER_SPLIT of the long-enough ones are evaluated.
+      size, eligible, chosen, numbers = plan[(name, variant)]
+      chosen_docs = [docs[(corpus, int(i))] for i in numbers]
+      ids = [d.id for d in chosen_docs]
+      tokens = memorization.tokenize_documents(model.vocab, [d.text for d in chosen_docs])
       if variant == "prefix":
-        examples = memorization.prefix_examples([d.id for d in docs], tokens, cfg)
+        examples = memorization.prefix_examples(ids, tokens, cfg)
       else:
-        examples = memorization.span_corruption_examples([d.id for d in docs], tokens, cfg,
-                                                         model.vocab.vocab_size)
-      examples = memorization.subsample(examples, max_examples_per_split, cfg.seed + k)
-      if docs and not examples.ids:
-        warnings.append(f"split {name!r}: all {len(docs)} documents are shorter than the "
+        examples = memorization.span_corruption_examples(ids, tokens, cfg, model.vocab.vocab_size,
+                                                         positions=chosen.tolist())
+      examples.skipped = size - eligible
+      if size and not eligible:
+        warnings.append(f"split {name!r}: all {size} documents are shorter than the "
                         f"{'prompt + generation length' if variant == 'prefix' else 'span-corruption window'}")
         log(f"[memorization] warning: {warnings[-1]}")
       evaluated[name] = len(examples.ids)

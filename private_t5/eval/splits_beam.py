@@ -1,38 +1,49 @@
 """The four memorization splits (eval/splits.py) as an Apache Beam pipeline (any runner).
 
-  documents (train and validation)                      beam_io.read_documents
-    -> MinHash band keys per document                   splits.compute_band_keys, in batches
-    -> GroupByKey on the band key -> candidate pairs    splits.bucket_candidates (train x train),
-                                                        every train member (validation x train)
-    -> GroupByKey on the query document -> ranked      splits.rank_candidates
-    -> join the candidates' texts -> edit-similarity   splits.check_pair, first hit wins
-    -> flagged documents (near duplicates)
-  documents -> 50-token window hashes                   splits.window_hashes
-    -> GroupByKey on the hash -> flagged documents      (shared by 2 train documents, or by a
-                                                        validation and a train document)
+  corpus files (train, then validation; numbered in reading order)
+    -> per file, in a worker: texts + offsets, MinHash band keys   splits.compute_band_keys,
+       (band-major), 50-token window hashes by hash partition      splits.window_hashes
+    -> per band, in a worker: that band's keys of every document   splits.band_pairs
+       -> bucket candidate pairs, counted, by query partition
+    -> per query partition: ranked candidates -> edit similarity   splits.PairCounts.ranked,
+       (texts read back by offset), first hit wins                  splits.check_pair
+    -> per hash partition: documents sharing a window              (2 train documents, or a
+                                                                    validation and a train one)
+    -> flagged document numbers, one file a partition
 
-No process holds more than one bucket, one candidate list or one window's documents. The
-functions are the local path's, and the local near-duplicate search is order-independent,
-so the split file equals the local one for the same corpora and settings (only the timings
-differ). The launching process reads back one line per document (its id and two flags) to
-write the id lists in corpus order.
+The documents never pass through the runner: the workers read the corpus files themselves and
+hand each other files in the work folder (one element a file, a band or a partition goes through
+the runner's shuffle), so the launching process holds O(1) a document while the pipeline runs,
+then a few bytes a document (the flags) while it reads the result. A corpus that is not a file
+pattern (tfds:, a folder, builtin:) is first streamed by the launching process into one JSON
+lines file of the work folder. The functions are the local path's and documents are numbered in
+the local path's reading order, so the split file equals the local one for the same corpora and
+settings (only the timings differ). A band's worker holds ~25 bytes a document of the corpus
+(that band's keys, sorted); the others hold one file or one partition.
 """
+import array
 import dataclasses
 import json
 import logging
+import os
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import sentencepiece as spm
 
 from private_t5.data import beam_io
-from private_t5.errors import ConfigError
+from private_t5.data import corpora
+from private_t5.errors import ConfigError, DataError
 from private_t5.eval import splits as splits_lib
 
 logger = logging.getLogger(__name__)
 
 TRAIN, VALID = "t", "v"
+PAIR_PARTITIONS = 64  # candidate pairs, by query document
+HASH_PARTITIONS = 64  # window hashes, by the hash's top bits
+_WINDOW_DTYPE = np.dtype([("h", "<u8"), ("r", "<u8")])  # hash, file number << 40 | document in file
+_PAIR_DTYPE = np.dtype([("code", "<u8"), ("count", "<i8")])  # splits.PairCounts code and count
 
 _SENTENCEPIECE = {}
 
@@ -50,92 +61,271 @@ def _tokenizer(vocab_path: Optional[str]):
   return lambda text: sp.encode(text)
 
 
-def _band_keys(batch: List[Tuple[Any, str]], cfg: splits_lib.SplitConfig) -> Iterator[Tuple[int, Any]]:
-  """A batch of (ref, text) -> (band key, ref) for every band of every document."""
-  keys = splits_lib.compute_band_keys([text for _, text in batch], dataclasses.replace(cfg, num_workers=1))
-  beam_io.counter("documents_minhashed").inc(len(batch))
-  for (ref, _), row in zip(batch, keys):
-    for key in row.view(np.int64).tolist():  # signed: Beam's integer coder is 64-bit signed
-      yield key, ref
+def _fs():
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  return FileSystems
 
 
-def _bucket_pairs(element, max_candidates: int) -> Iterator[Tuple[Any, Any]]:
-  """One bucket -> (query ref, candidate train ref) pairs, as the local path forms them."""
-  _, refs = element
-  train = sorted({r for r in refs if r[0] == TRAIN})
-  if not train:
-    return
-  if len(train) >= 2:
-    yield from splits_lib.bucket_candidates(train, max_candidates)
-  for q in sorted({r for r in refs if r[0] == VALID}):
-    for j in train:
-      yield q, j
+def _create(path: str):
+  if "://" not in path:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+  return _fs().create(path)
 
 
-def _ranked(element, max_candidates: int) -> Iterator[Tuple[Any, Tuple[Any, int]]]:
-  """(query, [candidates with repeats]) -> (candidate, (query, rank)) for the top candidates."""
-  q, cands = element
-  shared: Dict[Any, int] = {}
-  for j in cands:
-    shared[j] = shared.get(j, 0) + 1
-  for rank, j in enumerate(splits_lib.rank_candidates(shared, max_candidates)):
-    yield j, (q, rank)
+def _write(path: str, data: bytes) -> None:
+  with _create(path) as f:
+    f.write(data)
 
 
-def _attach_text(element) -> Iterator[Tuple[Any, Tuple[int, Any, str]]]:
-  j, groups = element
-  texts = list(groups["text"])
-  if not texts:
-    return
-  for q, rank in groups["cand"]:
-    yield q, (rank, j, texts[0])
+def _read(path: str) -> bytes:
+  with _fs().open(path) as f:
+    return f.read()
 
 
-def _verify(element, threshold: float):
-  """(query, {text, cands}) -> flagged refs (first verified candidate wins); checks on 'checked'."""
-  # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
-  from apache_beam import pvalue  # pylint: disable=g-import-not-at-top
-  q, groups = element
-  texts = list(groups["text"])
-  cands = sorted(groups["cand"], key=lambda c: c[0])
-  if not texts or not cands:
-    return
-  a = splits_lib.words(texts[0])
-  checked = 0
-  for _, j, text_j in cands:
-    did_check, dup = splits_lib.check_pair(a, splits_lib.words(text_j), threshold)
-    checked += did_check
-    if dup:
-      yield q
-      if q[0] == TRAIN:
-        yield j
-      break
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Settings every worker needs."""
+  root: str
+  cfg: splits_lib.SplitConfig
+  vocab_path: Optional[str]
+  text_field: str
+  id_field: str
+  errors: str
+  skip_bad_lines: bool
+
+
+class _FileSpill:
+  """One corpus file's texts, offsets, band keys and window hashes, written as they come: band keys
+  in blocks of `splits.KEY_BLOCK` documents, band-major; window hashes in chunks of about 2^20
+  a hash partition. A worker holds one block and one chunk."""
+
+  def __init__(self, plan: _Plan, number: int):
+    self._plan, self._number = plan, number
+    base = f"{plan.root}/files/{number:06d}"
+    self._texts = _create(base + ".txt")
+    self._keys = _create(base + ".keys")
+    self.offsets = array.array("Q", [0])
+    self._block = np.zeros((splits_lib.KEY_BLOCK, plan.cfg.num_bands), dtype=np.uint64)
+    self._in_block = 0
+    self._windows, self._buffered, self._chunks = [], 0, 0
+
+  def add(self, text: str, windows: np.ndarray) -> None:
+    raw = text.encode("utf-8")
+    self._texts.write(raw)
+    self.offsets.append(self.offsets[-1] + len(raw))
+    if windows.size:
+      rec = np.empty(windows.size, dtype=_WINDOW_DTYPE)
+      rec["h"], rec["r"] = windows, (self._number << 40) | (len(self.offsets) - 2)
+      self._windows.append(rec)
+      self._buffered += rec.size
+      if self._buffered >= 1 << 20:
+        self._flush_windows()
+
+  def add_keys(self, keys: np.ndarray) -> None:
+    done = 0
+    while done < len(keys):
+      take = min(len(keys) - done, len(self._block) - self._in_block)
+      self._block[self._in_block:self._in_block + take] = keys[done:done + take]
+      self._in_block, done = self._in_block + take, done + take
+      if self._in_block == len(self._block):
+        self._write_block()
+
+  def _write_block(self) -> None:
+    self._keys.write(np.ascontiguousarray(self._block.T).tobytes())
+    self._block[:] = 0
+    self._in_block = 0
+
+  def _flush_windows(self) -> None:
+    if not self._windows:
+      return
+    rec = np.concatenate(self._windows)
+    self._windows, self._buffered = [], 0
+    part = (rec["h"] >> np.uint64(58)).astype(np.int64)  # HASH_PARTITIONS = 64
+    for p in np.unique(part).tolist():
+      _write(f"{self._plan.root}/windows/{p:03d}/{self._number:06d}-{self._chunks:05d}", rec[part == p].tobytes())
+    self._chunks += 1
+
+  def close(self) -> None:
+    if self._in_block:
+      self._write_block()
+    self._flush_windows()
+    self._texts.close()
+    self._keys.close()
+    _write(f"{self._plan.root}/files/{self._number:06d}.offsets", np.frombuffer(self.offsets, np.uint64).tobytes())
+
+
+def _spill_file(element, plan: _Plan):
+  """(file number, path) -> (file number, documents): writes the file's texts, offsets, band keys
+  and window hashes to the work folder (`_FileSpill`)."""
+  number, path = element
+  cfg = dataclasses.replace(plan.cfg, num_workers=1)
+  tok = _tokenizer(plan.vocab_path)
+  spill, batch, bad = _FileSpill(plan, number), [], beam_io.counter("bad_lines")
+  no_windows = np.zeros(0, dtype=np.uint64)
+  with _fs().open(path) as f:
+    for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=plan.text_field,
+                                              id_field=plan.id_field, errors=plan.errors):
+      if isinstance(doc, beam_io.BadLine):
+        if not plan.skip_bad_lines:
+          raise DataError(f"{doc} (pass --skip_bad_lines to count and skip it)")
+        bad.inc()
+        continue
+      text = doc[1]
+      spill.add(text, splits_lib.window_hashes(tok(text), cfg.exact_substring_tokens)
+                if cfg.exact_substring_tokens else no_windows)
+      batch.append(text)
+      if len(batch) >= 256:
+        spill.add_keys(splits_lib.compute_band_keys(batch, cfg))
+        batch = []
+  if batch:
+    spill.add_keys(splits_lib.compute_band_keys(batch, cfg))
+  spill.close()
+  n = len(spill.offsets) - 1
+  beam_io.counter("documents_minhashed").inc(n)
+  yield number, n
+
+
+def _numbering(counts, files) -> Tuple[np.ndarray, int]:
+  """(first document number of each file, training documents) from the per-file counts."""
+  by_file = dict(counts)
+  sizes = np.array([by_file[k] for k in range(len(files))], dtype=np.int64)
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  n_train = int(sum(sizes[k] for k, (side, _) in enumerate(files) if side == TRAIN))
+  return starts, n_train
+
+
+def _band(b: int, plan: _Plan, files, counts):
+  """One band: every document's key (in document order) -> bucket pairs, by query partition."""
+  starts, n_train = _numbering(counts, files)
+  keys = np.empty(int(starts[-1]), dtype=np.uint64)
+  block, bands = splits_lib.KEY_BLOCK, plan.cfg.num_bands
+  for k in range(len(files)):
+    n = int(starts[k + 1] - starts[k])
+    if not n:
+      continue
+    with _fs().open(f"{plan.root}/files/{k:06d}.keys") as f:
+      for blk in range(-(-n // block)):
+        f.seek((blk * bands + b) * block * 8)
+        take = min(block, n - blk * block)
+        first = int(starts[k]) + blk * block
+        keys[first:first + take] = np.frombuffer(f.read(block * 8), dtype=np.uint64)[:take]
+  within, across = splits_lib.PairCounts(), splits_lib.PairCounts()
+  splits_lib.band_pairs(keys, n_train, plan.cfg.max_candidates_per_doc, within, across)
+  for kind, pairs in (("within", within), ("across", across)):
+    pairs.compact()
+    if pairs.codes.size:
+      part = ((pairs.codes >> np.uint64(32)) % np.uint64(PAIR_PARTITIONS)).astype(np.int64)
+      for p in np.unique(part).tolist():
+        rec = np.empty(int((part == p).sum()), dtype=_PAIR_DTYPE)
+        rec["code"], rec["count"] = pairs.codes[part == p], pairs.counts[part == p]
+        _write(f"{plan.root}/pairs/{kind}/{p:03d}/{b:05d}", rec.tobytes())
+  yield b
+
+
+class _Texts:
+  """Document texts by number, read back by offset from the files' spills (offsets cached)."""
+
+  def __init__(self, plan: _Plan, starts: np.ndarray):
+    self._plan, self._starts, self._offsets = plan, starts, {}
+
+  def __call__(self, i: int) -> str:
+    k = int(np.searchsorted(self._starts, i, side="right") - 1)
+    if k not in self._offsets:
+      if len(self._offsets) > 64:
+        self._offsets.clear()
+      self._offsets[k] = np.frombuffer(_read(f"{self._plan.root}/files/{k:06d}.offsets"), dtype=np.uint64)
+    local = i - int(self._starts[k])
+    start, end = int(self._offsets[k][local]), int(self._offsets[k][local + 1])
+    with _fs().open(f"{self._plan.root}/files/{k:06d}.txt") as f:
+      f.seek(start)
+      return f.read(end - start).decode("utf-8")
+
+
+def _partition_files(prefix: str) -> List[str]:
+  """The files under `prefix` (none when nothing was written there)."""
+  try:
+    matched = _fs().match([prefix + "/*"])
+  except Exception:  # pylint: disable=broad-except
+    return []  # Beam's file systems raise on a pattern that matches nothing (some of them)
+  return sorted(m.path for r in matched for m in r.metadata_list)
+
+
+def _verify(p: int, plan: _Plan, files, counts):
+  """One query partition: its pairs of every band, counted and ranked -> verified; yields the
+  pairs checked and writes the flagged document numbers."""
+  starts, n_train = _numbering(counts, files)
+  texts = _Texts(plan, starts)
+  cache = {}
+
+  def words(i):
+    if i not in cache:
+      if len(cache) > 4096:
+        cache.clear()
+      cache[i] = splits_lib.words(texts(i))
+    return cache[i]
+
+  flagged, checked = [], 0
+  for kind in ("within", "across"):
+    pairs = splits_lib.PairCounts()
+    for path in _partition_files(f"{plan.root}/pairs/{kind}/{p:03d}"):
+      rec = np.frombuffer(_read(path), dtype=_PAIR_DTYPE)
+      pairs.add_counted(rec["code"], rec["count"])
+    for q, cands in pairs.ranked(plan.cfg.max_candidates_per_doc):
+      i = int(q) + (0 if kind == "within" else n_train)
+      for j in cands.tolist():
+        did, dup = splits_lib.check_pair(words(i), words(j), plan.cfg.min_edit_similarity)
+        checked += did
+        if dup:
+          flagged += [i, j] if kind == "within" else [i]
+          break
+  if flagged:
+    _write(f"{plan.root}/flags/near/{p:03d}", np.unique(np.asarray(flagged, dtype=np.uint64)).tobytes())
   beam_io.counter("pairs_checked").inc(checked)
-  yield pvalue.TaggedOutput("checked", checked)
+  yield checked
 
 
-def _windows(element, window: int, vocab_path: Optional[str]) -> Iterator[Tuple[int, Any]]:
-  ref, text = element
-  for h in splits_lib.window_hashes(_tokenizer(vocab_path)(text), window).view(np.int64).tolist():
-    yield h, ref
+def _exact(p: int, plan: _Plan, files, counts):
+  """One hash partition -> the documents sharing a window with another training document."""
+  starts, n_train = _numbering(counts, files)
+  paths = _partition_files(f"{plan.root}/windows/{p:03d}")
+  if not paths:
+    return
+  rec = np.concatenate([np.frombuffer(_read(path), dtype=_WINDOW_DTYPE) for path in paths])
+  doc = starts[(rec["r"] >> np.uint64(40)).astype(np.int64)] + (rec["r"] & np.uint64((1 << 40) - 1)).astype(np.int64)
+  is_train = doc < n_train
+  h_train, d_train = rec["h"][is_train], doc[is_train]
+  order = np.argsort(h_train, kind="stable")
+  h_train, d_train = h_train[order], d_train[order]
+  same = h_train[1:] == h_train[:-1]
+  flagged = [d_train[1:][same], d_train[:-1][same]]
+  if h_train.size:
+    flagged.append(doc[~is_train][np.isin(rec["h"][~is_train], h_train)])
+  flagged = np.unique(np.concatenate(flagged).astype(np.uint64))
+  if flagged.size:
+    _write(f"{plan.root}/flags/exact/{p:03d}", flagged.tobytes())
+  yield p
 
 
-def _shared_windows(element) -> Iterator[Any]:
-  """One window hash -> the documents it flags (2+ train documents; validation beside train)."""
-  _, refs = element
-  refs = set(refs)
-  train = [r for r in refs if r[0] == TRAIN]
-  if len(train) >= 2:
-    yield from train
-  if train:
-    yield from (r for r in refs if r[0] == VALID)
-
-
-def _record(element) -> str:
-  ref, groups = element
-  ids = list(groups["id"])
-  return json.dumps([ref[0], list(ref[1]), ids[0], bool(list(groups["near"])), bool(list(groups["exact"]))],
-                    ensure_ascii=False)
+def _corpus_files(specs, root: str, side: str, read: dict) -> List[Tuple[str, str]]:
+  """(side, path) of each file of `specs` in reading order; a spec that is not a file pattern or
+  a file is streamed into a JSON lines file of the work folder first."""
+  out = []
+  for c, spec in enumerate([specs] if isinstance(specs, str) else list(specs)):
+    if not isinstance(spec, str) or not spec:
+      raise ConfigError(f"missing corpus: give at least one file pattern or corpus spec, got {spec!r}")
+    if beam_io._is_pattern_or_file(spec) and not spec.startswith(corpora.TFDS_PREFIX):
+      paths = beam_io.match_files(os.path.expanduser(spec))
+      for path in paths:
+        beam_io.file_format(path)  # unsupported formats fail before the pipeline starts
+      out += [(side, path) for path in paths]
+      continue
+    path = f"{root}/corpus-{side}{c}.jsonl"
+    with _create(path) as f:
+      for d in corpora.iter_documents(spec, text_field=read["text_field"], id_field=read["id_field"],
+                                      errors=read["errors"], data_dir=read["data_dir"]):
+        f.write((json.dumps({"id": d.id, read["text_field"]: d.text}, ensure_ascii=False) + "\n").encode("utf-8"))
+    out.append((side, path))
+  return out
 
 
 def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Union[str, Sequence[str]],
@@ -150,11 +340,11 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
     cfg: detection settings (`num_workers` is ignored: the runner decides).
     vocab_path: SentencePiece model for the exact-substring test (readable by the workers);
       None uses words.
-    work_dir: where workers write the per-document result (default: the options'
-      `temp_location`, else a local temporary folder, removed afterwards).
+    work_dir: where workers write their files (default: the options' `temp_location`, else a
+      local temporary folder, removed afterwards).
 
   Returns:
-    `Splits`, equal to the local path's (timings aside).
+    `Splits` (a flag a document), equal to the local path's (timings aside).
   """
   cfg.validate()
   if not beam_io.is_beam(runner):
@@ -162,79 +352,57 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
   beam = beam_io.import_beam()
   options = beam_io.pipeline_options(runner, beam_options)
   start = time.time()
-  read = dict(text_field=text_field, errors=errors, data_dir=data_dir, skip_bad_lines=skip_bad_lines)
-  with beam_io.output_dir(options, work_dir, "splits") as out_dir:
+  read = dict(text_field=text_field, id_field="id", errors=errors, data_dir=data_dir)
+  with beam_io.output_dir(options, work_dir, "splits") as root:
+    files = _corpus_files(train_corpus, root, TRAIN, read) + _corpus_files(valid_corpus, root, VALID, read)
+    plan = _Plan(root=root, cfg=cfg, vocab_path=vocab_path, text_field=text_field, id_field="id", errors=errors,
+                 skip_bad_lines=skip_bad_lines)
     p = beam.Pipeline(options=options)
-    train = (beam_io.read_documents(p, train_corpus, label="train", **read)
-             | "train refs" >> beam.Map(lambda kv: ((TRAIN, kv[0]), kv[1])))
-    valid = (beam_io.read_documents(p, valid_corpus, label="valid", **read)
-             | "valid refs" >> beam.Map(lambda kv: ((VALID, kv[0]), kv[1])))
-    docs = (train, valid) | "all documents" >> beam.Flatten()
-    texts = docs | "texts" >> beam.Map(lambda kv: (kv[0], kv[1][1]))
-    train_texts = train | "train texts" >> beam.Map(lambda kv: (kv[0], kv[1][1]))
-
-    # NearDup: MinHash LSH buckets -> ranked candidates -> edit similarity.
-    cands = (texts
-             | "batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=64)
-             | "band keys" >> beam.FlatMap(_band_keys, cfg)
-             | "group bands" >> beam.GroupByKey()
-             | "bucket pairs" >> beam.FlatMap(_bucket_pairs, cfg.max_candidates_per_doc)
-             | "group queries" >> beam.GroupByKey()
-             | "rank" >> beam.FlatMap(_ranked, cfg.max_candidates_per_doc))
-    with_text = ({"cand": cands, "text": train_texts} | "join candidates" >> beam.CoGroupByKey()
-                 | "candidate texts" >> beam.FlatMap(_attach_text))
-    verified = ({"cand": with_text, "text": texts} | "join queries" >> beam.CoGroupByKey()
-                | "verify" >> beam.FlatMap(_verify, cfg.min_edit_similarity).with_outputs("checked", main="near"))
-    near = (verified.near | "distinct near" >> beam.Distinct()
-            | "near flags" >> beam.Map(lambda r: (r, True)))
-    (verified.checked | "sum checks" >> beam.CombineGlobally(sum)
-     | "write checks" >> beam.io.WriteToText(out_dir + "/checked"))
-
-    # ExactSubstr: shared windows of `exact_substring_tokens` tokens.
+    counts = (p | "files" >> beam.Create([(k, path) for k, (_, path) in enumerate(files)])
+              | "spread files" >> beam.Reshuffle()
+              | "spill" >> beam.FlatMap(_spill_file, plan))
+    counts_list = beam.pvalue.AsList(counts)
+    bands_done = (p | "bands" >> beam.Create(list(range(cfg.num_bands))) | "spread bands" >> beam.Reshuffle()
+                  | "band pairs" >> beam.FlatMap(_band, plan, files, counts_list)
+                  | "bands done" >> beam.combiners.Count.Globally())
+    checked = (p | "pair partitions" >> beam.Create(list(range(PAIR_PARTITIONS)))
+               | "after bands" >> beam.Map(lambda x, _: x, beam.pvalue.AsSingleton(bands_done))
+               | "spread pairs" >> beam.Reshuffle()
+               | "verify" >> beam.FlatMap(_verify, plan, files, counts_list))
+    (checked | "sum checks" >> beam.CombineGlobally(sum)
+     | "write checks" >> beam.io.WriteToText(root + "/checked"))
+    (counts | "write counts" >> beam.Map(json.dumps) | "counts" >> beam.io.WriteToText(root + "/counts"))
     if cfg.exact_substring_tokens:
-      exact = (texts
-               | "windows" >> beam.FlatMap(_windows, cfg.exact_substring_tokens, vocab_path)
-               | "group windows" >> beam.GroupByKey()
-               | "shared windows" >> beam.FlatMap(_shared_windows)
-               | "distinct exact" >> beam.Distinct()
-               | "exact flags" >> beam.Map(lambda r: (r, True)))
-    else:
-      exact = p | "no exact" >> beam.Create([])
-    ids = docs | "ids" >> beam.Map(lambda kv: (kv[0], kv[1][0]))
-    ({"id": ids, "near": near, "exact": exact} | "join flags" >> beam.CoGroupByKey()
-     | "records" >> beam.Map(_record)
-     | "write records" >> beam.io.WriteToText(out_dir + "/records"))
+      (p | "hash partitions" >> beam.Create(list(range(HASH_PARTITIONS))) | "spread hashes" >> beam.Reshuffle()
+       | "exact" >> beam.FlatMap(_exact, plan, files, counts_list))
     beam_io.run_pipeline(p)
-    records = list(beam_io.read_json_lines(out_dir + "/records"))
-    checked = sum(int(c) for c in beam_io.read_json_lines(out_dir + "/checked"))
-  return _assemble(records, checked, cfg, vocab_path, time.time() - start)
+    checked = sum(int(c) for c in beam_io.read_json_lines(root + "/checked"))
+    starts, n_train = _numbering(beam_io.read_json_lines(root + "/counts"), files)
+    return _assemble(root, int(starts[-1]), n_train, checked, vocab_path, time.time() - start)
 
 
-def _assemble(records, checked: int, cfg: splits_lib.SplitConfig, vocab_path: Optional[str],
+def _assemble(root: str, n: int, n_train: int, checked: int, vocab_path: Optional[str],
               seconds: float) -> splits_lib.Splits:
-  """Per-document records -> `Splits` with the ids in corpus order and the local path's stats."""
-  by_side = {TRAIN: [], VALID: []}
-  for side, order, doc_id, is_near, is_exact in records:
-    by_side[side].append((order, doc_id, is_near, is_exact))
-  for rows in by_side.values():
-    rows.sort(key=lambda r: r[0])
-  train, valid = by_side[TRAIN], by_side[VALID]
-  ids = {
-      "train_dup": [r[1] for r in train if r[2] or r[3]],
-      "train_unique": [r[1] for r in train if not (r[2] or r[3])],
-      "valid_in_train": [r[1] for r in valid if r[2] or r[3]],
-      "valid_unique": [r[1] for r in valid if not (r[2] or r[3])],
-  }
+  """The flagged document numbers -> `Splits` (a few bytes a document) and the local path's stats."""
+  flags = {}
+  for kind in ("near", "exact"):
+    found = np.zeros(n, dtype=bool)
+    for path in _partition_files(f"{root}/flags/{kind}"):
+      found[np.frombuffer(_read(path), dtype=np.uint64).astype(np.int64)] = True
+    flags[kind] = found
+  near, exact = flags["near"], flags["exact"]
   stats = {
-      "train_documents": len(train),
-      "valid_documents": len(valid),
-      "train_near_dup_minhash": sum(1 for r in train if r[2]),
-      "train_exact_substring": sum(1 for r in train if r[3]),
-      "valid_near_dup_minhash": sum(1 for r in valid if r[2]),
-      "valid_exact_substring": sum(1 for r in valid if r[3]),
+      "train_documents": n_train,
+      "valid_documents": n - n_train,
+      "train_near_dup_minhash": int(near[:n_train].sum()),
+      "train_exact_substring": int(exact[:n_train].sum()),
+      "valid_near_dup_minhash": int(near[n_train:].sum()),
+      "valid_exact_substring": int(exact[n_train:].sum()),
       "verified_pairs": checked,
       "exact_substring_unit": "tokens" if vocab_path else "words",
       "seconds": {"total": round(seconds, 2)},
   }
-  logger.info("splits: %s", ", ".join(f"{k} {len(v)}" for k, v in ids.items()))
-  return splits_lib.Splits(ids=ids, stats=stats)
+  dup = near | exact
+  splits = splits_lib.Splits(train_dup=dup[:n_train].copy(), valid_dup=dup[n_train:].copy(), stats=stats)
+  logger.info("splits: %s", ", ".join(f"{k} {v}" for k, v in splits.sizes().items()))
+  return splits

@@ -23,7 +23,7 @@ from private_t5.data import beam_io
 from private_t5.documents import Document
 from private_t5.errors import ConfigError
 from private_t5.eval import splits as splits_lib
-from private_t5.io import check_output_file, file_sha256, write_json_atomic
+from private_t5.io import check_output_file, file_sha256
 
 
 
@@ -85,19 +85,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     valid_fp = _fingerprint(beam_io.stream_documents(args.valid_corpus, **read))
   else:
     from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-    train_docs = [d for s in args.train_corpus for d in corpora.read_corpus(s, text_field=args.text_field)[0]]
-    valid_docs = [d for s in args.valid_corpus for d in corpora.read_corpus(s, text_field=args.text_field)[0]]
+    docs = lambda specs: (d for s in specs for d in corpora.iter_documents(s, text_field=args.text_field))
     tokenize = None
     if args.vocab_path:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
       sp = spm.SentencePieceProcessor(model_file=args.vocab_path)
       tokenize = lambda text: sp.encode(text)
-    splits = splits_lib.build_splits(train_docs, valid_docs, cfg, tokenize=tokenize, verbose=True)
-    train_fp, valid_fp = splits_lib.corpus_fingerprint(train_docs), splits_lib.corpus_fingerprint(valid_docs)
+    # One streaming pass over each corpus (texts and band keys spilled to a temporary folder).
+    splits = splits_lib.build_splits_streaming(docs(args.train_corpus), docs(args.valid_corpus), cfg,
+                                               tokenize=tokenize, verbose=True)
+    train_fp, valid_fp = splits.fingerprints
   key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, cfg, tokenizer_id if args.vocab_path else None)
-  output = os.path.join(args.output, f"splits_{key}.json") if to_folder else args.output
-  content = splits_lib.splits_file_content(splits, key, cfg, tokenizer_id if args.vocab_path else None, specs)
-  write_json_atomic(output, content, indent=None, sort_keys=False)
+  output = splits_lib.split_file_path(args.output, key) if to_folder else args.output
+  splits_lib.write_split_file(output, splits, key, cfg, tokenizer_id if args.vocab_path else None, specs)
   json.dump({"output": os.path.abspath(output), "key": key, "runner": args.runner, "sizes": splits.sizes(),
              "stats": splits.stats}, sys.stdout, indent=2)
   print()
