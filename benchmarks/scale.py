@@ -29,6 +29,17 @@ Stages:
   memorization `private-t5 memorization` of a tiny checkpoint (DP T5 v1.0 tiny, 2 steps, trained once
                per work folder, not timed) on 1,000 prompts a split (P = 8, T = 4 tokens), reusing
                the split file `splits` wrote (run `splits` first; else it builds it and that is timed)
+  canaries     `private-t5 canaries` (1, 10 and 100 copies of a canary and a reference; the corpus
+               read twice, counted then copied)
+  canaries_audit `private-t5 canaries --audit`, 1,000 canaries of random corpus words
+  shuffle      the non-private `ShuffledBatchSampler` at N (B = 4,096), in process: the epoch's
+               permutation (first batch) and a later batch, in ms, and bytes allocated; beside it the
+               int64 `rng.permutation(N)` it replaced (`int64_*`)
+  ledger       the privacy ledger's ε at N (q·N = 4,096, σ = 1, 10,000 steps, δ = 1/N^1.1), in
+               process: RDP Poisson, RDP fixed batches, PLD truncated Poisson; ms and bytes allocated
+  study_data   the data phase of `private-t5 study` (`experiments/study.prepare_data`: the corpus read
+               whole, 10% validation, 10% of the training documents repeated 2, 5, 10 times) in a
+               fresh process
 A seqio Task written into a store is measured by benchmarks/bench_seqio_store.py.
 """
 import argparse
@@ -43,7 +54,9 @@ import tracemalloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRIVATE_T5 = [sys.executable, "-m", "private_t5.stages.cli"]
-STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "splits_beam", "memorization")
+STAGES = ("store", "store_beam", "train", "poisson", "dp_spm", "splits", "splits_beam", "memorization", "canaries",
+          "canaries_audit", "shuffle", "ledger", "study_data")
+IN_PROCESS = ("poisson", "shuffle", "ledger")  # measured in this process (ms, bytes allocated); no corpus
 C4_DOCUMENTS = 365_000_000
 LEXICON_SIZE = 2000
 FIRST_STEP_LINE = "first step (compilation included)"
@@ -152,9 +165,57 @@ def poisson(n: int) -> dict:
   return {"wall_s": wall, "cpu_s": cpu, "peak_alloc_bytes": peak}
 
 
+def _traced(fn) -> dict:
+  """Wall and CPU seconds of `fn()` and the bytes it allocated at its peak (tracemalloc)."""
+  tracemalloc.start()
+  start, cpu = time.perf_counter(), time.process_time()
+  fn()
+  wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+  _, peak = tracemalloc.get_traced_memory()
+  tracemalloc.stop()
+  return {"wall_s": wall, "cpu_s": cpu, "peak_alloc_bytes": peak}
+
+
+def shuffle(n: int) -> dict:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import sampling  # pylint: disable=g-import-not-at-top
+  batch = min(4096, n)
+  sampler = sampling.ShuffledBatchSampler(n, batch, seed=1)
+  first = _traced(lambda: sampler.indices_for_step(0))  # draws the epoch's permutation
+  later = _traced(lambda: sampler.indices_for_step(sampler.steps_per_epoch - 1))
+  del sampler
+  before = _traced(lambda: np.random.default_rng([sampling._SHUFFLE_STREAM, 1, 0]).permutation(n)[:batch])  # pylint: disable=protected-access
+  return {**first, "step_wall_s": later["wall_s"], "step_cpu_s": later["cpu_s"],
+          **{f"int64_{k}": v for k, v in before.items()}}
+
+
+def ledger(n: int) -> dict:
+  from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
+  q, steps, delta = min(1.0, 4096 / n), 10_000, n ** -1.1
+  cases = {"rdp_poisson": dict(accountant="rdp"), "rdp_fixed": dict(accountant="rdp", sampling="fixed", num_examples=n),
+           "pld_truncated": dict(accountant="pld", num_examples=n, max_batch_size=int(4096 * 1.2))}
+  out = {}
+  for name, kwargs in cases.items():
+    eps = {}
+    timing = _traced(lambda kw=kwargs, e=eps: e.update(value=accounting.compute_epsilon(1.0, q, steps, delta, **kw)))
+    out.update({f"{name}_{k}": v for k, v in timing.items()}, **{f"{name}_epsilon": eps["value"]})
+  out.update(wall_s=sum(out[f"{c}_wall_s"] for c in cases), cpu_s=sum(out[f"{c}_cpu_s"] for c in cases),
+             peak_alloc_bytes=max(out[f"{c}_peak_alloc_bytes"] for c in cases))
+  return out
+
+
+STUDY_DATA = """
+import sys
+from private_t5.data import duplication
+from private_t5.experiments import study
+record = study.prepare_data(sys.argv[1], sys.argv[2], duplication.DuplicationConfig().validate())
+print(record["stats"])
+"""
+
+
 def measure(stage: str, n: int, work: str, corpus: str, long_variant: bool) -> dict:
-  if stage == "poisson":
-    return poisson(n)
+  if stage in IN_PROCESS:
+    return {"poisson": poisson, "shuffle": shuffle, "ledger": ledger}[stage](n)
   env = _env()
   tag = f"{n}{'_long' if long_variant else ''}"
   vocab = vocabulary(work, corpus)
@@ -180,6 +241,20 @@ def measure(stage: str, n: int, work: str, corpus: str, long_variant: bool) -> d
                         "--gin.DPConfig.target_epsilon=None", "--gin.DPConfig.noise_multiplier=1.0"]
     wall, cpu, rss, first = run(cmd, env, marker=FIRST_STEP_LINE)
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss, "first_step_s": first}
+  if stage in ("canaries", "canaries_audit"):
+    out = os.path.join(work, f"{stage}-{tag}-{time.time_ns()}.jsonl")
+    cmd = PRIVATE_T5 + ["canaries", f"--corpus={corpus}", f"--output={out}", "--seed=1"]
+    if stage == "canaries_audit":
+      cmd += ["--audit", "--num_canaries=1000"]
+    wall, cpu, rss, _ = run(cmd, env)
+    for name in os.listdir(work):  # the corpus with canaries and its record: not kept
+      if name.startswith(os.path.basename(out)[:-6]):
+        os.remove(os.path.join(work, name))
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
+  if stage == "study_data":
+    out = os.path.join(work, f"study-{tag}-{time.time_ns()}")
+    wall, cpu, rss, _ = run([sys.executable, "-c", STUDY_DATA, corpus, out], env)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss}
   if stage == "dp_spm":
     out = os.path.join(work, f"dpspm-{tag}-{time.time_ns()}", "dp.model")
     cmd = PRIVATE_T5 + ["dp-spm", "--gin_file=configs/runs/dp_spm.gin", f"--corpus={corpus}", f"--output={out}",
@@ -239,7 +314,7 @@ def table(path: str) -> str:
     for variant in (False, True):
       mine = sorted((r for r in rows if r["stage"] == stage and r.get("long", False) == variant),
                     key=lambda r: r["n"])
-      key = "peak_rss_bytes" if stage != "poisson" else "peak_alloc_bytes"
+      key = "peak_rss_bytes" if stage not in IN_PROCESS else "peak_alloc_bytes"
       slope = None
       if len(mine) >= 2 and mine[-1]["n"] > mine[-2]["n"]:
         slope = (mine[-1][key] - mine[-2][key]) / (mine[-1]["n"] - mine[-2]["n"])
@@ -248,10 +323,11 @@ def table(path: str) -> str:
         extra = f", first step {r['first_step_s']:.1f} s" if r.get("first_step_s") else ""
         at_c4 = (f"{(r[key] + slope * (C4_DOCUMENTS - r['n'])) / 2**30:.1f} GiB" if last and slope is not None
                  else "")
-        wall = f"{r['wall_s'] * 1e3:.2f} ms" if stage == "poisson" else f"{r['wall_s']:.1f}{extra}"
-        cpu = f"{r['cpu_s'] * 1e3:.2f} ms" if stage == "poisson" else f"{r['cpu_s']:.3g}"
+        wall = f"{r['wall_s'] * 1e3:.2f} ms" if stage in IN_PROCESS else f"{r['wall_s']:.1f}{extra}"
+        cpu = f"{r['cpu_s'] * 1e3:.2f} ms" if stage in IN_PROCESS else f"{r['cpu_s']:.3g}"
         out.append(f"| {stage}{' (long)' if variant else ''} | {r['n']:,} | {wall} | {cpu} | "
-                   + (f"{r[key] / 2**10:.0f} KiB allocated" if stage == "poisson" else f"{r[key] / 2**20:.0f} MiB")
+                   + ((f"{r[key] / 2**10:.0f} KiB allocated" if r[key] < 2**24 else f"{r[key] / 2**20:.0f} MiB allocated")
+                      if stage in IN_PROCESS else f"{r[key] / 2**20:.0f} MiB")
                    + (f" (launcher {r['launcher_peak_rss_bytes'] / 2**20:.0f} MiB)"
                       if r.get("launcher_peak_rss_bytes") else "")
                    + " | "
@@ -270,7 +346,7 @@ def main(argv=None) -> int:
     for long_variant in variants:
       size = n // 100 if long_variant else n
       corpus = None
-      if set(args.stages) - {"poisson"}:  # the draw needs no corpus (e.g. N = 365,000,000)
+      if set(args.stages) - set(IN_PROCESS):  # these need no corpus (e.g. N = 365,000,000)
         corpus = write_corpus(os.path.join(args.work, f"corpus-{size}{'_long' if long_variant else ''}.jsonl"),
                               size, 1200 if long_variant else 12)
       for stage in args.stages:

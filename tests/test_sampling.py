@@ -7,6 +7,7 @@ import scipy.stats
 from dp_accounting import dp_event
 
 from private_t5.dp import accounting
+from private_t5.dp import sampling as sampling_lib
 from private_t5.dp.mechanism import BatchLayout, DPConfig, ExecutionSettings, build_mechanism
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
@@ -168,6 +169,20 @@ def test_shuffled_batches_cover_each_epoch_once():
   assert not np.array_equal(seen, epoch1)
   again = ShuffledBatchSampler(n, b, seed=2)
   np.testing.assert_array_equal(again.indices_for_step(13), sampler.indices_for_step(13))
+
+
+def test_shuffled_batches_are_those_of_an_int64_permutation():
+  # The permutation is held in int32 (4 bytes an example); its batches are those of
+  # `rng.permutation(N)` (int64) for the same seed and epoch.
+  for n, b, seed in ((103, 10, 2), (1, 1, 0), (5000, 64, 7), (2**16 + 3, 1000, 1)):
+    sampler = ShuffledBatchSampler(n, b, seed=seed)
+    for step in (0, sampler.steps_per_epoch - 1, sampler.steps_per_epoch, 3 * sampler.steps_per_epoch + 1):
+      epoch, j = divmod(step, sampler.steps_per_epoch)
+      reference = np.random.default_rng([sampling_lib._SHUFFLE_STREAM, seed, epoch]).permutation(n)
+      got = sampler.indices_for_step(step)
+      assert got.dtype == np.int64
+      np.testing.assert_array_equal(got, reference[j * b:(j + 1) * b])
+    assert sampler._cached_permutation.dtype == np.int32
 
 
 def test_shuffled_bad_sizes_are_refused():

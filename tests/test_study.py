@@ -144,3 +144,16 @@ def test_study_smoke_every_model(shared_data, tmp_path):
   # A second run reuses every model's result.
   assert cli.main(argv) == 0
   assert json.loads((out / "results.json").read_text())["models"] == models
+
+
+def test_a_corpus_beyond_the_in_memory_bound_is_refused(tmp_path, monkeypatch, shared_data):
+  from private_t5.experiments import study
+  src = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+  monkeypatch.setattr(study, "MAX_DOCUMENTS", 50)
+  with pytest.raises(ConfigError, match="max_documents must be <= 50"):
+    study.prepare_data(src, str(tmp_path / "a"), duplication.DuplicationConfig(max_documents=51))
+  with pytest.raises(ConfigError, match="has more than 50 documents"):
+    study.prepare_data(src, str(tmp_path / "b"), duplication.DuplicationConfig())
+  assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+  record = study.prepare_data(src, str(tmp_path / "c"), duplication.DuplicationConfig(max_documents=50))
+  assert record["stats"]["train_documents"] + record["stats"]["valid_documents"] == 50

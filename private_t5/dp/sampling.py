@@ -89,7 +89,12 @@ class ShuffledBatchSampler:
   def _permutation(self, epoch: int) -> np.ndarray:
     if epoch != self._cached_epoch:
       rng = np.random.default_rng([_SHUFFLE_STREAM, self.seed, epoch])
-      self._cached_permutation = rng.permutation(self.num_examples)
+      # `rng.permutation(N)` shuffles an int64 arange in place; the smallest dtype that holds N
+      # draws the same swaps (Generator.shuffle's draws depend on the length only): the same
+      # permutation in 4 bytes an example below 2^31.
+      perm = np.arange(self.num_examples, dtype=np.int32 if self.num_examples < 2**31 else np.int64)
+      rng.shuffle(perm)
+      self._cached_permutation = perm
       self._cached_epoch = epoch
     return self._cached_permutation
 

@@ -129,6 +129,9 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
           repetitions: int = 1, seed: Optional[int] = None, vocab=None, source: str = ""):
   """Writes the corpus with the included canaries and the secret membership record beside it.
 
+  `documents`: a sequence, or a function that opens the corpus afresh (read, never held:
+  `canaries.insert_canaries`).
+
   Returns:
     (corpus path, record path, number of documents written, AuditRecord).
   """
@@ -138,8 +141,8 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
   included, seed = auditing.draw_membership(num_canaries, seed)
   if not included.any():  # an audit needs a canary in (probability 2^-m; refused before anything is written)
     raise DataError(f"none of the {num_canaries} audit canaries was drawn in; plant more canaries (--num_canaries)")
-  docs = list(documents)
-  words = corpus_words(d.text for d in docs) if kind == "words" else ()
+  docs = documents if callable(documents) else list(documents)  # a function that opens the corpus streams it
+  words = corpus_words(d.text for d in (docs() if callable(docs) else docs)) if kind == "words" else ()
   texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab)
   planted = [canaries_lib.Canary(id=f"audit-{k}", secret="", text=t, repetitions=repetitions if inc else 0)
              for k, (t, inc) in enumerate(zip(texts, included))]

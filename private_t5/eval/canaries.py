@@ -12,7 +12,7 @@ import json
 import os
 import secrets
 import string
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -103,21 +103,44 @@ def make_canaries(fmt: CanaryFormat, repetitions: Sequence[int] = (1, 10, 100), 
   return out, seed
 
 
-def insert_canaries(documents: Iterable, canaries: Sequence[Canary], seed: int) -> Iterator[dict]:
-  """Yields `{"id", "text"}` records: the corpus with every canary copy at a random position."""
-  docs = [{"id": d.id, "text": d.text} for d in documents]
-  copies = [{"id": f"{c.id}/copy-{r}", "text": c.text} for c in canaries for r in range(c.repetitions)]
+def count_documents(open_documents: Callable[[], Iterable]) -> int:
+  """The number of documents of a corpus, in one pass that holds none of them."""
+  return sum(1 for _ in open_documents())
+
+
+def insert_canaries(documents: Union[Sequence, Callable[[], Iterable]], canaries: Sequence[Canary], seed: int,
+                    num_documents: Optional[int] = None) -> Iterator[dict]:
+  """Yields `{"id", "text"}` records: the corpus with every canary copy at a random position.
+
+  `documents` is a sequence, or a function that opens the corpus afresh: the corpus is then read
+  twice, once to count its documents (skipped when `num_documents` is given) and once while the
+  records are yielded, so no document is held past its turn (memory: the canary copies and
+  their positions). The positions depend on the count and the seed only: both forms give the
+  same records. Any other iterable is read into memory first.
+  """
+  if callable(documents):
+    n = count_documents(documents) if num_documents is None else int(num_documents)
+    docs = documents()
+  else:
+    docs = documents if isinstance(documents, Sequence) else list(documents)
+    n = len(docs)
+  copies = [(f"{c.id}/copy-{r}", c.text) for c in canaries for r in range(c.repetitions)]
   rng = np.random.default_rng([seed, 1])
   # Each copy goes before a uniformly random corpus position (ties kept in a random order).
-  positions = rng.integers(0, len(docs) + 1, size=len(copies))
+  positions = rng.integers(0, n + 1, size=len(copies))
   order = np.argsort(positions, kind="stable")
-  c = 0
-  for i in range(len(docs) + 1):
-    while c < len(order) and positions[order[c]] == i:
-      yield copies[order[c]]
+  sorted_positions = positions[order]
+  c, read = 0, 0
+  for d in docs:
+    while c < len(order) and sorted_positions[c] == read:
+      yield {"id": copies[order[c]][0], "text": copies[order[c]][1]}
       c += 1
-    if i < len(docs):
-      yield docs[i]
+    yield {"id": d.id, "text": d.text}
+    read += 1
+  if read != n:
+    raise DataError(f"the corpus changed while it was read: {n} documents counted, {read} read")
+  for k in order[c:]:
+    yield {"id": copies[k][0], "text": copies[k][1]}
 
 
 def record_path(corpus_path: str, suffix: str = RECORD_SUFFIX) -> str:
@@ -127,16 +150,19 @@ def record_path(corpus_path: str, suffix: str = RECORD_SUFFIX) -> str:
   return base + suffix
 
 
-def write_canary_corpus(documents: Iterable, output_path: str, fmt: CanaryFormat, canaries: Sequence[Canary],
-                        seed: int, source: str = "") -> Tuple[str, str, int]:
+def write_canary_corpus(documents, output_path: str, fmt: CanaryFormat, canaries: Sequence[Canary],
+                        seed: int, source: str = "", num_documents: Optional[int] = None) -> Tuple[str, str, int]:
   """Writes the corpus with canaries (jsonl, gzip if the name ends in .gz) and its record.
+
+  `documents` and `num_documents` as in `insert_canaries` (a function that opens the corpus
+  streams it).
 
   Returns:
     (corpus path, record path, number of documents written).
   """
   n = 0
   with io.atomic_open_text(output_path) as f:
-    for record in insert_canaries(documents, canaries, seed):
+    for record in insert_canaries(documents, canaries, seed, num_documents):
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
       n += 1
   rec = {"format": fmt.as_dict(), "space_size": fmt.space_size, "seed": seed, "source": source,

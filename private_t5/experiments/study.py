@@ -48,6 +48,9 @@ DEFAULT_MODELS = ("nondp_prefix", "nondp_span", "dp_prefix", "fulldp_prefix")
 RESULT_FILE = "result.json"
 # A model's result keys computed from the private validation documents without DP.
 NOT_DP_RESULT_KEYS = ("validation_token_accuracy", "validation_loss")
+# The data phase holds its documents in memory (Python objects, ~1 KB a short document: see
+# docs/scaling.md): a study trains several models on a small corpus, and refuses a larger one.
+MAX_DOCUMENTS = 1_000_000
 
 
 def _nan_to_none(value):
@@ -152,11 +155,17 @@ def cached_json(path: str, compute: Callable[[], dict], what: str) -> dict:
 def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text", audit_canaries: int = 0) -> dict:
   """Phase 1: writes data/train.jsonl.gz, data/valid.jsonl.gz and data/duplication.json (reused).
 
+  The documents are held in memory: at most `MAX_DOCUMENTS` (`dup_cfg.max_documents` above it,
+  or a longer corpus without it, is a ConfigError before anything is written).
+
   With `audit_canaries` = m > 0, m audit canaries (eval/audit.py) are planted in the training
   corpus, each once with probability 1/2, and their secret record goes to data/train.audit.json.
   """
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
+  if dup_cfg.max_documents is not None and dup_cfg.max_documents > MAX_DOCUMENTS:
+    raise ConfigError(f"max_documents must be <= {MAX_DOCUMENTS:,} (a study holds its corpus in memory), "
+                      f"got {dup_cfg.max_documents:,}")
   data_dir = os.path.join(output_dir, "data")
   record_path = os.path.join(data_dir, "duplication.json")
   settings = {"corpus": os.path.abspath(corpus) if os.path.exists(corpus) else corpus, **dup_cfg.as_dict()}
@@ -170,7 +179,10 @@ def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text"
                         "use a new --output directory")
     logger.info("[study] data: reusing %s", data_dir)
     return record
-  docs, _ = corpora.read_corpus(corpus, text_field=text_field, max_documents=dup_cfg.max_documents)
+  docs, _ = corpora.read_corpus(corpus, text_field=text_field, max_documents=dup_cfg.max_documents or MAX_DOCUMENTS + 1)
+  if len(docs) > MAX_DOCUMENTS:
+    raise ConfigError(f"corpus {corpus} has more than {MAX_DOCUMENTS:,} documents, which a study holds in memory; "
+                      f"set max_documents (its first documents) to at most {MAX_DOCUMENTS:,}")
   study = duplication.plant_duplicates(docs, dup_cfg)
   train_path = os.path.join(data_dir, "train.jsonl.gz")
   audit_record = None

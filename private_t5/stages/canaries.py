@@ -15,13 +15,12 @@ documents, each included with probability 1/2 by a secret seed (OS entropy unles
 included one --repetitions times; the secret membership record `train_audit.audit.json` (mode
 0600) goes beside the new corpus. Give it to `private-t5 memorization` (--gin.AUDIT=...).
 """
-import itertools
 import os
 import string
 import sys
 
 from private_t5 import io as io_lib
-from private_t5.errors import ConfigError, DataError
+from private_t5.errors import ConfigError
 from private_t5.stages import flags
 
 
@@ -77,12 +76,11 @@ def main(argv) -> int:
                                   length=args.secret_length).validate()
   canaries, seed = canaries_lib.make_canaries(fmt, repetitions, args.per_repetition, args.num_reference,
                                               args.seed)
-  docs = corpora.iter_documents(args.corpus, text_field=args.text_field)
-  first = next(docs, None)  # an empty or unreadable corpus is refused before anything is written
-  if first is None:
-    raise DataError(f"corpus {args.corpus} has no documents; nothing written")
-  docs = itertools.chain([first], docs)
-  corpus, record, n = canaries_lib.write_canary_corpus(docs, args.output, fmt, canaries, seed, source=args.corpus)
+  open_docs = lambda: corpora.iter_documents(args.corpus, text_field=args.text_field)
+  # Two passes, nothing held a document: the count (an empty or unreadable corpus is refused
+  # before anything is written), then the copy with the canaries.
+  corpus, record, n = canaries_lib.write_canary_corpus(open_docs, args.output, fmt, canaries, seed, source=args.corpus,
+                                                       num_documents=canaries_lib.count_documents(open_docs))
   copies = sum(c.repetitions for c in canaries)
   print(f"[canaries] wrote {corpus}: {n} documents ({copies} canary copies of {len(canaries)} canaries, "
         f"|R| = {fmt.space_size})")
@@ -106,10 +104,9 @@ def _plant_audit(args) -> int:
       raise ConfigError("--canary_kind=tokens needs --vocab_path (a SentencePiece model)")
     from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
     vocab = spm.load_vocabulary(args.vocab_path)
-  docs = list(corpora.iter_documents(args.corpus, text_field=args.text_field))
-  if not docs:
-    raise DataError(f"corpus {args.corpus} has no documents; nothing written")
-  corpus, record, n, rec = audit.plant(docs, args.output, num_canaries=args.num_canaries, kind=args.canary_kind,
+  # The corpus is read, never held: its words (kind "words"), its count, then the copy.
+  open_docs = lambda: corpora.iter_documents(args.corpus, text_field=args.text_field)
+  corpus, record, n, rec = audit.plant(open_docs, args.output, num_canaries=args.num_canaries, kind=args.canary_kind,
                                        length=args.canary_length, repetitions=int(reps), seed=args.seed,
                                        vocab=vocab, source=args.corpus)
   included = int(rec.included.sum())
