@@ -34,13 +34,12 @@ import numpy as np
 
 from private_t5.dp import accounting
 from private_t5.errors import ConfigError, PrivacyError
+from private_t5.hashing import mix64
 
 # Domain separation: the same integer seed never yields the same stream in two samplers.
 _POISSON_STREAM = 0x5053  # "PS"
 _SHUFFLE_STREAM = 0x5342  # "SB"
 _GROUP_STREAM = 0x4347  # "CG": the keys of the cyclic groups' hash
-# splitmix64's finaliser constants (a bijection of 64-bit integers).
-_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
 def _check_step(step: int) -> int:
@@ -213,15 +212,6 @@ class PoissonSampler:
     return np.sort(chosen).astype(np.int64)
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-  """splitmix64's finaliser on uint64 (wrapping arithmetic): a bijection that spreads every input bit."""
-  x = x ^ (x >> np.uint64(30))
-  x = x * _MIX[0]
-  x = x ^ (x >> np.uint64(27))
-  x = x * _MIX[1]
-  return x ^ (x >> np.uint64(31))
-
-
 class CyclicPoissonSampler:
   """Cyclic Poisson sampling: b groups, step t samples group t mod b with rate q.
 
@@ -262,7 +252,7 @@ class CyclicPoissonSampler:
     i = np.asarray(indices, np.int64).astype(np.uint64)
     if self.num_groups == 1:
       return np.zeros(i.shape, np.int64)
-    h = _mix64(_mix64(i ^ self._keys[0]) + self._keys[1])
+    h = mix64(mix64(i ^ self._keys[0]) + self._keys[1])
     return (h % np.uint64(self.num_groups)).astype(np.int64)
 
   def indices_for_step(self, step: int) -> np.ndarray:

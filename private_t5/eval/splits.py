@@ -42,6 +42,7 @@ import numpy as np
 
 from private_t5 import user_modules
 from private_t5.errors import ConfigError
+from private_t5.hashing import mix64
 from private_t5.io import write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -50,9 +51,7 @@ SPLIT_NAMES = ("train_dup", "train_unique", "valid_in_train", "valid_unique")
 SPLITS_FORMAT_VERSION = 1  # of the results: part of the split file's key
 SPLIT_FILE_FORMAT = 2  # of the file: 2 = a bit a document; 1 (no "format" field) = id lists
 
-# 64-bit mixing constants (SplitMix64 finaliser, Steele et al. 2014).
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+# The golden-ratio increment of SplitMix64 (Steele et al. 2014; its finaliser: `hashing.mix64`).
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -164,21 +163,13 @@ def word_shingles(text: str, n: int) -> set:
   return {" ".join(w[i:i + n]) for i in range(len(w) - n + 1)}
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-  """SplitMix64 finaliser, element-wise on uint64 (wrap-around arithmetic is intended)."""
-  with np.errstate(over="ignore"):
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    return x ^ (x >> np.uint64(31))
-
-
 def band_keys_from_signature(hashvalues: np.ndarray, num_bands: int) -> np.ndarray:
   """One 64-bit key per LSH band: equal bands give equal keys; band index mixed in."""
   rows = hashvalues.astype(np.uint64).reshape(num_bands, -1)
   h = np.arange(num_bands, dtype=np.uint64) * _GOLDEN
   with np.errstate(over="ignore"):
     for j in range(rows.shape[1]):
-      h = _mix64(h ^ rows[:, j])
+      h = mix64(h ^ rows[:, j])
   return h
 
 
@@ -260,7 +251,7 @@ def window_hashes(tokens: Sequence[int], window: int) -> np.ndarray:
     inv_pows = _pow_u64(base_inv, idx[:n])
     pows = _pow_u64(base, idx[:n])
     # Mix token ids first so that small ids do not give structured hashes.
-    s = np.concatenate([[np.uint64(0)], np.cumsum(_mix64(x + _GOLDEN) * inv_pows, dtype=np.uint64)])
+    s = np.concatenate([[np.uint64(0)], np.cumsum(mix64(x + _GOLDEN) * inv_pows, dtype=np.uint64)])
     h = pows[window - 1:] * (s[window:] - s[:-window])
   return np.unique(h)
 

@@ -230,8 +230,8 @@ class Trainer:
     """finish, noise (once, with the step's key), Adafactor."""
     noise_rng = jax.random.fold_in(noise_base_key, state.step)  # = step_keys(...)[1]
     grads, metrics = self._bound(base).finish(state.params, acc)
-    grads, noise_state = self.noise.update(grads, state.noise_state, state.params, noise_rng=noise_rng,
-                                           noise_scale=metrics.get(noise_lib.NOISE_SCALE_METRIC))
+    grads, noise_state = noise_lib.apply_with_state(self.noise, grads, metrics, state.params, state.noise_state,
+                                                    noise_rng)
     # The state keeps its dtypes (float32) and structure from step to step.
     noise_state = jax.tree.map(lambda new, old: new.astype(old.dtype), noise_state, state.noise_state)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
