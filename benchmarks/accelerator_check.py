@@ -21,7 +21,9 @@ this.) The cases run in priority order, until the budget is spent:
      is left: compilations only).
 
 Each case goes through build, init (trace, lower, compile, run), the train step's trace,
-lower, compile, first step and steady steps; each phase appends one JSON line to
+lower, compile, first step and steady steps (then, for the first preset at batch 32, a
+`jax.profiler` trace of --profile_steps steps: device time by HLO op and by kind of op, the
+DP-ghost step's extra over non-DP in the summary, the traces under OUT/profiles); each phase appends one JSON line to
 OUT/phases.jsonl (wall and CPU seconds, the program's size, memory, throughput, MFU) before the
 next begins, and OUT/accelerator_check.md is rewritten from that file after every case. A
 watchdog ends the process at the budget (exit 3) after writing the summary, so a run cut short
@@ -152,6 +154,9 @@ def parse_args(argv):
   p.add_argument("--max_batch", action="store_true", default=True,
                  help="search the largest batch that fits the device's memory, if time is left (default)")
   p.add_argument("--no_max_batch", dest="max_batch", action="store_false", help="no max-batch search")
+  p.add_argument("--profile_steps", type=_int_at_least(0), default=3,
+                 help="steps traced with jax.profiler after the first case's steady steps, non-DP and DP-ghost "
+                      "alike: device time by HLO op and kind of op, in the summary (default 3; 0: no profile)")
   p.add_argument("--compile_only", action="store_true",
                  help="stop each case after compiling its step (CPU measurements of program size and "
                       "compile time); no training run, no max-batch search")
@@ -227,7 +232,7 @@ def case_name(preset, inputs, targets, batch, method, attention=None):
 
 # --- one case -------------------------------------------------------------------------------------
 
-def run_case(log, args, preset, batch_size, method, peak, attention=None):
+def run_case(log, args, preset, batch_size, method, peak, attention=None, profile_dir=None):
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
   from private_t5.train import step_profile  # pylint: disable=g-import-not-at-top
@@ -268,6 +273,16 @@ def run_case(log, args, preset, batch_size, method, peak, attention=None):
                  step_s=step_s, sequences_per_s=batch_size / step_s, analytic_flops_per_step=flops,
                  tflops_per_s=flops / step_s / 1e12, mfu=None if not peak else flops / step_s / peak,
                  loss=float(metrics["nondp/loss"])))
+  if profile_dir and args.profile_steps:
+    from private_t5.train import kernel_profile  # pylint: disable=g-import-not-at-top
+    holder = [state]
+
+    def one_step():
+      holder[0], _ = run(holder[0])
+
+    log.time(name, "profile", lambda: kernel_profile.profile_steps(
+        one_step, args.profile_steps, os.path.join(profile_dir, name.replace(" ", "_").replace("/", "-"))),
+             stats=lambda r: r, **info)
 
 
 def run_sensitivity(log, args):
@@ -399,6 +414,7 @@ def summarize(records):
   if ratios:
     lines += ["", "| case | DP-ghost ÷ non-DP throughput | time to first step × | compile time × |",
               "|---|---|---|---|"] + ratios
+  lines += profile_lines(records)
   other = [r for r in records if r.get("case") == "train"
            or r.get("phase") in ("sensitivity", "max_batch", "stopped", "error")]
   for r in other:
@@ -406,6 +422,29 @@ def summarize(records):
     lines.append(f"- {r.get('case', '')} {r['phase']}: " + ", ".join(
         f"{k}={v}" for k, v in sorted(r.items()) if k not in ("case", "phase", "time_utc")))
   return "\n".join(lines) + "\n"
+
+
+def profile_lines(records):
+  """Markdown of the profiled cases: device ms per step by kind of op (and DP-ghost's extra over
+  non-DP), then each case's costliest ops."""
+  profiles = [r for r in records if r.get("phase") == "profile" and "by_kind" in r]
+  if not profiles:
+    return []
+  kinds = sorted({k for r in profiles for k in r["by_kind"]}, key=lambda k: -max(r["by_kind"].get(k, 0) for r in profiles))
+  lines = ["", f"Device time by kind of op, ms per step (`jax.profiler`, {profiles[0]['steps']} steps; traces under "
+               "OUT/profiles):", "", "| case | all | " + " | ".join(kinds) + " |", "|" + "---|" * (len(kinds) + 2)]
+  row = lambda name, total, by: (f"| {name} | {total:.2f} | " + " | ".join(f"{by.get(k, 0):.2f}" for k in kinds) + " |")
+  named = {r["case"]: r for r in profiles}
+  for r in profiles:
+    lines.append(row(r["case"], r["ms_per_step"], r["by_kind"]))
+    base = named.get(r["case"][:-len(GHOST)] + NONDP) if r["case"].endswith(f" {GHOST}") else None
+    if base:
+      extra = {k: r["by_kind"].get(k, 0) - base["by_kind"].get(k, 0) for k in kinds}
+      lines.append(row("DP-ghost − non-DP", r["ms_per_step"] - base["ms_per_step"], extra))
+  for r in profiles:
+    lines += ["", f"Costliest ops of {r['case']} (ms per step): " + ", ".join(
+        f"`{op}` ({kind}) {ms:.2f}" for op, kind, ms in r["top_ops"])]
+  return lines
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -463,12 +502,13 @@ def main(argv=None):
   left = lambda: deadline - time.monotonic()
 
   def cases(preset_batches, attention=None):
-    for preset, batch in preset_batches:
+    for index, (preset, batch) in enumerate(preset_batches):
       for method in methods:
         name = case_name(preset, args.inputs, args.targets, batch, method, attention)
         print(f"[accelerator] {name} ({left():.0f} s left)", flush=True)
+        profile_dir = os.path.join(out, "profiles") if index == 0 and attention is None else None
         try:
-          run_case(log, args, preset, batch, method, peak, attention)
+          run_case(log, args, preset, batch, method, peak, attention, profile_dir)
         except Exception as e:  # pylint: disable=broad-except
           # An out-of-memory batch or a failed compilation ends this case, not the check.
           log.write({"case": name, "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000],

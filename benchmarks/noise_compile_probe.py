@@ -5,18 +5,23 @@ and program size"; not a product path).
   python benchmarks/noise_compile_probe.py [--program=step|finalize] [--preset=t5_1_1_small]
       [--batch=32] [--dtype=bfloat16] [--variants=current,none,...] [--count_kernels]
 
-For T5 v1.1 small at 512/114 (by default) it prints the trace + lower and compile CPU seconds
-(and with --count_kernels the number of kernels XLA's CPU compiler built: one per distinct fused
+For T5 v1.1 small at 512/114 (by default) it prints the trace + lower and compile CPU seconds and the
+compiled program's temporaries (and with --count_kernels the number of kernels XLA's CPU compiler built: one per distinct fused
 computation, so the identical fusions of same-shaped parameters share one) of the non-DP program and
 of the DP-ghost program with its noise
-  current  as it is (`noise.gaussian_like`: one threefry loop per parameter shape);
+  current  as it is (`noise.gaussian_like`: on a CPU, one threefry loop per parameter shape);
+  batched  the draw of an accelerator (`noise.normal_rows(..., loop=False)`: each shape's rows
+           vmapped into one draw, the same normals) compiled for this CPU;
   none     a broadcast constant (the program without noise);
   iota     a cheap non-random tensor per parameter;
   bits     raw threefry bits, without the normal transform;
   rbg      XLA's RngBitGenerator instead of threefry;
   input    (finalize only) no draw: one program input per parameter;
   stacked  (finalize only) no draw: one program input per parameter shape, sliced per parameter.
-Each case runs in a fresh process.
+Each case runs in a fresh process. With --gram_loop the DP-ghost programs compute the Gram norms
+of sequences longer than 128 positions in a `fori_loop` over blocks of rows (how it was done
+before) instead of the unrolled chain of `ghost_norms.gram_sq_norms` (same memory, no device loop;
+T5 v1.1 base at 512 inputs has 36 such layers, small none).
 """
 import argparse
 import glob
@@ -27,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-STEP_VARIANTS = ("current", "none", "iota", "bits", "rbg")
+STEP_VARIANTS = ("current", "batched", "none", "iota", "bits", "rbg")
 FINALIZE_VARIANTS = STEP_VARIANTS + ("input", "stacked")
 
 
@@ -73,7 +78,17 @@ def _patch(variant: str, given: dict) -> None:
         out[i] = draw[row]
     return out
 
-  if variant == "none":
+  def batched(key, leaves):
+    out = [None] * len(leaves)
+    for g, (shape, members) in enumerate(_groups(leaves).items()):
+      draw = noise_lib.normal_rows(jax.random.fold_in(key, g), len(members), shape, loop=False)
+      for row, i in enumerate(members):
+        out[i] = draw[row]
+    return out
+
+  if variant == "batched":
+    noise_lib.gaussian_like = batched
+  elif variant == "none":
     noise_lib.gaussian_like = lambda key, leaves: [jnp.zeros(l.shape, jnp.float32) + key[0].astype(jnp.float32)
                                                    for l in leaves]
   elif variant == "iota":
@@ -88,6 +103,32 @@ def _patch(variant: str, given: dict) -> None:
     noise_lib.gaussian_like = lambda key, leaves: list(given["noise"])
   elif variant == "stacked":
     noise_lib.gaussian_like = stacked
+
+
+def _patch_gram_loop() -> None:
+  """The Gram norms in a device loop over blocks of rows, the last block shifted back and masked."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import ghost_norms as gn  # pylint: disable=g-import-not-at-top
+  unrolled = gn.gram_sq_norms
+
+  def gram_sq_norms(a, g, block=gn.GRAM_BLOCK):
+    a, g = gn.as_sequence(a, None), gn.as_sequence(g, None)
+    seq = a.shape[1]
+    if seq <= block:
+      return unrolled(a, g, block)
+
+    def body(j, total):
+      start = jnp.minimum(j * block, seq - block)
+      rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
+      aa = gn.contract("bsi,bti->bst", rows(a), a)
+      gg = gn.contract("bso,bto->bst", rows(g), g)
+      new = (start + jnp.arange(block)) >= j * block
+      return total + jnp.sum(jnp.where(new[None, :, None], aa * gg, 0.0), axis=(1, 2))
+
+    return jax.lax.fori_loop(0, -(-seq // block), body, jnp.zeros((a.shape[0],), jnp.float32))
+
+  gn.gram_sq_norms = gram_sq_norms
 
 
 def _lowered(args, given):
@@ -122,14 +163,18 @@ def _lowered(args, given):
 def _one(args) -> dict:
   given = {}
   _patch(args.variant, given)
+  if args.gram_loop:
+    _patch_gram_loop()
   c0 = _cpu()
   lowered = _lowered(args, given)
   c1 = _cpu()
-  lowered.compile()
+  compiled = lowered.compile()
   c2 = _cpu()
+  memory = compiled.memory_analysis()
   kernels = len(glob.glob(os.path.join(args.dump_dir, "*ir-no-opt.ll"))) if args.dump_dir else None
   return {"program": args.program, "method": args.method, "variant": args.variant,
-          "trace_lower_cpu_s": round(c1 - c0, 2), "compile_cpu_s": round(c2 - c1, 2), "kernels": kernels}
+          "trace_lower_cpu_s": round(c1 - c0, 2), "compile_cpu_s": round(c2 - c1, 2), "kernels": kernels,
+          "temp_mib": None if memory is None else round(memory.temp_size_in_bytes / 2 ** 20, 1)}
 
 
 def main(argv=None) -> int:
@@ -141,6 +186,8 @@ def main(argv=None) -> int:
   p.add_argument("--targets", type=int, default=114)
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--variants", default=None, help="comma-separated (default: all of the program's)")
+  p.add_argument("--gram_loop", action="store_true",
+                 help="DP-ghost's Gram norms in a device loop over blocks of rows (as before), not unrolled")
   p.add_argument("--count_kernels", action="store_true",
                  help="dump the kernels' LLVM IR to count them (the compile times then include the dump)")
   p.add_argument("--method", default=None, help=argparse.SUPPRESS)
@@ -157,6 +204,7 @@ def main(argv=None) -> int:
     p.error(f"unknown variants for --program={args.program}: {', '.join(unknown)} (known: {', '.join(known)})")
   common = [f"--program={args.program}", f"--preset={args.preset}", f"--batch={args.batch}",
             f"--inputs={args.inputs}", f"--targets={args.targets}", f"--dtype={args.dtype}"]
+  common += ["--gram_loop"] if args.gram_loop else []
   rows = []
   for method, variant in [("nondp", "current")] + [("ghost", v) for v in variants]:
     with tempfile.TemporaryDirectory() as dump:
@@ -173,7 +221,8 @@ def main(argv=None) -> int:
   for r in rows[1:]:
     kernels = "" if r["kernels"] is None else f"; {r['kernels']} kernels (non-DP {rows[0]['kernels']})"
     print(f"{args.program}, ghost, noise {r['variant']:8s}: compile {r['compile_cpu_s']:6.1f} CPU s = "
-          f"{r['compile_cpu_s'] / base:.2f}x non-DP ({base:.1f}){kernels}")
+          f"{r['compile_cpu_s'] / base:.2f}x non-DP ({base:.1f}); temporaries {r['temp_mib']} MiB "
+          f"(non-DP {rows[0]['temp_mib']}){kernels}")
   return 0
 
 

@@ -35,7 +35,10 @@ def test_smoke_run_times_every_phase_of_every_case(tmp_path):
   for method in ("nondp", "ghost"):
     name = f"t5_1_1_tiny 32/8 b4 {method}"
     phases = [r["phase"] for r in records if r.get("case") == name]
-    assert phases == STEP_PHASES, phases
+    assert phases == STEP_PHASES + ["profile"], phases  # the first case is profiled too
+    profile = next(r for r in records if r.get("case") == name and r["phase"] == "profile")
+    assert profile["ms_per_step"] > 0 and profile["top_ops"] and os.path.exists(profile["trace"])
+    assert sum(profile["by_kind"].values()) == pytest.approx(profile["ms_per_step"], rel=1e-3)
     steady = next(r for r in records if r.get("case") == name and r["phase"] == "steady")
     assert steady["sequences_per_s"] > 0 and steady["analytic_flops_per_step"] > 0
     lowered = next(r for r in records if r.get("case") == name and r["phase"] == "lower")
@@ -48,6 +51,7 @@ def test_smoke_run_times_every_phase_of_every_case(tmp_path):
   assert all(1 - 1e-5 < r["max_ratio"] <= 1 + 1e-5 and r["over_1e-5"] == 0 for r in sensitivity)
   summary = (tmp_path / "accelerator_check.md").read_text()
   assert "| t5_1_1_tiny 32/8 b4 ghost |" in summary and "DP-ghost ÷ non-DP throughput" in summary
+  assert "| DP-ghost − non-DP |" in summary and "Costliest ops of t5_1_1_tiny 32/8 b4 ghost" in summary
 
 
 @pytest.mark.slow
@@ -91,6 +95,7 @@ def test_program_stats_read_constants_and_loops():
   lowered = fn.lower(jnp.zeros((1000, 300), jnp.float32))
   stats = step_profile.lowered_stats(lowered.as_text())
   assert stats["largest_constant_bytes"] == big.nbytes and stats["constants_over_1mib"] == 1
+  assert stats["while_loops"] == 1
   assert step_profile.compiled_stats(lowered.compile().as_text())["while_loops"] >= 1
 
 
@@ -104,6 +109,41 @@ def test_dp_ghost_step_holds_no_position_sized_constant():
   lowered = trainer.trace_train_step(trainer.abstract_state(), batch, *keys).lower()
   stats = step_profile.lowered_stats(lowered.as_text())
   assert stats["largest_constant_bytes"] < 16 * 1024, stats
+
+
+# --- no device loops in the step lowered for a GPU (read here, on the CPU) -------------------------
+
+@pytest.mark.parametrize("preset,method,inputs", [
+    ("t5_1_1_tiny", bench.GHOST, 32), ("t5_1_0_tiny", bench.GHOST, 32), ("t5_1_1_tiny", bench.VMAP, 32),
+    ("t5_1_1_tiny", bench.NONDP, 32),
+    ("t5_1_1_base", bench.GHOST, 512)])  # base at 512 inputs: Gram norms of 512 positions, in 4 blocks
+def test_train_step_lowered_for_a_gpu_holds_no_while_loop(preset, method, inputs):
+  # A GPU reads a `while` loop's predicate back on the host every iteration. The DP step's noise is
+  # drawn in one batched draw per parameter shape there, and the Gram norms of long sequences are
+  # an unrolled chain of blocks: as loop-free as the non-DP step.
+  config, trainer = bench.make_trainer(preset, method, 2, 1.0, 1.0, 0.0, None)
+  if preset == "t5_1_1_base":
+    from private_t5.dp import ghost_norms as gn  # pylint: disable=g-import-not-at-top
+    assert gn.choose_linear_method(inputs, config.d_model, config.d_ff) == gn.GRAM
+    assert inputs > gn.GRAM_BLOCK
+  batch = bench.random_batch(config.vocab_size, 2, inputs, 8, 0)
+  keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
+  lowered = trainer.lower_train_step(trainer.abstract_state(), batch, *keys, platforms=("cuda",))
+  assert step_profile.lowered_stats(lowered.as_text())["while_loops"] == 0
+
+
+def test_noise_rows_are_the_same_bits_with_or_without_a_loop():
+  from private_t5.dp import noise as noise_lib  # pylint: disable=g-import-not-at-top
+  key = jax.random.PRNGKey(7)
+  looped = jax.jit(lambda k: noise_lib.normal_rows(k, 5, (3, 4), loop=True))
+  batched = jax.jit(lambda k: noise_lib.normal_rows(k, 5, (3, 4), loop=False))
+  np.testing.assert_array_equal(looped(key), batched(key))
+  want = [jax.random.normal(jax.random.fold_in(key, r), (3, 4), jnp.float32) for r in range(5)]
+  np.testing.assert_array_equal(batched(key), np.stack(want))
+  text = lambda fn, platform: jax.jit(fn).trace(key).lower(lowering_platforms=(platform,)).as_text()
+  draw = lambda k: noise_lib.gaussian_like(k, [jnp.zeros((3, 4)), jnp.zeros((2,)), jnp.zeros((3, 4))])
+  assert step_profile.lowered_stats(text(draw, "cuda"))["while_loops"] == 0
+  assert step_profile.lowered_stats(text(draw, "cpu"))["while_loops"] >= 2  # a loop per shape on a CPU
 
 
 def test_nothing_is_written_after_the_last_line(tmp_path):
@@ -229,7 +269,7 @@ def test_a_failed_case_makes_the_exit_status_1_after_the_summary(tmp_path, monke
   del jax_cache_config
   script = _script()
 
-  def fail(log, args, preset, batch_size, method, peak, attention=None):
+  def fail(log, args, preset, batch_size, method, peak, attention=None, profile_dir=None):
     raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
 
   monkeypatch.setattr(script, "run_case", fail)

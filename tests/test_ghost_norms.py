@@ -48,13 +48,13 @@ def test_linear_sq_norms_folds_middle_axes():
 
 @pytest.mark.parametrize("block", [1, 3, 4, 7, 64])
 def test_gram_sq_norms_in_blocks_of_rows(block):
-  # T = 7: blocks of 3 (and 4) leave a last block shifted back over rows already summed.
+  # T = 7: blocks of 3 (and 4) leave a shorter last block.
   rng = _rng(3)
   a = rng.normal(size=(2, 7, 4)).astype(np.float32)
   g = rng.normal(size=(2, 7, 5)).astype(np.float32)
   want = np.sum(np.einsum("bti,bto->bio", a, g) ** 2, axis=(1, 2))
   assert _rel_err(gn.gram_sq_norms(a, g, block), want) <= RTOL
-  # bfloat16 inputs are cast to float32 inside the loop: the norm of the bfloat16 values.
+  # bfloat16 inputs are multiplied into float32 sums: the norm of the bfloat16 values.
   a16, g16 = jnp.asarray(a, jnp.bfloat16), jnp.asarray(g, jnp.bfloat16)
   want16 = np.sum(np.einsum("bti,bto->bio", np.asarray(a16, np.float32), np.asarray(g16, np.float32)) ** 2,
                   axis=(1, 2))

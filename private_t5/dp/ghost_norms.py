@@ -36,11 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from private_t5.dp import schedule
+
 GRAM = "gram"
 INSTANTIATE = "instantiate"
 AUTO = "auto"
 LINEAR_METHODS = (GRAM, INSTANTIATE, AUTO)
-# Rows of the T x T Gram sums formed per iteration (`gram_sq_norms`).
+# Rows of the T x T Gram sums formed at a time (`gram_sq_norms`).
 GRAM_BLOCK = 128
 
 
@@ -130,34 +132,35 @@ def linear_sq_norms(a: jax.Array, g: jax.Array, method: str = AUTO) -> jax.Array
 def gram_sq_norms(a: jax.Array, g: jax.Array, block: int = GRAM_BLOCK) -> jax.Array:
   """`||a_i^T g_i||_F^2` by the Gram identity, `block` rows s of the T x T sums at a time: [B].
 
-  A loop over blocks of rows: each iteration forms `[B, block, T]` slices of `a a^T` and
-  `g g^T` (in float32) and reduces them at once. XLA cannot schedule a slice before the loop
-  reaches it, whereas the two whole `[B, T, T]` Gram matrices of every layer were formed as
-  soon as their operands existed (`a a^T` during the forward pass, `g g^T` as the backward pass
-  produced g) and kept until the other one was ready. The loop runs over the sequence, not
-  over the examples, so a batch sharded over the mesh's data axis stays sharded. The last
-  block is shifted back to end at T and its rows already summed are masked out. A sequence of
-  at most `block` positions is one block, computed without a loop.
+  The blocks of rows `[j block, (j + 1) block)` are computed one after the other: each forms
+  `[B, block, T]` slices of `a a^T` and `g g^T` (in float32), reduces them at once, and the next
+  block's slice of `a` waits for the running total (`schedule.after`), so only one block's
+  slices are alive at a time. The two whole `[B, T, T]` Gram matrices of every layer were
+  otherwise formed as soon as their operands existed (`a a^T` during the forward pass, `g g^T`
+  as the backward pass produced g) and kept until the other one was ready. The chain is
+  unrolled, not a device loop: a GPU reads a `while` loop's predicate back on the host every
+  iteration. The blocks run over the sequence, not over the examples, so a batch sharded over
+  the mesh's data axis stays sharded. A sequence of at most `block` positions is one block.
 
   Args:
     a: the layer's inputs `[B, T, d_in]` (any float dtype).
     g: the output gradients `[B, T, d_out]` (any float dtype).
-    block: rows per iteration.
+    block: rows per block.
   """
+  a, g = as_sequence(a, None), as_sequence(g, None)
   seq = a.shape[1]
-  if seq <= block:  # one block: no loop (a loop costs a device-to-host sync per iteration on a GPU)
-    a, g = as_sequence(a, None), as_sequence(g, None)
+  if seq <= block:
     return gram_inner(a, g, a, g)
-
-  def body(j, total):
-    start = jnp.minimum(j * block, seq - block)
-    rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
-    aa = contract("bsi,bti->bst", rows(a), a)
-    gg = contract("bso,bto->bst", rows(g), g)
-    new = (start + jnp.arange(block)) >= j * block  # rows not summed by an earlier block
-    return total + jnp.sum(jnp.where(new[None, :, None], aa * gg, 0.0), axis=(1, 2))
-
-  return jax.lax.fori_loop(0, -(-seq // block), body, jnp.zeros((a.shape[0],), jnp.float32))
+  total = None
+  for start in range(0, seq, block):
+    rows_a, rows_g = a[:, start:start + block], g[:, start:start + block]
+    if total is not None:  # the previous block first: one block's [B, block, T] slices at a time
+      rows_a = schedule.after(rows_a, total)
+    aa = contract("bsi,bti->bst", rows_a, a)
+    gg = contract("bso,bto->bst", rows_g, g)
+    part = jnp.sum(aa * gg, axis=(1, 2))
+    total = part if total is None else total + part
+  return total
 
 
 def first_occurrence(tokens: jax.Array) -> jax.Array:

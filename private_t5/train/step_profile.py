@@ -42,6 +42,7 @@ PEAK_BF16_FLOPS = {
 }
 
 _CONSTANT = re.compile(r"stablehlo\.constant dense.*:\s*tensor<([0-9x]*)x?([a-z]+[0-9]*)>")
+_WHILE = re.compile(r"\bstablehlo\.while\b")
 _DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1,
                 "ui32": 4, "ui8": 1, "i1": 1, "ui64": 8, "ui16": 2}
 # An XLA HLO matrix product: a `dot`, or a library call a GPU backend rewrote it to.
@@ -78,7 +79,8 @@ def analytic_train_flops(config, inputs: int, targets: int) -> float:
 
 
 def lowered_stats(text: str) -> Dict[str, Any]:
-  """Size of a lowered program (its StableHLO text) and of its largest constant."""
+  """Size of a lowered program (its StableHLO text), its largest constant and its `while` loops
+  (device loops: a GPU reads each iteration's predicate back on the host)."""
   largest, largest_type, over_1mib = 0, None, 0
   for match in _CONSTANT.finditer(text):
     dims, dtype = match.group(1), match.group(2)
@@ -90,7 +92,8 @@ def lowered_stats(text: str) -> Dict[str, Any]:
     if size > largest:
       largest, largest_type = size, f"{dtype}[{dims.rstrip('x').replace('x', ',')}]"
   return {"lowered_bytes": len(text), "largest_constant_bytes": largest,
-          "largest_constant": largest_type, "constants_over_1mib": over_1mib}
+          "largest_constant": largest_type, "constants_over_1mib": over_1mib,
+          "while_loops": len(_WHILE.findall(text))}
 
 
 def compiled_stats(text: str) -> Dict[str, Any]:

@@ -39,7 +39,7 @@ derived inside the compiled step, so a resumed run continues the key sequence.
 import contextlib
 import copy
 import functools
-from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -357,13 +357,15 @@ class Trainer:
     with self._mesh_context():
       return self._train_step.trace(state, self._base, batch, dropout_base_key, noise_base_key)
 
-  def lower_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key):
+  def lower_train_step(self, state: TrainState, batch, dropout_base_key, noise_base_key,
+                       platforms: Optional[Sequence[str]] = None):
     """The train step lowered for `state` (a state, or `abstract_state()` to compile without
     allocating one) and `batch`; `.compile()` it for XLA's memory and cost analyses (the frozen
-    LoRA base, if any, is an argument of the lowered step)."""
+    LoRA base, if any, is an argument of the lowered step). `platforms` (e.g. `("cuda",)`)
+    lowers it for other backends than this process's, to read the program, not to compile it."""
     traced = self.trace_train_step(state, batch, dropout_base_key, noise_base_key)
     with self._mesh_context():
-      return traced.lower()
+      return traced.lower() if platforms is None else traced.lower(lowering_platforms=tuple(platforms))
 
   def trace_init(self, rng: jax.Array):
     """`init_state`'s program traced for `rng` (`.lower().compile()`, then call it with `rng`)."""

@@ -1,0 +1,103 @@
+"""Where a step's device time goes, op by op: a `jax.profiler` trace of a few steps, read back.
+
+  profile = kernel_profile.profile_steps(lambda: run_one_step(), steps=3, trace_dir="/tmp/trace")
+  profile["ms_per_step"], profile["by_kind"], profile["top_ops"]
+
+`profile_steps` records a trace of `steps` calls (the first call is expected to be compiled
+already) and `op_times` sums the duration of every event that XLA's runtime tags with the HLO
+instruction it executes (`hlo_op`, with its `hlo_module`): on a GPU the kernels on the device's
+streams, on a CPU the runtime's thunks (a loop's body counted with the loop). Summed by instruction and by kind of instruction
+(`op_kind`: matrix products, reductions, loops, copies and transposes, collectives, random
+bits, other fusions), divided by the number of steps, they say what a DP step adds to the
+non-DP one (compare two profiles) without a profiler UI. The trace folder itself is kept for
+TensorBoard or Perfetto.
+"""
+import collections
+import glob
+import os
+import re
+from typing import Any, Callable, Dict, Optional
+
+# Kinds of HLO instruction, by the words of its name (XLA names a fusion by its root and kind:
+# `loop_multiply_fusion`, `input_reduce_fusion`, `gemm_fusion`, `cublas-gemm`, `while`, ...).
+_KINDS = (
+    ("matmul", re.compile(r"gemm|dot|matmul|cublas|cudnn|xmma|cutlass|convolution|triton|ynn")),
+    ("loop", re.compile(r"^(while|conditional|case|call)\b|while")),
+    ("collective", re.compile(r"all-reduce|all-gather|reduce-scatter|all-to-all|collective|send|recv")),
+    ("random", re.compile(r"rng|threefry|random")),
+    ("reduce", re.compile(r"reduce")),
+    ("copy/transpose", re.compile(r"copy|transpose|memcpy|memset|dynamic-update-slice|slice|concatenate")),
+)
+
+
+def op_kind(name: str) -> str:
+  """The kind of an HLO instruction from its name (`"other"` when none matches)."""
+  lowered = name.lower()
+  for kind, pattern in _KINDS:
+    if pattern.search(lowered):
+      return kind
+  return "other"
+
+
+def _stats(event) -> Dict[str, Any]:
+  return {k: v for k, v in event.stats}
+
+
+def op_times(xplane_path: str, module: Optional[str] = None) -> Dict[str, float]:
+  """Seconds spent in each HLO instruction in the trace at `xplane_path`: device planes
+  (`/device:...`) when the trace has any, else the host's; only events of modules whose name
+  contains `module`, when given."""
+  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
+  data = ProfileData.from_file(xplane_path)
+  planes = list(data.planes)
+  device = [p for p in planes if p.name.startswith("/device:")]
+  totals: Dict[str, float] = collections.defaultdict(float)
+  for plane in device or planes:
+    for line in plane.lines:
+      outer_end = float("-inf")
+      for event in sorted(line.events, key=lambda e: e.start_ns):
+        stats = _stats(event)
+        op = stats.get("hlo_op")
+        if not op or (module and module not in str(stats.get("hlo_module", ""))):
+          continue
+        if event.start_ns < outer_end:  # inside a loop's (or call's) event, counted with it
+          continue
+        outer_end = event.start_ns + event.duration_ns
+        totals[str(op)] += event.duration_ns * 1e-9
+  return dict(totals)
+
+
+def summarize(times: Dict[str, float], steps: int, top: int = 12) -> Dict[str, Any]:
+  """{ms_per_step, by_kind {kind: ms per step}, top_ops [[op, kind, ms per step]], ops}."""
+  per_step = {op: 1e3 * t / steps for op, t in times.items()}
+  by_kind: Dict[str, float] = collections.defaultdict(float)
+  for op, ms in per_step.items():
+    by_kind[op_kind(op)] += ms
+  ranked = sorted(per_step.items(), key=lambda kv: -kv[1])[:top]
+  return {"ms_per_step": round(sum(per_step.values()), 4),
+          "by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+          "top_ops": [[op, op_kind(op), round(ms, 4)] for op, ms in ranked], "ops": len(per_step)}
+
+
+def profile_steps(run: Callable[[], Any], steps: int, trace_dir: str, module: Optional[str] = None,
+                  top: int = 12) -> Dict[str, Any]:
+  """`run()` `steps` times under `jax.profiler.trace(trace_dir)` (each call must block until its
+  step is done), then `summarize(op_times(...))` of the trace, with the trace's path.
+
+  Raises:
+    RuntimeError: the profiler wrote no trace, or no event of it names an HLO instruction.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  os.makedirs(trace_dir, exist_ok=True)
+  before = set(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
+  with jax.profiler.trace(trace_dir):
+    for _ in range(steps):
+      run()
+  written = sorted(set(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)) - before)
+  if not written:
+    raise RuntimeError(f"jax.profiler wrote no trace under {trace_dir}")
+  times = op_times(written[-1], module)
+  if not times:
+    raise RuntimeError(f"no event of the trace {written[-1]} names an HLO instruction"
+                       + (f" of a module named like {module!r}" if module else ""))
+  return dict(summarize(times, steps, top), trace=written[-1], steps=steps)
