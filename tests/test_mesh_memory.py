@@ -3,9 +3,9 @@
 Nothing runs; each step is compiled from the abstract train state and its per-device
 `memory_analysis()` read. Three properties of the sharded step:
 
-* the Gaussian noise is drawn sharded like the parameters: adding it costs a device about its
-  shard of the parameters, not a whole copy (the control, a single flat draw cut into the
-  leaves, does cost a whole copy on every device);
+* the Gaussian noise is drawn sharded like the parameters, in a loop (a CPU) or batched (an
+  accelerator): adding it costs a device about its shard of the parameters, not a whole copy
+  (the control, a single flat draw cut into the leaves, does cost a whole copy on every device);
 * the DP-ghost step's per-device peak stays close to the non-DP step's on a (1, 8)
   model-parallel mesh;
 * fully-sharded parameters and optimizer state (ZeRO-3) hold about 1/8 of the replicated bytes
@@ -80,6 +80,12 @@ def test_noise_is_drawn_sharded_like_the_parameters(monkeypatch):
   added = _peak(_trainer("ghost", (1, 8))) - without_noise
   assert 0 < added < param_bytes / 4, (added, param_bytes)  # about its 1/8 shard
   # The measurement can tell: a noise draw materialised whole on each device costs a copy.
+  # An accelerator's draw (each shape's rows in one batched draw behind an optimization barrier,
+  # `noise.normal_rows(loop=False)`), compiled here: sharded too.
+  rows = noise_lib.normal_rows
+  monkeypatch.setattr(noise_lib, "normal_rows", lambda key, count, shape, loop: rows(key, count, shape, loop=False))
+  batched = _peak(_trainer("ghost", (1, 8))) - without_noise
+  assert 0 < batched < param_bytes / 4, (batched, param_bytes)
   monkeypatch.setattr(noise_lib, "gaussian_like", _flat_gaussian_like)
   whole = _peak(_trainer("ghost", (1, 8))) - without_noise
   assert whole > 3 * param_bytes / 4, (whole, param_bytes)
