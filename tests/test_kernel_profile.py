@@ -43,3 +43,17 @@ def test_a_module_filter_that_matches_nothing_is_an_error(tmp_path):
   f(jnp.ones(4)).block_until_ready()
   with pytest.raises(RuntimeError, match="names an HLO instruction of a module named like 'no_such'"):
     kernel_profile.profile_steps(lambda: f(jnp.ones(4)).block_until_ready(), 1, str(tmp_path), module="no_such")
+
+
+class _Event:
+  def __init__(self, name, stats, duration_ns=5.0):
+    self.name, self.stats, self.duration_ns = name, list(stats.items()), duration_ns
+
+
+def test_an_op_is_read_from_its_stats_an_annotation_or_a_kernel_name():
+  read = kernel_profile._op_and_module  # pylint: disable=protected-access
+  assert read(_Event("x", {"hlo_op": "fusion.3", "hlo_module": "jit_step"}), False) == ("fusion.3", "jit_step")
+  assert read(_Event("sm90_gemm", {"level 0": "cublas-gemm.1:#hlo_module=jit_step,program_id=7#"}), True) == (
+      "cublas-gemm.1", "jit_step")
+  assert read(_Event("loop_add_fusion", {"stream_id": 7}), True) == ("loop_add_fusion", "")
+  assert read(_Event("ThreadpoolListener::Record", {}), False) == (None, None)

@@ -5,8 +5,9 @@
 
 `profile_steps` records a trace of `steps` calls (the first call is expected to be compiled
 already) and `op_times` sums the duration of every event that XLA's runtime tags with the HLO
-instruction it executes (`hlo_op`, with its `hlo_module`): on a GPU the kernels on the device's
-streams, on a CPU the runtime's thunks (a loop's body counted with the loop). Summed by instruction and by kind of instruction
+instruction it executes (`hlo_op`, with its `hlo_module`, or XLA's annotation string): on a GPU
+the kernels on the device's streams (a kernel without a tag by its own name), on a CPU the
+runtime's thunks (a loop's body counted with the loop). Summed by instruction and by kind of instruction
 (`op_kind`: matrix products, reductions, loops, copies and transposes, collectives, random
 bits, other fusions), divided by the number of steps, they say what a DP step adds to the
 non-DP one (compare two profiles) without a profiler UI. The trace folder itself is kept for
@@ -39,14 +40,33 @@ def op_kind(name: str) -> str:
   return "other"
 
 
-def _stats(event) -> Dict[str, Any]:
-  return {k: v for k, v in event.stats}
+# An XLA runtime annotation ("fusion.3:#hlo_module=jit_step,program_id=7#"), which a GPU
+# profiler may attach to a kernel as its `level 0` stat instead of `hlo_op` / `hlo_module`.
+_ANNOTATION = re.compile(r"^([^:#\s]+):?#hlo_module=([^,#]+)")
+
+
+# Lines of a device plane that summarise others (a TPU's), not kernels.
+_SUMMARY_LINES = frozenset({"XLA Modules", "Steps", "Framework Ops", "Framework Name Scope", "Source code",
+                            "XLA TraceMe", "Launch Stats"})
+
+
+def _op_and_module(event, device: bool):
+  """(HLO op, module) an event ran, or (None, None): the `hlo_op` / `hlo_module` stats, else an
+  XLA annotation in another stat, else (on a device plane) the kernel's own name."""
+  stats = {k: v for k, v in event.stats}
+  if stats.get("hlo_op"):
+    return str(stats["hlo_op"]), str(stats.get("hlo_module", ""))
+  for value in stats.values():
+    match = _ANNOTATION.match(str(value))
+    if match:
+      return match.group(1), match.group(2)
+  return (event.name, "") if device and event.duration_ns > 0 else (None, None)
 
 
 def op_times(xplane_path: str, module: Optional[str] = None) -> Dict[str, float]:
   """Seconds spent in each HLO instruction in the trace at `xplane_path`: device planes
-  (`/device:...`) when the trace has any, else the host's; only events of modules whose name
-  contains `module`, when given."""
+  (`/device:...`) when the trace has any, else the host's; when `module` is given, not the
+  events of modules whose name does not contain it."""
   from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
   data = ProfileData.from_file(xplane_path)
   planes = list(data.planes)
@@ -54,11 +74,12 @@ def op_times(xplane_path: str, module: Optional[str] = None) -> Dict[str, float]
   totals: Dict[str, float] = collections.defaultdict(float)
   for plane in device or planes:
     for line in plane.lines:
+      if line.name in _SUMMARY_LINES:  # a device's per-module and per-step lines repeat its ops' time
+        continue
       outer_end = float("-inf")
       for event in sorted(line.events, key=lambda e: e.start_ns):
-        stats = _stats(event)
-        op = stats.get("hlo_op")
-        if not op or (module and module not in str(stats.get("hlo_module", ""))):
+        op, op_module = _op_and_module(event, bool(device))
+        if not op or (module and op_module and module not in op_module):
           continue
         if event.start_ns < outer_end:  # inside a loop's (or call's) event, counted with it
           continue
