@@ -30,12 +30,11 @@ import os
 import sys
 import time
 
+import scipy.stats
+
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, PROJECT_ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-# Student's t quantiles t_{0.975, df} for the 95% CI of a mean over a few seeds.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def _parser():
@@ -71,7 +70,7 @@ def _ci(values):
   v = np.asarray(values, float)
   if len(v) < 2:
     return float(v.mean()), float("nan")
-  return float(v.mean()), float(_T975.get(len(v) - 1, 1.96) * v.std(ddof=1) / math.sqrt(len(v)))
+  return float(v.mean()), float(scipy.stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
 
 
 def _noise_state_ratio(dp, model_config, num_examples, batch_size, steps):

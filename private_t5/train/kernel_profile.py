@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Optional
 # `loop_multiply_fusion`, `input_reduce_fusion`, `gemm_fusion`, `cublas-gemm`, `while`, ...).
 _KINDS = (
     ("matmul", re.compile(r"gemm|dot|matmul|cublas|cudnn|xmma|cutlass|convolution|triton|ynn")),
-    ("loop", re.compile(r"^(while|conditional|case|call)\b|while")),
+    ("loop", re.compile(r"while|conditional|^(case|call)\b")),
     ("collective", re.compile(r"all-reduce|all-gather|reduce-scatter|all-to-all|collective|send|recv")),
     ("random", re.compile(r"rng|threefry|random")),
     ("reduce", re.compile(r"reduce")),
