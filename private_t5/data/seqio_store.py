@@ -18,6 +18,9 @@ absent; a killed build leaves only a `.building-*` folder that the next build re
                                  vocabulary (path, SHA-256, size), the shard index (`shards`: task,
                                  source shard, files, examples, tokens and SHA-256 of each;
                                  `shard_starts`: K + 1 cumulative example counts), `tokens_sha256`,
+                                 `checksums` (size and SHA-256 of every file: `store.check_entry`
+                                 compares the sizes on open, `private-t5 store --verify` the
+                                 digests; a damaged entry is refused, or rebuilt by the stage),
                                  build time and runner
 
 One store shard per source shard (`seqio_source.read_split`): the tasks in order, each task's
@@ -79,9 +82,13 @@ def shard_file_names(index: int, num_shards: int) -> Dict[str, Tuple[str, str]]:
 # --- reading -----------------------------------------------------------------------------------
 
 class ExampleStore:
-  """Read-only view of a built example store; shard files are memory-mapped on first use."""
+  """Read-only view of a built example store; shard files are memory-mapped on first use.
 
-  def __init__(self, path: str):
+  Opening checks the files' sizes against the manifest's record (`verify`: their SHA-256 too);
+  a damaged entry raises `store.DamagedStoreError`.
+  """
+
+  def __init__(self, path: str, verify: bool = False):
     self.path = path
     try:
       with open(os.path.join(path, MANIFEST_FILE), encoding="utf-8") as f:
@@ -90,6 +97,7 @@ class ExampleStore:
       raise DataError(f"{path} is not a seqio example store: {e}") from e
     if self.manifest.get("kind") != KIND or self.manifest.get("format_version") != FORMAT_VERSION:
       raise DataError(f"{path}: not a seqio example store of format {FORMAT_VERSION}")
+    recorded = store_lib.check_entry(path, self.manifest, checksum=verify)
     self.shards = self.manifest["shards"]
     self._starts = np.asarray(self.manifest["shard_starts"], dtype=np.int64)  # K + 1 integers
     if len(self._starts) != len(self.shards) + 1 or self._starts[0] != 0:
@@ -103,8 +111,11 @@ class ExampleStore:
           raise DataError(f"{path}: missing shard file {name}") from e
         if size != (int(shard["examples"]) + 1) * 8:
           raise DataError(f"{path}: {name} holds {size // 8} offsets, not {int(shard['examples']) + 1}")
+        if not recorded:  # an entry built before the record: the tokens checked against their offsets
+          store_lib.check_tokens_file(path, shard["files"][feature]["tokens"], name)
     self._maps: Dict[int, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {}
-    self.reused = False  # set by `build_example_store`: found in the cache rather than built
+    self.reused = False  # set by `store.open_cached`: found in the cache rather than built
+    self.rebuilt: Optional[str] = None  # why a damaged entry was rebuilt, if it was
 
   @property
   def num_examples(self) -> int:
@@ -239,10 +250,17 @@ class ExampleStoreTarget:
                          for t in resolved.tasks]}
     key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
     self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir or store_lib.default_cache_dir()))
+    store_lib.check_cache_dir(self.cache_dir)
     self.final = os.path.join(self.cache_dir, KEY_PREFIX + key)
+    self.rebuilt: Optional[str] = None
 
   def exists(self) -> bool:
     return os.path.isfile(os.path.join(self.final, MANIFEST_FILE))
+
+  def open(self, verify: bool = False, rebuild_damaged: bool = False) -> Optional[ExampleStore]:
+    """The cached store (`store.open_cached`), or None when it must be built (absent, or damaged and removed)."""
+    store, self.rebuilt = store_lib.open_cached(self.cache_dir, self.final, ExampleStore, verify, rebuild_damaged)
+    return store
 
   def build(self, write, runner: str = beam_io.LOCAL_RUNNER) -> ExampleStore:
     """Runs `write(build_dir) -> shard entries` in a fresh build directory in the cache, writes the
@@ -251,12 +269,16 @@ class ExampleStoreTarget:
     start = time.time()
     store_lib.build_in_cache(self.cache_dir, self.final,
                              lambda tmp: dict(self.manifest(write(tmp), start), runner=runner))
-    return ExampleStore(self.final)
+    store = ExampleStore(self.final)
+    store.rebuilt = self.rebuilt
+    return store
 
   def manifest(self, entries: Sequence[Dict[str, object]], start: float) -> Dict[str, object]:
     """The manifest of a build whose shards are `entries` (in plan order); DataError when empty."""
     starts, sizes = [0], {t.name: 0 for t in self.resolved.tasks}
+    checksums: Dict[str, Dict[str, object]] = {}
     for entry in entries:
+      checksums.update(entry.pop("checksums", {}))  # hashed while written
       starts.append(starts[-1] + int(entry["examples"]))
       sizes[entry["task"]] += int(entry["examples"])
     if not starts[-1]:
@@ -270,6 +292,7 @@ class ExampleStoreTarget:
         "num_shards": len(entries), "shards": list(entries), "shard_starts": starts,
         # Of the per-shard digests (computed while writing), so the same whichever process wrote a shard.
         "tokens_sha256": hashlib.sha256("\n".join(e["sha256"] for e in entries).encode()).hexdigest(),
+        store_lib.CHECKSUMS_KEY: checksums,
         "build_seconds": round(time.time() - start, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -287,7 +310,7 @@ class ShardWriter:
     self.examples = 0
     self._ends = {f: 0 for f in FEATURES}
     self._open: List = []
-    self._handles, self._hashes = {}, {}
+    self._handles, self._hashes, self._sizes = {}, {}, {}
     try:
       for feature in FEATURES:
         for name in self.files[feature]:
@@ -295,6 +318,7 @@ class ShardWriter:
           self._handles[name] = context.__enter__()
           self._open.append(context)
           self._hashes[name] = hashlib.sha256()
+          self._sizes[name] = 0
         self._write(self.files[feature][1], np.zeros((1,), "<i8"))
     except BaseException:
       self.abort()
@@ -304,6 +328,7 @@ class ShardWriter:
     data = array.tobytes()
     self._handles[name].write(data)
     self._hashes[name].update(data)
+    self._sizes[name] += len(data)
 
   def add(self, batch: Mapping[str, np.ndarray]) -> int:
     """Appends a batch (padded rows and their lengths); returns its number of examples."""
@@ -330,7 +355,9 @@ class ShardWriter:
     return {"task": shard.task, "source_shard": shard.name, "source_shard_index": shard.index,
             "num_source_shards": shard.num_shards, "examples": self.examples,
             "files": {f: {"tokens": self.files[f][0], "offsets": self.files[f][1]} for f in FEATURES},
-            "tokens": dict(self._ends), "sha256": digest}
+            "tokens": dict(self._ends), "sha256": digest,
+            "checksums": {name: {"size": self._sizes[name], "sha256": self._hashes[name].hexdigest()}
+                          for name in self._hashes}}
 
   def abort(self) -> None:
     """Removes the unfinished files (after an error)."""
@@ -422,7 +449,8 @@ def build_example_store(mixture_or_task_name: str, split: str, feature_lengths: 
                         module: Union[None, str, Sequence[str]] = None, seed: int = 0, use_cached: bool = False,
                         max_examples: Optional[int] = None, cache_dir: Optional[str] = None,
                         runner: str = beam_io.LOCAL_RUNNER, beam_options: Union[str, Sequence[str]] = "",
-                        progress: bool = True, resolved: Optional[seqio_source.Resolved] = None
+                        progress: bool = True, resolved: Optional[seqio_source.Resolved] = None,
+                        verify: bool = False, rebuild_damaged: bool = False
                         ) -> Tuple[ExampleStore, Dict[str, int]]:
   """Builds (or reuses) the example store of one split; returns it and the Beam counters.
 
@@ -433,10 +461,13 @@ def build_example_store(mixture_or_task_name: str, split: str, feature_lengths: 
     runner, beam_options: "local" (this process) or a Beam runner and its `PipelineOptions`
       flags; on Beam, `cache_dir` must be writable by every worker.
     resolved: the checked Task or Mixture, when the caller has it.
+    verify, rebuild_damaged: how a cached entry is checked (sizes; `verify`: SHA-256 too), and
+      whether a damaged one is built again (else it is refused).
 
   Raises:
     ConfigError: bad settings (one line), `max_examples` on a Beam runner.
     DataError: the Task's code raised, an empty split, an unwritable cache; nothing is left behind.
+      A damaged cached entry (`store.DamagedStoreError`, without `rebuild_damaged`).
   """
   lengths = seqio_source.check_feature_lengths(feature_lengths)
   beam = beam_io.is_beam(runner)
@@ -446,10 +477,9 @@ def build_example_store(mixture_or_task_name: str, split: str, feature_lengths: 
   resolved = resolved or seqio_source.resolve(mixture_or_task_name, module)
   target = ExampleStoreTarget(resolved, split, lengths, module=module, seed=seed, use_cached=use_cached,
                               max_examples=max_examples, cache_dir=cache_dir)
-  if target.exists():
-    store = ExampleStore(target.final)
-    store.reused = True
-    return store, {}
+  cached = target.open(verify=verify, rebuild_damaged=rebuild_damaged)
+  if cached is not None:
+    return cached, {}
   counters: Dict[str, int] = {}
   if beam:
     store = target.build(lambda tmp: _write_beam(tmp, target, options, counters), runner)
@@ -469,6 +499,7 @@ def store_summary(store: ExampleStore, seconds: float, counters: Mapping[str, in
   tokens = int(sum(m["num_tokens"].values()))
   return {
       "path": store.path, "runner": m.get("runner", beam_io.LOCAL_RUNNER), "reused": reused,
+      "rebuilt": store.rebuilt,
       "mixture_or_task_name": m["mixture_or_task_name"], "split": m["split"], "tasks": m["tasks"],
       "examples": store.num_examples, "tokens": tokens, "shards": store.num_shards,
       "seconds": round(seconds, 3), "build_seconds": build,
@@ -492,6 +523,9 @@ def make_seqio_source(mixture_or_task_name: str, split: str = "train",
   examples). Both give the same examples at the same indices. `required=False` (the validation
   data): None when no task of it has `split`.
   """
+  if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                   or max_examples < 1):
+    raise ConfigError(f"max_examples must be a positive integer (or None for all), got {max_examples!r}")
   sampled = seqio_source.sampled_tasks(seqio_source.get_mixture_or_task(mixture_or_task_name, module))
   if not required and not any(split in task.splits for task in sampled):
     return None

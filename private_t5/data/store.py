@@ -14,7 +14,8 @@ Layout of a store directory (written to a temp dir, then renamed, so it is compl
                                 and tokens per shard) and `shard_starts` (K+1 cumulative document
                                 counts: global document i lives in the shard S with
                                 shard_starts[S] <= i < shard_starts[S+1], at local index
-                                i - shard_starts[S])
+                                i - shard_starts[S]), and `checksums`: the size and SHA-256
+                                of every other file of the entry (`entry_checksums`)
 
 Global document order is shard order, then the order inside each shard. The local build
 writes K=1 shard; the Beam build (`store_beam.py`) writes one shard per input file, each by
@@ -36,6 +37,13 @@ open, their `documents.json` read whole (about 180 bytes a document); the cache 
 format version, so the stages build a version-3 store beside an old cached one instead of reusing
 it (delete old cache entries to reclaim the space).
 
+Integrity: opening an entry compares each file's size with its `checksums` record (one `stat`
+a file), so a truncated or missing file is one DataError naming it (`DamagedStoreError`), never
+a crash while training reads it; `private-t5 store --verify` also compares the SHA-256 of every
+file (read in blocks), and `private-t5 store` rebuilds a damaged entry. An entry written before
+the record existed is checked on what its index implies (offsets files of the right size, token
+files as long as their last offset).
+
 Stores are cached by (corpus spec and its files' size/mtime, reader options, vocab file SHA-256)
 under `cache_dir` and reused by later runs; `private-t5 store` builds the same entry ahead of
 training, locally or on Apache Beam.
@@ -46,10 +54,11 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -58,7 +67,7 @@ from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
 from private_t5.data import store_index
 from private_t5.documents import Document
-from private_t5.errors import DataError
+from private_t5.errors import ConfigError, DataError
 from private_t5.io import (STALE_TEMP_SECONDS, atomic_open, file_sha256, make_temp_dir, remove_stale_temp_dirs,
                            write_json_atomic)
 
@@ -72,6 +81,8 @@ OFFSETS_FILE = "offsets.int64"  # version 1 (single file)
 DOCUMENTS_FILE = "documents.json"  # versions 1 and 2
 MANIFEST_FILE = "manifest.json"
 _ENCODE_CHUNK = 512  # documents per batched SentencePiece call
+CHECKSUMS_KEY = "checksums"  # manifest: file name -> {"size", "sha256"} of every other file of an entry
+_HASH_BLOCK = 1 << 22  # bytes read at a time when a file is hashed
 
 
 def shard_file_names(index: int, num_shards: int):
@@ -126,15 +137,162 @@ def _corpus_fingerprint(spec: str) -> Dict[str, object]:
   return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+class DamagedStoreError(DataError):
+  """A cache entry whose files no longer match what was written: a file missing, truncated or altered.
+
+  `reason` names the file (and its expected and actual size); the message says how to rebuild it.
+  """
+
+  def __init__(self, path: str, reason: str):
+    self.path, self.reason = path, reason
+    super().__init__(f"store {path} is damaged: {reason}; run `private-t5 store` with the same settings "
+                     f"to rebuild it (or delete that folder)")
+
+
+def file_checksum(path: str) -> Dict[str, object]:
+  """{"size", "sha256"} of a file, read in blocks (never held whole)."""
+  h, size = hashlib.sha256(), 0
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(_HASH_BLOCK), b""):
+      h.update(block)
+      size += len(block)
+  return {"size": size, "sha256": h.hexdigest()}
+
+
+def entry_checksums(path: str, known: Optional[Mapping[str, Mapping[str, object]]] = None
+                    ) -> Dict[str, Dict[str, object]]:
+  """The manifest's `checksums` record of an entry folder: size and SHA-256 of each of its files
+  (the manifest and hidden temporary files aside). Files in `known` (hashed while they were
+  written) keep their record when their size still matches; the others are read once, in blocks."""
+  out = {}
+  for name in sorted(os.listdir(path)):
+    full = os.path.join(path, name)
+    if name == MANIFEST_FILE or name.startswith(".") or not os.path.isfile(full):
+      continue
+    rec = (known or {}).get(name)
+    if rec is not None and int(rec["size"]) == os.path.getsize(full):
+      out[name] = {"size": int(rec["size"]), "sha256": str(rec["sha256"])}
+    else:
+      out[name] = file_checksum(full)
+  return out
+
+
+def check_entry(path: str, manifest: Mapping[str, object], checksum: bool = False) -> bool:
+  """Compares the files of an entry with its `checksums` record: each file's size (one `stat`),
+  and with `checksum` its SHA-256 (every file read, in blocks). Returns False for an entry written
+  without the record (its caller checks what its index implies).
+
+  Raises:
+    DamagedStoreError: a recorded file is missing, of another size, or of another SHA-256.
+  """
+  record = manifest.get(CHECKSUMS_KEY)
+  if not isinstance(record, dict):
+    return False
+  for name, rec in sorted(record.items()):
+    try:
+      size = os.path.getsize(os.path.join(path, name))
+    except OSError:
+      raise DamagedStoreError(path, f"{name} is missing (expected {int(rec['size'])} bytes)") from None
+    if size != int(rec["size"]):
+      raise DamagedStoreError(path, f"{name} holds {size} bytes, expected {int(rec['size'])}")
+  if checksum:
+    for name, rec in sorted(record.items()):
+      if file_checksum(os.path.join(path, name))["sha256"] != rec["sha256"]:
+        raise DamagedStoreError(path, f"{name} has the expected size ({int(rec['size'])} bytes) but not "
+                                      f"the SHA-256 recorded when it was built")
+  return True
+
+
+def check_tokens_file(path: str, tokens_file: str, offsets_file: str, itemsize: int = 4) -> None:
+  """An entry without a `checksums` record: the tokens file must be as long as its offsets'
+  last value says (one 8-byte read).
+
+  Raises:
+    DamagedStoreError: the tokens file is missing or of another size.
+  """
+  offsets_path = os.path.join(path, offsets_file)
+  try:
+    n = os.path.getsize(offsets_path) // 8
+    last = int(np.fromfile(offsets_path, dtype="<i8", count=1, offset=8 * (n - 1))[0]) if n else 0
+  except (OSError, ValueError, IndexError):
+    raise DamagedStoreError(path, f"{offsets_file} cannot be read") from None
+  expected = last * itemsize
+  try:
+    size = os.path.getsize(os.path.join(path, tokens_file))
+  except OSError:
+    if not expected:
+      return
+    raise DamagedStoreError(path, f"{tokens_file} is missing (expected {expected} bytes)") from None
+  if size != expected:
+    raise DamagedStoreError(path, f"{tokens_file} holds {size} bytes, expected {expected}")
+
+
+def discard_entry(cache_dir: str, final: str) -> None:
+  """Removes a (damaged) cache entry: renamed to a build directory first, so that a killed removal
+  leaves only what `remove_stale_builds` deletes, never a half-deleted entry under its key."""
+  aside = make_temp_dir(cache_dir, BUILDING_PREFIX)
+  try:
+    os.rename(final, aside)  # onto the empty folder
+  except FileNotFoundError:
+    pass  # removed by another process meanwhile
+  except OSError as e:
+    os.rmdir(aside)
+    raise DataError(f"cannot remove the damaged store {final}: {e.strerror or e}") from None
+  shutil.rmtree(aside, ignore_errors=True)
+
+
+def open_cached(cache_dir: str, final: str, opener: Callable[..., object], verify: bool = False,
+                rebuild_damaged: bool = False):
+  """(the cached entry `final` opened by `opener(final, verify=...)`, marked `reused`, or None when
+  there is none; the reason it was discarded, or None).
+
+  A damaged entry (`DamagedStoreError`) is refused, or with `rebuild_damaged` removed (one log line)
+  so that the caller builds it again.
+  """
+  if not os.path.isfile(os.path.join(final, MANIFEST_FILE)):
+    return None, None
+  try:
+    store = opener(final, verify=verify)
+  except DamagedStoreError as e:
+    if not rebuild_damaged:
+      raise
+    logger.warning("[store] rebuilding the damaged entry %s: %s", final, e.reason)
+    discard_entry(cache_dir, final)
+    return None, e.reason
+  store.reused = True
+  return store, None
+
+
+_ENTRY_NAME = re.compile(r"^(seqio-)?[0-9a-f]{24}$")
+
+
+def check_cache_dir(cache_dir: str) -> None:
+  """ConfigError when `cache_dir` is a cache entry or lies inside one (a store would be built
+  among another store's files)."""
+  path = os.path.abspath(os.path.expanduser(cache_dir))
+  while True:
+    if _ENTRY_NAME.match(os.path.basename(path)) and os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+      raise ConfigError(f"store cache_dir {cache_dir!r} is inside the store {path}; give the cache folder "
+                        f"that holds it ({os.path.dirname(path)})")
+    parent = os.path.dirname(path)
+    if parent == path:
+      return
+    path = parent
+
+
 class DocumentStore:
   """Read-only view of a built store: `document_tokens(i)` by global index, across shards.
 
   Shard files are memory-mapped on first use (never read whole); `offsets` (the global
   offsets, as if the shards were one array) and `lengths()` are computed on first use.
+  Opening checks the files' sizes against the manifest's record (`check_entry`; `verify`: their
+  SHA-256 too) and raises `DamagedStoreError` for a damaged entry.
   """
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, verify: bool = False):
     self.path = path
+    self.reused = False  # set by `open_cached`: found in the cache rather than built
+    self.rebuilt: Optional[str] = None  # why a damaged entry was rebuilt, if it was
     try:
       with open(os.path.join(path, MANIFEST_FILE)) as f:
         self.manifest = json.load(f)
@@ -143,6 +301,7 @@ class DocumentStore:
     version = self.manifest.get("format_version")
     if version not in (FORMAT_VERSION, JSON_INDEX_FORMAT_VERSION, LEGACY_FORMAT_VERSION):
       raise DataError(f"{path}: unsupported store format {version!r}")
+    recorded = check_entry(path, self.manifest, checksum=verify)
     if version == LEGACY_FORMAT_VERSION:
       self._files = [(TOKENS_FILE, OFFSETS_FILE)]
     else:
@@ -173,6 +332,9 @@ class DocumentStore:
       if size != expected:
         raise DataError(f"{path}: offsets and ids disagree in {offsets_file} ({size // 8} vs "
                         f"{expected // 8} offsets)")
+    if not recorded:  # an entry built before the record: the token files checked against their offsets
+      for tokens_file, offsets_file in self._files:
+        check_tokens_file(path, tokens_file, offsets_file)
     self._shard_offsets: Dict[int, np.ndarray] = {}
     self._shard_tokens: Dict[int, np.ndarray] = {}
     self._global_offsets: Optional[np.ndarray] = None
@@ -309,15 +471,22 @@ class DocumentStore:
     return np.diff(self.offsets)
 
 
-def tokens_digest(path: str, manifest: Dict[str, object]) -> str:
+def tokens_digest(path: str, manifest: Dict[str, object],
+                  checksums: Optional[Dict[str, Dict[str, object]]] = None) -> str:
   """SHA-256 of what training reads from a store: its token stream, each document's length and
   its users, whatever the sharding and wherever the corpus lay (a corpus moved to another path
-  gives the same digest). Written into the manifest when the store is built."""
+  gives the same digest). Written into the manifest when the store is built. `checksums`, when
+  given, receives each token file's own record (`file_checksum`) from the same read."""
   h = hashlib.sha256()
   for shard in manifest["shards"]:
+    own, size = hashlib.sha256(), 0
     with open(os.path.join(path, shard["tokens"]), "rb") as f:
-      for chunk in iter(lambda: f.read(1 << 22), b""):
+      for chunk in iter(lambda: f.read(_HASH_BLOCK), b""):
         h.update(chunk)
+        own.update(chunk)
+        size += len(chunk)
+    if checksums is not None:
+      checksums[shard["tokens"]] = {"size": size, "sha256": own.hexdigest()}
   for shard in manifest["shards"]:
     h.update(np.diff(np.fromfile(os.path.join(path, shard["offsets"]), dtype=np.int64)).astype("<i8").tobytes())
   users = None
@@ -358,20 +527,25 @@ def remove_stale_builds(cache_dir: str) -> List[str]:
 def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None, text_field: str = "text",
                 id_field: str = "id", user_field: Optional[str] = None, errors: str = "strict",
                 max_documents: Optional[int] = None, data_dir: Optional[str] = None,
-                num_threads: Optional[int] = None, progress: bool = True) -> DocumentStore:
+                num_threads: Optional[int] = None, progress: bool = True, verify: bool = False,
+                rebuild_damaged: bool = False) -> DocumentStore:
   """Tokenizes `corpus` with `vocab_path` into a cached store (or opens the cached one).
 
   The local build writes one shard. While building, a progress bar (documents) on a terminal
-  and a summary log line, unless `progress=False`.
+  and a summary log line, unless `progress=False`. A cached entry is checked as it is opened
+  (`DocumentStore`; `verify`: the SHA-256 of its files too); a damaged one is refused, or with
+  `rebuild_damaged` built again (the store's `rebuilt` says why).
 
   Raises:
     DataError: bad corpus or vocabulary, duplicate document ids; nothing is left behind.
+    DamagedStoreError: the cached entry is damaged (without `rebuild_damaged`).
   """
   reader_options = reader_options_of(text_field=text_field, id_field=id_field, user_field=user_field,
                                      errors=errors, max_documents=max_documents, data_dir=data_dir)
   target = cache_target(corpus, vocab_path, reader_options, cache_dir)
-  if target.exists():
-    return DocumentStore(target.final)
+  store = target.open(verify=verify, rebuild_damaged=rebuild_damaged)
+  if store is not None:
+    return store
   vocab, proc = _sentencepiece_processor(vocab_path)
 
   def write(tmp):
@@ -395,9 +569,15 @@ class CacheTarget:
     self.corpus, self.vocab_path, self.vocab_sha256 = corpus, vocab_path, vocab_sha256
     self.reader_options, self.cache_dir = reader_options, cache_dir
     self.final = os.path.join(cache_dir, store_key(corpus, vocab_sha256, reader_options))
+    self.rebuilt: Optional[str] = None
 
   def exists(self) -> bool:
     return os.path.isfile(os.path.join(self.final, MANIFEST_FILE))
+
+  def open(self, verify: bool = False, rebuild_damaged: bool = False) -> Optional[DocumentStore]:
+    """The cached store (`open_cached`), or None when it must be built (absent, or damaged and removed)."""
+    store, self.rebuilt = open_cached(self.cache_dir, self.final, DocumentStore, verify, rebuild_damaged)
+    return store
 
   def build(self, write, vocab) -> DocumentStore:
     """Runs `write(tmp_dir) -> manifest` in a fresh build directory, then renames it into place
@@ -408,17 +588,24 @@ class CacheTarget:
     """
     def manifest(tmp):
       m = write(tmp)
+      checksums: Dict[str, Dict[str, object]] = {}
       m.update(vocab_path=os.path.abspath(self.vocab_path), vocab_sha256=self.vocab_sha256,
-               vocab_size=int(vocab.vocab_size), tokens_sha256=tokens_digest(tmp, m))
+               vocab_size=int(vocab.vocab_size), tokens_sha256=tokens_digest(tmp, m, checksums))
+      m[CHECKSUMS_KEY] = checksums  # the token files' records, from the digest's read
       return m
 
     build_in_cache(self.cache_dir, self.final, manifest)
-    return DocumentStore(self.final)
+    store = DocumentStore(self.final)
+    store.rebuilt = self.rebuilt
+    return store
 
 
 def build_in_cache(cache_dir: str, final: str, write: Callable[[str], Dict[str, object]]) -> None:
   """Builds a cache entry: `write(tmp_dir) -> manifest` in a fresh build directory of `cache_dir`,
   the manifest written last, then the directory renamed to `final` (complete or absent).
+
+  The manifest gets the `checksums` record of every file of the entry (`entry_checksums`: those
+  the manifest already records, hashed while written, are kept; the others are read once).
 
   A failed (or interrupted) build leaves the cache as it was: its build directory goes, and so do
   the cache folders it created (when still empty). A build that lost a race to another process
@@ -431,7 +618,9 @@ def build_in_cache(cache_dir: str, final: str, write: Callable[[str], Dict[str, 
   try:
     tmp = _make_build_dir(cache_dir)
     try:
-      _write_json(os.path.join(tmp, MANIFEST_FILE), write(tmp))
+      manifest = write(tmp)
+      manifest[CHECKSUMS_KEY] = entry_checksums(tmp, manifest.get(CHECKSUMS_KEY))
+      _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
       try:
         os.rename(tmp, final)
       except OSError:
@@ -488,6 +677,7 @@ def cache_target(corpus: str, vocab_path: str, reader_options, cache_dir: Option
   """The cache entry of a store (checks that the vocabulary file exists)."""
   if not os.path.isfile(vocab_path):
     raise DataError(f"vocabulary file not found: {vocab_path}")
+  check_cache_dir(cache_dir or default_cache_dir())
   return CacheTarget(corpus, vocab_path, file_sha256(vocab_path), reader_options,
                      os.path.abspath(cache_dir or default_cache_dir()))
 

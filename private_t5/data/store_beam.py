@@ -112,7 +112,8 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
                      beam_options: Union[str, Sequence[str]] = "", cache_dir: Optional[str] = None,
                      text_field: str = "text", id_field: str = "id", user_field: Optional[str] = None,
                      errors: str = "strict", max_documents: Optional[int] = None, data_dir: Optional[str] = None,
-                     num_threads: int = 1) -> Tuple[store_lib.DocumentStore, Dict[str, int]]:
+                     num_threads: int = 1, verify: bool = False, rebuild_damaged: bool = False
+                     ) -> Tuple[store_lib.DocumentStore, Dict[str, int]]:
   """Builds (or reuses) the cached store of `corpus` on Beam; returns it and the Beam counters.
 
   Args:
@@ -121,10 +122,13 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
     runner, beam_options: the Beam runner and its `PipelineOptions` flags, unchanged.
     cache_dir: the store cache (the same entry `store.build_store` and training use).
     num_threads: SentencePiece threads per worker.
+    verify, rebuild_damaged: how a cached entry is checked, and whether a damaged one is built
+      again (`store.build_store`).
 
   Raises:
     ConfigError: a local runner, `max_documents`, a corpus that is not a file pattern.
-    DataError: no file matches, malformed input, duplicate ids (also across files).
+    DataError: no file matches, malformed input, duplicate ids (also across files), a damaged
+      cached entry (without `rebuild_damaged`).
   """
   if not beam_io.is_beam(runner):
     raise ConfigError("build_store_beam needs a Beam runner, not 'local'")
@@ -135,8 +139,9 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
   if errors not in corpora.ERROR_MODES:
     raise ConfigError(f"errors must be one of {corpora.ERROR_MODES}, got {errors!r}")
   target = store_lib.cache_target(corpus, vocab_path, reader_options, cache_dir)
-  if target.exists():
-    return store_lib.DocumentStore(target.final), {}
+  cached = target.open(verify=verify, rebuild_damaged=rebuild_damaged)
+  if cached is not None:
+    return cached, {}
   files = input_files(corpus)
   if user_field and any("://" in f for f in files):
     raise ConfigError("user_field is supported for local files only on a Beam runner")

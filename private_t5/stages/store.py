@@ -10,8 +10,11 @@ Builds the store (see `private_t5.data.store`) in-process (`--runner=local`, one
 Apache Beam (one shard per input file, written by the workers; `private_t5.data.store_beam`)
 into the cache entry that training looks up for the same corpus, vocabulary and reader
 options: `private-t5 train` with DATA_CACHE_DIR set to the same folder reuses it. An entry
-already built is reused. Prints a JSON summary (path, documents, tokens, shards, seconds, and
-the build's MB/s and documents/s) and the Beam counters.
+already built is reused once its files are checked against the sizes recorded when it was built
+(with --verify, their SHA-256 too, every file read once); a damaged entry (a file truncated,
+missing or altered) is built again, with one log line. Prints a JSON summary (path, documents,
+tokens, shards, seconds, "reused", "rebuilt": why a damaged entry was rebuilt, and the build's
+MB/s and documents/s) and the Beam counters.
 
 With --mixture_or_task_name (T5X's flag; or the MIXTURE_OR_TASK_NAME macro of the run's Gin files)
 it writes one split of a seqio Task or Mixture into its example store (`data/seqio_store.py`), the
@@ -89,6 +92,8 @@ def _parser() -> flags.StageParser:
   p.add_flag("task_feature_lengths", type=_feature_lengths, help="seqio: \"{'inputs': Li, 'targets': Lt}\"")
   p.add_flag("split", macro=False, help="seqio: the split to write (default train)")
   p.add_flag("max_examples", type=int, macro=False, help="seqio: at most this many examples a task (local runner)")
+  p.add_flag("verify", action="store_true", default=False, macro=False,
+             help="also compare the SHA-256 of every file of a cached entry with its record (reads the entry)")
   beam_io.add_runner_flags(p.flag_group)
   return p
 
@@ -107,6 +112,10 @@ def _settings(argv: List[str]):
   else:
     _fill_options(args, "make_source", _READER_OPTIONS, configured)
     flags.check_required(_parser(), args, ("corpus", "vocab_path"))
+  for name in ("max_examples", "max_documents"):
+    value = getattr(args, name, None)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+      raise ConfigError(f"--{name} must be a positive integer (or None for all), got {value!r}")
   if args.skip_bad_lines:
     raise ConfigError("private-t5 store: --skip_bad_lines is not supported (the store keeps every document "
                       "of the corpus, as training reads it); fix or remove the malformed lines")
@@ -121,7 +130,7 @@ def _seqio_summary(args) -> dict:
   store, counters = seqio_store.build_example_store(
       args.mixture_or_task_name, args.split, args.task_feature_lengths, module=args.mixture_or_task_module,
       seed=args.seed, use_cached=args.use_cached, max_examples=args.max_examples, cache_dir=args.cache_dir,
-      runner=args.runner, beam_options=args.beam_options)
+      runner=args.runner, beam_options=args.beam_options, verify=args.verify, rebuild_damaged=True)
   return seqio_store.store_summary(store, time.time() - start, counters)
 
 
@@ -133,8 +142,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
   reader = dict(text_field=args.text_field, id_field=args.id_field, user_field=args.user_field,
                 errors=args.errors, max_documents=args.max_documents, data_dir=args.data_dir)
-  reused = store_lib.cache_target(args.corpus, args.vocab_path, store_lib.reader_options_of(**reader),
-                                  args.cache_dir).exists()
   start = time.time()
   counters = {}
   if beam_io.is_beam(args.runner):
@@ -142,10 +149,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     beam_io.log_to_stderr_once()
     store, counters = store_beam.build_store_beam(args.corpus, args.vocab_path, runner=args.runner,
                                                   beam_options=args.beam_options, cache_dir=args.cache_dir,
-                                                  num_threads=args.num_threads or 1, **reader)
+                                                  num_threads=args.num_threads or 1, verify=args.verify,
+                                                  rebuild_damaged=True, **reader)
   else:
     store = store_lib.build_store(args.corpus, args.vocab_path, cache_dir=args.cache_dir,
-                                  num_threads=args.num_threads, **reader)
+                                  num_threads=args.num_threads, verify=args.verify, rebuild_damaged=True,
+                                  **reader)
+  reused = store.reused
   seconds = time.time() - start
   m = store.manifest
   text_mb = int(m.get("text_bytes", 0)) / 1e6
@@ -155,6 +165,7 @@ def main(argv: Optional[List[str]] = None) -> int:
       "path": store.path,
       "runner": m.get("runner", "local"),
       "reused": reused,
+      "rebuilt": store.rebuilt,
       "documents": store.num_documents,
       "tokens": store.num_tokens,
       "shards": store.num_shards,
