@@ -163,3 +163,26 @@ def test_gzip_canary_corpus_round_trips(tmp_path):
   _, record, n = canaries_lib.write_canary_corpus(corpora.iter_documents(str(corpus)), out, fmt, cans, seed)
   assert n == 7 and len(list(corpora.iter_documents(out))) == 7
   assert json.load(open(record))["documents"] == 7
+
+
+def test_canaries_never_write_a_duplicate_id(tmp_path, capsys):
+  """A corpus repeating an id, or holding a canary's id (canaries inserted twice), is refused before
+  anything is written: the store would refuse the corpus the stage wrote."""
+  from private_t5.stages import cli
+  corpus = tmp_path / "corpus.jsonl"
+  corpus.write_text("".join(json.dumps({"id": str(i % 4), "text": f"document {i}"}) + "\n" for i in range(6)))
+  out = tmp_path / "out.jsonl"
+  assert cli.main(["canaries", f"--corpus={corpus}", f"--output={out}", "--seed=1"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: the corpus uses the document id '0' twice (ids define the privacy unit; the store refuses "
+                 "such a corpus): give its documents distinct ids"]
+  corpus.write_text("".join(json.dumps({"id": str(i), "text": f"document {i}"}) + "\n" for i in range(6)))
+  assert cli.main(["canaries", f"--corpus={corpus}", f"--output={out}", "--seed=1", "--repetitions=2"]) == 0
+  capsys.readouterr()
+  ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+  assert len(ids) == len(set(ids)) == 8
+  again = tmp_path / "again.jsonl"
+  assert cli.main(["canaries", f"--corpus={out}", f"--output={again}", "--seed=2", "--repetitions=2"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: the corpus already has a document with the canary id 'canary-0/")
+  assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "out.canaries.json", "out.jsonl"]

@@ -74,3 +74,17 @@ def test_bad_glue_input(tmp_path, shared_data):
     glue_readers.load_glue("rte", "dev", data_dir=root)
   with pytest.raises(DataError, match="not prepared"):
     glue_readers.load_glue("tfds:glue/sst2", "validation", data_dir=root)
+
+
+def test_a_ragged_row_is_named_as_such(tmp_path):
+  """A row with another number of cells than the header is a ragged row (line, both counts), not a bad label."""
+  root = str(tmp_path)
+  _write(f"{root}/RTE/train.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tentailment\n")
+  with pytest.raises(DataError, match=r"train.tsv: line 3: ragged row: 3 tab-separated columns, the header has 4$"):
+    glue_readers.load_glue("rte", data_dir=root)
+  _write(f"{root}/mine/train.tsv", "sentence\tlabel\nfine\tx\na\ttab inside\ty\n")
+  with pytest.raises(DataError, match=r"train.tsv: line 3: ragged row: 3 tab-separated columns, the header has 2$"):
+    glue_readers.load_glue(f"{root}/mine")
+  _write(f"{root}/CoLA/train.tsv", "gj04\t1\t\tFine.\ngj04\t0\n")  # no header
+  with pytest.raises(DataError, match=r"train.tsv: line 2: ragged row: 2 tab-separated columns, expected at least 4$"):
+    glue_readers.load_glue("cola", data_dir=root)

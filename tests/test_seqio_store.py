@@ -101,6 +101,9 @@ def test_auto_keeps_in_memory_only_a_split_known_to_be_small(task_data, seqio_ta
   small = _seqio_store().make_seqio_source(seqio_tasks.TASK, "validation", LENGTHS, module="seqio_tasks",
                                          max_examples=4, cache_dir=str(tmp_path / "cache"))
   assert small.describe()["storage"] == "memory" and small.num_examples == 4
+  for bad in (0, -3):  # refused as given, not as "split has no examples"
+    with pytest.raises(ConfigError, match=f"^max_examples must be a positive integer \\(or None for all\\), got {bad}$"):
+      _seqio_store().make_seqio_source(seqio_tasks.TASK, "validation", LENGTHS, module="seqio_tasks", max_examples=bad)
 
 
 def test_beam_and_local_stores_of_a_task_are_identical_shard_by_shard(task_data, two_files, seqio_tasks, tmp_path):
@@ -216,10 +219,27 @@ def test_the_store_stage_writes_the_entry_a_dp_run_then_trains_on(task_data, tra
   assert (summary["examples"], summary["split"], summary["reused"]) == (train_source.num_examples, "train", False)
   assert summary["tasks"] == {seqio_tasks.TASK: train_source.num_examples} and summary["shards"] == 1
   assert summary["examples_per_s"] > 0 and _entries(cache) == [os.path.basename(summary["path"])]
+  # A damaged entry: refused when a run opens it (one line naming the file), rebuilt by the stage.
+  tokens = os.path.join(summary["path"], "targets-00000-of-00001.int32")
+  size = os.path.getsize(tokens)
+  with open(tokens, "r+b") as f:
+    f.truncate(size - 4)
+  with pytest.raises(DataError, match=f"is damaged: targets-00000-of-00001.int32 holds {size - 4} bytes, expected "
+                                      f"{size}; run `private-t5 store` with the same settings to rebuild it"):
+    _seqio_store().build_example_store(seqio_tasks.TASK, "train", {"inputs": 32, "targets": 8}, module="seqio_tasks",
+                                       cache_dir=str(cache), progress=False)
+  assert cli.main(["store", *task, lengths, f"--cache_dir={cache}", "-q"]) == 0
+  rebuilt = json.loads(capsys.readouterr().out)
+  assert (rebuilt["reused"], rebuilt["rebuilt"]) == (False, f"targets-00000-of-00001.int32 holds {size - 4} bytes, "
+                                                            f"expected {size}")
+  assert os.path.getsize(tokens) == size and _entries(cache) == [os.path.basename(summary["path"])]
   # Bad inputs: one line, exit status 2, nothing in the cache.
   for argv, message in (([lengths], "--corpus or --mixture_or_task_name, not both"),
                         ([lengths, "--runner=DirectRunner", "--max_examples=3"], "applies to --runner=local only"),
                         ([], "missing --task_feature_lengths"),
+                        ([lengths, "--max_examples=0"], "--max_examples must be a positive integer (or None for all), "
+                         "got 0"),
+                        ([lengths, "--max_examples=-3"], "--max_examples must be a positive integer"),
                         (["--task_feature_lengths=512"], "feature_lengths must be a dict such as"),
                         (["--task_feature_lengths={'inputs': 1, 'targets': 8}"], "feature_lengths['inputs'] must be an "
                          "integer >= 2, got 1")):

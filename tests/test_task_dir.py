@@ -188,6 +188,18 @@ def test_every_bad_description_is_one_line_and_writes_nothing(stage, tmp_path, c
     assert not out.exists()
 
 
+def test_a_ragged_row_is_named_as_such_not_as_a_bad_label(tmp_path, capsys):
+  folder = make_task_folder(tmp_path, BAD_TASK, DESCRIPTION)
+  with open(folder / "train.tsv", "a", encoding="utf-8") as f:
+    f.write("a review\twith a tab\tnew\n")  # line TRAIN_ROWS + 2
+  out = tmp_path / "out"
+  assert cli.main(["evaluate", "--gin_file=configs/runs/eval.gin", f"--model_dir={out}", f"--task_dir={folder}"]) == 2
+  assert _one_error_line(capsys) == (
+      f"error: task {BAD_TASK!r}: {folder}/train.tsv: line {TRAIN_ROWS + 2} is a ragged row: 3 tab-separated columns, "
+      "the header has 2 (a tab inside a text, or a missing cell?)")
+  assert not out.exists()
+
+
 @pytest.mark.parametrize("gin_file,entry", [
     ("configs/runs/finetune.gin", "train"), ("configs/runs/finetune_dp.gin", "train"),
     ("configs/runs/finetune_lora.gin", "train"), ("configs/runs/finetune_lora_dp.gin", "train"),
@@ -210,6 +222,13 @@ def test_a_task_needs_a_name_or_a_folder(capsys):
   # Without --task_dir the stages still say which macro is missing.
   assert cli.main(["evaluate", "--gin_file=configs/runs/eval.gin", "--model_dir=/tmp/x"]) == 2
   assert "missing required Gin macro(s): MIXTURE_OR_TASK_NAME" in _one_error_line(capsys)
+  # A folder's description without the folder (and without a task name) is named as such.
+  assert cli.main(["evaluate", "--gin_file=configs/runs/eval.gin", "--model_dir=/tmp/x", "--label_names=x,y"]) == 2
+  assert _one_error_line(capsys) == "error: --label_names describes the task of a folder: give --task_dir=DIR too"
+  assert cli.main(["train", "--gin_file=configs/models/t5_1_0_tiny.gin", "--gin_file=configs/runs/finetune.gin",
+                   "--model_dir=/tmp/x", "--label_names=x,y", "--metric=mrpc"]) == 2
+  assert _one_error_line(capsys) == ("error: --label_names, --metric describe the task of a folder: give "
+                                     "--task_dir=DIR too")
   assert train_stage.with_task_dir_name(["TASK_DIR='/d'"])[-1] == "MIXTURE_OR_TASK_NAME=None"
   assert train_stage.with_task_dir_name(["TASK_DIR='/d'", "MIXTURE_OR_TASK_NAME='t'"]) == [
       "TASK_DIR='/d'", "MIXTURE_OR_TASK_NAME='t'"]

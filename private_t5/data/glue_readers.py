@@ -91,10 +91,12 @@ def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[i
         return None
       else:
         raise DataError(f"{path}: no column {column!r} (columns: {header})")
-      if pos >= len(row):
-        raise DataError(f"{where}: expected at least {pos + 1} tab-separated columns, got {len(row)}")
+      if pos >= len(row):  # a file without a header (with one, every row was checked above)
+        raise DataError(f"{where}: ragged row: {len(row)} tab-separated columns, expected at least {pos + 1}")
       return row[pos]
 
+    if header is not None and len(row) != len(header):  # named as such, not as a bad label or text
+      raise DataError(f"{where}: ragged row: {len(row)} tab-separated columns, the header has {len(header)}")
     if layout is not None:
       fields, label_column = layout.text_columns, layout.label_column
       if header is not None and not layout.header:  # CoLA's test.tsv: named columns
@@ -107,8 +109,6 @@ def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[i
     else:
       if header is None:
         raise DataError(f"{path}: a header row is required")
-      if len(row) != len(header):
-        raise DataError(f"{where}: {len(row)} columns, header has {len(header)}")
       ex = {_GENERIC_RENAMES.get(name, name): value for name, value in zip(header, row)}
       if "label" in ex:
         ex["label"] = _convert_label(ex["label"], None, where)

@@ -122,15 +122,20 @@ def description(folder: str, *, text_fields: StringList = None, label_field: Opt
 
 
 def _label_column_values(task: glue_tasks.GlueTask, path: str) -> List[Tuple[int, str]]:
-  """(line, label cell) of a split file, after checking that the header has every column named."""
+  """(line, label cell) of a split file, after checking that the header has every column named and
+  that every row has as many cells as the header (a ragged row is named as such, not as a bad label)."""
   header, rows = glue_tasks.read_tsv(path, True)
   columns = [task.text_columns[f] for f in task.feature_names] + [task.label_column]
   missing = [c for c in columns if c not in header]
   if missing:
     raise ConfigError(f"task {task.name!r}: {path} has no column {', '.join(repr(c) for c in missing)} "
                       f"(its header: {', '.join(header)}); text_fields and label_field name header columns")
+  for line, row in rows:
+    if len(row) != len(header):
+      raise ConfigError(f"task {task.name!r}: {path}: line {line} is a ragged row: {len(row)} tab-separated "
+                        f"columns, the header has {len(header)} (a tab inside a text, or a missing cell?)")
   index = header.index(task.label_column)
-  return [(line, row[index] if index < len(row) else "") for line, row in rows]
+  return [(line, row[index]) for line, row in rows]
 
 
 def check_labels(task: glue_tasks.GlueTask) -> None:

@@ -7,6 +7,7 @@ Every canary is its own document (one privacy unit per copy), placed at a random
 the corpus. Reference canaries of the same format are generated but never inserted: their
 exposure is the chance level.
 """
+import array
 import dataclasses
 import json
 import os
@@ -17,6 +18,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from private_t5 import io
+from private_t5.data import store_index
 from private_t5.errors import ConfigError, DataError
 
 PLACEHOLDER = "{secret}"
@@ -103,9 +105,41 @@ def make_canaries(fmt: CanaryFormat, repetitions: Sequence[int] = (1, 10, 100), 
   return out, seed
 
 
-def count_documents(open_documents: Callable[[], Iterable]) -> int:
-  """The number of documents of a corpus, in one pass that holds none of them."""
-  return sum(1 for _ in open_documents())
+def copy_ids(canaries: Sequence[Canary]) -> List[str]:
+  """The document id of every inserted copy of `canaries`, in insertion-record order."""
+  return [f"{c.id}/copy-{r}" for c in canaries for r in range(c.repetitions)]
+
+
+def count_documents(open_documents: Callable[[], Iterable], canaries: Sequence[Canary] = ()) -> int:
+  """The number of documents of a corpus, in one pass that holds none of them.
+
+  Also checks that the corpus with `canaries` inserted would have distinct document ids (ids
+  define the privacy unit, and the store refuses a corpus that repeats one): no document id of
+  the corpus is used twice or equals a canary copy's id. Memory: 8 bytes a document (the ids'
+  hashes, `store_index.id_hash`), and the canary ids; a hash seen twice is checked on the ids
+  themselves (a second pass), so the check is exact.
+
+  Raises:
+    DataError: a document id used twice, or one that is also a canary's.
+  """
+  reserved = set(copy_ids(canaries))
+  hashes = array.array("Q")
+  for doc in open_documents():
+    if doc.id in reserved:
+      raise DataError(f"the corpus already has a document with the canary id {doc.id!r} (a corpus with "
+                      "canaries given as the input?); insert canaries into the original corpus")
+    hashes.append(store_index.id_hash(doc.id))
+  ordered = np.sort(np.frombuffer(hashes, dtype=np.uint64)) if len(hashes) else np.zeros((0,), np.uint64)
+  shared = ordered[1:][ordered[1:] == ordered[:-1]]
+  if len(shared):
+    suspects, seen = set(int(h) for h in shared), set()
+    for doc in open_documents():
+      if store_index.id_hash(doc.id) in suspects:
+        if doc.id in seen:
+          raise DataError(f"the corpus uses the document id {doc.id!r} twice (ids define the privacy unit; "
+                          "the store refuses such a corpus): give its documents distinct ids")
+        seen.add(doc.id)
+  return len(hashes)
 
 
 def insert_canaries(documents: Union[Sequence, Callable[[], Iterable]], canaries: Sequence[Canary], seed: int,
@@ -119,19 +153,23 @@ def insert_canaries(documents: Union[Sequence, Callable[[], Iterable]], canaries
   same records. Any other iterable is read into memory first.
   """
   if callable(documents):
-    n = count_documents(documents) if num_documents is None else int(num_documents)
+    n = count_documents(documents, canaries) if num_documents is None else int(num_documents)
     docs = documents()
   else:
     docs = documents if isinstance(documents, Sequence) else list(documents)
     n = len(docs)
-  copies = [(f"{c.id}/copy-{r}", c.text) for c in canaries for r in range(c.repetitions)]
+  copies = list(zip(copy_ids(canaries), [c.text for c in canaries for _ in range(c.repetitions)]))
   rng = np.random.default_rng([seed, 1])
   # Each copy goes before a uniformly random corpus position (ties kept in a random order).
   positions = rng.integers(0, n + 1, size=len(copies))
   order = np.argsort(positions, kind="stable")
   sorted_positions = positions[order]
   c, read = 0, 0
+  reserved = set(copy_ids(canaries))
   for d in docs:
+    if d.id in reserved:  # never two documents of one id (`count_documents` refuses this before writing)
+      raise DataError(f"the corpus already has a document with the canary id {d.id!r}; insert canaries "
+                      "into the original corpus")
     while c < len(order) and sorted_positions[c] == read:
       yield {"id": copies[order[c]][0], "text": copies[order[c]][1]}
       c += 1

@@ -77,10 +77,10 @@ def main(argv) -> int:
   canaries, seed = canaries_lib.make_canaries(fmt, repetitions, args.per_repetition, args.num_reference,
                                               args.seed)
   open_docs = lambda: corpora.iter_documents(args.corpus, text_field=args.text_field)
-  # Two passes, nothing held a document: the count (an empty or unreadable corpus is refused
-  # before anything is written), then the copy with the canaries.
+  # Two passes, nothing held a document: the count (an empty or unreadable corpus, or ids that
+  # repeat or equal a canary's, are refused before anything is written), then the copy.
   corpus, record, n = canaries_lib.write_canary_corpus(open_docs, args.output, fmt, canaries, seed, source=args.corpus,
-                                                       num_documents=canaries_lib.count_documents(open_docs))
+                                                       num_documents=canaries_lib.count_documents(open_docs, canaries))
   copies = sum(c.repetitions for c in canaries)
   print(f"[canaries] wrote {corpus}: {n} documents ({copies} canary copies of {len(canaries)} canaries, "
         f"|R| = {fmt.space_size})")

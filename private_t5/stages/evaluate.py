@@ -34,7 +34,9 @@ def _parser():
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parsed = _parser().parse_stage_args(argv)
-  gin_utils.run_stage(parsed.gin_files, train_stage.with_task_dir_name(parsed.gin_bindings), "evaluate")
+  bindings = train_stage.with_task_dir_name(parsed.gin_bindings)
+  train_stage.check_task_description(parsed.gin_files, bindings, "evaluate")
+  gin_utils.run_stage(parsed.gin_files, bindings, "evaluate")
   return 0
 
 

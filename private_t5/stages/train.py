@@ -12,6 +12,7 @@ from the latest checkpoint in MODEL_DIR.
 import sys
 from typing import Optional, Sequence
 
+from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
 
@@ -60,6 +61,24 @@ def with_task_dir_name(gin_bindings: Sequence[str]) -> list:
   return bindings
 
 
+# The macros of a task folder's description, and their flags.
+_DESCRIPTION_MACROS = (("TASK_TEXT_FIELDS", "--text_fields"), ("TASK_LABEL_FIELD", "--label_field"),
+                       ("TASK_LABEL_NAMES", "--label_names"), ("TASK_METRIC", "--metric"))
+
+
+def check_task_description(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str) -> None:
+  """ConfigError when a task folder's description (--label_names, ...) is given without a folder:
+  neither --task_dir nor the Gin files' TASK_DIR (read only in that case) names one. Checked before
+  the required macros, whose message would name another problem."""
+  given = [flag for macro, flag in _DESCRIPTION_MACROS if _bound(gin_bindings, macro)]
+  if not given or _bound(gin_bindings, TASK_DIR_MACRO):
+    return
+  gin_utils.parse(gin_files, gin_bindings, check_required=False, entry=entry)
+  if gin_utils.macro_value(TASK_DIR_MACRO) is None:
+    raise ConfigError(f"{', '.join(given)} {'describes' if len(given) == 1 else 'describe'} the task of a "
+                      "folder: give --task_dir=DIR too")
+
+
 def add_task_flags(parser: flags.StageParser, task: bool = True) -> None:
   """The flags of a GLUE-style task (fine-tuning and evaluation): a task folder and its description."""
   if task:
@@ -105,6 +124,8 @@ def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train
   if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
     parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
   bindings = with_task_dir_name(parsed.gin_bindings)
+  if stage == "train":
+    check_task_description(with_seqio_layer(parsed.gin_files, bindings), bindings, entry)
   return gin_utils.run_stage(with_seqio_layer(parsed.gin_files, bindings), bindings, entry,
                              operative_config=gin_utils.operative_config, log=flags.stage_print)
 
