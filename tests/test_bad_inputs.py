@@ -221,3 +221,17 @@ def test_a_task_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
                          f"--output={tmp_path}/out"], capsys)
   assert f"task directory '{tmp_path}/a_file' is a file, not a folder" in line and "not found" not in line
   assert files_under(tmp_path) == ["a_file"]
+
+
+def test_invalid_utf8_suggests_only_options_that_exist(tmp_path, capsys):
+  """The splits stage reads strictly (it has no errors option): its message says to re-encode the
+  file, and names the stages that can substitute U+FFFD, not an option it lacks."""
+  bad, good = tmp_path / "bad.jsonl", tmp_path / "good.jsonl"
+  bad.write_bytes(b'{"id": "a", "text": "fine"}\n{"id": "b", "text": "caf\xe9"}\n')
+  good.write_text('{"id": "c", "text": "fine too"}\n')
+  line = one_error_line(["splits", f"--train_corpus={bad}", f"--valid_corpus={good}",
+                         f"--output={tmp_path}/out/splits.json"], capsys)
+  assert line.startswith(f"error: {bad}: line 2: invalid UTF-8 at byte ") and "pass errors=" not in line
+  assert line.endswith("re-encode the file as UTF-8, or substitute U+FFFD where a stage offers it: `private-t5 "
+                       "store` / `spm` --errors=replace, training's make_source.errors='replace'")
+  assert files_under(tmp_path) == ["bad.jsonl", "good.jsonl"]

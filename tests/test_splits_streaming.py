@@ -4,7 +4,11 @@ import collections
 import gzip
 import json
 import logging
+import os
 import random
+import socket
+import subprocess
+import sys
 from typing import Dict
 
 import numpy as np
@@ -198,3 +202,20 @@ def test_beam_pipeline_on_several_files_and_a_folder_equals_the_local_search(tmp
   np.testing.assert_array_equal(beam.valid_dup, local.valid_dup)
   local.stats.pop("seconds"), beam.stats.pop("seconds")
   assert beam.stats == local.stats
+
+
+def test_the_work_folders_of_killed_searches_are_removed_by_the_next_one(tmp_path):
+  """A search's temporary folder is named after its process: a killed run's (its process gone) is
+  removed when the next search starts; a running one's is kept; the search removes its own."""
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                        check=True).stdout.strip()
+  host = socket.gethostname()
+  killed = tmp_path / f"{splits.WORK_DIR_PREFIX}{host}-{dead}-0a1b2c"
+  running = tmp_path / f"{splits.WORK_DIR_PREFIX}{host}-{os.getpid()}-3d4e5f"
+  for folder in (killed, running):
+    folder.mkdir()
+    (folder / "texts.bin").write_bytes(b"x" * 1000)
+  docs = [Doc(str(i), f"document number {i} with some words in it") for i in range(6)]
+  cfg = splits.SplitConfig(num_perm=8, num_bands=4, exact_substring_tokens=0, num_workers=1)
+  splits.build_splits_streaming(docs[:4], docs[4:], cfg, work_dir=str(tmp_path))
+  assert sorted(os.listdir(tmp_path)) == [running.name]

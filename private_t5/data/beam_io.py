@@ -214,8 +214,7 @@ def iter_file_documents(path: str, lines, *, text_field: str = "text", id_field:
     try:
       line = raw.decode("utf-8", errors="strict" if errors == "strict" else "replace")
     except UnicodeDecodeError as e:
-      yield lineno, BadLine(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); "
-                            "pass errors='replace' to substitute U+FFFD")
+      yield lineno, BadLine(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); {corpora.UTF8_HINT}")
       continue
     if fmt == "txt":
       text = line.rstrip("\r\n")

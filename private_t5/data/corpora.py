@@ -40,6 +40,12 @@ TFDS_PREFIX = "tfds:"
 BUILTIN_PREFIX = "builtin:"
 
 
+# What an invalid UTF-8 error suggests: only options that exist, and the stages that have them
+# (the splits and memorization stages read strictly: there the file must be fixed).
+UTF8_HINT = ("re-encode the file as UTF-8, or substitute U+FFFD where a stage offers it: "
+             "`private-t5 store` / `spm` --errors=replace, training's make_source.errors='replace'")
+
+
 def _check_errors(errors: str) -> None:
   if errors not in ERROR_MODES:
     raise ConfigError(f"errors must be one of {ERROR_MODES}, got {errors!r}")
@@ -51,8 +57,7 @@ def _decode(raw: bytes, errors: str, where: str, stats: CorpusStats) -> str:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
     if errors == "strict":
-      raise DataError(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); "
-                      "pass errors='replace' to substitute U+FFFD") from None
+      raise DataError(f"{where}: invalid UTF-8 at byte {e.start} ({e.reason}); {UTF8_HINT}") from None
     stats.replaced_lines += 1
     return raw.decode("utf-8", errors="replace")
 
@@ -103,8 +108,7 @@ def _iter_txt_folder(path, errors, stats) -> Iterator[Document]:
     except UnicodeDecodeError as e:
       line = raw[:e.start].count(b"\n") + 1
       if errors == "strict":
-        raise DataError(f"{file}: line {line}: invalid UTF-8 ({e.reason}); pass errors='replace' "
-                        "to substitute U+FFFD") from None
+        raise DataError(f"{file}: line {line}: invalid UTF-8 ({e.reason}); {UTF8_HINT}") from None
       stats.replaced_lines += 1
       text = raw.decode("utf-8", errors="replace")
     yield Document(id=os.path.relpath(file, path), text=text)

@@ -33,6 +33,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -43,7 +44,7 @@ import numpy as np
 from private_t5 import user_modules
 from private_t5.errors import ConfigError
 from private_t5.hashing import mix64
-from private_t5.io import write_json_atomic
+from private_t5.io import make_temp_dir, remove_stale_temp_dirs, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -636,6 +637,16 @@ def _band_key_chunks(chunks: Iterator[List[str]], cfg: SplitConfig) -> Iterator[
       yield pending.popleft().get()
 
 
+WORK_DIR_PREFIX = "private_t5_splits_"
+
+
+def remove_stale_work_dirs(parent: str) -> List[str]:
+  """Deletes the work folders of killed searches in `parent` (named after a process on this host
+  that no longer runs, or of unknown owner and untouched for a day); returns their paths. Folders
+  of running searches are never touched."""
+  return remove_stale_temp_dirs(parent, WORK_DIR_PREFIX)
+
+
 def build_splits_streaming(train_docs: Iterable, valid_docs: Iterable, cfg: SplitConfig = SplitConfig(),
                            tokenize: Optional[Callable[[str], Sequence[int]]] = None, verbose: bool = False,
                            work_dir: Optional[str] = None) -> Splits:
@@ -644,7 +655,9 @@ def build_splits_streaming(train_docs: Iterable, valid_docs: Iterable, cfg: Spli
   Memory per document: the text offsets (8 bytes) and the flags (2 bytes), plus one band's keys
   (8 bytes, while the buckets of that band are formed); texts, band keys and window hashes go
   to a temporary folder (in `work_dir`, default the system's; removed afterwards): the text,
-  8 bytes a band a document, and 12 bytes a window.
+  8 bytes a band a document, and 12 bytes a window. The folder is named after this process
+  (`io.make_temp_dir`), so the folders that killed runs left in `work_dir` are removed when the
+  next search starts (`remove_stale_work_dirs`).
 
   Args:
     train_docs: documents with `.id` and `.text` (the training corpus), iterated once.
@@ -667,7 +680,10 @@ def build_splits_streaming(train_docs: Iterable, valid_docs: Iterable, cfg: Spli
   tok = tokenize or word_token_ids
   fingerprints = [hashlib.sha256(), hashlib.sha256()]
   counts = []
-  with tempfile.TemporaryDirectory(prefix="private_t5_splits_", dir=work_dir) as tmp:
+  parent = work_dir or tempfile.gettempdir()
+  remove_stale_work_dirs(parent)
+  tmp = make_temp_dir(parent, WORK_DIR_PREFIX)
+  try:
     spill = _Spill(tmp, cfg.num_bands)
     try:
       def texts():
@@ -697,6 +713,8 @@ def build_splits_streaming(train_docs: Iterable, valid_docs: Iterable, cfg: Spli
       t_exact = time.time() - t0 - t_minhash - t_lsh
     finally:
       spill.close()
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
   stats = {
       "train_documents": n_train,
       "valid_documents": n_valid,
