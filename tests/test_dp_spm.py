@@ -339,7 +339,9 @@ def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
   killed_run(380)  # another vocabulary into the same folder
   assert (out.read_bytes(), open(report["report_path"]).read()) == pair
   assert ledger_lib.find_vocabulary_report(str(out)) == report["report_path"]
-  assert sorted(os.listdir(out.parent)) == ["dp.model", "privacy_report.json"]
+  # (beside them, private: the keyed fingerprints of the pair's documents and their key)
+  assert sorted(os.listdir(out.parent)) == ["dp.model", "dp.model.doc_fingerprints.npy", "dp.model.fingerprint_key",
+                                            "privacy_report.json"]
 
 
 def test_vocab_cap_reported_or_refused(tmp_path):

@@ -248,14 +248,16 @@ def test_public_declaration_is_checked_by_content_not_by_path(tmp_path):
   ledger = _setup(public, vocab_path=vocab, corpus=str(other), data_files=None,
                   unknown_files="the files of seqio Task t are not known", log=logs.append).ledger
   check = ledger.components[0]["public_check"]
-  assert check.startswith("checked by content") and "not checked: the files of seqio Task t" in check
+  assert check.startswith("checked by file") and "not checked: the files of seqio Task t" in check
   assert any(check in line for line in logs)
-  # A DP-SentencePiece vocabulary (trained from a word histogram) copied without its report.
+  # A DP-SentencePiece vocabulary (trained from a word histogram) copied without its report: refused
+  # by the check a training run makes first (`tokenizer.public_declaration`).
+  from private_t5.tokenizer import public_declaration  # pylint: disable=g-import-not-at-top
   dp_vocab = tmp_path / "copied" / "dp.model"
   dp_vocab.parent.mkdir()
   dp_vocab.write_bytes(spm_lib.model_from_word_counts([("private", 5), ("words", 3)], 16))
   with pytest.raises(PrivacyError, match="written by `private-t5 dp-spm`.*privacy report naming it is not beside it"):
-    _setup(public, vocab_path=str(dp_vocab), corpus=str(other))
+    public_declaration.check_declaration(public, str(dp_vocab), None)
   # Any other vocabulary without a report: the user's word, and the report says so.
   plain = tmp_path / "plain.model"
   plain.write_bytes(b"a vocabulary trained on public text")

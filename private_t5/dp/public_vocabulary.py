@@ -1,20 +1,22 @@
-"""Checks a vocabulary declared public (VOCAB_IS_PUBLIC) against the data a run trains on.
+"""The file-level part of checking a vocabulary declared public (VOCAB_IS_PUBLIC) against a run's data.
 
-A public vocabulary is not counted in ε, so a false declaration under-states the run's. What can
-be known is checked, by content, not by path:
+A public vocabulary is not counted in ε, so a false declaration under-states the run's. The
+declaration of a DP-SentencePiece vocabulary is decided by content before the mechanism is built,
+by `tokenizer.public_declaration`: the run's training documents are looked up in the keyed
+fingerprints of the documents the vocabulary was built from (any shared document: its ε is
+composed; an overlap that cannot be checked: refused unless the user accepts it unchecked). That
+module also refuses a dp-spm vocabulary whose report is not beside it.
 
-* a DP-SentencePiece vocabulary (dp-spm: SentencePiece trained from a word histogram) must have
-  the privacy report that names it (by SHA-256) beside it, else whether it was built from this
-  run's data cannot be known: refused;
+What is left here, called by the mechanism for a declaration that still stands, needs only the
+report and the run's data spec:
+
 * the files that report says the vocabulary was built from (their SHA-256, recorded by dp-spm;
   for an older report, the files at the recorded paths when they are still there) must not be
-  files of the training data: neither the same path nor the same bytes (a copy of the corpus
-  under another name, or a seqio Task reading that file);
+  files of the training data: neither the same path nor the same bytes;
 * what could not be checked (a recorded file gone, a source that is not a local file, a seqio
   Task whose files are not known) is said in the log and in the report's vocabulary entry.
 
-A vocabulary with no report that dp-spm did not write (e.g. T5's public vocabulary, or
-`private-t5 spm` on public text) rests on the user's word, and the report says so.
+A vocabulary with no report that names it rests on the user's word, and the report says so.
 """
 import os
 from typing import Dict, List, Optional, Sequence, Union
@@ -23,7 +25,6 @@ from private_t5.data import corpora
 from private_t5.dp.privacy_report import read_report, vocabulary_report_mismatch
 from private_t5.errors import PrivacyError
 from private_t5.io import file_sha256
-from private_t5.tokenizer import spm as spm_lib
 
 CorpusSpecs = Union[None, str, Sequence[str]]
 
@@ -73,18 +74,12 @@ def check_public_declaration(vocab_path: str, report_path: Optional[str], corpus
 
   Raises:
     PrivacyError: the declaration is false (the report names a file of the training data, by
-      path or by content), or the vocabulary is a DP-SentencePiece one without its report.
+      path or by content).
   """
   report = read_report(report_path) if report_path else None
   if report is not None and vocabulary_report_mismatch(report, vocab_path) is not None:
     report = None  # a report of another vocabulary says nothing about this one
-  if report is None:
-    if spm_lib.trained_from_word_histogram(vocab_path):
-      raise PrivacyError(
-          f"the vocabulary {vocab_path} is declared public (VOCAB_IS_PUBLIC=True), but it was written by "
-          "`private-t5 dp-spm` (a DP vocabulary of private text) and the privacy report naming it is not "
-          "beside it: whether it was built from this run's data cannot be checked; copy its "
-          "privacy_report.json beside it (its ε is then composed, or its public declaration checked)")
+  if report is None:  # (a dp-spm vocabulary without its report is refused by `tokenizer.public_declaration`)
     return ("not checked: no DP-SentencePiece report names this vocabulary, so the text it was built from "
             "is not known; the declaration rests on the user's word")
   built = _built_from(report)
@@ -113,7 +108,7 @@ def check_public_declaration(vocab_path: str, report_path: Optional[str], corpus
     unchecked.append(f"training data not held in local files (e.g. {not_local[0]}) is compared by name only")
   if unknown_files:
     unchecked.append(unknown_files)
-  checked = (f"checked by content: none of the {len(digests)} file(s) its DP-SentencePiece report "
+  checked = (f"checked by file: none of the {len(digests)} file(s) its DP-SentencePiece report "
              f"{report_path} was built from is a file of this run's training data (path and SHA-256)")
   return checked + ("; not checked: " + "; ".join(unchecked) if unchecked else "")
 

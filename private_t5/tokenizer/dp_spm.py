@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import numpy as np
 
+from private_t5 import doc_fingerprints
 from private_t5 import progress as progress_lib
 from private_t5 import user_modules
 from private_t5.errors import ConfigError, DataError
@@ -160,9 +161,10 @@ class HistogramStats:
     return d
 
 
-def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int]:
-  """Worker: (summed bounded histogram, documents, bytes, raw words, counted words) of a chunk."""
-  texts, mode, max_words = args
+def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int, Optional[np.ndarray]]:
+  """Worker: (summed bounded histogram, documents, bytes, raw words, counted words, the documents'
+  keyed fingerprints or None) of a chunk."""
+  texts, mode, max_words, key = args
   bound = ContributionBound(mode, max_words)
   total = collections.Counter()
   n_bytes = n_raw = n_counted = 0
@@ -173,7 +175,8 @@ def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int]:
     h = bounded_counts(words, bound)
     n_counted += sum(h.values())
     total.update(h)
-  return dict(total), len(texts), n_bytes, n_raw, n_counted
+  prints = doc_fingerprints.fingerprints(texts, key) if key is not None else None
+  return dict(total), len(texts), n_bytes, n_raw, n_counted, prints
 
 
 def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[List[str]]:
@@ -189,11 +192,14 @@ def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[List[str]]:
 
 def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_workers: Optional[int] = None,
                     chunk_size: int = 256, progress: Optional[Callable[[HistogramStats], None]] = None,
-                    progress_every: float = 10.0) -> Tuple[collections.Counter, HistogramStats]:
+                    progress_every: float = 10.0, fingerprints: Optional[doc_fingerprints.FingerprintWriter] = None
+                    ) -> Tuple[collections.Counter, HistogramStats]:
   """Sums the bounded histograms of `texts` (one text = one document), streaming.
 
   Work is spread over `num_workers` processes, a chunk of documents at a time, with at most
   two chunks per worker in flight, so memory grows with the vocabulary, not with the corpus.
+  With `fingerprints`, the workers also compute each document's keyed fingerprint
+  (`doc_fingerprints`), appended to it (8 bytes a document, on disk).
   """
   num_workers = num_workers or os.cpu_count() or 1
   if num_workers < 1 or chunk_size < 1:
@@ -205,8 +211,10 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
 
   def merge(result):
     nonlocal last_report
-    hist, docs, n_bytes, n_raw, n_counted = result
+    hist, docs, n_bytes, n_raw, n_counted, prints = result
     bar.update(docs)
+    if fingerprints is not None:
+      fingerprints.add(prints)
     total.update(hist)
     stats.documents += docs
     stats.bytes += n_bytes
@@ -217,7 +225,8 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
       progress(stats)
       last_report = time.time()
 
-  jobs = ((chunk, bound.mode, bound.max_words) for chunk in _chunks(texts, chunk_size))
+  key = fingerprints.key if fingerprints is not None else None
+  jobs = ((chunk, bound.mode, bound.max_words, key) for chunk in _chunks(texts, chunk_size))
   if num_workers == 1:
     for job in jobs:
       merge(_chunk_histogram(job))
@@ -528,7 +537,9 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
   if not str(output).endswith(".model"):
     raise ConfigError(f"output must end with .model, got {output!r}")
-  for path in filter(None, (output, report_path)):  # both can be written, before the corpus is read
+  # The model, its report and its private fingerprint files can be written, before the corpus is read.
+  for path in filter(None, (output, report_path, doc_fingerprints.fingerprints_path(str(output)),
+                            doc_fingerprints.key_path(str(output)))):
     check_output_file(path, "output")
   if isinstance(eval_documents, bool) or not isinstance(eval_documents, int) or eval_documents < 0:
     raise ConfigError(f"eval_documents must be an integer >= 0, got {eval_documents!r}")
@@ -545,15 +556,19 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
       f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
 
+  # The keyed fingerprints of the documents read (`doc_fingerprints`), computed in the same pass:
+  # training checks a public declaration of this vocabulary against them, by content.
+  fingerprints = doc_fingerprints.FingerprintWriter(doc_fingerprints.new_key(),
+                                                    directory=os.path.dirname(os.path.abspath(output)))
   if histogram_fn is not None:
     histogram, hstats = histogram_fn(corpus_specs, bound, text_field=text_field, errors=errors, data_dir=data_dir,
-                                     max_documents=max_documents)
+                                     max_documents=max_documents, fingerprints=fingerprints)
   else:
     texts = _iter_corpus_texts(corpus_specs, max_documents, text_field, errors, data_dir)
     progress = lambda s: log(f"dp-spm: {s.documents} documents, {s.bytes / 1e6:.1f} MB, "
                              f"{s.bytes / 1e6 / max(s.seconds, 1e-9):.1f} MB/s")
     histogram, hstats = build_histogram(texts, bound, num_workers=num_workers, chunk_size=chunk_size,
-                                        progress=progress)
+                                        progress=progress, fingerprints=fingerprints)
   if hstats.documents == 0 or not histogram:
     raise DataError(f"corpus {corpus!r} has no words")
   if delta >= 1.0 / hstats.documents:
@@ -629,6 +644,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       utility["nonprivate_baseline"] = {**tokenization_utility(nonprivate, sample), "label": NONPRIVATE_LABEL}
       not_dp.append("utility.nonprivate_baseline")
   del histogram
+  fingerprint_record = _write_fingerprints(fingerprints, output, hstats.documents)
 
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   from private_t5.dp import privacy_report, public_vocabulary  # pylint: disable=g-import-not-at-top
@@ -659,6 +675,9 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       # Path, size and SHA-256 of each local file read: a public declaration of this vocabulary is
       # checked against a run's training files by content (`dp.public_vocabulary`).
       corpus_file_digests=public_vocabulary.file_digests(corpus_files),
+      # The private file of the documents' keyed fingerprints beside the model (its name and SHA-256,
+      # never the key): a public declaration of this vocabulary is checked against a run's documents.
+      document_fingerprints=fingerprint_record,
       utility=utility,
       seconds=round(time.time() - start, 2),
       # Exact statistics of the private corpus: NOT differentially private. Keep the report with
@@ -687,6 +706,24 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
           f"{base_u['unk_rate']:.2%}, {base_u['tokens_per_word']:.2f} tokens/word ({base_u['vocab_size']} pieces)")
   log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s")
   return report
+
+
+def _write_fingerprints(fingerprints: doc_fingerprints.FingerprintWriter, output: str,
+                        documents: int) -> Dict[str, Any]:
+  """Writes the documents' keyed fingerprints and their secret key beside `output` (both private,
+  mode 0600); returns what the privacy report records of them: the fingerprint file's name and
+  SHA-256, how the fingerprints are made and a check value of the key, never the key."""
+  if fingerprints.count != documents:
+    fingerprints.close()
+    raise DataError(f"dp-spm read {documents} documents but fingerprinted {fingerprints.count}")
+  path = doc_fingerprints.fingerprints_path(output)
+  sha256 = fingerprints.write(path)
+  doc_fingerprints.write_key(doc_fingerprints.key_path(output), fingerprints.key)
+  return {"file": os.path.basename(path), "sha256": sha256, "scheme": doc_fingerprints.SCHEME,
+          "key_file": os.path.basename(doc_fingerprints.key_path(output)),
+          "key_check": doc_fingerprints.key_check(fingerprints.key),
+          "note": ("private to the data owner, with the key file: never release either; the report holds "
+                   "neither the key nor any fingerprint")}
 
 
 def builtin_dp_is_ignored() -> bool:

@@ -5,6 +5,9 @@
        the same function as the local path, applied before any aggregation)
     -> CombinePerKey(sum)                                              (the summed histogram)
     -> written as JSON lines, read back by the launching process.
+  and, with `fingerprints`, per batch of documents their keyed fingerprints (`doc_fingerprints`),
+  written as JSON lines and appended by the launching process to the vocabulary's private file.
+  The secret key then travels to the workers with the pipeline (as the corpus itself does).
 
 The sensitivity argument of `dp_spm` holds unchanged: each document enters the sum only
 through its bounded histogram. Noise and threshold are NOT applied here: the launching
@@ -19,6 +22,9 @@ import logging
 import time
 from typing import Callable, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
+from private_t5 import doc_fingerprints
 from private_t5.data import beam_io
 from private_t5.errors import ConfigError, DataError
 from private_t5.tokenizer import dp_spm
@@ -51,6 +57,11 @@ def _bounded_batch(batch, mode: str, max_words: int):
   yield from total.items()
 
 
+def _fingerprint_batch(batch, key: bytes):
+  """Documents -> one list of their keyed fingerprints (ints, JSON-safe)."""
+  yield [int(v) for v in doc_fingerprints.fingerprints((text for _, (_, text) in batch), key)]
+
+
 def _sum_tuples(rows):
   out = [0] * len(_STATS_FIELDS)
   for row in rows:
@@ -63,7 +74,9 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
                    runner: str = "DirectRunner", beam_options: Union[str, Sequence[str]] = "",
                    text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
                    max_documents: Optional[int] = None, skip_bad_lines: bool = False,
-                   work_dir: Optional[str] = None) -> Tuple[collections.Counter, dp_spm.HistogramStats]:
+                   work_dir: Optional[str] = None,
+                   fingerprints: Optional[doc_fingerprints.FingerprintWriter] = None
+                   ) -> Tuple[collections.Counter, dp_spm.HistogramStats]:
   """The summed bounded histogram of `corpus` (noiseless) and its stats, computed on Beam.
 
   Args:
@@ -73,6 +86,7 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     beam_options: flags for `PipelineOptions`, unchanged.
     work_dir: where workers write the histogram (default: the options' `temp_location`, else
       a local temporary folder); removed afterwards when local.
+    fingerprints: where the documents' keyed fingerprints go (None: not computed).
 
   Returns:
     (histogram, stats), as `dp_spm.build_histogram` returns them.
@@ -88,8 +102,13 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     pipeline = beam.Pipeline(options=options)
     docs = beam_io.read_documents(pipeline, corpus, label="corpus", text_field=text_field, errors=errors,
                                   data_dir=data_dir, skip_bad_lines=skip_bad_lines)
-    bounded = (docs
-               | "batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=4096)
+    batches = docs | "batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=4096)
+    if fingerprints is not None:
+      (batches
+       | "fingerprint documents" >> beam.FlatMap(_fingerprint_batch, fingerprints.key)
+       | "encode fingerprints" >> beam.Map(json.dumps)
+       | "write fingerprints" >> beam.io.WriteToText(out_dir + "/fingerprints"))
+    bounded = (batches
                | "bound per document" >> beam.FlatMap(_bounded_batch, bound.mode, bound.max_words).with_outputs(
                    "stats", main="counts"))
     (bounded.counts
@@ -105,6 +124,9 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     for word, count in beam_io.read_json_lines(out_dir + "/counts"):
       histogram[word] = count
     totals = list(beam_io.read_json_lines(out_dir + "/stats")) or [[0] * len(_STATS_FIELDS)]
+    if fingerprints is not None:
+      for values in beam_io.read_json_lines(out_dir + "/fingerprints"):
+        fingerprints.add(np.array(values, dtype=np.uint64))
   stats = dp_spm.HistogramStats(**dict(zip(_STATS_FIELDS, totals[0])))
   stats.seconds = time.time() - start
   logger.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; counters %s", runner,

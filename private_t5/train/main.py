@@ -25,6 +25,7 @@ from private_t5.errors import ConfigError
 from private_t5.models import checkpoints, run_dir
 from private_t5.models import config as config_lib
 from private_t5.models import lora as lora_lib
+from private_t5.tokenizer import public_declaration
 from private_t5.train import initial_checkpoint as initial_lib
 from private_t5.train import loop, metrics, optimizers, partitioning
 from private_t5.train.state import RunSeeds
@@ -272,7 +273,8 @@ def describe_run(model_config, mesh, parameter_sharding: str, train_data, batch_
 def train(*, model_config, train_data: ExampleSource, validation_data: Optional[ExampleSource] = None,
           model_dir: str, train_steps: int,
           batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
-          optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None, checkpoint_every: int = 1000,
+          optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None,
+          vocab_public_unchecked: bool = False, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = partitioning.REPLICATED,
           z_loss: float = 0.0, initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
@@ -300,6 +302,10 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     dp: `DPConfig` for DP-Adafactor, or None for the non-private baseline.
     vocab_path: the SentencePiece model (recorded for inference; a DP-SentencePiece privacy
       report beside it is composed into the ledger).
+    vocab_public_unchecked: accept a DP-SentencePiece vocabulary declared public
+      (`DPConfig.vocab_is_public`) where whether this run trains on documents it was built from
+      cannot be checked (`tokenizer.public_declaration`; Gin `VOCAB_PUBLIC_UNCHECKED`): logged,
+      and said in the vocabulary's record.
     checkpoint_every, keep_checkpoints: checkpoint every N steps, keep the last K.
     eval_every, eval_examples: validation every N steps (0: only at the end) on K examples.
     log_every: console/TensorBoard progress every N steps.
@@ -344,14 +350,18 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   try:
     seeds = build_seeds(manager, insecure_deterministic_seed)
     described = train_data.describe()
+    # A vocabulary declared public is checked against the training documents by content first.
+    declaration = public_declaration.check_declaration(dp, vocab_path, train_data,
+                                                       allow_unchecked=vocab_public_unchecked, log=log)
     setup = mechanism_lib.build_mechanism(
-        dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
+        declaration.dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
         spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
         noise_secret=not seeds.deterministic, population=described.get("population"),
         corpus=described.get("corpus"), data_files=described.get("data_files"),
         unknown_files=described.get("data_files_unknown"), log=log)
+    declaration.confirm(setup.ledger)
     mechanism = setup.fingerprint()
     override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
                 else privacy_hook(setup, train_data))
