@@ -80,6 +80,15 @@ def number(value: Any, name: str, *, minimum: Optional[float] = None, maximum: O
   return value
 
 
+def probability(value: Any, name: str, *, optional: bool = False) -> Optional[float]:
+  """`value` as a float if it is a number in the open interval (0, 1) (a δ); None when `optional`
+  and None; else ConfigError."""
+  value = number(value, name, positive=True, optional=optional)
+  if value is not None and not value < 1:
+    raise ConfigError(f"{name} must be < 1, got {value:g}")
+  return value
+
+
 def check_annotation(value: Any, annotation: Any, name: str) -> None:
   """ConfigError when `value` cannot be what `annotation` (a parameter's type hint) says.
 

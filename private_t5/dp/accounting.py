@@ -129,6 +129,27 @@ class PldOutOfReachError(PrivacyError):
   PLD_MAX_EPSILON)."""
 
 
+class UnreachableTargetError(PrivacyError):
+  """A target ε that no σ up to MAX_NOISE_MULTIPLIER reaches; `smallest` maps each accountant
+  tried to the smallest ε it reaches (its ε at MAX_NOISE_MULTIPLIER)."""
+
+  def __init__(self, message: str, smallest: Dict[str, float]):
+    super().__init__(message)
+    self.smallest = dict(smallest)
+
+
+def unreachable_target(target_epsilon: float, smallest: Dict[str, float], delta: float,
+                       settings: str) -> UnreachableTargetError:
+  """The one-line error of a target ε below the smallest ε that `settings` reach (`smallest`:
+  accountant -> its ε at the largest σ the calibration searches, MAX_NOISE_MULTIPLIER)."""
+  name = min(smallest, key=lambda n: (smallest[n], n))
+  return UnreachableTargetError(
+      f"target_epsilon={target_epsilon:g} is unreachable with these settings ({settings}, δ={delta:g}): the "
+      f"smallest ε they reach is {smallest[name]:.4g} (by {name.upper()}), at noise_multiplier="
+      f"{MAX_NOISE_MULTIPLIER:g}, the largest σ the calibration searches; raise the target ε or δ, or lower the "
+      "sampling rate or the number of steps", smallest)
+
+
 def _check_number(name: str, value, low=None, high=None, low_open=True, high_open=True):
   try:
     v = float(value)
@@ -386,13 +407,17 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
       [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER].
   """
   if accountant == AUTO:
-    sigmas = []
+    sigmas, smallest = [], {}
     for name in accountants_for(AUTO, sampling):
       try:
         sigmas.append(calibrate_noise(target_epsilon, sampling_rate, steps, delta, name, sampling=sampling,
                                       num_examples=num_examples, tol=tol))
       except PldOutOfReachError:  # RDP's σ alone
         pass
+      except UnreachableTargetError as e:  # the other accountant's σ, if it reaches the target
+        smallest.update(e.smallest)
+    if not sigmas:
+      raise unreachable_target(target_epsilon, smallest, delta, _poisson_settings(sampling_rate, steps))
     return min(sigmas)
   _check_number("target_epsilon", target_epsilon, low=0)
   validate_privacy_params(sampling_rate=sampling_rate, steps=steps, delta=delta, accountant=accountant,
@@ -402,25 +427,34 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
     return compute_epsilon(sigma, sampling_rate, steps, delta, acct, sampling=sampling,
                            num_examples=num_examples)
 
-  # Bracket with RDP first (cheap at any σ). PLD is tighter, so its σ is at most RDP's; PLD is
-  # slow and memory-hungry at tiny σ, so its lower end is found by halving from RDP's answer.
-  if eps(MAX_NOISE_MULTIPLIER, "rdp") > target_epsilon and (
-      accountant == "rdp" or eps(MAX_NOISE_MULTIPLIER) > target_epsilon):
-    raise PrivacyError(
-        f"target_epsilon={target_epsilon:g} is unreachable: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} "
-        f"gives ε={eps(MAX_NOISE_MULTIPLIER, 'rdp'):.4g} at δ={delta:g}, q={sampling_rate:g}, steps={steps}; "
-        "raise the target ε or δ, or lower the sampling rate or the number of steps")
+  # The search ends at MAX_NOISE_MULTIPLIER: a target its ε does not reach is refused, naming the
+  # smallest ε reachable (the bracket below must hold a σ whose ε is within the target).
+  smallest = eps(MAX_NOISE_MULTIPLIER)
+  if smallest > target_epsilon:
+    raise unreachable_target(target_epsilon, {accountant: smallest}, delta, _poisson_settings(sampling_rate, steps))
   if eps(MIN_NOISE_MULTIPLIER, "rdp") <= target_epsilon:
     return MIN_NOISE_MULTIPLIER
   low, high = MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER
   if accountant != "rdp":
-    high = calibrate_noise(target_epsilon, sampling_rate, steps, delta, "rdp", sampling=sampling,
-                           num_examples=num_examples, tol=tol)
-    low = high / 2
-    while eps(low) <= target_epsilon:
-      high, low = low, low / 2
-      if low < MIN_NOISE_MULTIPLIER:
-        return high
+    # Bracket with RDP first (cheap at any σ). PLD is usually tighter, so its σ is at most RDP's;
+    # PLD is slow and memory-hungry at tiny σ, so its lower end is found by halving from RDP's
+    # answer. At a tiny target ε PLD's discretisation can need more σ than RDP: its upper end is
+    # then found by doubling (up to MAX_NOISE_MULTIPLIER, whose ε is within the target).
+    try:
+      high = calibrate_noise(target_epsilon, sampling_rate, steps, delta, "rdp", sampling=sampling,
+                             num_examples=num_examples, tol=tol)
+    except UnreachableTargetError:
+      high = MAX_NOISE_MULTIPLIER
+    if eps(high) > target_epsilon:
+      low = high
+      while eps(high) > target_epsilon:
+        low, high = high, min(2 * high, MAX_NOISE_MULTIPLIER)
+    else:
+      low = high / 2
+      while eps(low) <= target_epsilon:
+        high, low = low, low / 2
+        if low < MIN_NOISE_MULTIPLIER:
+          return high
   sigma = mechanism_calibration.calibrate_dp_mechanism(
       lambda: make_accountant(accountant, sampling),
       lambda s: make_dp_event(s, sampling_rate, steps, sampling=sampling, num_examples=num_examples),
@@ -502,6 +536,10 @@ def max_expected_batch_size_for(num_examples: int, max_batch_size: int,
 
 # -- correlated noise: banded (amplified) and BLT matrix factorization -------------------------
 #
+def _poisson_settings(sampling_rate: float, steps: int) -> str:
+  return f"q={sampling_rate:g}, steps={steps}"
+
+
 # A matrix factorization mechanism (`strategies`) adds C⁻¹ Z with Z ~ N(0, (σ·C_clip·sens)² I),
 # sens = the strategy's sensitivity. Its examples are sampled by cyclic Poisson sampling: b groups,
 # group t mod b sampled with rate q at step t.
@@ -583,8 +621,14 @@ def calibrate_correlated(noise: str, target_epsilon: float, sampling_rate: float
   Banded: `calibrate_noise` of DP-SGD over ceil(n/b) steps (the same event, `banded_dp_event`).
   BLT over its n steps: one Gaussian release of multiplier σ (s(n)/s(n) = 1).
   """
+  settings = (f"{noise} noise, q={sampling_rate:g} in b={num_bands} groups, steps={steps}"
+              + (f" ({banded_rounds(steps, num_bands)} participations)" if noise == BANDED else ""))
   if noise == BANDED:
-    return calibrate_noise(target_epsilon, sampling_rate, banded_rounds(steps, num_bands), delta, accountant, tol=tol)
+    try:
+      return calibrate_noise(target_epsilon, sampling_rate, banded_rounds(steps, num_bands), delta, accountant,
+                             tol=tol)
+    except UnreachableTargetError as e:
+      raise unreachable_target(target_epsilon, e.smallest, delta, settings) from None
   if noise != BLT:
     raise PrivacyError(f"correlated noise is {BANDED!r} or {BLT!r}, got {noise!r}")
   _check_number("target_epsilon", target_epsilon, low=0)
@@ -597,20 +641,23 @@ def calibrate_correlated(noise: str, target_epsilon: float, sampling_rate: float
         lambda: make_accountant(name), lambda s: blt_dp_event(s, 1.0), target_epsilon, delta,
         bracket_interval=mechanism_calibration.ExplicitBracketInterval(low, high), tol=tol))
 
-  if eps(MAX_NOISE_MULTIPLIER, "rdp") > target_epsilon:
-    raise PrivacyError(f"target_epsilon={target_epsilon:g} is unreachable: even noise_multiplier="
-                       f"{MAX_NOISE_MULTIPLIER:g} gives ε={eps(MAX_NOISE_MULTIPLIER, 'rdp'):.4g} at δ={delta:g}")
-  if eps(MIN_NOISE_MULTIPLIER, "rdp") <= target_epsilon:
+  # Each accountant searches σ up to MAX_NOISE_MULTIPLIER; one that does not reach the target there
+  # is left out, and a target neither reaches is refused, naming the smallest ε reachable.
+  smallest = {name: eps(MAX_NOISE_MULTIPLIER, name) for name in accountants_for(accountant)}
+  reaching = [name for name, e in smallest.items() if e <= target_epsilon]
+  if not reaching:
+    raise unreachable_target(target_epsilon, smallest, delta, settings)
+  if "rdp" in reaching and eps(MIN_NOISE_MULTIPLIER, "rdp") <= target_epsilon:
     return MIN_NOISE_MULTIPLIER
   sigmas = []
-  if "rdp" in accountants_for(accountant):
+  if "rdp" in reaching:
     sigmas.append(calibrate("rdp", MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER))
-  if "pld" in accountants_for(accountant):
+  if "pld" in reaching:
     # PLD's arrays grow with ε: bracket near the exact Gaussian σ (a lower bound of PLD's, whose
     # discretisation only adds to ε) instead of searching from tiny σ.
-    low = high = max(calibrate_gaussian(target_epsilon, delta), MIN_NOISE_MULTIPLIER)
+    low = high = min(max(calibrate_gaussian(target_epsilon, delta), MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
     while eps(high, "pld") > target_epsilon:
-      low, high = high, high * 2
+      low, high = high, min(high * 2, MAX_NOISE_MULTIPLIER)
     sigmas.append(high if low == high else calibrate("pld", low, high))
   return min(sigmas)
 

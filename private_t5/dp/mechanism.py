@@ -173,6 +173,8 @@ class DPConfig:
       raise PrivacyError("DPConfig.buffers is a setting of noise='blt', not of 'banded'")
     if self.noise == strategies.BLT:
       strategies.check_buffers(self.buffers)
+    if self.strategy_file is not None:  # refused now, not after the data is read (again with the run's steps)
+      strategies.from_file(self.strategy_file, kind=self.noise, steps=b, num_bands=b)
 
   @property
   def correlated(self) -> bool:
@@ -445,6 +447,9 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                              unknown_files=unknown_files, log=log)
   truncated = dp.truncated
   dp.check_data(num_examples=num_examples, batch_size=batch_size)
+  if dp.noise == strategies.BANDED and b == 1:
+    log("[privacy] WARNING: DPConfig.noise='banded' with num_bands=1 is plain DP-SGD (one band: the identity "
+        "strategy, every example sampled at every step); set DPConfig.num_bands (NUM_BANDS) > 1 for banded noise")
   delta = dp.delta if dp.delta is not None else default_delta(num_examples)
   accounting.validate_privacy_params(delta=delta, num_examples=num_examples, steps=train_steps)
   expected = dp.expected_batch_size
@@ -497,6 +502,9 @@ def _build_correlated(dp: DPConfig, execution: ExecutionSettings, *, loss_fn: Ca
   dp.check_data(num_examples=num_examples, batch_size=batch_size)
   if b > train_steps:
     raise PrivacyError(f"DPConfig.num_bands b={b} exceeds train_steps={train_steps}: some group would never be sampled")
+  if dp.noise == strategies.BANDED and b == 1:
+    log("[privacy] WARNING: DPConfig.noise='banded' with num_bands=1 is plain DP-SGD (one band: the identity "
+        "strategy, every example sampled at every step); set DPConfig.num_bands (NUM_BANDS) > 1 for banded noise")
   delta = dp.delta if dp.delta is not None else default_delta(num_examples)
   accounting.validate_privacy_params(delta=delta, num_examples=num_examples, steps=train_steps)
   expected = float(dp.expected_batch_size if dp.expected_batch_size is not None else batch_size)

@@ -56,6 +56,19 @@ MAX_BUFFERS = 15
 # The error both optimisers minimise: the mean squared error of the noisy prefix sums.
 OPTIMIZED_ERROR = "mean"
 CACHE_VERSION = 1
+# A banded strategy's scale does not change the mechanism (C and kC add the same noise: σ·C_clip·sens(C)
+# times C⁻¹Z), but its noise is computed in float32: a strategy file's sensitivity ‖coefs‖₂ must lie
+# in [MIN_SENSITIVITY, MAX_SENSITIVITY] (jax-privacy's optimised strategies have 1), and C⁻¹'s
+# coefficients over the run's steps at most MAX_NOISE_GAIN / sens(C) (a C whose inverse grows
+# geometrically turns the noise into inf, and the loss into NaN, within a few steps; optimised
+# strategies stay near 1-2).
+MIN_SENSITIVITY = 1e-6
+MAX_SENSITIVITY = 1e6
+MAX_NOISE_GAIN = 1e6
+# The keys of a strategy file: the coefficients of each kind, and what a cached or recorded strategy
+# also holds (read, not used: the run's own steps and b apply; a recorded digest must match).
+FILE_KEYS = {"banded": ("kind", "coefs"), "blt": ("kind", "buf_decay", "output_scale")}
+RECORD_KEYS = ("digest", "num_bands", "steps", "sensitivity", "source", "buffers", "jax_privacy", "cache_version")
 
 
 def default_cache_dir() -> str:
@@ -122,15 +135,39 @@ class Strategy:
         raise PrivacyError(f"a banded strategy needs 1 to b = {self.num_bands} coefficients (its bands), got "
                            f"{len(self.coefs)}: more bands than groups would let one example's "
                            "participations overlap")
-      if self.coefs[0] == 0.0:
-        raise PrivacyError("a banded strategy's first coefficient must be non-zero (C must be invertible)")
       if self.buf_decay or self.output_scale:
         raise PrivacyError("a banded strategy has coefs, not BLT parameters")
+      self._check_banded_scale()
     else:
       if len(self.buf_decay) != len(self.output_scale) or self.coefs:
         raise PrivacyError("a BLT strategy has buf_decay and output_scale of the same length, and no coefs")
       if not all(0.0 <= d < 1.0 for d in self.buf_decay):
         raise PrivacyError(f"a BLT strategy's buf_decay must lie in [0, 1), got {list(self.buf_decay)}")
+
+  def _check_banded_scale(self) -> None:
+    """PrivacyError unless C's diagonal is positive, sens(C) = ‖coefs‖₂ is within [MIN_SENSITIVITY,
+    MAX_SENSITIVITY] and C⁻¹ stays bounded over the steps (its noise must stay finite in float32)."""
+    if not self.coefs[0] > 0.0:
+      raise PrivacyError(f"a banded strategy's first coefficient (C's diagonal) must be positive, got "
+                         f"{self.coefs[0]!r}: 0 makes C singular, and a negative one only flips every sign")
+    with np.errstate(over="ignore"):
+      sensitivity = float(np.linalg.norm(np.asarray(self.coefs, np.float64)))
+    if not MIN_SENSITIVITY <= sensitivity <= MAX_SENSITIVITY:  # inf (an overflowing norm) included
+      raise PrivacyError(
+          f"a banded strategy's sensitivity ‖coefs‖₂ must be a finite number in [{MIN_SENSITIVITY:g}, "
+          f"{MAX_SENSITIVITY:g}], got {sensitivity:.4g}: its noise is computed in float32 (scaling all the "
+          "coefficients by one factor gives the same mechanism; optimised strategies have sensitivity 1)")
+    from scipy import signal  # pylint: disable=g-import-not-at-top  # (lazy: a Gaussian run never needs it)
+    impulse = np.zeros(self.steps, np.float64)
+    impulse[0] = 1.0
+    with np.errstate(all="ignore"):
+      inverse = signal.lfilter([1.0], np.asarray(self.coefs, np.float64), impulse)  # C⁻¹[:, 0]
+      gain = float(np.max(np.abs(inverse))) * sensitivity
+    if not gain <= MAX_NOISE_GAIN:
+      raise PrivacyError(
+          f"a banded strategy's C⁻¹ grows to {gain:.3g} times its sensitivity over {self.steps} steps (at most "
+          f"{MAX_NOISE_GAIN:g}): the polynomial of its coefficients has a root inside the unit circle, so its "
+          "noise grows geometrically and overflows float32 (the loss turns NaN); use an optimised strategy")
 
   # -- identity ---------------------------------------------------------------------------------
 
@@ -329,10 +366,9 @@ def optimize(kind: str, *, steps: int, num_bands: int, buffers: Optional[int] = 
   return Strategy(BLT, num_bands, steps, buf_decay=tuple(decay), output_scale=tuple(scale))
 
 
-def from_file(path: str, *, kind: str, steps: int, num_bands: int) -> Strategy:
-  """A strategy given as JSON: {"kind": "banded", "coefs": [...]} or {"kind": "blt", "buf_decay":
-  [...], "output_scale": [...]} (a cached or recorded strategy also reads). ConfigError/PrivacyError
-  in one line for a missing file, bad JSON, another kind or bad coefficients."""
+def read_file(path: str, kind: str) -> Dict[str, Any]:
+  """The JSON object of strategy file `path` for noise `kind`, its keys checked; ConfigError or
+  PrivacyError in one line for a missing file, bad JSON, another kind, or an unknown key."""
   if not os.path.isfile(path):
     raise ConfigError(f"DPConfig.strategy_file {path} does not exist")
   try:
@@ -344,7 +380,27 @@ def from_file(path: str, *, kind: str, steps: int, num_bands: int) -> Strategy:
     raise ConfigError(f"DPConfig.strategy_file {path} must hold a JSON object")
   if d.get("kind", kind) != kind:
     raise PrivacyError(f"DPConfig.strategy_file {path} holds a {d.get('kind')!r} strategy, but DPConfig.noise is {kind!r}")
+  known = FILE_KEYS.get(kind, ()) + RECORD_KEYS
+  unknown = sorted(str(k) for k in d if k not in known)
+  if unknown:
+    raise ConfigError(f"DPConfig.strategy_file {path} has unknown key {unknown[0]!r}"
+                      + (f" (and {', '.join(map(repr, unknown[1:]))})" if unknown[1:] else "")
+                      + f"; a {kind} strategy's keys are {', '.join(FILE_KEYS.get(kind, ()))} (a cached or recorded "
+                      f"strategy's also {', '.join(RECORD_KEYS)})")
+  return d
+
+
+def from_file(path: str, *, kind: str, steps: int, num_bands: int) -> Strategy:
+  """A strategy given as JSON: {"kind": "banded", "coefs": [...]} or {"kind": "blt", "buf_decay":
+  [...], "output_scale": [...]} (a cached or recorded strategy also reads). ConfigError/PrivacyError
+  in one line for a missing file, bad JSON, another kind, an unknown key, a recorded digest that
+  does not match, or coefficients that break the accounting or the float32 noise
+  (`Strategy._check_banded_scale`)."""
+  d = read_file(path, kind)
   strategy = Strategy(kind, num_bands, steps, coefs=d.get("coefs", ()), buf_decay=d.get("buf_decay", ()),
                       output_scale=d.get("output_scale", ()), source=os.path.abspath(path))
+  if d.get("digest") not in (None, strategy.digest):
+    raise PrivacyError(f"DPConfig.strategy_file {path} records digest {str(d['digest'])[:12]}…, which does not "
+                       "match its coefficients")
   strategy.toeplitz_coefs(steps)
   return strategy

@@ -22,6 +22,12 @@ mechanism ("mechanism"); the strategy's coefficients do not change ε (docs/priv
 Without --delta (nor the Gin macro DELTA), δ is training's default for N = --num_examples,
 min(1e-5, 1/N^1.1) (`dp.mechanism.default_delta`); the output then says so ("delta_source") and
 a log line gives the value.
+
+Every flag can be given as its Gin macro instead, in a --gin_file or as --gin.NAME=VALUE
+(--gin.NUM_BANDS=4 is --num_bands=4, --gin.DELTA=1e-6 is --delta=1e-6), parsed and type-checked
+as every stage does (`stages.flags`); an override that sets anything else is refused, and so is
+a flag given beside its macro with another value. A target ε that no σ up to the largest one the
+calibration searches reaches is refused in one line naming the smallest ε these settings reach.
 """
 import argparse
 import json
@@ -30,6 +36,7 @@ import sys
 import warnings
 from typing import List, Optional
 
+from private_t5 import checks
 from private_t5.dp import accounting
 from private_t5.errors import PrivacyError
 from private_t5.stages import flags
@@ -39,16 +46,18 @@ DEFAULT_DELTA_SOURCE = "the training default min(1e-5, 1/N^1.1) of N = --num_exa
 
 
 def _parser():
-  p = flags.StageParser("epsilon", __doc__.split("\n\n")[0])
+  p = flags.StageParser("epsilon", __doc__.split("\n\n")[0], macros_only=True)
   p.add_flag("noise_multiplier", type=float, help="σ: noise std / clip norm")
   p.add_flag("target_epsilon", aliases=("epsilon",), type=float,
              help="calibrate σ for this ε instead (exclusive with --noise_multiplier)")
   p.add_flag("batch_size", type=float, help="expected batch size (with --num_examples)")
-  p.add_flag("num_examples", type=int, help="N, the number of privacy units sampled from")
+  p.add_flag("num_examples", type=int, help="N, the number of privacy units sampled from",
+             check=lambda v, name: checks.integer(v, name, minimum=1))
   p.add_flag("sampling_rate", type=float, help="q, instead of --batch_size/--num_examples")
-  p.add_flag("steps", type=int, help="number of training steps (required)")
-  p.add_flag("delta", type=float, help="δ (use δ << 1/N); default: training's, min(1e-5, 1/N^1.1) "
-             "of --num_examples")
+  p.add_flag("steps", type=int, help="number of training steps (required)",
+             check=lambda v, name: checks.integer(v, name, minimum=1))
+  p.add_flag("delta", type=float, check=checks.probability,
+             help="δ in (0, 1) (use δ << 1/N); default: training's, min(1e-5, 1/N^1.1) of --num_examples")
   p.add_flag("accountant", default=accounting.AUTO, choices=accounting.ACCOUNTANT_CHOICES,
              help="auto (default): the smaller ε of rdp and pld")
   p.add_flag("sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
@@ -56,7 +65,8 @@ def _parser():
   p.add_flag("max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
   p.add_flag("noise", default="gaussian", choices=("gaussian", "banded", "blt"),
              help="gaussian (DP-SGD, default), or correlated noise: banded or blt matrix factorization")
-  p.add_flag("num_bands", type=int, default=1, help="b: cyclic Poisson groups (bands; a BLT's min separation)")
+  p.add_flag("num_bands", type=int, check=lambda v, name: checks.integer(v, name, minimum=1),
+             help="b >= 1: cyclic Poisson groups (bands; a BLT's min separation); default 1 (banded: DP-SGD)")
   p.add_flag("buffers", type=int, help="--noise=blt: its buffers (ε does not depend on them)")
   return p
 
@@ -69,8 +79,12 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   (its δ then grows by the truncation term, `accounting.total_delta`); a total δ >= 1 (no
   guarantee at all) is refused.
   """
+  if args.num_bands is None:
+    args.num_bands = 1
   if args.num_bands < 1:
     raise PrivacyError(f"--num_bands must be >= 1, got {args.num_bands}")
+  if args.noise != "gaussian":
+    _check_groups(args)
   if args.sampling_rate is not None:
     if args.batch_size is not None:
       raise PrivacyError("give --sampling_rate or --batch_size/--num_examples, not both")
@@ -137,6 +151,20 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   return out
 
 
+def _check_groups(args: argparse.Namespace) -> None:
+  """PrivacyError when the b = --num_bands cyclic Poisson groups cannot be: more groups than steps
+  (some group would never be sampled), or groups too small to hold the expected batch."""
+  if args.steps is not None and args.num_bands > args.steps:
+    raise PrivacyError(f"--num_bands b={args.num_bands} exceeds --steps={args.steps}: with cyclic Poisson sampling "
+                       f"in b groups, group g joins only steps g, g + b, ..., so groups {args.steps}..{args.num_bands - 1} "
+                       "would never be sampled; lower b to at most the steps")
+  if args.batch_size is not None and args.num_examples is not None and args.sampling_rate is None:
+    if args.num_bands * args.batch_size > args.num_examples:
+      raise PrivacyError(f"--num_bands × --batch_size = {args.num_bands} × {args.batch_size:g} exceeds --num_examples="
+                         f"{args.num_examples}: each of the b groups (about N/b examples) must hold the expected "
+                         "batch; lower b or the batch")
+
+
 def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
   """`run` for --noise=banded or blt (untruncated Poisson sampling in --num_bands groups)."""
   if args.sampling != "poisson" or args.max_batch_size is not None:
@@ -184,6 +212,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.delta, source = mechanism.default_delta(args.num_examples), DEFAULT_DELTA_SOURCE
     logger.info("no --delta: δ = %g, training's default min(1e-5, 1/N^1.1) for N = %d", args.delta,
                 args.num_examples)
+  if args.noise == "banded" and (args.num_bands or 1) == 1:
+    logger.warning("--noise=banded with num_bands b = 1%s is plain DP-SGD (one band: the identity strategy, "
+                   "every example sampled at every step), the same ε as --noise=gaussian; give --num_bands=b > 1 "
+                   "for banded noise", "" if args.num_bands else " (no --num_bands)")
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", accounting.MeaninglessGuaranteeWarning)
     out = run(args, source)

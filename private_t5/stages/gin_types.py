@@ -13,21 +13,22 @@ import gin
 
 from private_t5 import checks
 
-_UNRESOLVED = object()
+# What `macro_target` returns for a chain of macros that ends at no literal.
+UNRESOLVED = object()
 
 
-def _macro_target(value: Any, seen: tuple = ()) -> tuple:
+def macro_target(value: Any, seen: tuple = ()) -> tuple:
   """(the value a chain of macros ends at, the first macro's name): `value` itself and None when it
-  is not a macro; `_UNRESOLVED` when the chain is unbound or ends at a configurable reference."""
+  is not a macro; `UNRESOLVED` when the chain is unbound or ends at a configurable reference."""
   if not isinstance(value, gin.config.ConfigurableReference):
     return value, None
   if value.configurable.selector != "gin.macro" or not value.evaluate:
-    return _UNRESOLVED, None  # @fn() or @fn: the value of a call, not the user's literal
+    return UNRESOLVED, None  # @fn() or @fn: the value of a call, not the user's literal
   name = value.scoped_selector.rsplit("/", 1)[0]
   params = gin.config._CONFIG.get((name, "gin.macro"))  # pylint: disable=protected-access
   if params is None or "value" not in params or name in seen:
-    return _UNRESOLVED, name
-  target, _ = _macro_target(params["value"], seen + (name,))
+    return UNRESOLVED, name
+  target, _ = macro_target(params["value"], seen + (name,))
   return target, name
 
 
@@ -54,8 +55,8 @@ def check_binding_types() -> None:
     for param, value in params.items():
       if param not in hints:
         continue
-      target, macro = _macro_target(value)
-      if target is _UNRESOLVED or str(target) == "%gin.REQUIRED":
+      target, macro = macro_target(value)
+      if target is UNRESOLVED or str(target) == "%gin.REQUIRED":
         continue
       binding = f"{scope + '/' if scope else ''}{selector.rsplit('.', 1)[-1]}.{param}"
       checks.check_annotation(target, hints[param], f"Gin {macro} (bound to {binding})" if macro else

@@ -23,6 +23,7 @@ from private_t5.stages.gin_paths import (CONFIG_SEARCH_PATHS, PACKAGE_CONFIGS, P
 from private_t5.stages.gin_table import CONFIGURABLES, ENTRIES, GIN_TABLE, STAGE_CONFIGURABLES
 from private_t5.stages.gin_types import check_binding_types
 # pylint: enable=unused-import
+from private_t5.stages import gin_types
 
 # name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.
 _WRAPPED = {}
@@ -66,7 +67,7 @@ def _quiet_include_lookups(record: logging.LogRecord) -> bool:
 
 def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_required: bool = True,
           entry: Optional[str] = None, gin_search_paths: Union[None, str, Sequence[str]] = None,
-          files_required: bool = True) -> None:
+          files_required: bool = True, configurables: bool = True) -> None:
   """Parses layered Gin files then overrides; errors name the offending file or binding.
 
   Args:
@@ -79,10 +80,13 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
       package's configs, for the files and their `include`s; None: the command line's
       `--gin_search_paths=a,b` (`set_search_paths`).
     files_required: False for stages whose Gin files are optional (bindings alone are parsed).
+    configurables: False registers nothing (macros alone are parsed, without importing the
+      modules the configurables live in).
   """
   if entry and entry not in STAGE_CONFIGURABLES:
     raise ConfigError(f"no Gin stage entry named {entry!r} (one of {', '.join(ENTRIES)})")
-  register(STAGE_CONFIGURABLES[entry] if entry else None)
+  if configurables:
+    register(STAGE_CONFIGURABLES[entry] if entry else None)
   gin.clear_config()
   paths = search_paths(gin_search_paths)
   _set_include_search_path(paths)
@@ -164,13 +168,51 @@ def check_required_macros() -> None:
     raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")
 
 
+# DPConfig's settings of correlated noise, each with the value that leaves the noise Gaussian.
+_CORRELATED_SETTINGS = {"noise": "gaussian", "num_bands": 1, "buffers": None, "strategy_file": None}
+_UNBOUND = object()
+
+
+def _bound_value(name: str) -> Any:
+  """The value the parsed config binds `configurable.param` to, through macros; `_UNBOUND` when it
+  is unbound or its value is not a literal (a call of a configurable)."""
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:
+    return _UNBOUND
+  target, _ = gin_types.macro_target(value)
+  if target is gin_types.UNRESOLVED or isinstance(target, gin.config.ConfigurableReference):
+    return _UNBOUND
+  return target
+
+
+def ignored_dp_settings(entry: str) -> list:
+  """The correlated-noise settings ("DPConfig.num_bands=4") the parsed config gives DPConfig while
+  `entry`'s `dp` is None (a non-private run, e.g. --gin.DP=None): nothing reads them."""
+  if "DPConfig" not in STAGE_CONFIGURABLES.get(entry, ()) or _bound_value(f"{entry}.dp") is not None:
+    return []
+  settings = []
+  for param, default in _CORRELATED_SETTINGS.items():
+    value = _bound_value(f"DPConfig.{param}")
+    if value is not _UNBOUND and value != default:
+      settings.append(f"DPConfig.{param}={value!r}")
+  return settings
+
+
 def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str, **kwargs):
   """Runs a Gin stage: joins the JAX processes (several processes only; before any other JAX
-  call), parses the files and overrides for `entry`, keeps TensorFlow off the accelerators,
-  then calls `entry` (with `kwargs`, which are not Gin's); returns its result."""
+  call), parses the files and overrides for `entry` (warning about DP settings a non-private run
+  ignores), keeps TensorFlow off the accelerators, then calls `entry` (with `kwargs`, which are
+  not Gin's); returns its result."""
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()
-  parse(gin_files, gin_bindings, entry=entry)
+  parse(gin_files, gin_bindings, entry=entry, check_required=False)
+  ignored = ignored_dp_settings(entry)
+  if ignored:
+    logging.getLogger(__name__).warning(
+        "%s.dp is None (DP=None: a non-private run, no noise at all), so its correlated-noise setting%s %s %s "
+        "ignored", entry, "s" if len(ignored) > 1 else "", ", ".join(ignored), "are" if len(ignored) > 1 else "is")
+  check_required_macros()
   partitioning.hide_accelerators_from_tensorflow()
   return call_configured(configured(entry), **kwargs)
 
