@@ -74,13 +74,16 @@ def test_verify_reads_every_file_and_rebuilds_an_altered_one(tmp_path, corpus, v
   assert _store([*argv, "--verify"], capsys)["reused"]
 
 
-def test_an_entry_without_the_record_is_checked_on_its_offsets(tmp_path, corpus, vocab_path):
+def test_an_entry_without_the_record_is_checked_on_its_offsets(tmp_path, corpus, vocab_path, caplog):
   store = store_lib.build_store(corpus, vocab_path, cache_dir=str(tmp_path / "cache"), progress=False)
   manifest = dict(store.manifest)
   del manifest[store_lib.CHECKSUMS_KEY]  # as an entry built before the record
   with open(os.path.join(store.path, store_lib.MANIFEST_FILE), "w") as f:
     json.dump(manifest, f)
   assert store_lib.DocumentStore(store.path).num_tokens == store.num_tokens
+  with caplog.at_level(logging.WARNING, logger="private_t5.data.store"):
+    assert store_lib.build_store(corpus, vocab_path, cache_dir=str(tmp_path / "cache"), verify=True).reused
+  assert "built without a checksums record: only the sizes its index implies were checked" in caplog.text
   tokens = store_lib.shard_file_names(0, 1)[0]
   _truncate(os.path.join(store.path, tokens), 12)
   with pytest.raises(store_lib.DamagedStoreError, match=f"{tokens} holds 12 bytes, expected {4 * store.num_tokens};"):
@@ -96,3 +99,11 @@ def test_a_cache_dir_inside_an_entry_is_refused(tmp_path, corpus, vocab_path, ca
     assert line == (f"error: store cache_dir {inside!r} is inside the store {path}; give the cache folder that "
                     f"holds it ({tmp_path / 'cache'})")
   assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("flag", ["--max_documents=0", "--max_documents=-3"])
+def test_a_count_that_is_not_positive_is_refused_as_such(tmp_path, corpus, vocab_path, capsys, flag):
+  line = one_error_line(["store", f"--corpus={corpus}", f"--vocab_path={vocab_path}", f"--cache_dir={tmp_path}/c",
+                         flag], capsys)
+  assert line == f"error: --max_documents must be a positive integer (or None for all), got {flag.split('=')[1]}"
+  assert files_under(tmp_path) == []

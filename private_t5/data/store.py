@@ -259,6 +259,9 @@ def open_cached(cache_dir: str, final: str, opener: Callable[..., object], verif
     logger.warning("[store] rebuilding the damaged entry %s: %s", final, e.reason)
     discard_entry(cache_dir, final)
     return None, e.reason
+  if verify and CHECKSUMS_KEY not in store.manifest:
+    logger.warning("[store] %s was built without a checksums record: only the sizes its index implies were "
+                   "checked (delete it and run `private-t5 store` again to get one)", final)
   store.reused = True
   return store, None
 

@@ -129,7 +129,8 @@ def count_documents(open_documents: Callable[[], Iterable], canaries: Sequence[C
       raise DataError(f"the corpus already has a document with the canary id {doc.id!r} (a corpus with "
                       "canaries given as the input?); insert canaries into the original corpus")
     hashes.append(store_index.id_hash(doc.id))
-  ordered = np.sort(np.frombuffer(hashes, dtype=np.uint64)) if len(hashes) else np.zeros((0,), np.uint64)
+  ordered = np.frombuffer(hashes, dtype=np.uint64) if len(hashes) else np.zeros((0,), np.uint64)
+  ordered.sort()  # in place: 8 bytes a document in all
   shared = ordered[1:][ordered[1:] == ordered[:-1]]
   if len(shared):
     suspects, seen = set(int(h) for h in shared), set()

@@ -70,7 +70,8 @@ def check_task_description(gin_files: Sequence[str], gin_bindings: Sequence[str]
   """ConfigError when a task folder's description (--label_names, ...) is given without a folder:
   neither --task_dir nor the Gin files' TASK_DIR (read only in that case) names one. Checked before
   the required macros, whose message would name another problem."""
-  given = [flag for macro, flag in _DESCRIPTION_MACROS if _bound(gin_bindings, macro)]
+  given = [flag for macro, flag in _DESCRIPTION_MACROS
+           if any(b.split("=", 1)[0].strip() == macro and b.split("=", 1)[1].strip() != "None" for b in gin_bindings)]
   if not given or _bound(gin_bindings, TASK_DIR_MACRO):
     return
   gin_utils.parse(gin_files, gin_bindings, check_required=False, entry=entry)
