@@ -33,12 +33,14 @@ import contextlib
 import hashlib
 import hmac
 import os
+import socket
 import tempfile
 import unicodedata
 from typing import Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from private_t5 import io as io_lib
 from private_t5.errors import DataError
 from private_t5.io import atomic_open, file_sha256
 
@@ -143,7 +145,10 @@ class FingerprintWriter:
     self._spool.seek(0)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    prefix = "." + os.path.basename(path) + "."
+    io_lib.remove_stale_temp_files(directory, prefix, ".tmp")  # of writers of `path` that were killed
+    fd, tmp = io_lib.make_temp_file(directory, f"{prefix}{socket.gethostname()}-{os.getpid()}-", ".tmp")
+    os.fchmod(fd, 0o600)
     os.close(fd)
     try:
       out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=(self.count,))
@@ -153,7 +158,6 @@ class FingerprintWriter:
       out.sort()
       out.flush()
       del out
-      os.chmod(tmp, 0o600)
       os.replace(tmp, path)
     except BaseException:
       with contextlib.suppress(OSError):

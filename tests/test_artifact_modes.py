@@ -74,6 +74,9 @@ def test_artifacts_follow_the_umask_and_the_seeds_stay_private(tmp_path, umask_0
                "dp/privacy_report.json", "export/model.safetensors", "export/privacy_report.json",
                "export/spiece.model", "export/config.json"):
     assert modes.pop(name) == 0o644, name
+  # The keyed fingerprints of the DP vocabulary's documents and their key: the owner's only.
+  for name in ("dp/dp.model.doc_fingerprints.npy", "dp/dp.model.fingerprint_key"):
+    assert modes.pop(name) == 0o600, name
   assert all(mode == (0o755 if os.path.isdir(out / name) else 0o644) for name, mode in modes.items()), modes
   # The seeds live in the checkpoints' metadata: the folder is the owner's only.
   seeds = os.path.join(model_dir, "checkpoints", "1", "metadata", "metadata")

@@ -704,7 +704,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     if base_u:
       log(f"dp-spm: non-private SentencePiece (comparison only, never released): <unk> rate "
           f"{base_u['unk_rate']:.2%}, {base_u['tokens_per_word']:.2f} tokens/word ({base_u['vocab_size']} pieces)")
-  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s")
+  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s; beside them, "
+      f"private (never release them): {fingerprint_record['file']} and {fingerprint_record['key_file']}")
   return report
 
 
