@@ -82,10 +82,12 @@ def _seqio_description(name):
 
 
 def test_the_vocabularys_documents_in_any_file_compose_its_epsilon(built, tmp_path):
-  root, vocab, _, mine, others = built
+  root, vocab, report, mine, others = built
   expected = _composed(vocab)
   ledger = _run(PRIVATE, vocab, None)
-  assert ledger.vocabulary_status() == "dp" and expected > ledger.training_epsilon()
+  # The composition without the declaration: more than training's ε, at most the sum of the two.
+  assert ledger.vocabulary_status() == "dp"
+  assert ledger.training_epsilon() < expected <= ledger.training_epsilon() + report["epsilon"] + 1e-9
   shuffled = mine + others
   random.Random(0).shuffle(shuffled)
   corpora = {
@@ -112,6 +114,8 @@ def test_the_vocabularys_documents_in_any_file_compose_its_epsilon(built, tmp_pa
 
 
 def test_a_seqio_task_over_the_vocabularys_documents_composes_its_epsilon(built, tmp_path):
+  pytest.importorskip("seqio")
+  pytest.importorskip("t5")
   import seqio_tasks  # pylint: disable=g-import-not-at-top
   root, vocab, _, mine, others = built
   lines = _write_jsonl(tmp_path / "task.jsonl", others[:10] + mine[:30])

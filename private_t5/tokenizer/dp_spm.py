@@ -77,8 +77,10 @@ WORD_BOUNDARY = "\u2581"
 BASE_CHARACTERS = "".join(chr(c) for c in range(33, 127))
 NONPRIVATE_LABEL = ("non-private: a SentencePiece of the requested size trained without noise or threshold on "
                     "the same bounded word histogram; for comparison only, never written or released")
-# Report fields computed from the raw corpus (diagnostics, not covered by the guarantee).
-NOT_DP_FIELDS = ("words_total", "words_dropped_fraction", "documents", "histogram")
+# Report fields computed from the raw corpus (diagnostics, not covered by the guarantee). The
+# digests of the corpus files identify them (whoever holds a candidate file can test it): not
+# for release either.
+NOT_DP_FIELDS = ("words_total", "words_dropped_fraction", "documents", "histogram", "corpus_file_digests")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +491,12 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                         histogram_fn: Optional[Callable[..., Tuple[Dict[str, int], HistogramStats]]] = None
                         ) -> Dict[str, Any]:
   """Trains a DP SentencePiece model at `output` and writes its privacy report beside it.
+
+  Also beside it, private to the data owner (mode 0600, never released): the keyed fingerprints of
+  the documents read (`<output>.doc_fingerprints.npy`) and their secret key
+  (`<output>.fingerprint_key`), computed in the same pass (`doc_fingerprints`); the report names the
+  fingerprint file by SHA-256, never the key. A training run that declares this vocabulary public
+  looks its own documents up in them (`public_declaration`).
 
   Every vocabulary has byte fallback (256 byte pieces) and the base characters (printable ASCII
   plus `extra_characters`): no text becomes `<unk>`, and `decode(encode(text)) == text`. These
