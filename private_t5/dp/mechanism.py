@@ -356,6 +356,28 @@ def step_parts(noisy_sum: Optional[accounting.NoisySum], method: str, loss_fn: C
   return clipped_sum, noise_lib.gaussian_noise(noisy_sum)
 
 
+# The run fingerprint's entries that follow from num_bands (b): q = b·batch/N, the σ calibrated for a
+# target ε, the strategy; a resume whose b changed differs first at one of them.
+NUM_BANDS_ENTRIES = ("privacy.noise_multiplier", "privacy.num_bands", "privacy.sampling_rate", "privacy.strategy")
+
+
+def num_bands_resume_hint(dp: Optional["DPConfig"], saved_privacy: Optional[Dict[str, Any]]) -> Optional[str]:
+  """What a refused resume says when the checkpoint's run had another num_bands (b) than `dp`
+  (`saved_privacy`: the checkpoint fingerprint's "privacy" entry); None when b is the same, or
+  either run is not correlated noise of the same kind (then the noise differs first)."""
+  if dp is None or not dp.correlated or not isinstance(saved_privacy, dict):
+    return None
+  if saved_privacy.get("noise") != dp.noise or saved_privacy.get("num_bands") in (None, dp.num_bands):
+    return None
+  old = saved_privacy["num_bands"]
+  calibrated = (f", and the σ calibrated for target_epsilon={dp.target_epsilon:g}" if dp.target_epsilon is not None
+                else "")
+  return (f"num_bands changed: the checkpoint's run has num_bands b={old}, this run b={dp.num_bands}; b sets the "
+          f"cyclic Poisson groups, the sampling rate q = b × batch / N{calibrated} and the strategy, so these differ "
+          f"too: to resume, keep num_bands={old} (--gin.NUM_BANDS={old}, or DPConfig.num_bands); another b is "
+          "another run (a new model_dir)")
+
+
 def require_gaussian(dp: Optional["DPConfig"], what: str) -> None:
   """PrivacyError unless `dp` is None or has Gaussian noise: `what` (adaptive DP, JFT) scales or
   composes per-step Gaussian noise and offers no correlated noise."""

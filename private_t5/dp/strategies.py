@@ -397,10 +397,13 @@ def from_file(path: str, *, kind: str, steps: int, num_bands: int) -> Strategy:
   does not match, or coefficients that break the accounting or the float32 noise
   (`Strategy._check_banded_scale`)."""
   d = read_file(path, kind)
-  strategy = Strategy(kind, num_bands, steps, coefs=d.get("coefs", ()), buf_decay=d.get("buf_decay", ()),
-                      output_scale=d.get("output_scale", ()), source=os.path.abspath(path))
+  try:
+    strategy = Strategy(kind, num_bands, steps, coefs=d.get("coefs", ()), buf_decay=d.get("buf_decay", ()),
+                        output_scale=d.get("output_scale", ()), source=os.path.abspath(path))
+    strategy.toeplitz_coefs(steps)
+  except PrivacyError as e:
+    raise PrivacyError(f"DPConfig.strategy_file {path}: {e}") from None
   if d.get("digest") not in (None, strategy.digest):
     raise PrivacyError(f"DPConfig.strategy_file {path} records digest {str(d['digest'])[:12]}…, which does not "
                        "match its coefficients")
-  strategy.toeplitz_coefs(steps)
   return strategy

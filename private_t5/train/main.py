@@ -172,8 +172,13 @@ def moved_paths(manager, train_data, lora) -> Tuple[str, ...]:
   return moved
 
 
-def resume_hints(dp) -> Dict[str, str]:
-  """What a refused resume says when σ, calibrated from target_epsilon, differs from the checkpoint's."""
+def resume_hints(dp, manager=None) -> Dict[str, str]:
+  """What a refused resume says: a changed num_bands, named with its old and new value (`manager`'s
+  latest checkpoint read); σ, calibrated from target_epsilon, that differs from the checkpoint's."""
+  saved = manager.latest_metadata()[1] if manager is not None else None
+  changed_bands = mechanism_lib.num_bands_resume_hint(dp, ((saved or {}).get("fingerprint") or {}).get("privacy"))
+  if changed_bands:
+    return dict.fromkeys(mechanism_lib.NUM_BANDS_ENTRIES, changed_bands)
   if dp is None or dp.noise_multiplier is not None or dp.target_epsilon is None:
     return {}
   return {"privacy.noise_multiplier": (
@@ -370,7 +375,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       extra = dict(extra, lora=base.record)
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
-    manager.check_compatible(fingerprint, hints=resume_hints(dp), ignore=moved_paths(manager, train_data, lora))
+    manager.check_compatible(fingerprint, hints=resume_hints(dp, manager), ignore=moved_paths(manager, train_data, lora))
     if operative_config is not None and partitioning.is_primary():
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
