@@ -73,8 +73,7 @@ def fingerprint(text: str, key: bytes) -> int:
 
 def fingerprints(texts: Iterable[str], key: bytes) -> np.ndarray:
   """uint64: the fingerprint of each text, in order."""
-  out = np.fromiter((fingerprint(t, key) for t in texts), dtype=np.uint64)
-  return out
+  return np.fromiter((fingerprint(t, key) for t in texts), dtype=np.uint64)
 
 
 def key_check(key: bytes) -> str:
@@ -151,13 +150,17 @@ class FingerprintWriter:
     os.fchmod(fd, 0o600)
     os.close(fd)
     try:
-      out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=(self.count,))
-      for start in range(0, self.count, CHUNK):
-        block = np.frombuffer(self._spool.read(FINGERPRINT_BYTES * min(CHUNK, self.count - start)), np.uint64)
-        out[start:start + len(block)] = block
-      out.sort()
-      out.flush()
-      del out
+      if self.count:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint64, shape=(self.count,))
+        for start in range(0, self.count, CHUNK):
+          block = np.frombuffer(self._spool.read(FINGERPRINT_BYTES * min(CHUNK, self.count - start)), np.uint64)
+          out[start:start + len(block)] = block
+        out.sort()
+        out.flush()
+        del out
+      else:  # (a memory map cannot be empty)
+        with open(tmp, "wb") as f:
+          np.save(f, np.zeros(0, np.uint64), allow_pickle=False)
       os.replace(tmp, path)
     except BaseException:
       with contextlib.suppress(OSError):
@@ -175,7 +178,7 @@ def load(path: str) -> np.ndarray:
   """The sorted fingerprints at `path`, memory-mapped (DataError when the file is not theirs)."""
   try:
     values = np.load(path, mmap_mode="r", allow_pickle=False)
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, EOFError) as e:
     raise DataError(f"the document fingerprints {path} cannot be read: {e}") from None
   if values.dtype != np.uint64 or values.ndim != 1:
     raise DataError(f"{path} holds no document fingerprints ({values.dtype}, shape {values.shape})")

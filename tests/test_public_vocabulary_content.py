@@ -226,3 +226,12 @@ def test_beam_fingerprints_the_documents_as_the_local_pass_does(built, tmp_path)
   assert doc_fingerprints.load(str(tmp_path / "beam.npy")).tolist() == doc_fingerprints.load(
       str(tmp_path / "local.npy")).tolist()
   assert on_beam.count == 40
+
+
+def test_glue_style_examples_are_checked_by_their_input_text(built):
+  _, vocab, _, mine, others = built
+  examples = lambda texts: types.SimpleNamespace(describe=lambda: {"corpus": "glue:x"}, inputs_text=list(texts))
+  logs = []
+  assert _run(PUBLIC, vocab, examples(others[:5] + mine[:2]), log=logs.append).vocabulary_status() == "dp"
+  assert any("2 of 7 training documents" in line for line in logs)
+  assert _run(PUBLIC, vocab, examples(others[:5])).vocabulary_status() == "public"
