@@ -7,8 +7,10 @@ import logging
 
 import pytest
 
+from private_t5 import checks
 from private_t5.dp import accounting
-from private_t5.stages import cli
+from private_t5.errors import ConfigError
+from private_t5.stages import cli, flags
 
 PLAN = ["--noise_multiplier=1", "--batch_size=50", "--num_examples=10000", "--steps=64"]
 
@@ -138,3 +140,22 @@ def test_calibration_takes_the_accountant_that_reaches_a_tiny_target():
   with pytest.raises(accounting.UnreachableTargetError) as e:
     accounting.calibrate_noise(1e-3, 1.0, 1000, 1e-5, "auto")
   assert set(e.value.smallest) == {"rdp", "pld"} and min(e.value.smallest.values()) > 1e-3
+
+
+def test_every_stage_reads_its_macros_typed_from_the_overrides():
+  """The parser every stage uses: a flag's macro from --gin.NAME=VALUE alone, typed (a boolean is
+  True or False, never the string "False"), and a flag beside its override must agree."""
+  parser = flags.StageParser("x", "a stage")
+  parser.add_flag("audit", action="store_true", default=False)
+  parser.add_flag("corpus", action="append")
+  parser.add_flag("steps", type=int, check=lambda v, name: checks.integer(v, name, minimum=1))
+  args = parser.parse_stage_args(["--gin.AUDIT=True", "--gin.CORPUS=a.txt", "--gin.STEPS=3"]).args
+  assert (args.audit, args.corpus, args.steps) == (True, ["a.txt"], 3)
+  assert parser.parse_stage_args(["--gin.AUDIT=False"]).args.audit is False
+  for bad, message in ((["--gin.AUDIT='False'"], "Gin macro AUDIT must be True or False, got 'False' (str)"),
+                       (["--gin.STEPS=0"], "Gin macro STEPS must be >= 1, got 0"),
+                       (["--steps=0"], "--steps must be >= 1, got 0"),
+                       (["--corpus=a.txt", "--gin.CORPUS='b.txt'"], "--corpus=a.txt and --gin.CORPUS='b.txt' set")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+      parser.parse_stage_args(bad)
+  assert parser.parse_stage_args(["--corpus=a.txt", "--gin.CORPUS=a.txt"]).args.corpus == ["a.txt"]

@@ -229,12 +229,12 @@ class StageParser(argparse.ArgumentParser):
       value = gin_utils.macro_value(macro)
       if value is None:
         continue
-      value = typed_macro(value, macro, kind, repeatable, choices)
-      if given.intersection(self._options[name]):
+      if given.intersection(self._options[name]):  # the flag wins over the files; an override must agree
         if macro in overridden:
-          self._check_same(name, getattr(args, name), overridden[macro], value, rest)
+          self._check_same(name, getattr(args, name), overridden[macro],
+                           typed_macro(value, macro, kind, repeatable, choices), rest)
         continue
-      setattr(args, name, value)
+      setattr(args, name, typed_macro(value, macro, kind, repeatable, choices))
 
 
 def typed_macro(value: Any, macro: str, kind: Any, repeatable: bool = False,
