@@ -110,8 +110,13 @@ def test_a_non_private_run_warns_that_its_correlated_noise_settings_are_ignored(
   base = ["train", "--gin_file=models/t5_1_0_tiny.gin", "--gin_file=runs/pretrain_banded.gin"]
   with caplog.at_level(logging.WARNING):
     assert cli.main(base + ["--gin.DP=None"]) == 2  # then stopped: the required macros are missing
-  assert ("train.dp is None (DP=None: a non-private run, no noise at all), so its correlated-noise settings "
-          "DPConfig.noise='banded', DPConfig.num_bands=4 are ignored") in caplog.text
+  assert ("train.dp is None (DP=None: a non-private run, no noise at all), so these DP settings are ignored: "
+          "DPConfig.noise='banded', DPConfig.num_bands=4") in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    assert cli.main(["train", "--gin_file=models/t5_1_0_tiny.gin", "--gin_file=runs/pretrain.gin", "--gin.DP=None",
+                     "--noise_multiplier=1.1", "--gin.DPConfig.clip_norm=0.5"]) == 2
+  assert "these DP settings are ignored: --gin.DPConfig.clip_norm=0.5, --noise_multiplier=1.1" in caplog.text
   assert "missing required Gin macro" in capsys.readouterr().err
   caplog.clear()
   with caplog.at_level(logging.WARNING):

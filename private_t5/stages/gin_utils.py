@@ -186,9 +186,11 @@ def _bound_value(name: str) -> Any:
   return target
 
 
-def ignored_dp_settings(entry: str) -> list:
-  """The correlated-noise settings ("DPConfig.num_bands=4") the parsed config gives DPConfig while
-  `entry`'s `dp` is None (a non-private run, e.g. --gin.DP=None): nothing reads them."""
+def ignored_dp_settings(entry: str, gin_bindings: Sequence[str] = ()) -> list:
+  """The DP settings nothing reads while `entry`'s `dp` is None (a non-private run, e.g.
+  --gin.DP=None): the correlated-noise settings the parsed config gives DPConfig
+  ("DPConfig.num_bands=4"), and the command line's other DPConfig overrides and flags
+  ("--target_epsilon=3"; `gin_bindings`: the overrides, each with the flag that carried it)."""
   if "DPConfig" not in STAGE_CONFIGURABLES.get(entry, ()) or _bound_value(f"{entry}.dp") is not None:
     return []
   settings = []
@@ -196,6 +198,12 @@ def ignored_dp_settings(entry: str) -> list:
     value = _bound_value(f"DPConfig.{param}")
     if value is not _UNBOUND and value != default:
       settings.append(f"DPConfig.{param}={value!r}")
+  for binding in gin_bindings:
+    name = binding.split("=", 1)[0].strip()
+    flag = getattr(binding, "flag", "") or binding
+    if (name.startswith("DPConfig.") and name[len("DPConfig."):] not in _CORRELATED_SETTINGS and "=" in flag
+        and flag not in settings):
+      settings.append(flag)  # a flag that only follows another one (no "=VALUE") is not the user's
   return settings
 
 
@@ -207,11 +215,11 @@ def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str,
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
   partitioning.initialize_distributed()
   parse(gin_files, gin_bindings, entry=entry, check_required=False)
-  ignored = ignored_dp_settings(entry)
+  ignored = ignored_dp_settings(entry, gin_bindings)
   if ignored:
     logging.getLogger(__name__).warning(
-        "%s.dp is None (DP=None: a non-private run, no noise at all), so its correlated-noise setting%s %s %s "
-        "ignored", entry, "s" if len(ignored) > 1 else "", ", ".join(ignored), "are" if len(ignored) > 1 else "is")
+        "%s.dp is None (DP=None: a non-private run, no noise at all), so these DP settings are ignored: %s",
+        entry, ", ".join(ignored))
   check_required_macros()
   partitioning.hide_accelerators_from_tensorflow()
   return call_configured(configured(entry), **kwargs)
