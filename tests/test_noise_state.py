@@ -270,17 +270,17 @@ def test_interrupted_run_resumes_bit_for_bit(corpus_and_vocab, tmp_path, monkeyp
 
   reference, stopped = str(tmp_path / "reference"), str(tmp_path / "stopped")
   train_stage.run_from_args(args(reference))
-  real_step = Trainer.train_step_on_microbatches
+  real_step = Trainer.train_step_stacked
 
   def stop_in_step_4(self, state, *rest):
     if int(state.step) == 3:
       raise _Interrupted()
     return real_step(self, state, *rest)
 
-  monkeypatch.setattr(Trainer, "train_step_on_microbatches", stop_in_step_4)
+  monkeypatch.setattr(Trainer, "train_step_stacked", stop_in_step_4)
   with pytest.raises(_Interrupted):
     train_stage.run_from_args(args(stopped))
-  monkeypatch.setattr(Trainer, "train_step_on_microbatches", real_step)
+  monkeypatch.setattr(Trainer, "train_step_stacked", real_step)
   manager = checkpoints.CheckpointManager(stopped)
   assert manager.all_steps() == [2]
   manager.close()

@@ -204,3 +204,71 @@ def test_every_donated_buffer_is_used(seeds):
     state, _ = trainer.train_step(state, _batch(examples, [3, 4], 4), seeds.dropout_base_key, seeds.noise_base_key)
     jax.block_until_ready(state)
   assert not [str(w.message) for w in caught if "donated" in str(w.message)]
+
+
+def _stacked_step(trainer, state, batch, m, seeds, bucket=None):
+  """`Trainer.train_step_stacked` on `batch`'s microbatches of m rows (one padding microbatch
+  and count 0 for an empty batch)."""
+  from private_t5.train.trainer import split_microbatches  # pylint: disable=g-import-not-at-top
+  micro = split_microbatches(batch, m)
+  stack = micro or split_microbatches(_batch(_examples(), [], m), m)
+  placed = trainer.place_stacked(stack, bucket)
+  return trainer.train_step_stacked(state, placed, len(micro), seeds.dropout_base_key, seeds.noise_base_key)
+
+
+def _same_step(a, b, exact: bool):
+  (state_a, metrics_a), (state_b, metrics_b) = a, b
+  if exact:  # the same functions summed in the same order: the same bits
+    np.testing.assert_array_equal(_flat(state_a.params), _flat(state_b.params))
+    np.testing.assert_array_equal(_flat(state_a.opt_state), _flat(state_b.opt_state))
+  else:
+    np.testing.assert_allclose(_flat(state_a.params), _flat(state_b.params), rtol=1e-5, atol=1e-7)
+  assert int(state_a.step) == int(state_b.step)
+  assert sorted(metrics_a) == sorted(metrics_b)
+  for name in metrics_a:
+    assert float(metrics_a[name]) == pytest.approx(float(metrics_b[name]), rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.parametrize("sample, bucket", [([0, 2, 3, 5, 8], None), ([], None)])
+def test_one_dispatch_step_equals_the_host_dispatched_microbatches(trainer, seeds, sample, bucket):
+  """The step's microbatches accumulated inside one compiled call (stacked, padded to a bucket of
+  microbatches that are never computed, an empty sample included) give the step the microbatches
+  dispatched one by one from the host give: same clipping, same single noise draw, same update,
+  bit for bit on this backend (the same order of summation)."""
+  m = 2
+  batch = _batch(_examples(), sample, _padded(len(sample), m))
+  host = trainer.train_step_microbatched(trainer.init_state(seeds.init_key), batch, m, seeds.dropout_base_key,
+                                         seeds.noise_base_key)
+  one = _stacked_step(trainer, trainer.init_state(seeds.init_key), batch, m, seeds, bucket)
+  _same_step(one, host, exact=jax.default_backend() == "cpu")
+  # A second step from there: the keys follow the state's step.
+  host2 = trainer.train_step_microbatched(host[0], batch, m, seeds.dropout_base_key, seeds.noise_base_key)
+  one2 = _stacked_step(trainer, one[0], batch, m, seeds, bucket)
+  _same_step(one2, host2, exact=jax.default_backend() == "cpu")
+
+
+def test_one_dispatch_non_private_and_spread_steps_equal_the_host_dispatched_ones(seeds):
+  """The non-private mean, and a 4-device mesh whose microbatches' rows are spread over the
+  `data` axis (`loop.local_batch`, as several processes build them): one dispatch equals the
+  host-dispatched microbatches."""
+  from private_t5.train import loop  # pylint: disable=g-import-not-at-top
+  mean = Trainer(CONFIG, MeanAggregator(make_loss_fn(CONFIG), per_example_dropout_keys=True),
+                 optimizers.adafactor(optimizers.constant_schedule(0.01)),
+                 partitioning.create_mesh((1, 1), devices=jax.devices()[:1]))
+  batch = _batch(_examples(), [1, 4, 0, 7, 2, 6], 8)
+  host = mean.train_step_microbatched(mean.init_state(seeds.init_key), batch, 4, seeds.dropout_base_key,
+                                      seeds.noise_base_key)
+  _same_step(_stacked_step(mean, mean.init_state(seeds.init_key), batch, 4, seeds, 4), host, exact=False)
+
+  aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
+                                    spmd_axis_name=partitioning.DATA_AXIS)
+  mesh = partitioning.create_mesh((4, 1), devices=jax.devices()[:4])
+  spread = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  source = _ExamplesSource(_examples())
+  sample = np.array([8, 0, 5, 3, 2, 6, 1, 4, 7], np.int64)  # 9 rows: 3 microbatches of 4 rows (1 per device)
+  micro = [loop.local_batch(source, sample[s:s + 4], 0, 4, 4, range(4), row_offset=s) for s in range(0, 12, 4)]
+  host = spread.train_step_on_microbatches(spread.init_state(seeds.init_key), micro, seeds.dropout_base_key,
+                                           seeds.noise_base_key)
+  one = spread.train_step_stacked(spread.init_state(seeds.init_key), spread.place_stacked(micro, 4), 3,
+                                  seeds.dropout_base_key, seeds.noise_base_key)
+  _same_step(one, host, exact=False)

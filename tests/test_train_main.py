@@ -290,8 +290,14 @@ def test_resume_with_another_length_under_target_epsilon_says_how_to_extend_and_
   assert extended["final_step"] == 2 and report["steps"] == 2 and report["noise_multiplier"] == sigma
   # Started again once finished: nothing to train, and summary.json keeps the run's figures.
   before = open(os.path.join(model_dir, "summary.json")).read()
+  config_gin = os.path.join(model_dir, "config.gin")
+  os.utime(config_gin, (1, 1))
+  files = sorted(os.path.join(d, f) for d, _, fs in os.walk(model_dir) for f in fs)
   again = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
   assert again["steps_this_run"] == 0 and open(os.path.join(model_dir, "summary.json")).read() == before
+  # ... and writes nothing: config.gin is not rewritten, no TensorBoard file is added.
+  assert os.path.getmtime(config_gin) == 1
+  assert sorted(os.path.join(d, f) for d, _, fs in os.walk(model_dir) for f in fs) == files
   assert json.loads(before)["steps_this_run"] == 1 and json.loads(before)["examples_per_second"] > 0
 
 

@@ -7,9 +7,14 @@ Order of one step t (t = the state's step = the data position), with `mechanism`
   state = train_step(state, batch) (keys fold_in(base, t)); ledger.record_steps(1).
 `rows` is the fixed batch size B, or with untruncated Poisson sampling the n sampled examples
 padded to ceil(n / m) m rows. With `layout.microbatch_size` = m set, the rows run as
-microbatches of m rows (`Trainer.train_step_on_microbatches`, the one microbatching path); else
-as one fused compiled step (`Trainer.train_step`). The loop is the same for a private and a
-non-private mechanism (their parts differ, not the loop).
+microbatches of m rows inside one compiled call (`Trainer.train_step_stacked`: the microbatches
+stacked, a device loop accumulates them, the noise is added once); else as one fused compiled
+step (`Trainer.train_step`). Either way a step is one dispatch. The batches are built and placed
+on the devices `prefetch_depth` steps ahead by worker threads (`train.step_data`): the batch of
+step t is a pure function of (seeds, t), so prefetching changes nothing the run computes, and
+nothing is read back from the devices except on the steps that log (every `log_every`) and at
+the first step (its compile time). The loop is the same for a private and a non-private
+mechanism (their parts differ, not the loop).
 Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
 a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
 rewritten only once that checkpoint is committed (complete on disk), so it never claims more
@@ -22,7 +27,7 @@ updates (nothing new is released).
 
 Several processes (multi-host): every process draws the same indices (same sampler seed), builds
 only its own rows of the batch (`trainer.local_rows`; the real rows spread round-robin over the
-`data` axis, `local_batch`; each row carries its position in the step's sample, which its
+`data` axis, `step_data.local_batch`; each row carries its position in the step's sample, which its
 dropout key folds in, so the step equals the one-process microbatched step on the same sample)
 and the global batch is assembled on the devices; the run's files
 (privacy report, TensorBoard) are written by process 0 only, checkpoints by orbax on all processes
@@ -46,6 +51,7 @@ from private_t5.errors import ConfigError
 from private_t5.models import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning
+from private_t5.train import step_data
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, summarize_eval
 
@@ -63,6 +69,8 @@ class LoopConfig:
   eval_every: int = 0
   eval_examples: int = 256
   log_every: int = 50
+  prefetch_depth: int = step_data.DEFAULT_PREFETCH_DEPTH  # steps whose batches are built ahead (0: in line)
+  data_workers: int = step_data.DEFAULT_DATA_WORKERS  # threads building them
 
 
 def _validation_batches(source, batch_size: int, eval_examples: int,
@@ -78,41 +86,15 @@ def _validation_batches(source, batch_size: int, eval_examples: int,
           for i in range(0, n, batch_size)]
 
 
-def sample_positions(num_sampled: int, batch_size: int, data_size: int, rows: range) -> np.ndarray:
-  """int32 position in the step's sample of each of `rows` of the spread batch (`local_batch`).
-
-  Real rows: the index into the step's `indices` (position p of the `data` axis holds p, p + D,
-  ...); padding rows: num_sampled, num_sampled + 1, ... in row order. A row's dropout key folds
-  in this position (`dp.clipping.ROW_ID`), as in a microbatched step where row r of the sample
-  is row r of the batch, so both layouts give every example the same key.
-  """
-  per = batch_size // data_size
-  positions = np.empty((batch_size,), np.int32)
-  next_padding = num_sampled
-  for p, block in enumerate(partitioning.spread_over_data(np.arange(num_sampled), data_size)):
-    real = min(len(block), per)
-    positions[p * per:p * per + real] = block[:real]
-    positions[p * per + real:(p + 1) * per] = np.arange(next_padding, next_padding + per - real)
-    next_padding += per - real
-  return positions[rows.start:rows.stop]
+# Where they were first defined (tests and tools import them from here).
+sample_positions = step_data.sample_positions
+local_batch = step_data.local_batch
 
 
-def local_batch(source, indices: np.ndarray, seed: int, batch_size: int, data_size: int,
-                rows: range, row_offset: int = 0) -> Dict[str, np.ndarray]:
-  """This process's `rows` of the global batch of `indices`, real rows spread over the data axis.
-
-  Position p of the `data` axis holds indices p, p + D, p + 2D, ... then padding
-  (`partitioning.spread_over_data`); only the examples of this process's positions are read.
-  The `dp.clipping.ROW_ID` column holds each row's position in the step's sample
-  (`sample_positions`, plus `row_offset` when `indices` are the sample's rows from
-  `row_offset` on: one microbatch of it), so the dropout keys do not depend on the layout.
-  """
-  per = batch_size // data_size
-  blocks = partitioning.spread_over_data(indices, data_size)
-  parts = [source.get_batch(blocks[p], seed, per) for p in range(rows.start // per, rows.stop // per)]
-  batch = parts[0] if len(parts) == 1 else {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-  batch[clipping.ROW_ID] = row_offset + sample_positions(len(indices), batch_size, data_size, rows)
-  return batch
+def _shape_name(shape) -> str:
+  if shape[0] == "step":
+    return f"one batch of {shape[1]} rows"
+  return f"{shape[1]} microbatches of {shape[2]} rows"
 
 
 def evaluate(trainer: Trainer, params, batches) -> Dict[str, float]:
@@ -198,7 +180,6 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
   padded = layout.batch_rows
   rows = range(*trainer.local_rows(padded))  # this process's rows of every batch
-  data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
   primary = partitioning.is_primary()  # the one process that writes the run's files
 
   writer = metrics_lib.SummaryWriter(model_dir, enabled=primary)
@@ -232,84 +213,85 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   rows_run = 0
   step = start_step
   first_step_time = None
-  microbatch_size = layout.microbatch_size
-  shapes_compiled = set()  # (path, rows) of the compiled train-step calls this session
-  while step < config.train_steps:
-    indices = privacy.indices_for_step(step)
-    step_rows = layout.rows_for_step(len(indices))
-    seed = seeds.data_seed(step)
-    if microbatch_size is None:  # one batch, rows spread over the data axis; each process reads its own
-      chunks = [local_batch(source, indices, seed, step_rows, data_size, range(*trainer.local_rows(step_rows)))]
-      shapes_compiled.add(("step", step_rows))
-    else:  # consecutive global microbatches of the sample, each spread over the data axis
-      micro_rows = range(*trainer.local_rows(microbatch_size))
-      chunks = [local_batch(source, indices[start:start + microbatch_size], seed, microbatch_size, data_size,
-                            micro_rows, row_offset=start)
-                for start in range(0, step_rows, microbatch_size)]
-      shapes_compiled.add(("microbatch", microbatch_size))
-    real_rows = float(min(len(indices), step_rows))
-    rows_run += step_rows
-    log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
-    batch_accuracy = None
-    if microbatch_size is None:
-      chunks = [trainer.place_batch(chunks[0])]
-    if log_now:  # accuracy before the update, like the loss the aggregator reports
-      sums: Dict[str, float] = {}
-      for chunk in chunks:
-        for k, v in trainer.eval_batch(state.params, chunk).items():
-          sums[k] = sums.get(k, 0.0) + v
-      batch_accuracy = sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
-    t0 = time.time()
-    if microbatch_size is None:
-      state, step_metrics = trainer.train_step(state, chunks[0], dropout_key, noise_key)
-    else:
-      state, step_metrics = trainer.train_step_on_microbatches(state, chunks, dropout_key, noise_key)
-    step += 1
-    ledger.record_steps(1)
-    examples_seen += real_rows
-    printer.add_examples(real_rows)
-    if first_step_time is None:
-      jax.block_until_ready(state.step)
-      first_step_time = time.time() - t0
-      log(f"[train] first step (compilation included) took {first_step_time:.1f}s")
-      printer.restart(step)  # rates and ETA from the steps after compilation
-      bar.unpause()
-    bar.update(1)
-    if log_now:
-      values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-      so_far = privacy_so_far(ledger)
-      epsilon = so_far["epsilon"]  # ∞: vocabulary not private
-      loss = values.get("nondp/loss")
-      last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
-      tb = dict(values)
-      tb["nondp/token_accuracy"] = batch_accuracy
-      if epsilon is not None:
-        tb["privacy/epsilon"] = _finite(epsilon)
-        tb["privacy/training_epsilon"] = so_far["training_epsilon"]
-      writer.scalars("train", step, tb)
-      bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
-                                    + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
-      log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=not_dp,
-                       learning_rate=values.get("learning_rate"), training_epsilon=so_far["training_epsilon"]))
-    if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
-      last_eval = run_eval(step, state.params)
-    if step % config.checkpoint_every == 0 or step == config.train_steps:
-      save(step, state)
-    else:
-      manager.poll()  # the report of a finished background save; raises if it failed
+  shapes_compiled = set()  # the compiled train-step shapes of this session (`StepBatch.shape`)
+  # The batches of the next steps are built and placed while the device runs this one.
+  builder = step_data.StepBatchBuilder(privacy=privacy, layout=layout, source=source, seeds=seeds, trainer=trainer)
+  prefetcher = step_data.Prefetcher(builder, start_step, config.train_steps, config.prefetch_depth,
+                                    config.data_workers)
+  try:
+    while step < config.train_steps:
+      data = prefetcher.get(step)
+      if data.shape not in shapes_compiled:
+        shapes_compiled.add(data.shape)
+        if len(shapes_compiled) > 1:
+          log(f"[train] step {step + 1}: a new compiled shape, {_shape_name(data.shape)} "
+              f"({len(shapes_compiled)} this session)")
+      real_rows = float(min(data.num_sampled, data.rows))
+      rows_run += data.rows
+      log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
+      batch_accuracy = None
+      if log_now:  # accuracy before the update, like the loss the aggregator reports
+        sums: Dict[str, float] = {}
+        for chunk in ([data.placed] if data.count is None else data.host):
+          for k, v in trainer.eval_batch(state.params, chunk).items():
+            sums[k] = sums.get(k, 0.0) + v
+        batch_accuracy = sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
+      t0 = time.time()
+      # One dispatch: the step (all its microbatches) is one compiled call; nothing is read back
+      # from the device unless this step logs.
+      if data.count is None:
+        state, step_metrics = trainer.train_step(state, data.placed, dropout_key, noise_key)
+      else:
+        state, step_metrics = trainer.train_step_stacked(state, data.placed, data.count, dropout_key, noise_key)
+      del data
+      step += 1
+      ledger.record_steps(1)
+      examples_seen += real_rows
+      printer.add_examples(real_rows)
+      if first_step_time is None:
+        jax.block_until_ready(state.step)
+        first_step_time = time.time() - t0
+        log(f"[train] first step (compilation included) took {first_step_time:.1f}s")
+        printer.restart(step)  # rates and ETA from the steps after compilation
+        bar.unpause()
+      bar.update(1)
+      if log_now:
+        values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        so_far = privacy_so_far(ledger)
+        epsilon = so_far["epsilon"]  # ∞: vocabulary not private
+        loss = values.get("nondp/loss")
+        last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
+        tb = dict(values)
+        tb["nondp/token_accuracy"] = batch_accuracy
+        if epsilon is not None:
+          tb["privacy/epsilon"] = _finite(epsilon)
+          tb["privacy/training_epsilon"] = so_far["training_epsilon"]
+        writer.scalars("train", step, tb)
+        bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
+                                      + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
+        log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=not_dp,
+                         learning_rate=values.get("learning_rate"), training_epsilon=so_far["training_epsilon"]))
+      if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
+        last_eval = run_eval(step, state.params)
+      if step % config.checkpoint_every == 0 or step == config.train_steps:
+        save(step, state)
+      else:
+        manager.poll()  # the report of a finished background save; raises if it failed
+  finally:
+    prefetcher.close()
   bar.close()
   elapsed = time.time() - t_start
   if step == start_step and manager.latest_step() is None:  # nothing trained, nothing saved yet
     save(step, state)
   manager.wait()
-  if validation_batches:
+  if validation_batches and step > start_step:  # (a finished run started again evaluates nothing)
     last_eval = run_eval(step, state.params)
   writer.close()
   steps_run = step - start_step
   real_fraction = examples_seen / rows_run if rows_run else None
   if shapes_compiled:
     log(f"[train] compiled train-step shapes this session: {len(shapes_compiled)} ("
-        + ", ".join(f"{kind} of {rows} rows" for kind, rows in sorted(shapes_compiled)) + ")")
+        + ", ".join(_shape_name(shape) for shape in sorted(shapes_compiled)) + ")")
   if rows_run:
     log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
         f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if not_dp else ''})")

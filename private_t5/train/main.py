@@ -27,7 +27,7 @@ from private_t5.models import config as config_lib
 from private_t5.models import lora as lora_lib
 from private_t5.tokenizer import public_declaration
 from private_t5.train import initial_checkpoint as initial_lib
-from private_t5.train import loop, metrics, optimizers, partitioning
+from private_t5.train import loop, metrics, optimizers, partitioning, step_data
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -102,7 +102,9 @@ def _fingerprint_data(description: Mapping[str, Any]) -> dict:
 
 def validate_train_args(*, model_config, train_data: ExampleSource, train_steps: int, batch_size: int, dp=None,
                         checkpoint_every: int = 1000, keep_checkpoints: int = 3, eval_every: int = 0,
-                        eval_examples: int = 256, log_every: int = 50) -> None:
+                        eval_examples: int = 256, log_every: int = 50,
+                        prefetch_depth: int = step_data.DEFAULT_PREFETCH_DEPTH,
+                        data_workers: int = step_data.DEFAULT_DATA_WORKERS) -> None:
   """Checks every setting of a training run; raises ConfigError, creates nothing.
 
   A `DPConfig` checked its own values when it was made; the rules that need the data (batch
@@ -114,7 +116,8 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
   for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
                                ("checkpoint_every", checkpoint_every, 1), ("log_every", log_every, 1),
                                ("keep_checkpoints", keep_checkpoints, 1),
-                               ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0)):
+                               ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0),
+                               ("prefetch_depth", prefetch_depth, 0), ("data_workers", data_workers, 1)):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
       raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
   vocab_size = train_data.vocab_size
@@ -285,7 +288,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
           z_loss: float = 0.0, initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
           log: Callable[[str], None] = print, privacy_hook: Optional[PrivacyHook] = None,
           operative_config: Optional[Callable[[], str]] = None,
-          lora: Optional[lora_lib.LoraConfig] = None) -> dict:
+          lora: Optional[lora_lib.LoraConfig] = None, prefetch_depth: int = step_data.DEFAULT_PREFETCH_DEPTH,
+          data_workers: int = step_data.DEFAULT_DATA_WORKERS) -> dict:
   """Trains `model_config` on `train_data`; returns the summary also written to summary.json.
 
   Every setting is checked before anything is written to `model_dir`; what only the built
@@ -336,12 +340,15 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     lora: a `models.lora.LoraConfig` (Gin: `@LoraConfig()`): train only low-rank adapters on
       the frozen weights of `initial_checkpoint` (required). Checkpoints hold the adapters and
       their optimizer state; the base is referenced by path and SHA-256 (`build_lora`).
+    prefetch_depth: steps whose batches are built and placed on the devices ahead, while the
+      device runs the current step (0: each built in line); speed only (`train.step_data`).
+    data_workers: threads building them.
   """
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,
                       batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
                       keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
-                      log_every=log_every)
+                      log_every=log_every, prefetch_depth=prefetch_depth, data_workers=data_workers)
   rules = partitioning.axis_rules(parameter_sharding)
   base = build_lora(lora, initial_checkpoint, model_config)
   execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log)
@@ -376,7 +383,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
     manager.fingerprint = fingerprint
     manager.check_compatible(fingerprint, hints=resume_hints(dp, manager), ignore=moved_paths(manager, train_data, lora))
-    if operative_config is not None and partitioning.is_primary():
+    finished_before = (manager.latest_step() or 0) >= train_steps  # started again: its config.gin is kept
+    if operative_config is not None and partitioning.is_primary() and not finished_before:
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
 
     optimizer, schedule = build_optimizer(optimizer, learning_rate, lora)
@@ -397,7 +405,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
         trainer=trainer, privacy=setup, layout=layout, source=source, validation_source=validation_data,
         seeds=seeds, manager=manager,
         config=loop.LoopConfig(model_dir=model_dir, train_steps=train_steps, checkpoint_every=checkpoint_every,
-                               eval_every=eval_every, eval_examples=eval_examples, log_every=log_every),
+                               eval_every=eval_every, eval_examples=eval_examples, log_every=log_every,
+                               prefetch_depth=prefetch_depth, data_workers=data_workers),
         metadata=metadata, log=log,
         initial_params_fn=None if lora is not None else initial_params_loader(initial_checkpoint, model_config))
     failed = False

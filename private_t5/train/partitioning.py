@@ -321,6 +321,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """A step's microbatches stacked on a leading axis [K, rows, ...]: each microbatch's rows split
+  over the `data` axis as `batch_sharding`, the microbatch axis whole on every device."""
+  return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+
+
 def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
   if batch_size % mesh.shape[DATA_AXIS]:
     raise ConfigError(f"batch_size={batch_size} must be a multiple of the mesh's data axis "
@@ -365,20 +371,27 @@ def local_data_positions(mesh: Mesh) -> int:
 
 
 def shard_batch(batch: Dict[str, np.ndarray], mesh: Mesh,
-                global_batch_size: Optional[int] = None) -> Dict[str, jax.Array]:
+                global_batch_size: Optional[int] = None, stacked: bool = False) -> Dict[str, jax.Array]:
   """Places this process's rows of a batch on the mesh, rows split over `data`.
 
   With one process `batch` is the whole batch; with several it holds the rows `local_rows`
   names and the global array (of `global_batch_size` rows, by default inferred from the
   local rows and the data positions this process holds) is assembled from every process's
-  part (`jax.make_array_from_process_local_data`).
+  part (`jax.make_array_from_process_local_data`). `stacked`: every array is [K, rows, ...],
+  a step's K microbatches (`stacked_batch_sharding`), the rows on the second axis.
   """
-  sharding = batch_sharding(mesh)
+  sharding = stacked_batch_sharding(mesh) if stacked else batch_sharding(mesh)
   if jax.process_count() == 1:
     return {k: jax.device_put(v, sharding) for k, v in batch.items()}
+  row_axis = 1 if stacked else 0
   if global_batch_size is None:
-    rows = len(next(iter(batch.values())))
+    rows = np.shape(next(iter(batch.values())))[row_axis]
     global_batch_size = rows // local_data_positions(mesh) * mesh.shape[DATA_AXIS]
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v),
-                                                    (global_batch_size,) + np.shape(v)[1:])
+
+  def global_shape(v) -> Tuple[int, ...]:
+    shape = list(np.shape(v))
+    shape[row_axis] = global_batch_size
+    return tuple(shape)
+
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v), global_shape(v))
           for k, v in batch.items()}

@@ -22,10 +22,16 @@ the activation dtype, and each step's new state keeps the dtypes of the one it r
 stateless transforms (Gaussian, none) have an empty state, which adds nothing to a checkpoint.
 
 Microbatching is an execution setting: a step's n rows (an untruncated Poisson sample of any
-size, or a fixed batch larger than the microbatch size) run through `train_step_microbatched`
-as ceil(n / m) calls of one compiled accumulate step (the (clipped) sum of m rows, added to a
-float32 accumulator) and one compiled finalize step (finish, noise once with the step's key,
-Adafactor). Without microbatching, `train_step` is one fused compiled call of the same functions.
+size, or a fixed batch larger than the microbatch size) run as k = ceil(n / m) microbatches of m
+rows. The training loop runs them in ONE compiled call, `train_step_stacked` (as T5X's
+`accumulate_grads_microbatched`): the microbatches stacked on a leading axis padded to a bucket
+of K >= k (`microbatch_bucket`: a power of two, so a run compiles a few shapes), a device loop
+over the first k of them (the padding microbatches are never computed), then finish, the noise
+once with the step's key, Adafactor. `train_step_microbatched` / `train_step_on_microbatches` run
+the same functions as k host-dispatched calls of a compiled accumulate step and one finalize
+call: the reference the one-dispatch step is tested against (same order of summation), and what
+the benchmarks time microbatch by microbatch. Without microbatching, `train_step` is one fused
+compiled call of the same functions.
 
 LoRA (`models.lora`): with `lora` set the state's params are the adapters only (what the
 optimizer updates, the clipped sum clips, the noise and its state cover, and checkpoints
@@ -177,6 +183,14 @@ class Trainer:
         in_shardings=(self.state_shardings, base, (self.param_shardings, self._replicated), self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
+    # A step's microbatches in one program: stacked [K, m, ...], a device loop over the first `count`.
+    self._stacked_sharding = partitioning.stacked_batch_sharding(mesh)
+    self._train_step_stacked = jax.jit(
+        self._stacked_step_fn,
+        in_shardings=(self.state_shardings, base, self._stacked_sharding, self._replicated, self._replicated,
+                      self._replicated),
+        out_shardings=(self.state_shardings, self._replicated),
+        donate_argnums=(0,))
     self._eval_step = jax.jit(
         self._eval_step_fn, in_shardings=(self.param_shardings, base, self._batch_sharding),
         out_shardings=self._replicated)
@@ -215,6 +229,19 @@ class Trainer:
     clipped_sum = self._bound(base)
     acc = clipped_sum.accumulate(state.params, clipped_sum.zero_sum(state.params), batch,
                                  self._dropout(dropout_rng))
+    return self._apply_fn(state, base, acc, noise_base_key)
+
+  def _stacked_step_fn(self, state: TrainState, base, stacked, count, dropout_base_key, noise_base_key):
+    """The step of `count` microbatches stacked in `stacked` ([K, m, ...], K >= count): each
+    accumulated in turn as `_accumulate_fn` does (same order of summation), then `_apply_fn`."""
+    dropout_rng = self._dropout(jax.random.fold_in(dropout_base_key, state.step))  # = step_keys(...)[0]
+    clipped_sum = self._bound(base)
+
+    def body(i, acc):
+      micro = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False), stacked)
+      return clipped_sum.accumulate(state.params, acc, micro, dropout_rng)
+
+    acc = jax.lax.fori_loop(0, count, body, clipped_sum.zero_sum(state.params))
     return self._apply_fn(state, base, acc, noise_base_key)
 
   def _zero_sum_fn(self):
@@ -301,6 +328,38 @@ class Trainer:
       batch = self.place_batch(batch)
     with self._mesh_context():
       return self._train_step(state, self._base, batch, dropout_base_key, noise_base_key)
+
+  def place_stacked(self, microbatches: Sequence[Dict[str, np.ndarray]], bucket: Optional[int] = None
+                    ) -> Dict[str, jax.Array]:
+    """Device arrays [K, m, ...] of a step's k host microbatches (one shape, each with its
+    `dp.clipping.ROW_ID` column; with several processes this process's rows of each) stacked
+    and padded with zero microbatches to K = `bucket` (default `microbatch_bucket(k)`), the rows
+    of each split over the `data` axis. The padding microbatches are never computed."""
+    k = len(microbatches)
+    if not k:
+      raise ValueError("place_stacked needs at least one microbatch (an empty step: one padding microbatch, "
+                       "run with count 0)")
+    bucket = microbatch_bucket(k) if bucket is None else int(bucket)
+    if bucket < k:
+      raise ValueError(f"a bucket of {bucket} microbatches cannot hold {k}")
+    stacked = {}
+    for name, first in device_features(microbatches[0]).items():
+      out = np.zeros((bucket,) + np.shape(first), np.asarray(first).dtype)
+      for i, micro in enumerate(microbatches):
+        out[i] = micro[name]
+      stacked[name] = out
+    return partitioning.shard_batch(stacked, self.mesh, stacked=True)
+
+  def train_step_stacked(self, state: TrainState, stacked, count: int, dropout_base_key: jax.Array,
+                         noise_base_key: jax.Array) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """One optimizer step, one dispatch: the first `count` microbatches of `stacked` (from
+    `place_stacked`) accumulated inside the compiled step, then (for DP) the noise added once
+    and the update applied; equal to `train_step_on_microbatches` on them. `state` is donated."""
+    if isinstance(next(iter(stacked.values())), np.ndarray):
+      raise ValueError("train_step_stacked takes placed microbatches (Trainer.place_stacked)")
+    with self._mesh_context():
+      return self._train_step_stacked(state, self._base, stacked, np.int32(count), dropout_base_key,
+                                      noise_base_key)
 
   def train_step_microbatched(self, state: TrainState, batch: Dict[str, np.ndarray], microbatch_size: int,
                               dropout_base_key: jax.Array, noise_base_key: jax.Array
@@ -402,6 +461,18 @@ def _float32(tree: PyTree) -> PyTree:
     x = jnp.asarray(x)
     return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
   return jax.tree.map(one, tree)
+
+
+def microbatch_bucket(count: int, base: int = 1) -> int:
+  """K, the microbatches a step of `count` is stacked to: the smallest base * 2^j >= count.
+
+  The training loop takes `base` from the sample size a step almost never exceeds
+  (`train.step_data.stack_base`), so that a run compiles one shape (a sample beyond it: one more, and so on
+  doubling); the padding microbatches cost a host buffer and a transfer, not compute."""
+  k, base = max(int(count), 1), max(int(base), 1)
+  while base < k:
+    base *= 2
+  return base
 
 
 def split_microbatches(batch: Dict[str, np.ndarray], microbatch_size: int) -> List[Dict[str, np.ndarray]]:
