@@ -121,7 +121,8 @@ def test_a_non_private_run_warns_that_its_correlated_noise_settings_are_ignored(
   caplog.clear()
   with caplog.at_level(logging.WARNING):
     assert cli.main(base) == 2
-    assert cli.main(["train", "--gin_file=models/t5_1_0_tiny.gin", "--gin_file=runs/pretrain.gin", "--gin.DP=None"]) == 2
+    assert cli.main(["train", "--gin_file=models/t5_1_0_tiny.gin", "--gin_file=runs/pretrain.gin",
+                     "--gin.DP=None"]) == 2
   assert "ignored" not in caplog.text
 
 

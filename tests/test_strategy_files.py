@@ -19,14 +19,18 @@ def _file(tmp_path, content) -> str:
   return str(path)
 
 
+SENSITIVITY = "sensitivity ‖coefs‖₂ must be a finite number in [1e-06, 1e+06], got"
+
+
 @pytest.mark.parametrize("content, error, message", [
-    ({"coefs": [1e300, 1e300]}, PrivacyError, "sensitivity ‖coefs‖₂ must be a finite number in [1e-06, 1e+06], got inf"),
-    ({"coefs": [1e-9]}, PrivacyError, "sensitivity ‖coefs‖₂ must be a finite number in [1e-06, 1e+06], got 1e-09"),
+    ({"coefs": [1e300, 1e300]}, PrivacyError, f"{SENSITIVITY} inf"),
+    ({"coefs": [1e-9]}, PrivacyError, f"{SENSITIVITY} 1e-09"),
     ({"coefs": [-0.8, 0.5]}, PrivacyError, "first coefficient (C's diagonal) must be positive, got -0.8"),
     ({"coefs": [0.0, 1.0]}, PrivacyError, "first coefficient (C's diagonal) must be positive, got 0.0"),
     ({"coefs": [1.0, 2.0]}, PrivacyError, "C⁻¹ grows to"),  # 1 + 2z has its root inside the unit circle
     ({"coefs": [1.0, float("nan")]}, PrivacyError, "must be finite numbers"),
-    ({"coefs": [0.8, 0.5], "bands": 2}, ConfigError, "has unknown key 'bands'; a banded strategy's keys are kind, coefs"),
+    ({"coefs": [0.8, 0.5], "bands": 2}, ConfigError,
+     "has unknown key 'bands'; a banded strategy's keys are kind, coefs"),
     ({"coefs": [0.8, 0.5], "digest": "0" * 64}, PrivacyError, "does not match its coefficients"),
     ({"kind": "blt", "buf_decay": [0.5], "output_scale": [0.2]}, PrivacyError, "holds a 'blt' strategy"),
     ({"coefs": [0.8, 0.5], "buf_decay": [0.5]}, ConfigError, "unknown key 'buf_decay'"),
@@ -63,7 +67,8 @@ def test_train_refuses_the_strategy_file_before_the_first_step(shared_data, tmp_
   corpus, vocab = fortunes_corpus_and_vocab(shared_data, str(tmp_path))
   model_dir = tmp_path / "run"
   rc = cli.main(["train", "--gin_file=models/t5_1_0_tiny.gin", "--gin_file=runs/pretrain_banded.gin",
-                 f"--model_dir={model_dir}", "--train_steps=8", "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}",
+                 f"--model_dir={model_dir}", "--train_steps=8",
+                 "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}",
                  f"--corpus={corpus}", f"--vocab_path={vocab}", f"--gin.DATA_CACHE_DIR={tmp_path / 'cache'}",
                  f"--gin.DPConfig.strategy_file={_file(tmp_path, {'coefs': [1e300, 1e300]})}"])
   err = capsys.readouterr().err

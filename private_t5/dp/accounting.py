@@ -400,11 +400,12 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
   """The smallest σ (to `tol`) whose ε at `delta` is at most `target_epsilon`.
 
   `accountant="auto"`: min(σ_rdp, σ_pld), each calibrated under its own accountant (the
-  accountant that gave the smaller σ then reports an ε within the target).
+  accountant that gave the smaller σ then reports an ε within the target); an accountant that does
+  not reach the target is left out.
 
   Raises:
-    PrivacyError: invalid parameters, or a target unreachable with σ in
-      [MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER].
+    PrivacyError: invalid parameters; `UnreachableTargetError` (one line naming the smallest ε
+      reachable) for a target no accountant reaches with σ ≤ MAX_NOISE_MULTIPLIER.
   """
   if accountant == AUTO:
     sigmas, smallest = [], {}
@@ -534,12 +535,13 @@ def max_expected_batch_size_for(num_examples: int, max_batch_size: int,
   return lo
 
 
-# -- correlated noise: banded (amplified) and BLT matrix factorization -------------------------
-#
 def _poisson_settings(sampling_rate: float, steps: int) -> str:
+  """The settings an unreachable target of DP-SGD names."""
   return f"q={sampling_rate:g}, steps={steps}"
 
 
+# -- correlated noise: banded (amplified) and BLT matrix factorization -------------------------
+#
 # A matrix factorization mechanism (`strategies`) adds C⁻¹ Z with Z ~ N(0, (σ·C_clip·sens)² I),
 # sens = the strategy's sensitivity. Its examples are sampled by cyclic Poisson sampling: b groups,
 # group t mod b sampled with rate q at step t.

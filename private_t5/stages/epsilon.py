@@ -155,14 +155,14 @@ def _check_groups(args: argparse.Namespace) -> None:
   """PrivacyError when the b = --num_bands cyclic Poisson groups cannot be: more groups than steps
   (some group would never be sampled), or groups too small to hold the expected batch."""
   if args.steps is not None and args.num_bands > args.steps:
-    raise PrivacyError(f"--num_bands b={args.num_bands} exceeds --steps={args.steps}: with cyclic Poisson sampling "
-                       f"in b groups, group g joins only steps g, g + b, ..., so groups {args.steps}..{args.num_bands - 1} "
-                       "would never be sampled; lower b to at most the steps")
+    raise PrivacyError(f"--num_bands b={args.num_bands} exceeds --steps={args.steps}: with cyclic Poisson "
+                       f"sampling in b groups, group g joins only steps g, g + b, ..., so groups "
+                       f"{args.steps}..{args.num_bands - 1} would never be sampled; lower b to at most the steps")
   if args.batch_size is not None and args.num_examples is not None and args.sampling_rate is None:
     if args.num_bands * args.batch_size > args.num_examples:
-      raise PrivacyError(f"--num_bands × --batch_size = {args.num_bands} × {args.batch_size:g} exceeds --num_examples="
-                         f"{args.num_examples}: each of the b groups (about N/b examples) must hold the expected "
-                         "batch; lower b or the batch")
+      raise PrivacyError(f"--num_bands × --batch_size = {args.num_bands} × {args.batch_size:g} exceeds "
+                         f"--num_examples={args.num_examples}: each of the b groups (about N/b examples) must "
+                         "hold the expected batch; lower b or the batch")
 
 
 def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
