@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 _GIN_HELP = ("--gin_file=FILE (repeatable; later files override earlier ones) and "
              "--gin.NAME=VALUE overrides (a macro such as --gin.MODEL_DIR=/tmp/run or a binding such "
              "as --gin.DPConfig.noise_multiplier=1.1), applied after the files")
+_GIN_MACROS_HELP = ("--gin_file=FILE (repeatable; later files override earlier ones) and "
+                    "--gin.NAME=VALUE overrides of the flags' macros below (--gin.STEPS=100 is --steps=100), "
+                    "applied after the files; a flag wins over the files, and must agree with its own override")
 
 
 @dataclasses.dataclass
@@ -84,7 +87,7 @@ class StageParser(argparse.ArgumentParser):
     self._macro_flags: Dict[str, Tuple[str, Any, bool, Optional[Sequence[Any]]]] = {}  # dest -> (macro, type,
     # repeatable, choices)
     self._options: Dict[str, List[str]] = {}  # dest -> its option strings
-    gin = self.add_argument_group("Gin configuration", _GIN_HELP)
+    gin = self.add_argument_group("Gin configuration", _GIN_MACROS_HELP if macros_only else _GIN_HELP)
     gin.add_argument("--gin_file", action="append", metavar="FILE",
                      help="Gin file (a path, or a name found in the config search path)"
                      + (" (required)" if gin_required else ""))
