@@ -5,8 +5,10 @@ Runs `private-t5 train` in this process with the train stage's flags (`--gin_fil
 compiled step the loop ran, called back to back on one batch of the same shapes already on the
 devices (the bare step), and writes JSON with `loop_step_s` and `bare_step_s` (seconds per step
 after compilation, steady state: the loop's from its own clock over the steps after the first
-`--skip_steps`), their ratio `bare_over_loop` (1.0: the loop adds nothing around the step), the
-CPU seconds of each (a shared machine's wall time says little) and the load. Also the input
+`--skip_steps`, to the last step's completion), their ratio `bare_over_loop` (1.0: the loop adds nothing around the step), the
+CPU seconds of each (a shared machine's wall time says little) and the load; beside them the
+same microbatches dispatched one by one from the host (`bare_host_dispatched_step_s`, the step
+before it was one dispatch). Also the input
 pipeline alone: examples/s of span corruption at `--pipeline_lengths` (512/114) built by 1, 2, 4
 worker threads and processes (`--pipeline_workers`).
 
@@ -45,10 +47,17 @@ def _cpu() -> float:
 
 
 def loop_and_bare(train_args, steps: int, skip: int, bare_steps: int):
-  """(loop seconds/step, its CPU seconds/step, bare seconds/step, its CPU s/step, info)."""
+  """(loop seconds/step, its CPU seconds/step, bare seconds/step, its CPU s/step, info).
+
+  The loop is timed from the moment it asks for step `skip`'s batch to the moment the last
+  step's result is on the devices (the loop dispatches ahead of the device: the time of the
+  last dispatch would flatter it). The bare step runs on the batches of the same steps, built
+  and placed beforehand, back to back."""
+  from private_t5.train.trainer import Trainer  # pylint: disable=g-import-not-at-top
   captured = {}
   real_run, real_get = loop_lib.run, step_data.Prefetcher.get
-  clock = []
+  real_steps = {name: getattr(Trainer, name) for name in ("train_step", "train_step_stacked")}
+  clock, end = [], []
 
   def spy_run(**kwargs):
     captured.update(kwargs)
@@ -58,39 +67,66 @@ def loop_and_bare(train_args, steps: int, skip: int, bare_steps: int):
     clock.append((step, time.perf_counter(), _cpu()))
     return real_get(self, step)
 
+  def finishing(name):
+    def step(self, state, *rest):
+      out = real_steps[name](self, state, *rest)
+      if clock and clock[-1][0] == steps - 1 and not end:  # the last step: wait for it
+        jax.block_until_ready(out)
+        end.append((time.perf_counter(), _cpu()))
+      return out
+    return step
+
   loop_lib.run, step_data.Prefetcher.get = spy_run, timed_get
+  for name in real_steps:
+    setattr(Trainer, name, finishing(name))
   try:
     summary = train_stage.run_from_args(list(train_args) + [f"--gin.TRAIN_STEPS={steps}"])
   finally:
     loop_lib.run, step_data.Prefetcher.get = real_run, real_get
-  # The loop's time from step `skip` to the end: every batch asked for, every step dispatched
-  # and (the last) completed; the loop asks for step t's batch when step t - 1 is dispatched.
-  (s0, t0, c0), (s1, t1, c1) = clock[skip], clock[-1]
-  loop_s, loop_cpu = (t1 - t0) / (s1 - s0), (c1 - c0) / (s1 - s0)
+    for name, fn in real_steps.items():
+      setattr(Trainer, name, fn)
+  (s0, t0, c0), (t1, c1) = clock[skip], end[0]
+  timed = steps - s0
+  loop_s, loop_cpu = (t1 - t0) / timed, (c1 - c0) / timed
 
   trainer, privacy, layout = captured["trainer"], captured["privacy"], captured["layout"]
   builder = step_data.StepBatchBuilder(privacy=privacy, layout=layout, source=captured["source"],
                                        seeds=captured["seeds"], trainer=trainer)
-  data = builder(0)
+  batches = [builder(t) for t in range(s0, min(s0 + bare_steps, steps))]
   state = trainer.init_state(captured["seeds"].init_key)
   keys = captured["seeds"].dropout_base_key, captured["seeds"].noise_base_key
 
-  def step(state):
+  def step(state, data):
     if data.count is None:
       return trainer.train_step(state, data.placed, *keys)
     return trainer.train_step_stacked(state, data.placed, data.count, *keys)
 
-  for _ in range(2):  # compiled already; warm
-    state, _ = step(state)
+  for data in batches[:2]:  # compiled already; warm
+    state, _ = step(state, data)
   jax.block_until_ready(state)
   t, c = time.perf_counter(), _cpu()
-  for _ in range(bare_steps):
-    state, metrics = step(state)
+  for data in batches:
+    state, metrics = step(state, data)
   jax.block_until_ready((state, metrics))
-  bare_s, bare_cpu = (time.perf_counter() - t) / bare_steps, (_cpu() - c) / bare_steps
-  info = {"rows_per_step": data.rows, "microbatches": data.count, "compiled_shape": list(data.shape),
+  bare_s, bare_cpu = (time.perf_counter() - t) / len(batches), (_cpu() - c) / len(batches)
+  host_s = host_cpu = None
+  if batches[0].count is not None:  # the same microbatches dispatched one by one from the host
+    placed = [[trainer.place_batch(micro) for micro in data.host] for data in batches]
+    for micro in placed[:2]:
+      state, _ = trainer.train_step_on_microbatches(state, micro, *keys)
+    jax.block_until_ready(state)
+    t, c = time.perf_counter(), _cpu()
+    for micro in placed:
+      state, metrics = trainer.train_step_on_microbatches(state, micro, *keys)
+    jax.block_until_ready((state, metrics))
+    host_s, host_cpu = (time.perf_counter() - t) / len(batches), (_cpu() - c) / len(batches)
+  info = {"bare_host_dispatched_step_s": host_s, "bare_host_dispatched_cpu_s_per_step": host_cpu,
+          "mean_rows_per_step": float(np.mean([b.rows for b in batches])),
+          "mean_microbatches": None if batches[0].count is None else float(np.mean([b.count for b in batches])),
+          "compiled_shapes": sorted({str(b.shape) for b in batches}),
           "expected_batch": float(privacy.sampler.expected_batch_size), "private": privacy.private,
-          "steps": steps, "timed_loop_steps": s1 - s0, "steps_per_second_summary": summary.get("steps_per_second")}
+          "steps": steps, "timed_loop_steps": timed, "bare_steps": len(batches),
+          "steps_per_second_summary": summary.get("steps_per_second")}
   return loop_s, loop_cpu, bare_s, bare_cpu, info
 
 

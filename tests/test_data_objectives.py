@@ -140,3 +140,18 @@ def test_tiny_windows_still_give_valid_examples():
     inputs, targets = sc(np.arange(3, 3 + length, dtype=np.int32), np.random.default_rng(length))
     assert inputs[-1] == targets[-1] == objectives.EOS_ID
     assert len(inputs) + len(targets) <= length + 4
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 17, 568])
+def test_span_corruption_in_one_pass_equals_the_two_sentinel_functions(length):
+  """`SpanCorruption.__call__` builds inputs and targets in one pass over the mask: the same
+  arrays as `noise_span_to_unique_sentinel` / `nonnoise_span_to_unique_sentinel` on that mask."""
+  obj = objectives.SpanCorruption(512, 114, 1000)
+  for seed in range(20):
+    window = np.random.default_rng(seed).integers(3, 900, length).astype(np.int32)
+    mask = objectives.random_spans_noise_mask(length, obj.noise_density, np.random.default_rng([seed, 1]),
+                                              obj.mean_noise_span_length)
+    inputs, targets = obj(window, np.random.default_rng([seed, 1]))
+    np.testing.assert_array_equal(inputs[:-1], objectives.noise_span_to_unique_sentinel(window, mask, 1000))
+    np.testing.assert_array_equal(targets[:-1], objectives.nonnoise_span_to_unique_sentinel(window, mask, 1000))
+    assert inputs[-1] == targets[-1] == objectives.EOS_ID
