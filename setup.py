@@ -54,6 +54,9 @@ EXTRAS_REQUIRE = {
     # protobuf<7, which sentencepiece's generated code cannot run on, so it goes in after, without
     # its declared dependencies: `pip install --no-deps apache-beam==2.77.0` (it runs on protobuf 7).
     "beam": _requirements_section("beam"),
+    # Beam's DaskRunner (`--runner=DaskRunner`): the corpus stages on a dask.distributed cluster
+    # (docs/scaling.md). Ranges around the pins of requirements-test.txt, which the tests run on.
+    "dask": ["dask>=2026.8.0,<2027", "distributed>=2026.8.0,<2027"],
     # Hugging Face: load an exported checkpoint in `transformers` (PyTorch) and compare.
     "hf": ["torch>=2.13,<3", "transformers>=5.23,<6"],
     # TensorFlow: `tfds:` corpora and GLUE from TensorFlow Datasets.

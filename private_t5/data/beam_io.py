@@ -3,11 +3,19 @@
 Every corpus-wide stage (the DP-SentencePiece histogram, the memorization splits) takes
 
   --runner=local                 the in-process path (default; fast for small corpora), or
-  --runner=DirectRunner|DataflowRunner|FlinkRunner|SparkRunner|...   an Apache Beam runner,
+  --runner=DirectRunner|DaskRunner|DataflowRunner|FlinkRunner|SparkRunner|...   an Apache Beam runner,
   --beam_options="--direct_num_workers=2 --direct_running_mode=multi_processing"
-                                 passed to `PipelineOptions` unchanged.
+                                 passed to `PipelineOptions` unchanged
+                                 (DaskRunner: "--dask_client_address=HOST:PORT" of a running
+                                 dask.distributed scheduler; docs/scaling.md).
 
-Beam is imported only when a Beam runner is chosen. Corpora on Beam:
+Beam is imported only when a Beam runner is chosen. Every pipeline is written for any runner
+(`run_items`): one element a file, band or partition, each its own task; a worker writes what it
+makes into the work folder under a unique temporary name and renames it into place, and the
+launching process reads the results back. No pipeline relies on a runner finalizing a file sink,
+on side inputs computed in the same pipeline, on the order of elements, or on memory shared with
+the launching process, and each pipeline ends in one step (the Dask runner computes only the
+last one). Corpora on Beam:
 
 * a file pattern (`train-*.jsonl.gz`, `gs://bucket/c4-*.jsonl.gz`, `*.txt`, `*.tsv`), matched
   and read with Beam's file IO (`fileio.MatchFiles`, `ReadMatches`; compression from the
@@ -50,8 +58,11 @@ logger = logging.getLogger(__name__)
 # tensorflow_datasets (it imports TensorFlow) are imported inside the functions that use them.
 
 LOCAL_RUNNER = "local"
-BEAM_RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
+BEAM_RUNNERS = ("DirectRunner", "DaskRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner",
                 "PortableRunner", "SwitchingDirectRunner")
+DASK_RUNNER = "DaskRunner"
+# Runners Beam does not resolve by their short name.
+_RUNNER_PATHS = {DASK_RUNNER: "apache_beam.runners.dask.dask_runner.DaskRunner"}
 RUNNERS = (LOCAL_RUNNER,) + BEAM_RUNNERS
 METRICS_NAMESPACE = "private_t5"
 TFDS_PREFIX = "tfds:"
@@ -107,9 +118,32 @@ def pipeline_options(runner: str, beam_options: Union[str, Sequence[str], None] 
     raise ConfigError("give the runner with --runner, not inside --beam_options")
   import_beam()
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  options = PipelineOptions(flags=flags + [f"--runner={runner}"])
+  if runner == DASK_RUNNER:
+    _import_dask_runner()  # registers its options (--dask_client_address, ...)
+    if not any(f.split("=", 1)[0] in ("--dask_npartitions", "--dask_partition_size") for f in flags):
+      # One element (a file, a band, a partition) is one Dask task: the runner's default puts up
+      # to 128 elements of a Create in one task, which one worker would run one after another.
+      flags.append("--dask_partition_size=1")
+  options = PipelineOptions(flags=flags + [f"--runner={_RUNNER_PATHS.get(runner, runner)}"])
   _check_options(options, beam_options)
   return options
+
+
+def runner_name(options) -> str:
+  """The short runner name of built options (`DaskRunner`, not its module path)."""
+  from apache_beam.options.pipeline_options import StandardOptions  # pylint: disable=g-import-not-at-top
+  return str(options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+
+
+def _import_dask_runner():
+  """Beam's DaskRunner module, or a one-line ConfigError when dask or distributed is missing."""
+  try:
+    import dask.distributed  # pylint: disable=g-import-not-at-top,unused-import
+    from apache_beam.runners.dask import dask_runner  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError(f"--runner=DaskRunner needs dask and distributed, which are not importable ({e}); "
+                      "install them with pip install 'private_t5[dask]'") from None
+  return dask_runner
 
 
 def _split_options(beam_options: Union[str, Sequence[str], None]) -> List[str]:
@@ -139,30 +173,55 @@ def _check_options(options, beam_options) -> None:
 
 
 _ERROR_IN_WORKER = re.compile(r"private_t5\.errors\.(\w*Error): ([^\n]*)|\b(DataError|ConfigError): ([^\n]*)")
+_STEP = re.compile(r"\[while running '([^']+)'\]")
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit|Interrupt)): (.+)$")
 
 
-def run_pipeline(pipeline) -> Dict[str, int]:
+def run_pipeline(pipeline, stage: str = "pipeline", runner: Optional[str] = None) -> Dict[str, int]:
   """Runs a built pipeline to the end; returns (and logs) its counters.
 
-  An error raised inside a worker comes back wrapped in the runner's traceback: a package
-  error in it is re-raised as that one line.
+  A failure in a worker (or reaching the runner) is one error line naming the stage, the runner
+  and the worker's error: a package error keeps its class (a malformed line stays a DataError),
+  anything else is a DataError with the exception's name and first line. The Dask runner's client
+  is closed when the pipeline ends. Runners without metrics (Dask) give no counters.
   """
+  where = f"{stage} on {runner}" if runner else stage
+  result = None
   try:
     result = pipeline.run()
     result.wait_until_finish()
-  except errors_lib.PrivateT5Error:
-    raise
+  except errors_lib.PrivateT5Error as e:
+    raise type(e)(f"{where}: {e}") from None
   except Exception as e:  # pylint: disable=broad-except
-    match = _ERROR_IN_WORKER.search(str(e))
-    if match:
-      name = match.group(1) or match.group(3)
-      message = match.group(2) or match.group(4)
-      raise getattr(errors_lib, name, DataError)(message.strip()) from None
-    raise
+    raise _worker_error(e, where) from None
+  finally:
+    client = getattr(result, "client", None)
+    if client is not None:
+      with contextlib.suppress(Exception):
+        client.close()
   counters = pipeline_counters(result)
   if counters:
     logger.info("beam counters: %s", ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
   return counters
+
+
+def _worker_error(e: BaseException, where: str) -> errors_lib.PrivateT5Error:
+  """One line for an exception that a runner raised (wrapped in its traceback, or as it was raised)."""
+  text = str(e)
+  match = _ERROR_IN_WORKER.search(text)
+  if match:
+    name = match.group(1) or match.group(3)
+    message = match.group(2) or match.group(4)
+    return getattr(errors_lib, name, DataError)(f"{where}: {message.strip()}")
+  step = _STEP.search(text)
+  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  named = [m for m in (_EXCEPTION_LINE.match(_STEP.sub("", l).strip()) for l in lines) if m]
+  if named:  # the innermost exception a runner's message quotes
+    kind, message = named[-1].group(1), named[-1].group(2)
+  else:
+    kind, message = type(e).__name__, _STEP.sub("", lines[0]).strip() if lines else ""
+  in_step = f" in step {step.group(1)!r}" if step else ""
+  return DataError(f"{where}: a worker failed{in_step}: {kind}: {message}".rstrip(": "))
 
 
 def pipeline_counters(result) -> Dict[str, int]:
@@ -377,6 +436,99 @@ def read_json_lines(prefix: str) -> Iterator[Any]:
       for raw in iter(f.readline, b""):
         if raw.strip():
           yield json.loads(raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Work items: outputs every runner supports
+# ---------------------------------------------------------------------------------------------
+
+def _filesystems():
+  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
+  return FileSystems
+
+
+@contextlib.contextmanager
+def open_atomic(path: str) -> Iterator[Any]:
+  """A binary file handle whose bytes appear at `path` whole or not at all.
+
+  Written under a unique temporary name beside `path` (Beam's file systems: local or remote),
+  renamed into place when the block ends without an error, removed when it raises: a worker
+  that dies or a retried element never leaves a half-written file, and the last writer wins.
+  """
+  fs = _filesystems()
+  directory, name = path.rsplit("/", 1) if "/" in path else (".", path)
+  if "://" not in path:
+    os.makedirs(directory, exist_ok=True)
+  tmp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+  handle = fs.create(tmp)
+  try:
+    yield handle
+    handle.close()
+  except BaseException:
+    with contextlib.suppress(Exception):
+      handle.close()
+    with contextlib.suppress(Exception):
+      fs.delete([tmp])
+    raise
+  fs.rename([tmp], [path])
+
+
+def write_atomic(path: str, data: bytes) -> None:
+  """Writes `data` to `path` whole or not at all (`open_atomic`)."""
+  with open_atomic(path) as f:
+    f.write(data)
+
+
+def read_bytes(path: str) -> bytes:
+  """The bytes of a file (Beam's file systems: local or remote)."""
+  with _filesystems().open(path) as f:
+    return f.read()
+
+
+def _run_item(element, fn, args, out_dir: str, step: str):
+  """(number, item) -> runs `fn(item, *args)` and writes its JSON result as `out_dir/NNNNNN.json`."""
+  number, item = element
+  try:
+    result = fn(item, *args)
+  except errors_lib.PrivateT5Error as e:
+    raise type(e)(f"step {step!r}: {e}") from None
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    raise DataError(f"a worker failed in step {step!r}: {type(e).__name__}: {first}".rstrip(": ")) from e
+  write_atomic(f"{out_dir}/{number:06d}.json", json.dumps(result).encode("utf-8"))
+  counter(f"{step}_done").inc()
+  yield number
+
+
+def run_items(items: Sequence[Any], fn, *args, options, out_dir: str, stage: str, step: str,
+              runner: Optional[str] = None) -> List[Any]:
+  """Runs `fn(item, *args)` for each item on a Beam runner; returns the results in item order.
+
+  One pipeline, `Create(items) | Reshuffle | FlatMap`: each item is one element (one task on
+  Dask), and the pipeline has one last step, which every runner computes. `fn` (a module-level
+  function) does its work in the worker and returns a small JSON value, which the worker writes
+  as `out_dir/step/NNNNNN.json` (`write_atomic`); the launching process reads them back once the
+  pipeline has ended. A retried element rewrites its own file, so every runner gives each result
+  once. An item without a result is a DataError naming it.
+  """
+  beam = import_beam()
+  folder = f"{out_dir.rstrip('/')}/{step.replace(' ', '_')}"
+  pipeline = beam.Pipeline(options=options)
+  _ = (pipeline
+       | f"{step}: items" >> beam.Create(list(enumerate(items)))
+       | f"{step}: spread" >> beam.Reshuffle()
+       | step >> beam.FlatMap(_run_item, fn, tuple(args), folder, step))
+  run_pipeline(pipeline, stage=stage, runner=runner)
+  results = []
+  for number, item in enumerate(items):
+    path = f"{folder}/{number:06d}.json"
+    try:
+      results.append(json.loads(read_bytes(path)))
+    except Exception as e:  # pylint: disable=broad-except
+      where = f"{stage} on {runner}" if runner else stage
+      raise DataError(f"{where}: step {step!r} left no result for item {number} ({str(item)[:200]}): "
+                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+  return results
 
 
 def counter(name: str):

@@ -432,7 +432,7 @@ def _write_beam(out_dir: str, target: ExampleStoreTarget, options, counters: Dic
        | "source shards" >> beam.Create(list(enumerate(target.plan)))
        | "reshuffle" >> beam.Reshuffle()
        | "read and write shards" >> beam.ParDo(beam_io.do_fn(beam, body)))
-  counters.update(beam_io.run_pipeline(pipeline))
+  beam_io.run_pipeline(pipeline, stage="store (seqio)", runner=beam_io.runner_name(options))
   entries = []
   for k, shard in enumerate(target.plan):
     side = os.path.join(out_dir, _SIDE_FILE.format(k))
@@ -442,6 +442,10 @@ def _write_beam(out_dir: str, target: ExampleStoreTarget, options, counters: Dic
     except OSError as e:
       raise DataError(f"the Beam build wrote no shard {k} ({shard.task!r} {shard.name}): {e}") from e
     os.remove(side)
+  # Summed from the side files rather than read from Beam's metrics: the same on every runner.
+  counters.update({"examples_written": sum(int(e["examples"]) for e in entries),
+                   "tokens_written": sum(int(sum(e["tokens"].values())) for e in entries),
+                   "shards_written": len(entries)})
   return entries
 
 

@@ -6,7 +6,9 @@
        loaded once per worker, in `setup`), write shard S of K straight into the build
        directory (`store.ShardWriter`: tokens + offsets and the shard's index of ids and users,
        each complete or absent) and a small side file with the shard's counts and its users
-    -> the launching process checks ids over all shards (a duplicate is one DataError),
+    -> the launching process reads the side files (a shard without one is one DataError; the
+       counters of the summary are summed from them, the same on every runner, metrics or not),
+       checks ids over all shards (a duplicate is one DataError),
        merges the users, writes the manifest with the shard index, and renames the build
        directory into the cache, exactly as the local build does.
 
@@ -15,7 +17,9 @@ Document order is the sorted input files, then line order inside each file: the 
 document i of the local store (`store.build_store`), and both live under the same cache key.
 
 The build directory is under `cache_dir`, which every worker must be able to write: a local
-folder for DirectRunner, a shared file system for a cluster.
+folder for DirectRunner, a shared file system for a cluster (Dask, Flink, Spark on several
+machines). The pipeline is one chain (files -> shards) with one last step, and each shard's
+files and side file are complete or absent, so every runner, Dask included, builds the same entry.
 """
 import json
 import logging
@@ -161,7 +165,7 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
          | "files" >> beam.Create(list(enumerate(files)))
          | "reshuffle" >> beam.Reshuffle()
          | "tokenize and write shards" >> beam.ParDo(beam_io.do_fn(beam, body)))
-    counters.update(beam_io.run_pipeline(pipeline))
+    beam_io.run_pipeline(pipeline, stage="store", runner=runner)
     shards = []
     totals = {"blank_skipped": 0, "replaced_lines": 0, "characters": 0, "text_bytes": 0}
     for k in range(len(files)):
@@ -175,6 +179,10 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
       shards.append(side["shard"])
       for name in totals:
         totals[name] += int(side["stats"][name])
+    # Summed from the side files rather than read from Beam's metrics: the same on every runner.
+    counters.update({"documents_tokenized": sum(int(sh["documents"]) for sh in shards),
+                     "tokens_written": sum(int(sh["num_tokens"]) for sh in shards),
+                     "text_bytes": totals["text_bytes"], "shards_written": len(shards)})
     manifest = store_lib.finish_store(tmp, corpus, reader_options, shards, totals, start, sources=files)
     manifest["runner"] = runner
     logger.info("[store] %s on %s: %d documents, %d tokens, %d shards in %.1fs", corpus, runner,

@@ -11,9 +11,16 @@
                                                                     validation and a train one)
     -> flagged document numbers, one file a partition
 
+Three pipelines, one after another (`beam_io.run_items`: the files; the bands; the query and
+hash partitions), each one element a work item: what a step needs from the one before (the
+documents of each file) is read back by the launching process between them and handed to the
+next as an argument, never as a side input computed in the same pipeline, so every runner (Dask
+included) runs each item once, as its own task. Every file is written under a temporary name
+and renamed into place (`beam_io.open_atomic`): a retried item rewrites its own files whole.
+
 The documents never pass through the runner: the workers read the corpus files themselves and
 hand each other files in the work folder (one element a file, a band or a partition goes through
-the runner's shuffle), so the launching process holds O(1) a document while the pipeline runs,
+the runner), so the launching process holds O(1) a document while the pipelines run,
 then a few bytes a document (the flags) while it reads the result. A corpus that is not a file
 pattern (tfds:, a folder, builtin:) is first streamed by the launching process into one JSON
 lines file of the work folder. The functions are the local path's and documents are numbered in
@@ -22,12 +29,13 @@ settings (only the timings differ). A band's worker holds ~25 bytes a document o
 (that band's keys, sorted); the others hold one file or one partition.
 """
 import array
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import time
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import sentencepiece as spm
@@ -66,20 +74,12 @@ def _fs():
   return FileSystems
 
 
-def _create(path: str):
-  if "://" not in path:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-  return _fs().create(path)
-
-
 def _write(path: str, data: bytes) -> None:
-  with _create(path) as f:
-    f.write(data)
+  beam_io.write_atomic(path, data)
 
 
 def _read(path: str) -> bytes:
-  with _fs().open(path) as f:
-    return f.read()
+  return beam_io.read_bytes(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +99,9 @@ class _FileSpill:
   in blocks of `splits.KEY_BLOCK` documents, band-major; window hashes in chunks of about 2^20
   a hash partition. A worker holds one block and one chunk."""
 
-  def __init__(self, plan: _Plan, number: int):
+  def __init__(self, plan: _Plan, number: int, texts, keys):
     self._plan, self._number = plan, number
-    base = f"{plan.root}/files/{number:06d}"
-    self._texts = _create(base + ".txt")
-    self._keys = _create(base + ".keys")
+    self._texts, self._keys = texts, keys  # open_atomic handles of files/NNNNNN.txt and .keys
     self.offsets = array.array("Q", [0])
     self._block = np.zeros((splits_lib.KEY_BLOCK, plan.cfg.num_bands), dtype=np.uint64)
     self._in_block = 0
@@ -149,18 +147,24 @@ class _FileSpill:
     if self._in_block:
       self._write_block()
     self._flush_windows()
-    self._texts.close()
-    self._keys.close()
     _write(f"{self._plan.root}/files/{self._number:06d}.offsets", np.frombuffer(self.offsets, np.uint64).tobytes())
 
 
-def _spill_file(element, plan: _Plan):
-  """(file number, path) -> (file number, documents): writes the file's texts, offsets, band keys
-  and window hashes to the work folder (`_FileSpill`)."""
+def _spill_file(element, plan: _Plan) -> Dict[str, int]:
+  """(file number, path) -> its documents and bad lines: writes the file's texts, offsets, band
+  keys and window hashes to the work folder (`_FileSpill`)."""
   number, path = element
+  base = f"{plan.root}/files/{number:06d}"
+  with contextlib.ExitStack() as stack:
+    texts = stack.enter_context(beam_io.open_atomic(base + ".txt"))
+    keys = stack.enter_context(beam_io.open_atomic(base + ".keys"))
+    return _spill_into(_FileSpill(plan, number, texts, keys), path, plan)
+
+
+def _spill_into(spill: "_FileSpill", path: str, plan: _Plan) -> Dict[str, int]:
   cfg = dataclasses.replace(plan.cfg, num_workers=1)
   tok = _tokenizer(plan.vocab_path)
-  spill, batch, bad = _FileSpill(plan, number), [], beam_io.counter("bad_lines")
+  batch, bad = [], 0
   no_windows = np.zeros(0, dtype=np.uint64)
   with _fs().open(path) as f:
     for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=plan.text_field,
@@ -168,7 +172,7 @@ def _spill_file(element, plan: _Plan):
       if isinstance(doc, beam_io.BadLine):
         if not plan.skip_bad_lines:
           raise DataError(f"{doc} (pass --skip_bad_lines to count and skip it)")
-        bad.inc()
+        bad += 1
         continue
       text = doc[1]
       spill.add(text, splits_lib.window_hashes(tok(text), cfg.exact_substring_tokens)
@@ -182,13 +186,12 @@ def _spill_file(element, plan: _Plan):
   spill.close()
   n = len(spill.offsets) - 1
   beam_io.counter("documents_minhashed").inc(n)
-  yield number, n
+  return {"documents": n, "bad_lines": bad}
 
 
-def _numbering(counts, files) -> Tuple[np.ndarray, int]:
+def _numbering(counts: Sequence[int], files) -> Tuple[np.ndarray, int]:
   """(first document number of each file, training documents) from the per-file counts."""
-  by_file = dict(counts)
-  sizes = np.array([by_file[k] for k in range(len(files))], dtype=np.int64)
+  sizes = np.array([int(counts[k]) for k in range(len(files))], dtype=np.int64)
   starts = np.concatenate([[0], np.cumsum(sizes)])
   n_train = int(sum(sizes[k] for k, (side, _) in enumerate(files) if side == TRAIN))
   return starts, n_train
@@ -219,7 +222,7 @@ def _band(b: int, plan: _Plan, files, counts):
         rec = np.empty(int((part == p).sum()), dtype=_PAIR_DTYPE)
         rec["code"], rec["count"] = pairs.codes[part == p], pairs.counts[part == p]
         _write(f"{plan.root}/pairs/{kind}/{p:03d}/{b:05d}", rec.tobytes())
-  yield b
+  return b
 
 
 class _Texts:
@@ -247,11 +250,18 @@ def _partition_files(prefix: str) -> List[str]:
     matched = _fs().match([prefix + "/*"])
   except Exception:  # pylint: disable=broad-except
     return []  # Beam's file systems raise on a pattern that matches nothing (some of them)
-  return sorted(m.path for r in matched for m in r.metadata_list)
+  # A name starting with a dot is a writer's temporary file (`beam_io.open_atomic`).
+  return sorted(m.path for r in matched for m in r.metadata_list if not m.path.rsplit("/", 1)[-1].startswith("."))
 
 
-def _verify(p: int, plan: _Plan, files, counts):
-  """One query partition: its pairs of every band, counted and ranked -> verified; yields the
+def _partition(item, plan: _Plan, files, counts) -> int:
+  """("verify", p) or ("exact", p) -> that partition's work; the pairs it checked."""
+  kind, p = item
+  return _verify(p, plan, files, counts) if kind == "verify" else _exact(p, plan, files, counts)
+
+
+def _verify(p: int, plan: _Plan, files, counts) -> int:
+  """One query partition: its pairs of every band, counted and ranked -> verified; returns the
   pairs checked and writes the flagged document numbers."""
   starts, n_train = _numbering(counts, files)
   texts = _Texts(plan, starts)
@@ -281,15 +291,15 @@ def _verify(p: int, plan: _Plan, files, counts):
   if flagged:
     _write(f"{plan.root}/flags/near/{p:03d}", np.unique(np.asarray(flagged, dtype=np.uint64)).tobytes())
   beam_io.counter("pairs_checked").inc(checked)
-  yield checked
+  return checked
 
 
-def _exact(p: int, plan: _Plan, files, counts):
+def _exact(p: int, plan: _Plan, files, counts) -> int:
   """One hash partition -> the documents sharing a window with another training document."""
   starts, n_train = _numbering(counts, files)
   paths = _partition_files(f"{plan.root}/windows/{p:03d}")
   if not paths:
-    return
+    return 0
   rec = np.concatenate([np.frombuffer(_read(path), dtype=_WINDOW_DTYPE) for path in paths])
   doc = starts[(rec["r"] >> np.uint64(40)).astype(np.int64)] + (rec["r"] & np.uint64((1 << 40) - 1)).astype(np.int64)
   is_train = doc < n_train
@@ -303,7 +313,7 @@ def _exact(p: int, plan: _Plan, files, counts):
   flagged = np.unique(np.concatenate(flagged).astype(np.uint64))
   if flagged.size:
     _write(f"{plan.root}/flags/exact/{p:03d}", flagged.tobytes())
-  yield p
+  return 0
 
 
 def _corpus_files(specs, root: str, side: str, read: dict) -> List[Tuple[str, str]]:
@@ -320,7 +330,7 @@ def _corpus_files(specs, root: str, side: str, read: dict) -> List[Tuple[str, st
       out += [(side, path) for path in paths]
       continue
     path = f"{root}/corpus-{side}{c}.jsonl"
-    with _create(path) as f:
+    with beam_io.open_atomic(path) as f:
       for d in corpora.iter_documents(spec, text_field=read["text_field"], id_field=read["id_field"],
                                       errors=read["errors"], data_dir=read["data_dir"]):
         f.write((json.dumps({"id": d.id, read["text_field"]: d.text}, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -349,7 +359,7 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
   cfg.validate()
   if not beam_io.is_beam(runner):
     raise ConfigError("build_splits_beam needs a Beam runner, not 'local'")
-  beam = beam_io.import_beam()
+  beam_io.import_beam()
   options = beam_io.pipeline_options(runner, beam_options)
   start = time.time()
   read = dict(text_field=text_field, id_field="id", errors=errors, data_dir=data_dir)
@@ -357,27 +367,20 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
     files = _corpus_files(train_corpus, root, TRAIN, read) + _corpus_files(valid_corpus, root, VALID, read)
     plan = _Plan(root=root, cfg=cfg, vocab_path=vocab_path, text_field=text_field, id_field="id", errors=errors,
                  skip_bad_lines=skip_bad_lines)
-    p = beam.Pipeline(options=options)
-    counts = (p | "files" >> beam.Create([(k, path) for k, (_, path) in enumerate(files)])
-              | "spread files" >> beam.Reshuffle()
-              | "spill" >> beam.FlatMap(_spill_file, plan))
-    counts_list = beam.pvalue.AsList(counts)
-    bands_done = (p | "bands" >> beam.Create(list(range(cfg.num_bands))) | "spread bands" >> beam.Reshuffle()
-                  | "band pairs" >> beam.FlatMap(_band, plan, files, counts_list)
-                  | "bands done" >> beam.combiners.Count.Globally())
-    checked = (p | "pair partitions" >> beam.Create(list(range(PAIR_PARTITIONS)))
-               | "after bands" >> beam.Map(lambda x, _: x, beam.pvalue.AsSingleton(bands_done))
-               | "spread pairs" >> beam.Reshuffle()
-               | "verify" >> beam.FlatMap(_verify, plan, files, counts_list))
-    (checked | "sum checks" >> beam.CombineGlobally(sum)
-     | "write checks" >> beam.io.WriteToText(root + "/checked"))
-    (counts | "write counts" >> beam.Map(json.dumps) | "counts" >> beam.io.WriteToText(root + "/counts"))
+    run = dict(options=options, out_dir=root + "/results", stage="splits", runner=runner)
+    spilled = beam_io.run_items([(k, path) for k, (_, path) in enumerate(files)], _spill_file, plan,
+                                step="spill files", **run)
+    counts = [int(r["documents"]) for r in spilled]
+    beam_io.run_items(list(range(cfg.num_bands)), _band, plan, files, counts, step="band pairs", **run)
+    parts = [("verify", p) for p in range(PAIR_PARTITIONS)]
     if cfg.exact_substring_tokens:
-      (p | "hash partitions" >> beam.Create(list(range(HASH_PARTITIONS))) | "spread hashes" >> beam.Reshuffle()
-       | "exact" >> beam.FlatMap(_exact, plan, files, counts_list))
-    beam_io.run_pipeline(p)
-    checked = sum(int(c) for c in beam_io.read_json_lines(root + "/checked"))
-    starts, n_train = _numbering(beam_io.read_json_lines(root + "/counts"), files)
+      parts += [("exact", p) for p in range(HASH_PARTITIONS)]
+    checked = sum(int(c) for c in beam_io.run_items(parts, _partition, plan, files, counts, step="partitions",
+                                                     **run))
+    bad = sum(int(r["bad_lines"]) for r in spilled)
+    if bad:
+      logger.warning("splits: skipped %d malformed lines", bad)
+    starts, n_train = _numbering(counts, files)
     return _assemble(root, int(starts[-1]), n_train, checked, vocab_path, time.time() - start)
 
 

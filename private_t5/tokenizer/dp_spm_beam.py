@@ -1,13 +1,19 @@
-"""The DP-SentencePiece word histogram as an Apache Beam pipeline (any runner).
+"""The DP-SentencePiece word histogram on Apache Beam (any runner: `beam_io.run_items`).
 
-  read documents (file patterns or TFDS, `beam_io.read_documents`)
-    -> per document: `dp_spm.bounded_counts(text.split(), bound)`   (the contribution bound,
-       the same function as the local path, applied before any aggregation)
-    -> CombinePerKey(sum)                                              (the summed histogram)
-    -> written as JSON lines, read back by the launching process.
-  and, with `fingerprints`, per batch of documents their keyed fingerprints (`doc_fingerprints`),
-  written as JSON lines and appended by the launching process to the vocabulary's private file.
-  The secret key then travels to the workers with the pipeline (as the corpus itself does).
+  corpus files (file patterns; any other spec, such as tfds:, is first streamed by the launching
+  process into JSON lines files of the work folder, `CHUNK_DOCUMENTS` documents a file)
+    -> per file, in a worker: per document `dp_spm.bounded_counts(text.split(), bound)` (the
+       contribution bound, the same function as the local path, applied before any
+       aggregation), summed over the file and written as `PARTITIONS` parts by a hash of the
+       word; the file's stats; with `fingerprints`, its documents' keyed fingerprints
+       (`doc_fingerprints`; the secret key travels to the workers with the work, as the corpus
+       itself does)
+    -> per partition, in a worker: the parts of every file summed (the summed histogram)
+    -> read back by the launching process (a Counter of the distinct words, as before).
+
+Two pipelines, one after the other, each one element a file or a partition; every file is written
+under a temporary name and renamed into place, so a retried element rewrites its own files whole
+and no runner needs to finalize a file sink.
 
 The sensitivity argument of `dp_spm` holds unchanged: each document enters the sum only
 through its bounded histogram. Noise and threshold are NOT applied here: the launching
@@ -15,59 +21,119 @@ process applies them once, with `dp_spm.private_histogram` and OS-entropy keys, 
 the local path (`train_dp_vocabulary(..., histogram_fn=beam_histogram_fn(...))`). The noiseless
 histogram is the same as the local path's for the same corpus and bound.
 """
+import array
 import collections
 import functools
 import json
 import logging
+import os
 import time
-from typing import Callable, Optional, Sequence, Tuple, Union
+import zlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from private_t5 import doc_fingerprints
 from private_t5.data import beam_io
+from private_t5.data import corpora
 from private_t5.errors import ConfigError, DataError
 from private_t5.tokenizer import dp_spm
 
 logger = logging.getLogger(__name__)
 
 _STATS_FIELDS = ("documents", "bytes", "words_raw", "words_counted")
+PARTITIONS = 32  # the summed histogram, by a hash of the word
+CHUNK_DOCUMENTS = 100_000  # documents a work file, for a corpus that is not a file pattern
 
 
-def _bounded_batch(batch, mode: str, max_words: int):
-  """Documents -> the sum of their bounded histograms as (word, count) pairs; stats on `stats`.
+def _partition_of(word: str) -> int:
+  """The histogram partition of a word: the same in every process (CRC-32 of its UTF-8)."""
+  return zlib.crc32(word.encode("utf-8")) % PARTITIONS
+
+
+def _count_file(element, root: str, mode: str, max_words: int, text_field: str, errors: str,
+                skip_bad_lines: bool, key: Optional[bytes]) -> Dict[str, int]:
+  """(file number, path) -> the file's stats; writes its bounded counts by partition and its
+  documents' fingerprints.
 
   Each document is bounded on its own (`dp_spm.bounded_counts`, as the local path does it)
-  before it is added to the batch's sum, so the sum has the local path's sensitivity.
+  before it is added to the file's sum, so the sum has the local path's sensitivity.
   """
-  # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
-  from apache_beam import pvalue  # pylint: disable=g-import-not-at-top
+  number, path = element
   bound = dp_spm.ContributionBound(mode, max_words)
   total = collections.Counter()
-  n_bytes = n_raw = n_counted = 0
-  for _, (_, text) in batch:
-    words = text.split()
-    hist = dp_spm.bounded_counts(words, bound)
-    n_bytes += len(text.encode("utf-8"))
-    n_raw += len(words)
-    n_counted += sum(hist.values())
-    total.update(hist)
-  beam_io.counter("words_counted").inc(n_counted)
-  yield pvalue.TaggedOutput("stats", (len(batch), n_bytes, n_raw, n_counted))
-  yield from total.items()
+  stats = dict.fromkeys(_STATS_FIELDS + ("bad_lines",), 0)
+  prints = array.array("Q") if key is not None else None
+  with beam_io._filesystems().open(path) as f:  # pylint: disable=protected-access
+    for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=text_field, errors=errors):
+      if isinstance(doc, beam_io.BadLine):
+        if not skip_bad_lines:
+          raise DataError(f"{doc} (pass --skip_bad_lines to count and skip it)")
+        stats["bad_lines"] += 1
+        logger.warning("skipped: %s", doc)
+        continue
+      text = doc[1]
+      words = text.split()
+      hist = dp_spm.bounded_counts(words, bound)
+      stats["documents"] += 1
+      stats["bytes"] += len(text.encode("utf-8"))
+      stats["words_raw"] += len(words)
+      stats["words_counted"] += sum(hist.values())
+      total.update(hist)
+      if prints is not None:
+        prints.append(doc_fingerprints.fingerprint(text, key))
+  parts = collections.defaultdict(dict)
+  for word, count in total.items():
+    parts[_partition_of(word)][word] = count
+  for p, counts in parts.items():
+    beam_io.write_atomic(f"{root}/partial/{p:03d}/{number:06d}.json",
+                         json.dumps(counts, ensure_ascii=False).encode("utf-8"))
+  if prints is not None:
+    beam_io.write_atomic(f"{root}/fingerprints/{number:06d}.u64", np.frombuffer(prints, np.uint64).astype("<u8").tobytes())
+  beam_io.counter("words_counted").inc(stats["words_counted"])
+  return stats
 
 
-def _fingerprint_batch(batch, key: bytes):
-  """Documents -> one list of their keyed fingerprints (ints, JSON-safe)."""
-  yield [int(v) for v in doc_fingerprints.fingerprints((text for _, (_, text) in batch), key)]
+def _sum_partition(p: int, root: str, num_files: int) -> int:
+  """Partition p: the parts of every file summed, written as counts/PPP.json; its distinct words."""
+  total = collections.Counter()
+  for number in range(num_files):
+    path = f"{root}/partial/{p:03d}/{number:06d}.json"
+    if beam_io._filesystems().exists(path):  # pylint: disable=protected-access
+      total.update(json.loads(beam_io.read_bytes(path)))
+  beam_io.write_atomic(f"{root}/counts/{p:03d}.json", json.dumps(dict(total), ensure_ascii=False).encode("utf-8"))
+  return len(total)
 
 
-def _sum_tuples(rows):
-  out = [0] * len(_STATS_FIELDS)
-  for row in rows:
-    for i, v in enumerate(row):
-      out[i] += v
-  return tuple(out)
+def _corpus_files(specs, root: str, text_field: str, errors: str, data_dir: Optional[str]) -> List[str]:
+  """The files of `specs` in reading order; a spec that is not a file pattern or a file (tfds:, a
+  folder, builtin:) is streamed into JSON lines files of the work folder first."""
+  out = []
+  for c, spec in enumerate([specs] if isinstance(specs, str) else list(specs)):
+    if not isinstance(spec, str) or not spec:
+      raise ConfigError(f"missing corpus: give at least one file pattern or corpus spec, got {spec!r}")
+    if beam_io._is_pattern_or_file(spec) and not spec.startswith(corpora.TFDS_PREFIX):  # pylint: disable=protected-access
+      paths = beam_io.match_files(os.path.expanduser(spec))
+      for path in paths:
+        beam_io.file_format(path)  # unsupported formats fail before the pipeline starts
+      out += paths
+      continue
+    docs = corpora.iter_documents(spec, text_field=text_field, errors=errors, data_dir=data_dir)
+    chunk, done = 0, False
+    while not done:
+      path = f"{root}/corpus/{c:03d}-{chunk:05d}.jsonl"
+      n = 0
+      with beam_io.open_atomic(path) as f:
+        for d in docs:
+          f.write((json.dumps({"id": d.id, "text": d.text}, ensure_ascii=False) + "\n").encode("utf-8"))
+          n += 1
+          if n >= CHUNK_DOCUMENTS:
+            break
+      done = n < CHUNK_DOCUMENTS
+      if n:
+        out.append(path)
+      chunk += 1
+  return out
 
 
 def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.ContributionBound, *,
@@ -95,42 +161,28 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     raise ConfigError("beam_histogram needs a Beam runner, not 'local'")
   if max_documents is not None:
     raise ConfigError("max_documents applies to --runner=local only; give a smaller file pattern instead")
-  beam = beam_io.import_beam()
+  beam_io.import_beam()
   options = beam_io.pipeline_options(runner, beam_options)
   start = time.time()
   with beam_io.output_dir(options, work_dir, "dp_spm_histogram") as out_dir:
-    pipeline = beam.Pipeline(options=options)
-    docs = beam_io.read_documents(pipeline, corpus, label="corpus", text_field=text_field, errors=errors,
-                                  data_dir=data_dir, skip_bad_lines=skip_bad_lines)
-    batches = docs | "batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=4096)
-    if fingerprints is not None:
-      (batches
-       | "fingerprint documents" >> beam.FlatMap(_fingerprint_batch, fingerprints.key)
-       | "encode fingerprints" >> beam.Map(json.dumps)
-       | "write fingerprints" >> beam.io.WriteToText(out_dir + "/fingerprints"))
-    bounded = (batches
-               | "bound per document" >> beam.FlatMap(_bounded_batch, bound.mode, bound.max_words).with_outputs(
-                   "stats", main="counts"))
-    (bounded.counts
-     | "sum counts" >> beam.CombinePerKey(sum)
-     | "encode counts" >> beam.Map(lambda kv: json.dumps(kv, ensure_ascii=False))
-     | "write counts" >> beam.io.WriteToText(out_dir + "/counts"))
-    (bounded.stats
-     | "sum stats" >> beam.CombineGlobally(_sum_tuples)
-     | "encode stats" >> beam.Map(json.dumps)
-     | "write stats" >> beam.io.WriteToText(out_dir + "/stats"))
-    counters = beam_io.run_pipeline(pipeline)
+    files = _corpus_files(corpus, out_dir, text_field, errors, data_dir)
+    run = dict(options=options, out_dir=out_dir + "/results", stage="dp-spm histogram", runner=runner)
+    key = fingerprints.key if fingerprints is not None else None
+    per_file = beam_io.run_items(list(enumerate(files)), _count_file, out_dir, bound.mode, bound.max_words,
+                                 text_field, errors, skip_bad_lines, key, step="count files", **run)
+    beam_io.run_items(list(range(PARTITIONS)), _sum_partition, out_dir, len(files), step="sum counts", **run)
     histogram = collections.Counter()
-    for word, count in beam_io.read_json_lines(out_dir + "/counts"):
-      histogram[word] = count
-    totals = list(beam_io.read_json_lines(out_dir + "/stats")) or [[0] * len(_STATS_FIELDS)]
+    for p in range(PARTITIONS):
+      histogram.update(json.loads(beam_io.read_bytes(f"{out_dir}/counts/{p:03d}.json")))
     if fingerprints is not None:
-      for values in beam_io.read_json_lines(out_dir + "/fingerprints"):
-        fingerprints.add(np.array(values, dtype=np.uint64))
-  stats = dp_spm.HistogramStats(**dict(zip(_STATS_FIELDS, totals[0])))
+      for number in range(len(files)):
+        fingerprints.add(np.frombuffer(beam_io.read_bytes(f"{out_dir}/fingerprints/{number:06d}.u64"), dtype="<u8"))
+  totals = {name: sum(int(r[name]) for r in per_file) for name in _STATS_FIELDS + ("bad_lines",)}
+  stats = dp_spm.HistogramStats(**{name: totals[name] for name in _STATS_FIELDS})
   stats.seconds = time.time() - start
-  logger.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; counters %s", runner,
-               stats.documents, stats.bytes / 1e6, len(histogram), stats.seconds, counters)
+  logger.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; %d files, %d bad lines skipped",
+              runner, stats.documents, stats.bytes / 1e6, len(histogram), stats.seconds, len(files),
+              totals["bad_lines"])
   if stats.documents == 0:
     raise DataError(f"corpus {corpus!r} has no documents")
   return histogram, stats
