@@ -283,6 +283,8 @@ def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
   assert exposures[20]["exposure"] == pytest.approx(math.log2(1000))
   assert exposures[0]["exposure"] < math.log2(1000) - 3
   assert report["throughput"]["generated_tokens"] == (NUM_TRAIN + NUM_UNSEEN) * T
+  import jax
+  assert report["devices"] == jax.device_count() and report["mesh_shape"] == [jax.device_count(), 1]
   for name in ("report.md", "extraction.png", "exposure.png"):
     assert (out_dir / name).stat().st_size > 0
   assert "| Train unique | 8 | 0 |" in (out_dir / "report.md").read_text()
@@ -302,7 +304,7 @@ def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
-  """`private-t5 launch`: 2 processes x 2 devices split the prompts and report what 1 x 4 does."""
+  """`private-t5 launch`: 2 processes x 2 devices decode on one mesh and report what 1 x 4 does."""
   import subprocess
   import sys
   from private_t5.eval import canaries as canaries_lib
@@ -332,4 +334,7 @@ def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
     reports[procs] = json.loads((out_dir / "report.json").read_text())
   one, two = reports[1]["extraction"]["greedy"], reports[2]["extraction"]["greedy"]
   assert one == two
+  # One mesh of the 4 devices of both processes decodes, as the one process's 4 devices do.
+  assert reports[1]["devices"] == reports[2]["devices"] == 4
+  assert reports[1]["mesh_shape"] == reports[2]["mesh_shape"] == [4, 1]
   assert two["train_unique"]["n"] == NUM_TRAIN and two["valid_unique"]["n"] == NUM_UNSEEN

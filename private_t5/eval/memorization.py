@@ -11,17 +11,14 @@ Span-corruption variant (the alternative definition proposed in Ponomareva et al
 encoder length P) are corrupted with T5's random spans and sentinels, and the model must
 regenerate the masked spans (sentinels included) verbatim.
 
-Decoding is batched, jit-compiled and uses the KV cache (models/decoding.py); batches are padded
-to a fixed size so XLA compiles once per decoding method.
+Decoding is batched, jit-compiled and uses the KV cache (models/decoding.py); it runs on a mesh of
+every device (models/mesh_inference.py: prompts over the `data` axis, parameters laid out as in
+training), and batches are padded to a fixed size so XLA compiles once per decoding method.
 """
 import dataclasses
-import sys
-import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
-from jax.experimental import multihost_utils
-import jax.numpy as jnp
 import numpy as np
 
 from private_t5 import models
@@ -29,6 +26,7 @@ from private_t5 import progress as progress_lib
 from private_t5.data import objectives
 from private_t5.errors import CheckpointError, ConfigError
 from private_t5.eval import extraction_metrics
+from private_t5.models import mesh_inference, sharding
 
 EOS_ID = 1
 GREEDY = "greedy"
@@ -171,23 +169,36 @@ class DecodeStats:
 
 
 def process_rows(n: int) -> Tuple[int, int, int]:
-  """(start, stop, rows per process) of this process's share of `n` prompts.
+  """(start, stop, rows per process) of this process's share of `n` rows.
 
-  With several JAX processes the prompts are split into equal contiguous shares (the last
-  ones padded); with one process it is every row.
+  With several JAX processes the rows are split into equal contiguous shares (the last ones
+  padded); with one process it is every row.
   """
   count, index = jax.process_count(), jax.process_index()
   per = -(-n // count)
   return min(index * per, n), min((index + 1) * per, n), per
 
 
-def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, cfg: ExtractionConfig,
-             method: str = GREEDY, progress=None) -> Tuple[np.ndarray, DecodeStats]:
-  """Decodes every row of `inputs` in fixed-size batches.
+def make_inference(params, model_config, mesh=None,
+                   rules=sharding.LOGICAL_AXIS_RULES) -> mesh_inference.MeshInference:
+  """The parameters placed on `mesh` (default: every device of every process on the `data` axis)
+  by the logical-axis `rules` of training, ready to decode and score."""
+  return mesh_inference.MeshInference(model_config, mesh, params=params, rules=rules)
 
-  With several JAX processes each decodes its share of the rows (`process_rows`) and the
-  predictions are gathered, so that every process returns all of them (decoding is row by row
-  independent: the result equals the single-process one).
+
+def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, cfg: ExtractionConfig,
+             method: str = GREEDY, progress=None,
+             inference: Optional[mesh_inference.MeshInference] = None) -> Tuple[np.ndarray, DecodeStats]:
+  """Decodes every row of `inputs` on the mesh, in global batches of `cfg.batch_size` rows.
+
+  Each batch's rows are split over the mesh's `data` axis (with several processes each supplies
+  the rows of its own devices) and every process gets every prediction. Decoding is row by row
+  independent, so the result equals the one-device one.
+
+  Args:
+    params, model_config: the checkpoint (ignored when `inference` is given).
+    inference: the parameters already on a mesh (`make_inference`); default: placed here on
+      every device.
 
   Returns:
     (tokens int32 [n, max_decode_length] with zeros after the first EOS, DecodeStats). For beam
@@ -195,50 +206,40 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
   """
   if method not in (GREEDY, BEAM):
     raise ConfigError(f"decoding method must be {GREEDY!r} or {BEAM!r}, got {method!r}")
-  model = models.EncoderDecoderModel(model_config)
-  total = inputs.shape[0]
-  first, last, per = process_rows(total)
-  inputs = inputs[first:last]
-  n, width = inputs.shape
-  b = cfg.batch_size
-  out = np.zeros((n, max_decode_length), dtype=np.int32)
+  if inference is None:
+    inference = make_inference(params, model_config)
+  n = inputs.shape[0]
   stats = DecodeStats(prompts=n)
-  params = jax.device_put(params)
-  start = time.time()
-  for lo in range(0, n, b):
-    rows = min(b, n - lo)
-    batch = np.zeros((b, width), dtype=np.int32)
-    batch[:rows] = inputs[lo:lo + rows]
-    t0 = time.time()
-    seqs = model.predict_batch(params, batch, max_decode_length=max_decode_length, method=method,
-                               beam_size=cfg.beam_size, alpha=cfg.beam_alpha, use_cache=cfg.use_cache)
-    out[lo:lo + rows] = np.asarray(jax.device_get(seqs))[:rows]
-    if lo == 0:
-      stats.first_batch_seconds = time.time() - t0
+  options = {"use_cache": cfg.use_cache}
+  if method == BEAM:
+    options.update(beam_size=cfg.beam_size, alpha=cfg.beam_alpha)
+
+  def on_batch(rows: int, seconds: float) -> None:
+    if not stats.generated_tokens:
+      stats.first_batch_seconds = seconds
       stats.first_batch_tokens = rows * max_decode_length
     stats.generated_tokens += rows * max_decode_length
+    stats.seconds += seconds
     if progress:
-      elapsed = time.time() - start
-      progress.set_postfix_str(f"{stats.generated_tokens / max(elapsed, 1e-9):.0f} tok/s", refresh=False)
+      progress.set_postfix_str(f"{stats.generated_tokens / max(stats.seconds, 1e-9):.0f} tok/s", refresh=False)
       progress.update(rows)
-  stats.seconds = time.time() - start
-  if jax.process_count() > 1:
-    share = np.zeros((per, max_decode_length), dtype=np.int32)
-    share[:n] = out
-    out = np.asarray(multihost_utils.process_allgather(share)).reshape(-1, max_decode_length)[:total]
+
+  out = inference.decode(inputs, max_decode_length, batch_size=cfg.batch_size, method=method,
+                         on_batch=on_batch, **options)
   return out, stats
 
 
 def evaluate_split(params, model_config, examples: ExtractionExamples, cfg: ExtractionConfig,
-                   method: str = GREEDY, label: str = "", verbose: bool = True):
-  """(SplitMetrics, DecodeStats, predictions) of one split's examples."""
+                   method: str = GREEDY, label: str = "", verbose: bool = True,
+                   inference: Optional[mesh_inference.MeshInference] = None):
+  """(SplitMetrics, DecodeStats, predictions) of one split's examples (`generate` decodes them)."""
   n = len(examples.ids)
   if n == 0:
     return extraction_metrics.aggregate([], [], skipped=examples.skipped), DecodeStats(), []
   progress = progress_lib.bar(total=n, desc=f"{label} {method}".strip(), unit="prompts") if verbose else None
   try:
     preds, stats = generate(params, model_config, examples.inputs, examples.max_target_length, cfg,
-                            method=method, progress=progress)
+                            method=method, progress=progress, inference=inference)
   finally:
     if progress is not None:
       progress.close()
@@ -261,25 +262,18 @@ def check_model_matches(params, model_config, vocab_size: int) -> None:
                             f"{got_flat.get(name)} in the checkpoint, {exp_flat.get(name)} in the config")
 
 
-def make_scorer(params, model_config) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-  """A jitted `score(encoder_inputs [B, Li], targets [B, Lt], weights [B, Lt]) -> log p [B]`.
+def make_scorer(params, model_config, inference: Optional[mesh_inference.MeshInference] = None
+                ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+  """`score(encoder_inputs [B, Li], targets [B, Lt], weights [B, Lt]) -> log p [B]` on the mesh.
 
   log p is the weighted sum of token log-probabilities of the targets under teacher forcing
-  (the negative log-perplexity of Carlini et al. 2019, in nats).
+  (the negative log-perplexity of Carlini et al. 2019, in nats). The rows are split over the
+  `data` axis of `inference`'s mesh (default: the parameters placed here on every device);
+  every process gets every score.
   """
-  model = models.EncoderDecoderModel(model_config)
-  params = jax.device_put(params)
-
-  @jax.jit
-  def score(params, encoder_inputs, targets, weights):
-    return model.score_batch(params, {"encoder_input_tokens": encoder_inputs, "decoder_target_tokens": targets,
-                                      "decoder_loss_weights": weights})
-
-  def run(encoder_inputs, targets, weights):
-    return np.asarray(score(params, jnp.asarray(encoder_inputs, jnp.int32), jnp.asarray(targets, jnp.int32),
-                            jnp.asarray(weights, jnp.float32)))
-
-  return run
+  if inference is None:
+    inference = make_inference(params, model_config)
+  return inference.score
 
 
 def summarize_decode_stats(stats: Dict[str, DecodeStats]) -> dict:

@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 from jax.experimental import multihost_utils
@@ -29,7 +29,7 @@ from private_t5.eval import canaries as canaries_lib
 from private_t5.eval import exposure, extraction_metrics, memorization
 from private_t5.eval import report as report_lib
 from private_t5.eval import splits as splits_lib
-from private_t5.models import checkpoints, run_dir
+from private_t5.models import checkpoints, run_dir, sharding
 from private_t5.tokenizer import spm
 
 AUTO = "auto"
@@ -58,7 +58,8 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                      canary_samples: int = 10_000, canary_batch_size: int = 512, audit: Optional[str] = None,
                      audit_confidence: float = 0.95, audit_guesses: Optional[int] = None,
                      audit_delta: Optional[float] = None, text_field: str = "text",
-                     seed: int = 0, use_cache: bool = True, log: Callable[[str], None] = print) -> dict:
+                     seed: int = 0, use_cache: bool = True, mesh_shape: Sequence[int] = (-1, 1),
+                     parameter_sharding: str = sharding.REPLICATED, log: Callable[[str], None] = print) -> dict:
   """Runs the memorization stage and writes the report; returns the report dict.
 
   Args:
@@ -88,6 +89,11 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     text_field: JSONL/TSV field of the text.
     seed: seed of the per-split subsets and of the span-corruption masks.
     use_cache: decode with the KV cache.
+    mesh_shape: (data, model) mesh of the decoding and scoring, as training's; -1 takes the
+      remaining devices. Default: every device of every process on `data`. `batch_size` is the
+      global batch, rounded up to a multiple of the `data` axis.
+    parameter_sharding: the parameters' layout, "replicated" (split over `model` only) or
+      "fully_sharded" (also `embed` over `data`), training's rules.
     log: progress output.
   """
   t_start = time.time()
@@ -106,9 +112,18 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if audit:  # a bad record or guess count is refused before the long passes
     audit_lib.check_guesses(audit_lib.load_record(audit).num_canaries, audit_guesses)
   check_output_file(os.path.join(output_dir, "report.json"), "OUTPUT_DIR")
+  rules = sharding.axis_rules(parameter_sharding)
+  mesh = sharding.create_mesh(mesh_shape)
   warnings = []
 
   model = load_model(model_dir, step, vocab_path, log)
+  model.inference = memorization.make_inference(model.params, model.model_config, mesh, rules)
+  data_size, model_size = sharding.mesh_shape_of(mesh)
+  log(f"[memorization] decoding on {mesh.devices.size} device(s) of {jax.device_count()}: mesh (data "
+      f"{data_size}, model {model_size}), global batch {model.inference.global_batch_size(batch_size)}")
+  if mesh.devices.size < jax.device_count():
+    log(f"[memorization] warning: mesh_shape {tuple(mesh_shape)} uses {mesh.devices.size} of the "
+        f"{jax.device_count()} devices; the others stay idle (mesh_shape=(-1, 1) uses them all)")
   os.makedirs(output_dir, exist_ok=True)
   data = build_splits(model, train_corpus, valid_corpus, output_dir, split_config, text_field, warnings, log)
   if span_corruption_variant == AUTO:
@@ -141,8 +156,11 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       "privacy_report": model.privacy_report,
       "epsilon": (model.privacy_report or {}).get("epsilon"),
       "epsilon_text": model.eps_text,
+      "devices": int(mesh.devices.size),
+      "mesh_shape": [data_size, model_size],
       "settings": {"prompt_length": prompt_length, "generation_length": generation_length,
-                   "batch_size": batch_size, "beam_size": beam_size, "beam_alpha": beam_alpha,
+                   "batch_size": batch_size, "global_batch_size": model.inference.global_batch_size(batch_size),
+                   "parameter_sharding": parameter_sharding, "beam_size": beam_size, "beam_alpha": beam_alpha,
                    "max_examples_per_split": max_examples_per_split, "seed": seed,
                    "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
                    "train_corpus": train_corpus, "valid_corpus": valid_corpus},
@@ -174,6 +192,7 @@ class LoadedModel:
   objective: Optional[str]
   privacy_report: Optional[dict]
   eps_text: str
+  inference: Any = None  # the parameters on the mesh (`memorization.make_inference`)
 
 
 @dataclasses.dataclass
@@ -366,7 +385,7 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
       evaluated[name] = len(examples.ids)
       label = f"{name} {variant}"
       metrics, stats, preds = memorization.evaluate_split(model.params, model.model_config, examples, cfg,
-                                                          method=method, label=label)
+                                                          method=method, label=label, inference=model.inference)
       key = method if variant == "prefix" else f"{variant}_{method}"
       extraction.setdefault(key, {})[name] = metrics.as_dict()
       exact = extraction_metrics.exact_matches(list(preds), examples.targets)
@@ -384,7 +403,7 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
   canary_fmt, canary_list = canaries_lib.load_canaries(canaries)
   encoder = exposure.CandidateEncoder(model.vocab, canary_fmt, scoring)
   evaluator = exposure.ExposureEvaluator(
-      memorization.make_scorer(model.params, model.model_config), encoder, batch_size=batch_size,
+      memorization.make_scorer(model.params, model.model_config, model.inference), encoder, batch_size=batch_size,
       max_exact=max_exact, num_samples=num_samples, seed=seed,
       progress=progress_lib.callback("canary candidates", "candidates"))
   results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
@@ -399,7 +418,8 @@ def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence:
                    log: Callable[[str], None] = print) -> dict:
   """The one-run privacy audit of the checkpoint on the audit canaries of `record` (eval/audit.py)."""
   targets = (model.info.get("feature_lengths") or {}).get("targets")
-  return audit_lib.run_audit(memorization.make_scorer(model.params, model.model_config), model.vocab, record,
+  return audit_lib.run_audit(memorization.make_scorer(model.params, model.model_config, model.inference),
+                             model.vocab, record,
                              scoring=scoring, privacy_report=model.privacy_report, confidence=confidence,
                              guesses_per_side=guesses_per_side, delta=delta, batch_size=batch_size,
                              max_target_tokens=int(targets) - 1 if targets else None, log=log)

@@ -26,10 +26,13 @@ environment variables, else auto-detected from the cluster: TPU metadata, SLURM)
 then spans the devices of all processes (`jax.devices()`). Each process builds only the rows
 of the global batch owned by its own devices on the `data` axis (`local_rows`) and
 `shard_batch` assembles the global array from them. With one process it is a no-op.
+
+The mesh, the two tables of rules and the row layout (`create_mesh`, `param_shardings`,
+`local_rows`, ...) are `models.sharding`, re-exported here: evaluation (`models.mesh_inference`)
+lays a checkpoint out on its mesh by the same rules.
 """
 import atexit
 import logging
-import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -41,30 +44,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import quiet_tf
 from private_t5.errors import ConfigError
-
-PyTree = Any
-DATA_AXIS = "data"
-MODEL_AXIS = "model"
-
-# logical axis name -> mesh axis (None: replicated).
-LOGICAL_AXIS_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
-    ("batch", DATA_AXIS),
-    ("vocab", MODEL_AXIS),
-    ("mlp", MODEL_AXIS),
-    ("heads", MODEL_AXIS),
-    ("joined_kv", MODEL_AXIS),
-    ("kv", None),
-    ("embed", None),
-    ("relpos_buckets", None),
-    ("length", None),
-    ("lora_rank", None),
-)
-# The same, with the parameters' `embed` dimension also split over `data` (ZeRO-3 / FSDP).
-FULLY_SHARDED_RULES: Tuple[Tuple[str, Optional[str]], ...] = tuple(
-    (name, DATA_AXIS if name == "embed" else axis) for name, axis in LOGICAL_AXIS_RULES)
-REPLICATED, FULLY_SHARDED = "replicated", "fully_sharded"
-PARAMETER_SHARDINGS = {REPLICATED: LOGICAL_AXIS_RULES, FULLY_SHARDED: FULLY_SHARDED_RULES}
-
+# The mesh and the logical-axis rules live with the model, which evaluation lays out the same way.
+from private_t5.models.sharding import (  # pylint: disable=unused-import
+    DATA_AXIS, FULLY_SHARDED, FULLY_SHARDED_RULES, LOGICAL_AXIS_RULES, MODEL_AXIS, PARAMETER_SHARDINGS,
+    REPLICATED, PyTree, axis_rules, batch_sharding, bytes_per_device, check_batch_divisible, create_mesh,
+    divisible_spec, local_data_positions, local_rows, logical_to_spec, mesh_shape_of, param_shardings,
+    replicated)
 
 # Environment of one process of a local cluster (set by `private-t5 launch`).
 COORDINATOR_ENV = "PRIVATE_T5_COORDINATOR"
@@ -144,75 +129,6 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
-def create_mesh(mesh_shape: Sequence[int] = (-1, 1), devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A (data, model) mesh over `devices` (default: all); one entry of `mesh_shape` may be -1.
-
-  Raises:
-    ConfigError: the shape does not match the number of devices.
-  """
-  devices = list(jax.devices() if devices is None else devices)
-  if (not isinstance(mesh_shape, (list, tuple)) or len(mesh_shape) != 2
-      or any(not isinstance(s, (int, np.integer)) or isinstance(s, bool) for s in mesh_shape)):
-    raise ConfigError(f"mesh_shape must be (data, model), two integers (one may be -1), got {mesh_shape!r}")
-  shape = [int(s) for s in mesh_shape]
-  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ConfigError(f"mesh_shape must be (data, model) with positive sizes (one may be -1), "
-                      f"got {tuple(mesh_shape)}")
-  if -1 in shape:
-    known = math.prod(s for s in shape if s != -1)
-    if len(devices) % known:
-      raise ConfigError(f"mesh_shape {tuple(mesh_shape)} does not divide the {len(devices)} devices")
-    shape[shape.index(-1)] = len(devices) // known
-  if math.prod(shape) > len(devices):
-    raise ConfigError(f"mesh_shape {tuple(shape)} needs {math.prod(shape)} devices, "
-                      f"only {len(devices)} available")
-  grid = np.asarray(devices[:math.prod(shape)]).reshape(shape)
-  return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
-
-
-def logical_to_spec(logical_axes: Sequence[Optional[str]],
-                    rules: Sequence[Tuple[str, Optional[str]]] = LOGICAL_AXIS_RULES) -> PartitionSpec:
-  """PartitionSpec of one array from its logical axis names; unknown names replicate."""
-  table: Dict[str, Optional[str]] = dict(rules)
-  used, spec = set(), []
-  for name in logical_axes:
-    mesh_axis = table.get(name) if name is not None else None
-    if mesh_axis in used:  # one mesh axis may shard only one dimension
-      mesh_axis = None
-    if mesh_axis is not None:
-      used.add(mesh_axis)
-    spec.append(mesh_axis)
-  return PartitionSpec(*spec)
-
-
-def _divisible_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
-  """Drops the sharding of dimensions the mesh axis does not divide (replicated instead)."""
-  return PartitionSpec(*[
-      axis if axis is None or dim % mesh.shape[axis] == 0 else None
-      for axis, dim in zip(tuple(spec) + (None,) * (len(shape) - len(spec)), shape)])
-
-
-def param_shardings(logical_axes: PyTree, shapes: PyTree, mesh: Mesh,
-                    rules: Sequence[Tuple[str, Optional[str]]] = LOGICAL_AXIS_RULES) -> PyTree:
-  """NamedSharding for every parameter, from its logical axes (tuples) and its shape."""
-  def one(axes, shape):
-    spec = _divisible_spec(logical_to_spec(axes, rules), shape.shape, mesh)
-    return NamedSharding(mesh, spec)
-  return jax.tree.map(one, logical_axes, shapes, is_leaf=lambda x: isinstance(x, tuple))
-
-
-def axis_rules(parameter_sharding: str) -> Tuple[Tuple[str, Optional[str]], ...]:
-  """The logical-axis rules of `parameter_sharding` ("replicated" | "fully_sharded").
-
-  Raises:
-    ConfigError: another name.
-  """
-  if parameter_sharding not in PARAMETER_SHARDINGS:
-    raise ConfigError(f"parameter_sharding must be one of {sorted(PARAMETER_SHARDINGS)}, "
-                      f"got {parameter_sharding!r}")
-  return PARAMETER_SHARDINGS[parameter_sharding]
-
-
 def _moment_spec(param_spec: PartitionSpec, param_shape: Sequence[int],
                  shape: Sequence[int]) -> PartitionSpec:
   """Spec of an optimizer-state array of `shape` that belongs to a parameter.
@@ -240,7 +156,7 @@ def optimizer_state_shardings(optimizer, opt_state: PyTree, params: PyTree, para
   """
   def one(moment, param, sharding):
     spec = _moment_spec(sharding.spec, param.shape, moment.shape)
-    return NamedSharding(mesh, _divisible_spec(spec, moment.shape, mesh))
+    return NamedSharding(mesh, divisible_spec(spec, moment.shape, mesh))
 
   pairs = jax.tree.map(lambda p, s: (p, s), params, param_shardings)
   return optax.tree_map_params(
@@ -288,7 +204,7 @@ def noise_state_shardings(noise_state: PyTree, params: PyTree, param_shardings: 
     else:
       specs = specs_by_shape.get(shape, set())
       spec = next(iter(specs)) if len(specs) == 1 else PartitionSpec()
-    return NamedSharding(mesh, _divisible_spec(spec, shape, mesh))
+    return NamedSharding(mesh, divisible_spec(spec, shape, mesh))
 
   def part(node):
     if not like_params(node):
@@ -301,54 +217,10 @@ def noise_state_shardings(noise_state: PyTree, params: PyTree, param_shardings: 
   return jax.tree.map(part, noise_state, is_leaf=like_params)
 
 
-def bytes_per_device(tree: PyTree) -> int:
-  """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs with a sharding): the
-  largest per-device total over the devices of the mesh."""
-  totals: Dict[Any, int] = {}
-  for leaf in jax.tree.leaves(tree):
-    sharding, itemsize = leaf.sharding, np.dtype(leaf.dtype).itemsize
-    for device in sharding.device_set:
-      totals[device] = totals.get(device, 0) + math.prod(sharding.shard_shape(leaf.shape)) * itemsize
-  return max(totals.values(), default=0)
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, PartitionSpec())
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Rows of a batch split over the `data` axis, everything else replicated."""
-  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-
-
 def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
   """A step's microbatches stacked on a leading axis [K, rows, ...]: each microbatch's rows split
   over the `data` axis as `batch_sharding`, the microbatch axis whole on every device."""
   return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
-
-
-def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
-  if batch_size % mesh.shape[DATA_AXIS]:
-    raise ConfigError(f"batch_size={batch_size} must be a multiple of the mesh's data axis "
-                      f"({mesh.shape[DATA_AXIS]} devices)")
-
-
-def local_rows(mesh: Mesh, batch_size: int) -> Tuple[int, int]:
-  """[start, stop) of the rows of a global batch this process's devices hold (`data` axis).
-
-  Every row is held by exactly one data-axis position; the positions of one process are
-  contiguous for meshes built by `create_mesh` (devices in process order). One process: all rows.
-  """
-  check_batch_divisible(batch_size, mesh)
-  index_map = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
-  starts = sorted({idx[0].start or 0 for idx in index_map.values()})
-  stops = sorted({batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()})
-  start, stop = starts[0], stops[-1]
-  per_position = batch_size // mesh.shape[DATA_AXIS]
-  if (stop - start) != per_position * len(starts):
-    raise ConfigError(f"the rows of this process's devices on the data axis are not contiguous "
-                      f"(mesh {dict(mesh.shape)}); order the mesh's devices by process")
-  return start, stop
 
 
 def spread_over_data(indices: np.ndarray, data_size: int) -> List[np.ndarray]:
@@ -361,13 +233,6 @@ def spread_over_data(indices: np.ndarray, data_size: int) -> List[np.ndarray]:
   """
   indices = np.asarray(indices)
   return [indices[p::data_size] for p in range(data_size)]
-
-
-def local_data_positions(mesh: Mesh) -> int:
-  """How many positions of the `data` axis this process's devices occupy."""
-  axis = mesh.axis_names.index(DATA_AXIS)
-  local = {d.id for d in jax.local_devices()}
-  return len({idx[axis] for idx, d in np.ndenumerate(mesh.devices) if d.id in local})
 
 
 def shard_batch(batch: Dict[str, np.ndarray], mesh: Mesh,

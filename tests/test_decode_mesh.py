@@ -1,0 +1,140 @@
+"""Decoding and scoring on a mesh (models/mesh_inference.py): prompts over `data`, parameters as
+in training; the tokens and the memorization metrics equal the one-device decode's.
+
+The tests run on the 8 fake CPU devices of conftest.py, with one tiny random model and a few
+prompts compiled once per mesh (module-scoped fixtures).
+"""
+import jax
+import numpy as np
+import pytest
+
+from private_t5 import models
+from private_t5.eval import memorization
+from private_t5.models import decoding, mesh_inference, sharding
+
+VOCAB, WIDTH, LENGTH, ROWS, BEAM = 256, 9, 6, 11, 3
+# Meshes (data, model) against the one-device decode; 11 prompts in batches of 4 make a padded
+# last batch, and 4 is rounded up to the 8 data positions of (8, 1).
+MESHES = [(1, 1), (8, 1), (2, 4)]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  config = models.load_preset("t5_1_1_tiny", vocab_size=VOCAB)
+  params = models.init_params(config, jax.random.PRNGKey(0))
+  inputs = np.random.default_rng(0).integers(3, VOCAB, size=(ROWS, WIDTH)).astype(np.int32)
+  inputs[3, 4:] = 0  # a shorter prompt
+  one = jax.devices()[0]
+  on_one = jax.device_put(params, one)
+  greedy = np.asarray(decoding.greedy_decode(on_one, config, jax.device_put(inputs, one), max_decode_length=LENGTH))
+  beam, _ = decoding.beam_search(on_one, config, jax.device_put(inputs, one), max_decode_length=LENGTH,
+                                 beam_size=BEAM)
+  return dict(config=config, params=params, inputs=inputs, greedy=greedy, beam=np.asarray(beam)[:, 0])
+
+
+@pytest.fixture(scope="module", params=MESHES, ids=lambda s: f"mesh{s[0]}x{s[1]}")
+def on_mesh(request, tiny):
+  shape = request.param
+  mesh = sharding.create_mesh(shape, jax.devices()[:shape[0] * shape[1]])
+  return shape, memorization.make_inference(tiny["params"], tiny["config"], mesh)
+
+
+def test_greedy_tokens_equal_the_one_device_decode(tiny, on_mesh):
+  shape, inference = on_mesh
+  assert inference.devices == shape[0] * shape[1]
+  out = inference.decode(tiny["inputs"], LENGTH, batch_size=4)
+  np.testing.assert_array_equal(out, tiny["greedy"])
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (2, 4)])
+def test_beam_tokens_equal_the_one_device_decode(tiny, shape):
+  mesh = sharding.create_mesh(shape)
+  inference = memorization.make_inference(tiny["params"], tiny["config"], mesh)
+  out = inference.decode(tiny["inputs"], LENGTH, batch_size=8, method=models.model.BEAM, beam_size=BEAM)
+  np.testing.assert_array_equal(out, tiny["beam"])
+
+
+def test_parameters_are_laid_out_by_the_training_rules(tiny, on_mesh):
+  shape, inference = on_mesh
+  placed = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(inference.params)}
+  expected = sharding.param_shardings(models.param_logical_axes(tiny["config"]), models.param_shapes(tiny["config"]),
+                                      inference.mesh)
+  for key, want in jax.tree_util.tree_leaves_with_path(expected):
+    assert placed[jax.tree_util.keystr(key)].sharding.is_equivalent_to(want, len(want.spec) or 1)
+  total = sum(x.nbytes for x in placed.values())
+  per_device = sharding.bytes_per_device(inference.params)
+  if shape[1] == 1:
+    assert per_device == total  # replicated over `data`
+  else:
+    assert per_device < 0.5 * total  # the large dimensions split over `model`
+
+
+def test_memorization_metrics_on_eight_devices_equal_one(tiny):
+  """`evaluate_split` through the mesh: 1 vs 8 devices give the same tokens and EM / TA / MED."""
+  cfg = memorization.ExtractionConfig(prompt_length=WIDTH - 1, generation_length=LENGTH, batch_size=8)
+  # Targets: the greedy tokens on the odd rows (exact matches), one token changed on the others.
+  targets = [g.copy() for g in tiny["greedy"]]
+  for t in targets[::2]:
+    t[2] = 3 + (t[2] + 1) % (VOCAB - 3)
+  examples = memorization.ExtractionExamples(ids=[str(i) for i in range(ROWS)], inputs=tiny["inputs"],
+                                             targets=targets, skipped=2, max_target_length=LENGTH)
+  results = {}
+  for devices in (1, 8):
+    mesh = sharding.create_mesh((devices, 1), jax.devices()[:devices])
+    inference = memorization.make_inference(tiny["params"], tiny["config"], mesh)
+    metrics, stats, preds = memorization.evaluate_split(None, tiny["config"], examples, cfg, verbose=False,
+                                                        inference=inference)
+    assert stats.prompts == ROWS and stats.generated_tokens == ROWS * LENGTH
+    results[devices] = (metrics.as_dict(), np.asarray(preds))
+  assert results[1][0] == results[8][0]
+  assert results[1][0]["exact_match"] == pytest.approx(5 / ROWS)
+  np.testing.assert_array_equal(results[1][1], results[8][1])
+  np.testing.assert_array_equal(results[8][1], tiny["greedy"])
+
+
+def test_scores_on_the_mesh_equal_one_device(tiny, on_mesh):
+  _, inference = on_mesh
+  targets = np.random.default_rng(1).integers(3, VOCAB, size=(5, LENGTH)).astype(np.int32)
+  weights = np.ones(targets.shape, np.float32)
+  weights[0, 3:] = 0
+  reference = jax.jit(models.EncoderDecoderModel(tiny["config"]).score_batch)(
+      tiny["params"], {"encoder_input_tokens": tiny["inputs"][:5], "decoder_target_tokens": targets,
+                       "decoder_loss_weights": weights})
+  got = memorization.make_scorer(None, tiny["config"], inference)(tiny["inputs"][:5], targets, weights)
+  assert got.shape == (5,)
+  np.testing.assert_allclose(got, np.asarray(reference), rtol=1e-5, atol=1e-4)
+
+
+def test_a_compile_only_object_gives_the_memory_of_a_mesh_program(tiny):
+  """No parameters needed: the decode program lowered from shapes, its per-device memory."""
+  mesh = sharding.create_mesh((2, 4))
+  inference = mesh_inference.MeshInference(tiny["config"], mesh)
+  compiled = inference.lower_decode(8, WIDTH, LENGTH).compile()
+  assert compiled.memory_analysis().argument_size_in_bytes > 0
+  with pytest.raises(ValueError, match="compile only"):
+    inference.decode(tiny["inputs"], LENGTH, batch_size=8)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--mesh_shape=3,3"], "needs 9 devices, only 8 available"),
+    (["--gin.MESH_SHAPE=(3, -1)"], "does not divide the 8 devices"),
+    (["--mesh_shape=two"], "expected DATA,MODEL"),
+    (["--gin.run_memorization.parameter_sharding='zero'"], "parameter_sharding must be one of"),
+])
+def test_memorization_refuses_a_bad_mesh_before_loading(bad, message, tmp_path, capsys):
+  from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
+  rc = cli.main(["memorization", "--gin_file=configs/runs/memorization.gin", f"--gin.MODEL_DIR={tmp_path}/none",
+                 f"--gin.TRAIN_CORPUS={tmp_path}/t.jsonl", f"--gin.VALID_CORPUS={tmp_path}/v.jsonl",
+                 f"--gin.OUTPUT_DIR={tmp_path}/out", *bad])
+  err = capsys.readouterr().err
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err
+  assert message in errors[0]
+  assert not (tmp_path / "out").exists()
+
+
+def test_training_and_evaluation_share_the_rules():
+  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
+  assert partitioning.LOGICAL_AXIS_RULES == sharding.LOGICAL_AXIS_RULES
+  assert partitioning.FULLY_SHARDED_RULES == sharding.FULLY_SHARDED_RULES
+  assert partitioning.axis_rules("fully_sharded") == sharding.axis_rules("fully_sharded")
