@@ -9,20 +9,18 @@ label predicted for every example). Writes `MODEL_DIR/eval/results.json` and
 import dataclasses
 import logging
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 
-from private_t5 import models
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import check_output_file, write_json_atomic, write_text_atomic
-from private_t5.eval import glue_metrics, memorization
-from private_t5.models import checkpoints, hf_convert
+from private_t5.eval import glue_metrics
+from private_t5.models import checkpoints, hf_convert, mesh_inference, sharding
 
 logger = logging.getLogger(__name__)
 
@@ -46,33 +44,24 @@ def _decoder(vocab_path: str):
 
 
 def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int = 64,
-            max_examples: Optional[int] = None, progress: bool = True) -> list:
+            max_examples: Optional[int] = None, progress: bool = True,
+            inference: Optional[mesh_inference.MeshInference] = None) -> list:
   """Greedy-decoded text for the first `max_examples` examples of `source` (all by default).
 
-  With several JAX processes each decodes its share of the examples
-  (`memorization.process_rows`) and the decoded tokens are gathered on every process.
+  Decoded on a mesh (`models.mesh_inference`): `inference` holds the parameters on it (default:
+  placed here on every device of every process, by training's logical-axis rules); each global
+  batch of `batch_size` rows is split over the `data` axis, and every process gets every text.
   """
-  model = models.EncoderDecoderModel(model_config)
-  params = jax.tree.map(jax.numpy.asarray, params)
+  if inference is None:
+    inference = mesh_inference.MeshInference(model_config, params=params)
   decode = _decoder(source.vocab_path)
   n = source.num_examples if max_examples is None else min(max_examples, source.num_examples)
   length = source.feature_lengths["targets"]
-  first, last, per = memorization.process_rows(n)
-  rows = [np.zeros((0, length), np.int32)]
-  bar = progress_lib.bar(total=last - first, desc="[evaluate] decoding", unit="examples",
+  inputs = source.get_batch(np.arange(n), 0, n)["encoder_input_tokens"]
+  bar = progress_lib.bar(total=n, desc="[evaluate] decoding", unit="examples",
                          disable=not (progress and progress_lib.enabled()))
-  for begin in range(first, last, batch_size):
-    indices = np.arange(begin, min(begin + batch_size, last))
-    batch = source.get_batch(indices, 0, batch_size)
-    out = np.asarray(model.predict_batch(params, batch["encoder_input_tokens"], max_decode_length=length))
-    rows.append(out[:len(indices)].astype(np.int32))
-    bar.update(len(indices))
+  tokens = inference.decode(inputs, length, batch_size=batch_size, on_batch=lambda rows, _: bar.update(rows))
   bar.close()
-  tokens = np.concatenate(rows)
-  if jax.process_count() > 1:
-    share = np.zeros((per, length), np.int32)
-    share[:len(tokens)] = tokens
-    tokens = np.asarray(multihost_utils.process_allgather(share)).reshape(-1, length)[:n]
   return [decode(row) for row in tokens]
 
 
@@ -121,17 +110,23 @@ def evaluate_params(params, model_config, task_or_mixture: str, vocab_path: str,
                     feature_lengths: Mapping[str, int], split: str = "validation",
                     glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
                     batch_size: int = 64, max_examples: Optional[int] = None,
-                    progress: bool = True, bootstrap_samples: int = 0) -> Dict[str, Any]:
+                    progress: bool = True, bootstrap_samples: int = 0,
+                    mesh: Optional[jax.sharding.Mesh] = None,
+                    rules=sharding.LOGICAL_AXIS_RULES) -> Dict[str, Any]:
   """Evaluates parameters on every evaluation task of `task_or_mixture` (no files written).
 
-  `bootstrap_samples` > 0 adds each task's bootstrap interval (`score_task`).
+  `bootstrap_samples` > 0 adds each task's bootstrap interval (`score_task`). The parameters
+  are placed once on `mesh` (default: every device on the `data` axis) by the logical-axis
+  `rules`, and every task is decoded there (`predict`).
   """
-  results = {"split": split, "task_or_mixture": task_or_mixture, "tasks": {}}
+  inference = mesh_inference.MeshInference(model_config, mesh, params=params, rules=rules)
+  results = {"split": split, "task_or_mixture": task_or_mixture, "tasks": {},
+             "devices": inference.devices, "mesh_shape": list(sharding.mesh_shape_of(inference.mesh))}
   for task in glue_tasks.eval_tasks(task_or_mixture):
     source = glue_tasks.GlueSource(task.name, split, vocab_path, feature_lengths, glue_dir=glue_dir,
                                    tfds_data_dir=tfds_data_dir, vocab_size=model_config.vocab_size,
                                    progress=progress)
-    texts = predict(params, model_config, source, batch_size, max_examples, progress)
+    texts = predict(params, model_config, source, batch_size, max_examples, progress, inference)
     entry = score_task(task, texts, source.labels[0], glue_dir, tfds_data_dir, bootstrap_samples)
     entry["examples"] = [{"inputs": source.inputs_text[i], "target": source.targets_text[i],
                           "prediction": texts[i]} for i in range(min(5, len(texts)))]
@@ -157,7 +152,8 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
              split: str = "validation", step: Optional[int] = None, vocab_path: Optional[str] = None,
              glue_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
              batch_size: int = 64, max_examples: Optional[int] = None,
-             output_dir: Optional[str] = None, initial_checkpoint: Optional[str] = None) -> Dict[str, Any]:
+             output_dir: Optional[str] = None, initial_checkpoint: Optional[str] = None,
+             mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = sharding.REPLICATED) -> Dict[str, Any]:
   """Evaluates the checkpoint of `model_dir` and writes `<output_dir>/results.{json,md}`.
 
   Args:
@@ -169,18 +165,24 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
     step: checkpoint step (default latest).
     vocab_path: default: the checkpoint's vocabulary.
     glue_dir, tfds_data_dir: where GLUE data lives (see `data.glue_tasks`).
-    batch_size: decoding batch size.
+    batch_size: decoding batch size (global: over all devices, rounded up to a multiple of the
+      mesh's `data` axis).
     max_examples: evaluate only the first N examples of each task (quick checks).
     output_dir: default MODEL_DIR/eval.
     initial_checkpoint: a LoRA run whose base moved since training: the base's new directory
       (Gin macro INITIAL_CHECKPOINT, `--initial_checkpoint`, as for `private-t5 train`), which must
       hold the weights the run recorded (checked by SHA-256).
+    mesh_shape: (data, model) mesh of the decoding, as training's (default: every device of
+      every process on `data`); the results record `devices` and `mesh_shape`.
+    parameter_sharding: "replicated" or "fully_sharded", training's logical-axis rules.
   """
   for macro, value in (("MODEL_DIR", model_dir), ("MIXTURE_OR_TASK_NAME", task_or_mixture)):
     if not isinstance(value, str) or not value:
       raise ConfigError(f"{macro} is required: pass --gin.{macro}=...")
   output_dir = output_dir or os.path.join(model_dir, EVAL_SUBDIR)
   check_output_file(os.path.join(output_dir, "results.json"), "evaluate.output_dir")  # before the decoding
+  rules = sharding.axis_rules(parameter_sharding)
+  mesh = sharding.create_mesh(mesh_shape)
   if hf_convert.is_hf_t5_dir(model_dir):
     if initial_checkpoint:
       raise ConfigError(f"--initial_checkpoint names a moved LoRA base, but {model_dir!r} is not a LoRA run")
@@ -192,7 +194,7 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
   if not vocab_path:
     raise ConfigError(f"{model_dir!r} records no vocabulary; set evaluate.vocab_path")
   results = evaluate_params(params, model_config, task_or_mixture, vocab_path, feature_lengths, split,
-                            glue_dir, tfds_data_dir, batch_size, max_examples)
+                            glue_dir, tfds_data_dir, batch_size, max_examples, mesh=mesh, rules=rules)
   results.update(model_dir=os.path.abspath(model_dir), step=info.get("step"), vocab_path=vocab_path,
                  model_config=dataclasses.asdict(model_config), feature_lengths=dict(feature_lengths),
                  max_examples=max_examples)

@@ -11,6 +11,7 @@ import sys
 
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
+from private_t5.stages import memorization as memorization_stage
 from private_t5.stages import train as train_stage
 
 
@@ -25,7 +26,10 @@ def _parser():
   train_stage.add_task_flags(parser, task=False)
   parser.add_flag("vocab_path", gin="evaluate.vocab_path", help="SentencePiece model (default: the checkpoint's)")
   parser.add_flag("output", gin="evaluate.output_dir", help="results directory (default: MODEL_DIR/eval)")
-  parser.add_flag("batch_size", gin="evaluate.batch_size", type=int, help="decoding batch size")
+  parser.add_flag("batch_size", gin="evaluate.batch_size", type=int,
+                  help="decoding batch size (global, over all devices)")
+  parser.add_flag("mesh_shape", gin="evaluate.mesh_shape", type=memorization_stage.parse_mesh_shape,
+                  metavar="DATA,MODEL", help="device mesh of the decoding (default -1,1: every device on data)")
   parser.add_flag("initial_checkpoint", gin="INITIAL_CHECKPOINT",
                   help="a LoRA run whose base moved: the base's new directory (checked by SHA-256, as for train)")
   return parser

@@ -26,7 +26,7 @@ membership record written by `private-t5 canaries --audit`). See docs/memorizati
 """
 
 
-def _mesh_shape(text: str):
+def parse_mesh_shape(text: str):
   """`--mesh_shape=DATA,MODEL` (one may be -1) as the tuple Gin binds."""
   try:
     shape = tuple(int(s) for s in text.strip("()[] ").split(","))
@@ -48,7 +48,7 @@ def _parser():
   p.add_flag("canaries", gin="CANARIES", help="canary record written by `private-t5 canaries`")
   p.add_flag("audit", gin="AUDIT", help="audit membership record written by `private-t5 canaries --audit`")
   p.add_flag("batch_size", gin="BATCH_SIZE", type=int, help="decoding batch size (global, over all devices)")
-  p.add_flag("mesh_shape", gin="MESH_SHAPE", type=_mesh_shape, metavar="DATA,MODEL",
+  p.add_flag("mesh_shape", gin="MESH_SHAPE", type=parse_mesh_shape, metavar="DATA,MODEL",
              help="device mesh of the decoding (default -1,1: every device on the data axis)")
   return p
 
