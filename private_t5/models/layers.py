@@ -185,6 +185,44 @@ class RelativePositionBias(nn.Module):
     return bias[None].astype(self.dtype)
 
 
+def cudnn_attention_inputs(mask: Optional[jax.Array], bias: Optional[jax.Array], batch: int,
+                           q_len: int, k_len: int, dtype) -> Dict[str, jax.Array]:
+  """The keyword arguments of `jax.nn.dot_product_attention(implementation="cudnn")` that mask
+  and bias T5 attention as `mask` (boolean `[B|1, 1, q|1, k]`) and `bias` (`[1, heads, q, k]`) do.
+
+  cuDNN's fused kernel takes one additive bias (jax folds a boolean mask into it) whose last two
+  dimensions are exactly `[q, k]`, and it computes the gradient of that bias only when its batch
+  dimension is 1: a bias broadcast over the batch gets a zero gradient, silently. So
+
+  * without a bias (cross-attention: T5 has no position bias there), the padding mask is
+    broadcast to `[B, 1, q, k]` (any padding pattern; nothing to differentiate);
+  * with the relative position bias (self-attention), the bias stays `[1, heads, q, k]` in the
+    activations' dtype; a key padding mask (the encoder's) becomes `key_value_seq_lengths`, the
+    number of non-padding keys of each example: cuDNN's padding mask, which masks the keys from
+    that length on; it equals the boolean mask for inputs padded at the end, as T5's are. A mask
+    over (query, key) shared by the batch (the decoder's causal mask) is folded into the bias.
+  """
+  inputs: Dict[str, jax.Array] = {}
+  if bias is not None:
+    if bias.shape[0] != 1:
+      raise ValueError(f"cuDNN attention computes the gradient of a bias of batch 1 only, got a bias of "
+                       f"shape {bias.shape}")
+    inputs["bias"] = bias.astype(dtype)
+  if mask is None:
+    return inputs
+  if bias is None:
+    inputs["mask"] = jnp.broadcast_to(mask, (mask.shape[0], 1, q_len, k_len))
+  elif mask.shape[2] == 1:
+    lengths = jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32)
+    inputs["key_value_seq_lengths"] = jnp.broadcast_to(lengths, (batch,))
+  elif mask.shape[0] == 1:
+    inputs["mask"] = jnp.broadcast_to(mask, (1, 1, q_len, k_len))
+  else:
+    raise ValueError(f"cuDNN attention with a bias takes a per-example mask over keys only "
+                     f"([B, 1, 1, k]), got a mask of shape {mask.shape}")
+  return inputs
+
+
 class MultiHeadAttention(nn.Module):
   """T5 attention: no 1/sqrt(d) logit scaling (it is folded into the query init).
 
@@ -254,12 +292,13 @@ class MultiHeadAttention(nn.Module):
       out = self._einsum_attention(query, key, value, mask, bias, enable_dropout)
     else:  # (T5Config.validate refuses these implementations with dropout)
       # The same product as `_einsum_attention`: logits in float32, scale 1 (T5), the bias added,
-      # masked positions at a large negative value, a float32 softmax, weights @ values. cuDNN
-      # takes the bias in the activations' dtype.
-      if bias is not None and self.implementation == "cudnn":
-        bias = bias.astype(query.dtype)
-      out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=1.0,
-                                         implementation=self.implementation)
+      # masked positions at a large negative value, a float32 softmax, weights @ values.
+      inputs = dict(bias=bias, mask=mask)
+      if self.implementation == "cudnn":
+        inputs = cudnn_attention_inputs(mask, bias, query.shape[0], query.shape[1], key.shape[1],
+                                        query.dtype)
+      out = jax.nn.dot_product_attention(query, key, value, scale=1.0,
+                                         implementation=self.implementation, **inputs)
     out = out.reshape(out.shape[:-2] + (joined,))
     return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
                  lora=_adapted(self.lora, "out"), name="out")(out, enable_dropout=enable_dropout)

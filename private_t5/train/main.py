@@ -134,10 +134,21 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
 
 
 def check_attention_backend(model_config) -> None:
-  """ConfigError unless this process's JAX backend runs `model_config.attention` ('cudnn' needs a GPU)."""
-  if model_config.attention == "cudnn" and jax.default_backend() != "gpu":
+  """ConfigError (one line) unless this process runs `model_config.attention`: 'cudnn' needs a GPU and
+  a head dimension (`d_kv`) that cuDNN's fused kernel takes, a multiple of 8 up to 128 (256 from
+  compute capability 9.0). Its dtypes are checked by `T5Config.validate` (bfloat16 or float16)."""
+  if model_config.attention != "cudnn":
+    return
+  backend, d_kv = jax.default_backend(), model_config.d_kv
+  if backend != "gpu":
     raise ConfigError(f"T5Config.attention 'cudnn' is NVIDIA's fused attention kernel and needs a GPU; this run's "
-                      f"JAX backend is {jax.default_backend()!r}: use attention='xla' or 'einsum'")
+                      f"JAX backend is {backend!r}: use attention='xla' or 'einsum'")
+  capability = str(getattr(jax.devices()[0], "compute_capability", "0.0"))
+  max_head_dim = 256 if tuple(int(x) for x in capability.split(".")[:2]) >= (9, 0) else 128
+  if d_kv % 8 or d_kv > max_head_dim:
+    raise ConfigError(f"T5Config.attention 'cudnn': cuDNN's fused attention takes head dimensions that are multiples "
+                      f"of 8 up to {max_head_dim} on this GPU (compute capability {capability}), but d_kv is {d_kv}: "
+                      "use attention='xla' or 'einsum'")
 
 
 def check_train_kwargs(kwargs: Mapping[str, Any], caller: str) -> None:
