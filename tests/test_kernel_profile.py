@@ -1,4 +1,5 @@
 """A step's device time by HLO op, read back from a `jax.profiler` trace (CPU here)."""
+import os
 import time
 
 import jax
@@ -57,3 +58,70 @@ def test_an_op_is_read_from_its_stats_an_annotation_or_a_kernel_name():
       "cublas-gemm.1", "jit_step")
   assert read(_Event("loop_add_fusion", {"stream_id": 7}), True) == ("loop_add_fusion", "")
   assert read(_Event("ThreadpoolListener::Record", {}), False) == (None, None)
+
+
+_FIXTURE = os.path.join(os.path.dirname(__file__), "testdata", "h200_nondp_step.xplane.pb")
+_SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "accelerator", "h200_t5_small_b32",
+                       "nondp.xplane.pb")
+
+
+def _check_h200_nondp_step(profile):
+  # T5 v1.1 small, 512/114, batch 32, bf16, non-DP, on one H200: every kernel of the step ran
+  # inside one command buffer (`hlo_op` "command_buffer_1"), ~3,700 kernels, 23.4 ms of kernel
+  # time, 8.2 ms of it matrix products.
+  assert profile["ms_per_step"] == pytest.approx(23.42, abs=0.02)
+  assert profile["by_kind"]["matmul"] == pytest.approx(8.2, abs=0.02)
+  assert profile["ops"] > 200 and not any(op.startswith("command_buffer") for op, _, _ in profile["top_ops"])
+  assert sum(profile["by_kind"].values()) == pytest.approx(profile["ms_per_step"], rel=1e-3)
+
+
+def test_a_gpu_profile_counts_the_kernels_of_a_command_buffer():
+  """One step of the H200 profile (its device kernels with their `hlo_op` / `hlo_module`
+  stats, the rest dropped): the kernels the command buffer launched, by their own names."""
+  _check_h200_nondp_step(kernel_profile.summarize(kernel_profile.op_times(_FIXTURE), steps=1))
+  assert kernel_profile.op_times(_FIXTURE, module="no_such") == {}
+
+
+@pytest.mark.skipif(not os.path.exists(_SHARED), reason="the shared H200 profile is not here")
+def test_the_shared_h200_profile_reads_the_same_per_step():
+  _check_h200_nondp_step(kernel_profile.summarize(kernel_profile.op_times(_SHARED), steps=3))
+
+
+class _Line:
+  def __init__(self, name, events):
+    self.name, self.events = name, events
+
+
+class _Plane:
+  def __init__(self, name, lines):
+    self.name, self.lines = name, lines
+
+
+def _kernel(name, start, duration, **stats):
+  event = _Event(name, stats, duration)
+  event.start_ns = start
+  return event
+
+
+def test_device_kernels_count_by_instruction_without_command_buffers_and_concurrently():
+  """Without command buffers each kernel carries its instruction (a cuBLAS kernel its
+  `cublas-gemm`); overlapping kernels all count; a host plane is not read beside a device's."""
+  stream = _Line("Stream #14(Compute)", [
+      _kernel("nvjet_sm90_tst_128x128", 0, 10, hlo_op="cublas-gemm.3", hlo_module="jit_step"),
+      _kernel("nvjet_sm90_tst_128x128", 20, 10, hlo_op="cublas-gemm.3", hlo_module="jit_step"),
+      _kernel("loop_add_fusion", 5, 4, hlo_op="loop_add_fusion", hlo_module="jit_step"),
+      _kernel("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n", 30, 6, hlo_op="command_buffer_2", hlo_module="jit_step")])
+  host = _Plane("/host:CPU", [_Line("python3", [_kernel("while.1", 0, 100, hlo_op="while.1")])])
+  times = kernel_profile.plane_op_times([_Plane("/device:GPU:0", [stream]), host])
+  assert times == pytest.approx({"cublas-gemm.3": 20e-9, "loop_add_fusion": 4e-9,
+                                 "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n": 6e-9})
+
+
+def test_float32_gemms_on_cuda_cores_are_a_kind_of_their_own():
+  kinds = {name: kernel_profile.op_kind(name) for name in (
+      "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8", "cutlass_80_simt_sgemm_128x128_8x4_nn_align1",
+      "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", "Memset 0")}
+  assert kinds == {"sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8": "matmul f32",
+                   "cutlass_80_simt_sgemm_128x128_8x4_nn_align1": "matmul f32",
+                   "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n": "matmul",
+                   "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT": "matmul", "Memset 0": "copy/transpose"}

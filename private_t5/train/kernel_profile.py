@@ -4,14 +4,18 @@
   profile["ms_per_step"], profile["by_kind"], profile["top_ops"]
 
 `profile_steps` records a trace of `steps` calls (the first call is expected to be compiled
-already) and `op_times` sums the duration of every event that XLA's runtime tags with the HLO
-instruction it executes (`hlo_op`, with its `hlo_module`, or XLA's annotation string): on a GPU
-the kernels on the device's streams (a kernel without a tag by its own name), on a CPU the
-runtime's thunks (a loop's body counted with the loop). Summed by instruction and by kind of instruction
-(`op_kind`: matrix products, reductions, loops, copies and transposes, collectives, random
-bits, other fusions), divided by the number of steps, they say what a DP step adds to the
-non-DP one (compare two profiles) without a profiler UI. The trace folder itself is kept for
-TensorBoard or Perfetto.
+already) and `op_times` sums the duration of every event that XLA's runtime runs for an HLO
+instruction. On a GPU these are the kernels on the device's streams: each kernel is named by the
+instruction it runs (its `hlo_op` stat, or an XLA annotation), or by its own name (XLA names a
+kernel after its fusion: `loop_add_fusion_102`, `gemm_fusion_dot_770`; a library's kernel after
+the library: `nvjet_...`, `sm80_xmma_gemm_...`) when it has no tag or when the tag names the
+command buffer (CUDA graph) that launched it, as every kernel of a step launched through one
+graph does. Concurrent kernels all count. On a CPU they are the runtime's thunks (a loop's body
+counted with the loop). Summed by instruction and by kind of instruction (`op_kind`: matrix
+products, float32 matrix products on a GPU's CUDA cores, reductions, loops, copies and
+transposes, collectives, random bits, other fusions), divided by the number of steps, they say
+what a DP step adds to the non-DP one (compare two profiles) without a profiler UI. The trace
+folder itself is kept for TensorBoard or Perfetto.
 """
 import collections
 import glob
@@ -21,8 +25,11 @@ from typing import Any, Callable, Dict, Optional
 
 # Kinds of HLO instruction, by the words of its name (XLA names a fusion by its root and kind:
 # `loop_multiply_fusion`, `input_reduce_fusion`, `gemm_fusion`, `cublas-gemm`, `while`, ...).
+# A GPU's float32 matrix products without tensor cores (`sm80_xmma_gemm_f32f32_...`, cutlass
+# `simt_sgemm`) are a kind of their own: what bf16 operands would move onto tensor cores.
 _KINDS = (
-    ("matmul", re.compile(r"gemm|dot|matmul|cublas|cudnn|xmma|cutlass|convolution|triton|ynn")),
+    ("matmul f32", re.compile(r"sgemm|gemm_f32f32|f32f32_f32")),
+    ("matmul", re.compile(r"gemm|dot|matmul|cublas|cudnn|xmma|cutlass|nvjet|convolution|triton|ynn")),
     ("loop", re.compile(r"while|conditional|^(case|call)\b")),
     ("collective", re.compile(r"all-reduce|all-gather|reduce-scatter|all-to-all|collective|send|recv")),
     ("random", re.compile(r"rng|threefry|random")),
@@ -50,26 +57,46 @@ _SUMMARY_LINES = frozenset({"XLA Modules", "Steps", "Framework Ops", "Framework 
                             "XLA TraceMe", "Launch Stats"})
 
 
+# The HLO instruction of a command buffer thunk: a CUDA graph of many kernels, not one op.
+_COMMAND_BUFFER = re.compile(r"^command_buffer")
+
+
 def _op_and_module(event, device: bool):
   """(HLO op, module) an event ran, or (None, None): the `hlo_op` / `hlo_module` stats, else an
-  XLA annotation in another stat, else (on a device plane) the kernel's own name."""
+  XLA annotation in another stat, else (on a device plane) the kernel's own name; on a device
+  plane also the kernel's own name when the op is the command buffer that launched it."""
   stats = {k: v for k, v in event.stats}
+  op, module = None, ""
   if stats.get("hlo_op"):
-    return str(stats["hlo_op"]), str(stats.get("hlo_module", ""))
-  for value in stats.values():
-    match = _ANNOTATION.match(str(value))
-    if match:
-      return match.group(1), match.group(2)
-  return (event.name, "") if device and event.duration_ns > 0 else (None, None)
+    op, module = str(stats["hlo_op"]), str(stats.get("hlo_module", ""))
+  else:
+    for value in stats.values():
+      match = _ANNOTATION.match(str(value))
+      if match:
+        op, module = match.group(1), match.group(2)
+        break
+  if device and event.duration_ns > 0 and (op is None or _COMMAND_BUFFER.match(op)):
+    return event.name, module
+  return (op, module) if op else (None, None)
 
 
 def op_times(xplane_path: str, module: Optional[str] = None) -> Dict[str, float]:
-  """Seconds spent in each HLO instruction in the trace at `xplane_path`: device planes
-  (`/device:...`) when the trace has any, else the host's; when `module` is given, not the
-  events of modules whose name does not contain it."""
+  """Seconds spent in each HLO instruction (on a GPU: each kernel) in the trace at `xplane_path`:
+  device planes (`/device:...`) when the trace has any, else the host's; when `module` is given,
+  not the events of modules whose name does not contain it."""
   from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
-  data = ProfileData.from_file(xplane_path)
-  planes = list(data.planes)
+  return plane_op_times(ProfileData.from_file(xplane_path).planes, module)
+
+
+def plane_op_times(planes, module: Optional[str] = None) -> Dict[str, float]:
+  """`op_times` of profile planes (`jax.profiler.ProfileData(...).planes`, or objects with the same
+  `name`, `lines`; `line.name`, `line.events`; `event.name`, `start_ns`, `duration_ns`, `stats`).
+
+  A device's kernels all count, concurrent ones included (a CUDA graph runs independent kernels
+  side by side): the sum is kernel time, not wall time. A host's thunks nest (a loop's body runs
+  inside the loop's event): an event inside an earlier one of its line counts with it.
+  """
+  planes = list(planes)
   device = [p for p in planes if p.name.startswith("/device:")]
   totals: Dict[str, float] = collections.defaultdict(float)
   for plane in device or planes:
@@ -81,9 +108,10 @@ def op_times(xplane_path: str, module: Optional[str] = None) -> Dict[str, float]
         op, op_module = _op_and_module(event, bool(device))
         if not op or (module and op_module and module not in op_module):
           continue
-        if event.start_ns < outer_end:  # inside a loop's (or call's) event, counted with it
-          continue
-        outer_end = event.start_ns + event.duration_ns
+        if not device:
+          if event.start_ns < outer_end:  # inside a loop's (or call's) event, counted with it
+            continue
+          outer_end = event.start_ns + event.duration_ns
         totals[str(op)] += event.duration_ns * 1e-9
   return dict(totals)
 
