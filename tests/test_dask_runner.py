@@ -5,7 +5,8 @@ splits` and `private-t5 store` run with `--runner=DaskRunner --beam_options=--da
 against it and give what `--runner=local` and the DirectRunner give: the same split file, the same
 store entry file for file, the same summary apart from timings, paths and runner names. The
 cluster did the work: both worker processes executed tasks of each stage. A failure in a worker is
-one error line naming the stage.
+one error line naming the stage. A seqio Task into its store on Dask (each worker then imports
+TensorFlow and seqio) runs with PRIVATE_T5_TEST_DASK_SEQIO=1.
 """
 import gzip
 import json
@@ -28,7 +29,7 @@ SPLIT_FLAGS = ["--num_perm=1280", "--num_bands=128"]
 @pytest.fixture(scope="module")
 def cluster():
   """(the scheduler's address, a client of the test): 2 worker processes, one thread each."""
-  with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+  with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0",
                                 silence_logs=logging.ERROR) as local:
     with distributed.Client(local) as client:
       yield local.scheduler_address, client
@@ -93,7 +94,8 @@ def _manifest(path):
   return m
 
 
-_TIMINGS = ("path", "runner", "seconds", "build_seconds", "mb_per_s", "documents_per_s", "counters")
+_TIMINGS = ("path", "runner", "seconds", "build_seconds", "mb_per_s", "documents_per_s", "examples_per_s",
+            "tokens_per_s", "counters")
 
 
 def test_store_on_dask_equals_local_and_direct(tmp_path, cluster, vocab_path, capsys):
@@ -163,3 +165,32 @@ def test_dp_spm_histogram_on_dask_equals_local(tmp_path, cluster):
   assert dict(hist) == dict(local)
   assert (s1.documents, s1.bytes, s1.words_raw, s1.words_counted) == (
       s2.documents, s2.bytes, s2.words_raw, s2.words_counted)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("PRIVATE_T5_TEST_DASK_SEQIO"),
+                    reason="set PRIVATE_T5_TEST_DASK_SEQIO=1: each Dask worker imports TensorFlow and seqio "
+                           "(30-75 s on 2 cores, beyond this module's share of the suite's time)")
+def test_a_seqio_task_into_its_store_on_dask_equals_local(tmp_path, cluster, vocab_path, capsys):
+  pytest.importorskip("seqio", reason="needs seqio and t5 (private_t5[seqio])")
+  pytest.importorskip("t5", reason="needs seqio and t5 (private_t5[seqio])")
+  import seqio_tasks  # pylint: disable=g-import-not-at-top  # tests/seqio_tasks.py
+  address, client = cluster
+  with gzip.open(shared_or_fixture(FORTUNES), "rt", encoding="utf-8") as f:
+    texts = [json.loads(line)["text"].replace("\n", " ") for _, line in zip(range(60), f)]
+  paths = [str(tmp_path / "part-0.txt"), str(tmp_path / "part-1.txt")]
+  for path, part in zip(paths, (texts[:35], texts[35:])):
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(part) + "\n")
+  # A user's Task module registers its Tasks in every process that imports it; these are registered
+  # from files made here, so here and in each worker process.
+  seqio_tasks.register_text_file(paths, vocab_path, name=seqio_tasks.TWO_FILES_TASK)
+  client.run(seqio_tasks.register_text_file, paths, vocab_path, name=seqio_tasks.TWO_FILES_TASK)
+  common = ["store", f"--mixture_or_task_name={seqio_tasks.TWO_FILES_TASK}", "--mixture_or_task_module=seqio_tasks",
+            "--task_feature_lengths={'inputs': 32, 'targets': 8}"]
+  local = _stage(capsys, *common, f"--cache_dir={tmp_path}/local")
+  dask = _run_on_both_workers(client, lambda: _stage(capsys, *common, f"--cache_dir={tmp_path}/dask", *_dask(address)))
+  assert dask["runner"] == "DaskRunner" and dask["counters"]["shards_written"] == 2
+  assert dask["counters"]["examples_written"] == local["examples"]
+  assert {k: v for k, v in dask.items() if k not in _TIMINGS} == {k: v for k, v in local.items() if k not in _TIMINGS}
+  assert _files(dask["path"]) == _files(local["path"]) and _manifest(dask["path"]) == _manifest(local["path"])

@@ -89,7 +89,8 @@ def add_runner_flags(parser) -> None:
                       help=f"'{LOCAL_RUNNER}' (in-process, default) or a Beam runner: {', '.join(BEAM_RUNNERS)}")
   parser.add_argument("--beam_options", default="",
                       help="Beam pipeline flags, passed to PipelineOptions unchanged "
-                           "(e.g. \"--direct_num_workers=2 --direct_running_mode=multi_processing\")")
+                           "(e.g. \"--direct_num_workers=2 --direct_running_mode=multi_processing\"; "
+                           "DaskRunner: \"--dask_client_address=HOST:PORT\")")
   parser.add_argument("--skip_bad_lines", action="store_true",
                       help="Beam runners: count and skip malformed lines instead of stopping")
 
@@ -190,8 +191,8 @@ def run_pipeline(pipeline, stage: str = "pipeline", runner: Optional[str] = None
   try:
     result = pipeline.run()
     result.wait_until_finish()
-  except errors_lib.PrivateT5Error as e:
-    raise type(e)(f"{where}: {e}") from None
+  except errors_lib.PrivateT5Error as e:  # raised as it was in the worker (Dask, in-process runners)
+    raise type(e)(f"{where}: {_STEP.sub('', str(e)).strip()}") from None
   except Exception as e:  # pylint: disable=broad-except
     raise _worker_error(e, where) from None
   finally:
@@ -212,7 +213,7 @@ def _worker_error(e: BaseException, where: str) -> errors_lib.PrivateT5Error:
   if match:
     name = match.group(1) or match.group(3)
     message = match.group(2) or match.group(4)
-    return getattr(errors_lib, name, DataError)(f"{where}: {message.strip()}")
+    return getattr(errors_lib, name, DataError)(f"{where}: {_STEP.sub('', message).strip()}")
   step = _STEP.search(text)
   lines = [l.strip() for l in text.splitlines() if l.strip()]
   named = [m for m in (_EXCEPTION_LINE.match(_STEP.sub("", l).strip()) for l in lines) if m]
@@ -221,7 +222,7 @@ def _worker_error(e: BaseException, where: str) -> errors_lib.PrivateT5Error:
   else:
     kind, message = type(e).__name__, _STEP.sub("", lines[0]).strip() if lines else ""
   in_step = f" in step {step.group(1)!r}" if step else ""
-  return DataError(f"{where}: a worker failed{in_step}: {kind}: {message}".rstrip(": "))
+  return DataError(f"{where} failed{in_step}: {kind}: {message}".rstrip(": "))
 
 
 def pipeline_counters(result) -> Dict[str, int]:

@@ -8,9 +8,13 @@
   private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus='c4/train-*.jsonl.gz' \\
       --output=vocab/dp_spm.model --runner=DataflowRunner --beam_options="--project=P --region=R \\
       --temp_location=gs://B/tmp"
+  private-t5 dp-spm --gin_file=configs/runs/dp_spm.gin --corpus='/shared/c4/train-*.jsonl.gz' \
+      --output=vocab/dp_spm.model --runner=DaskRunner --beam_options="--dask_client_address=HOST:8786"
 
 `--runner` other than `local` builds the noiseless histogram on Apache Beam (see
-`private_t5.data.beam_io`); noise and threshold are applied once, here, either way.
+`private_t5.data.beam_io`; on a Dask cluster the corpus and the temporary folder, `--temp_location`,
+must be on storage every worker reads: docs/scaling.md); noise and threshold are applied once,
+here, either way.
 
 Plain flags override the Gin values. Writes the model and `privacy_report.json` beside it
 as one unit (the report first, naming the model by its hash; then the model) and prints the

@@ -5,6 +5,9 @@
   private-t5 splits --train_corpus='gs://B/c4/train-*.jsonl.gz' --valid_corpus='gs://B/c4/valid-*.jsonl.gz' \\
       --vocab_path=gs://B/vocab/spm.model --output=runs/mem/ --runner=DataflowRunner \\
       --beam_options="--project=P --region=R --temp_location=gs://B/tmp"
+  private-t5 splits --train_corpus='/shared/c4/train-*.jsonl.gz' --valid_corpus='/shared/c4/valid-*.jsonl.gz' \
+      --output=runs/mem/ --runner=DaskRunner \
+      --beam_options="--dask_client_address=HOST:8786 --temp_location=/shared/tmp"
 
 Finds near-duplicates (MinHash LSH + edit similarity, and shared 50-token windows; see
 `private_t5.eval.splits`) with the in-process path (`--runner=local`) or on Apache Beam

@@ -5,9 +5,12 @@
       --runner=DirectRunner --beam_options="--direct_num_workers=2 --direct_running_mode=multi_processing"
   private-t5 store --mixture_or_task_name=c4_v220_span_corruption --mixture_or_task_module=t5.data.mixtures \\
       --task_feature_lengths="{'inputs': 512, 'targets': 114}" --cache_dir=cache/ [--runner=DataflowRunner ...]
+  private-t5 store --corpus='/shared/c4/train-*.jsonl.gz' --vocab_path=/shared/vocab/spm.model \
+      --cache_dir=/shared/cache/ --runner=DaskRunner --beam_options="--dask_client_address=HOST:8786"
 
 Builds the store (see `private_t5.data.store`) in-process (`--runner=local`, one shard) or on
-Apache Beam (one shard per input file, written by the workers; `private_t5.data.store_beam`)
+Apache Beam (one shard per input file, written by the workers; `private_t5.data.store_beam`; on
+a cluster, Dask's included, the corpus and the cache folder on storage every worker reads and writes)
 into the cache entry that training looks up for the same corpus, vocabulary and reader
 options: `private-t5 train` with DATA_CACHE_DIR set to the same folder reuses it. An entry
 already built is reused once its files are checked against the sizes recorded when it was built
