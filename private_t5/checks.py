@@ -4,12 +4,14 @@ Gin macros and bindings, command-line flags, audit records and task files all re
 Python values; a string is never a boolean ("False" is truthy), a boolean is never a number, and a
 number is finite unless said otherwise. Every check raises `ConfigError` naming the setting, so
 the command prints one line. `check_annotation` checks a value against a parameter's type
-annotation (what the Gin layer calls for every binding it parses).
+annotation (what the Gin layer calls for every binding it parses); `flag_value` checks one against
+a command-line flag's type, and `same_setting` says whether two values set a setting alike (a flag
+beside the override of its Gin macro).
 """
 import math
 import numbers
 import typing
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from private_t5.errors import ConfigError
 
@@ -117,3 +119,40 @@ def check_annotation(value: Any, annotation: Any, name: str) -> None:
       except ConfigError as e:
         errors.append(e)
     raise errors[-1]
+
+
+def flag_value(value: Any, name: str, kind: Any, choices: Optional[Sequence[Any]] = None) -> Any:
+  """`value` as a flag of type `kind` (and `choices`) takes it; ConfigError naming `name` when it is
+  not of that type ("4" or 1.5 is no integer, "False" no boolean, None or a bool no string) or not
+  one of the choices. A number becomes a str flag's text; another callable `kind` is applied to a
+  value that is not a list or tuple."""
+  value = _of_kind(value, name, kind)
+  if choices is not None and value not in choices:
+    raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+  return value
+
+
+def _of_kind(value: Any, name: str, kind: Any) -> Any:
+  if kind is bool:
+    return boolean(value, name)
+  if kind is int:
+    return integer(value, name)
+  if kind is float:
+    return number(value, name)
+  if kind is str:
+    if isinstance(value, bool) or value is None:
+      raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value if isinstance(value, (str, list, tuple, dict)) else str(value)
+  return kind(value) if callable(kind) and not isinstance(value, (list, tuple)) else value
+
+
+def same_setting(a: Any, b: Any) -> bool:
+  """Whether values `a` and `b` set a setting alike: numbers by value (4 == 4.0), sequences item by
+  item, a one-item sequence `a` as its item; anything else of the same type and equal."""
+  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    return len(a) == len(b) and all(same_setting(x, y) for x, y in zip(a, b))
+  if isinstance(a, (list, tuple)) and len(a) == 1:
+    return same_setting(a[0], b)
+  if is_finite_number(a) and is_finite_number(b):
+    return float(a) == float(b)
+  return type(a) is type(b) and a == b  # pylint: disable=unidiomatic-typecheck

@@ -36,7 +36,7 @@ import sys
 import warnings
 from typing import List, Optional
 
-from private_t5 import checks
+from private_t5 import checks, epsilon_checks
 from private_t5.dp import accounting
 from private_t5.errors import PrivacyError
 from private_t5.stages import flags
@@ -72,7 +72,8 @@ def _parser():
 
 
 def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
-  """Computes the JSON answer for parsed flags (raises PrivacyError on bad input).
+  """Computes the JSON answer for parsed flags (raises PrivacyError on bad input; the settings are
+  checked together by `private_t5.epsilon_checks`).
 
   `delta_source` names where δ came from ("--delta", or the Gin macro DELTA) in the warnings.
   The reported ε holds at `total_delta`: at --delta, unless only RDP accounted a truncated batch
@@ -81,31 +82,21 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   """
   if args.num_bands is None:
     args.num_bands = 1
-  if args.num_bands < 1:
-    raise PrivacyError(f"--num_bands must be >= 1, got {args.num_bands}")
-  if args.noise != "gaussian":
-    _check_groups(args)
+  epsilon_checks.check_bands(args)
+  epsilon_checks.check_sampling_source(args)
   if args.sampling_rate is not None:
-    if args.batch_size is not None:
-      raise PrivacyError("give --sampling_rate or --batch_size/--num_examples, not both")
     q = args.sampling_rate
   else:
-    if args.batch_size is None or args.num_examples is None:
-      raise PrivacyError("need --sampling_rate, or both --batch_size and --num_examples")
     accounting.validate_privacy_params(batch_size=args.batch_size, num_examples=args.num_examples)
     q = accounting.sampling_rate_from_batch(args.batch_size * args.num_bands, args.num_examples)
   if args.noise != "gaussian":
     return _correlated(args, q, delta_source)
-  if args.num_bands != 1 or args.buffers is not None:
-    raise PrivacyError("--num_bands and --buffers are settings of correlated noise (--noise=banded or blt)")
+  epsilon_checks.check_gaussian(args)
   accounting.validate_privacy_params(
       noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
       num_examples=args.num_examples, accountant=args.accountant, sampling=args.sampling,
       delta_source=delta_source)
-  if args.sampling == "fixed" and args.num_examples is None:
-    raise PrivacyError("--sampling=fixed needs --num_examples")
-  if args.max_batch_size is not None and args.num_examples is None:
-    raise PrivacyError("--max_batch_size needs --num_examples")
+  epsilon_checks.check_gaussian_sampling(args)
   p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
   kw = dict(sampling=args.sampling, num_examples=args.num_examples)
   out = {}
@@ -125,7 +116,8 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   used = min(at_delta or eps_by, key=lambda name: (eps_by[name], name))
   eps, delta_total = eps_by[used], delta_by[used]
   if delta_total >= 1.0:
-    raise PrivacyError(_no_guarantee(args, p_trunc, delta_total, delta_source))
+    raise PrivacyError(epsilon_checks.no_guarantee(args, p_trunc, delta_total, delta_source,
+                                                   args.accountant == accounting.AUTO))
   # An accountant's ε whose δ is >= 1 is no guarantee: not printed as one.
   shown = {name: (e if delta_by[name] < 1.0 else None) for name, e in eps_by.items()}
   out.update(epsilon=eps, epsilon_rdp=shown.get("rdp"), epsilon_pld=shown.get("pld"),
@@ -151,26 +143,9 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   return out
 
 
-def _check_groups(args: argparse.Namespace) -> None:
-  """PrivacyError when the b = --num_bands cyclic Poisson groups cannot be: more groups than steps
-  (some group would never be sampled), or groups too small to hold the expected batch."""
-  if args.steps is not None and args.num_bands > args.steps:
-    raise PrivacyError(f"--num_bands b={args.num_bands} exceeds --steps={args.steps}: with cyclic Poisson "
-                       f"sampling in b groups, group g joins only steps g, g + b, ..., so groups "
-                       f"{args.steps}..{args.num_bands - 1} would never be sampled; lower b to at most the steps")
-  if args.batch_size is not None and args.num_examples is not None and args.sampling_rate is None:
-    if args.num_bands * args.batch_size > args.num_examples:
-      raise PrivacyError(f"--num_bands × --batch_size = {args.num_bands} × {args.batch_size:g} exceeds "
-                         f"--num_examples={args.num_examples}: each of the b groups (about N/b examples) must "
-                         "hold the expected batch; lower b or the batch")
-
-
 def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
   """`run` for --noise=banded or blt (untruncated Poisson sampling in --num_bands groups)."""
-  if args.sampling != "poisson" or args.max_batch_size is not None:
-    raise PrivacyError(f"--noise={args.noise} needs untruncated Poisson sampling (no --sampling=fixed, no --max_batch_size)")
-  if args.buffers is not None and (args.noise != "blt" or not 1 <= args.buffers <= 15):
-    raise PrivacyError(f"--buffers must be in [1, 15], with --noise=blt only (got {args.buffers} with --noise={args.noise})")
+  epsilon_checks.check_correlated(args)
   accounting.validate_privacy_params(
       noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
       num_examples=args.num_examples, accountant=args.accountant, delta_source=delta_source)
@@ -184,15 +159,6 @@ def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
   if args.num_examples is not None:
     out["expected_batch_size"] = q * args.num_examples / args.num_bands
   return out
-
-
-def _no_guarantee(args: argparse.Namespace, p_trunc: float, delta_total: float, delta_source: str) -> str:
-  """The one line refusing a result whose total δ is >= 1."""
-  fix = ("raise --max_batch_size" if args.accountant == accounting.AUTO else
-         "raise --max_batch_size, or use --accountant=pld or auto (PLD accounts the truncation exactly at δ)")
-  return (f"no guarantee: truncating batches at --max_batch_size={args.max_batch_size} (probability "
-          f"{p_trunc:.3g} a step) adds {delta_total - args.delta:.4g} to δ={args.delta:g} (from {delta_source}) "
-          f"under RDP, a total δ of {delta_total:.4g} >= 1; {fix}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -3,12 +3,13 @@
 Gin binds only the stages (this package): the library below never imports gin. The names .gin
 files may use are `gin_table.GIN_TABLE`, each registered only when a stage that uses it asks
 (`parse(..., entry=NAME)`). Files are found along `gin_paths`, overrides come from `gin_args`,
-every bound value is type-checked by `gin_types`, errors are put in one line by `gin_errors`; their public names are importable from here too.
+every bound value is type-checked by `gin_types`, errors are put in one line by `gin_errors`, what the
+parsed config binds is read by `gin_queries`; their public names are importable from here too.
 """
 import importlib
 import logging
 import tokenize
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import gin
 
@@ -20,10 +21,10 @@ from private_t5.stages.gin_errors import (check_syntax, describe_syntax_error, e
                                           unwrap_error)
 from private_t5.stages.gin_paths import (CONFIG_SEARCH_PATHS, PACKAGE_CONFIGS, PACKAGE_DIR, PROJECT_ROOT,
                                          find_file, search_paths, set_search_paths)
+from private_t5.stages.gin_queries import check_required_macros, ignored_dp_settings, macro_value
 from private_t5.stages.gin_table import CONFIGURABLES, ENTRIES, GIN_TABLE, STAGE_CONFIGURABLES
 from private_t5.stages.gin_types import check_binding_types
 # pylint: enable=unused-import
-from private_t5.stages import gin_types
 
 # name -> the Gin-wrapped callable; `configured(name)()` applies the parsed bindings.
 _WRAPPED = {}
@@ -113,10 +114,10 @@ def parse(gin_files: Sequence[str], gin_bindings: Sequence[str] = (), check_requ
   check_binding_types()
 
 
-# Gin's private state: the only two uses, kept here. Gin 0.5 has no public call that
-# replaces its include search path (`add_config_file_search_path` only appends, and a file
-# reader registered with `register_file_reader` comes after Gin's package reader, which fails
-# on names such as `configs/models/x.gin`), nor one that lists the macros bound so far.
+# Gin's private state, its one use here (gin_queries lists the macros bound so far). Gin 0.5 has
+# no public call that replaces its include search path (`add_config_file_search_path` only
+# appends, and a file reader registered with `register_file_reader` comes after Gin's package
+# reader, which fails on names such as `configs/models/x.gin`).
 
 
 def _set_include_search_path(paths: Sequence[str]) -> None:
@@ -131,13 +132,6 @@ def _set_include_search_path(paths: Sequence[str]) -> None:
     gin.add_config_file_search_path(base)
 
 
-def _bound_macros() -> dict:
-  """Macro name -> the value the parsed config binds it to (every macro bound so far)."""
-  return {scope: params.get("value")
-          for (scope, selector), params in gin.config._CONFIG.items()  # pylint: disable=protected-access
-          if selector == "gin.macro"}
-
-
 def _read_text(path: Optional[str]) -> Optional[str]:
   """The text of file `path`, or None when it cannot be read."""
   try:
@@ -145,66 +139,6 @@ def _read_text(path: Optional[str]) -> Optional[str]:
       return f.read()
   except (OSError, TypeError, UnicodeDecodeError):
     return None
-
-
-def macro_value(name: str) -> Any:
-  """The parsed value of Gin macro `name`; None when it is unbound or still %gin.REQUIRED."""
-  try:
-    value = gin.query_parameter(f"{name}/gin.macro.value")
-  except ValueError:
-    return None
-  return None if value is None or str(value) == "%gin.REQUIRED" else value
-
-
-def check_required_macros() -> None:
-  """Raises ConfigError naming every macro still bound to %gin.REQUIRED.
-
-  Gin itself only checks `%gin.REQUIRED` bound directly to a parameter; a required *macro*
-  would otherwise reach the code as an opaque sentinel object.
-  """
-  missing = sorted(name for name, value in _bound_macros().items() if str(value) == "%gin.REQUIRED")
-  if missing:
-    flags = " ".join(f"--gin.{name}=..." for name in missing)
-    raise ConfigError(f"missing required Gin macro(s): {', '.join(missing)} (set them with {flags})")
-
-
-# DPConfig's settings of correlated noise, each with the value that leaves the noise Gaussian.
-_CORRELATED_SETTINGS = {"noise": "gaussian", "num_bands": 1, "buffers": None, "strategy_file": None}
-_UNBOUND = object()
-
-
-def _bound_value(name: str) -> Any:
-  """The value the parsed config binds `configurable.param` to, through macros; `_UNBOUND` when it
-  is unbound or its value is not a literal (a call of a configurable)."""
-  try:
-    value = gin.query_parameter(name)
-  except ValueError:
-    return _UNBOUND
-  target, _ = gin_types.macro_target(value)
-  if target is gin_types.UNRESOLVED or isinstance(target, gin.config.ConfigurableReference):
-    return _UNBOUND
-  return target
-
-
-def ignored_dp_settings(entry: str, gin_bindings: Sequence[str] = ()) -> list:
-  """The DP settings nothing reads while `entry`'s `dp` is None (a non-private run, e.g.
-  --gin.DP=None): the correlated-noise settings the parsed config gives DPConfig
-  ("DPConfig.num_bands=4"), and the command line's other DPConfig overrides and flags
-  ("--target_epsilon=3"; `gin_bindings`: the overrides, each with the flag that carried it)."""
-  if "DPConfig" not in STAGE_CONFIGURABLES.get(entry, ()) or _bound_value(f"{entry}.dp") is not None:
-    return []
-  settings = []
-  for param, default in _CORRELATED_SETTINGS.items():
-    value = _bound_value(f"DPConfig.{param}")
-    if value is not _UNBOUND and value != default:
-      settings.append(f"DPConfig.{param}={value!r}")
-  for binding in gin_bindings:
-    name = binding.split("=", 1)[0].strip()
-    flag = getattr(binding, "flag", "") or binding
-    if (name.startswith("DPConfig.") and name[len("DPConfig."):] not in _CORRELATED_SETTINGS and "=" in flag
-        and flag not in settings):
-      settings.append(flag)  # a flag that only follows another one (no "=VALUE") is not the user's
-  return settings
 
 
 def run_stage(gin_files: Sequence[str], gin_bindings: Sequence[str], entry: str, **kwargs):
