@@ -54,6 +54,15 @@ def test_beam_tokens_equal_the_one_device_decode(tiny, shape):
   np.testing.assert_array_equal(out, tiny["beam"])
 
 
+def test_fully_sharded_parameters_decode_the_same_tokens(tiny):
+  """`embed` also over `data` (ZeRO-3): every parameter split over all 8 devices."""
+  mesh = sharding.create_mesh((4, 2))
+  inference = memorization.make_inference(tiny["params"], tiny["config"], mesh, sharding.FULLY_SHARDED_RULES)
+  total = sum(x.nbytes for x in jax.tree.leaves(inference.params))
+  assert sharding.bytes_per_device(inference.params) < 0.25 * total
+  np.testing.assert_array_equal(inference.decode(tiny["inputs"], LENGTH, batch_size=4), tiny["greedy"])
+
+
 def test_parameters_are_laid_out_by_the_training_rules(tiny, on_mesh):
   shape, inference = on_mesh
   placed = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(inference.params)}

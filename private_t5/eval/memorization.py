@@ -168,17 +168,6 @@ class DecodeStats:
             "tokens_per_second": round(self.tokens_per_second, 1)}
 
 
-def process_rows(n: int) -> Tuple[int, int, int]:
-  """(start, stop, rows per process) of this process's share of `n` rows.
-
-  With several JAX processes the rows are split into equal contiguous shares (the last ones
-  padded); with one process it is every row.
-  """
-  count, index = jax.process_count(), jax.process_index()
-  per = -(-n // count)
-  return min(index * per, n), min((index + 1) * per, n), per
-
-
 def make_inference(params, model_config, mesh=None,
                    rules=sharding.LOGICAL_AXIS_RULES) -> mesh_inference.MeshInference:
   """The parameters placed on `mesh` (default: every device of every process on the `data` axis)
