@@ -13,6 +13,7 @@ sizes; SENSITIVITY_RTOL = 1e-5 is the float32 tolerance tests/test_dp_aggregator
 import gzip
 import json
 import os
+import re
 
 import gin
 import jax
@@ -286,3 +287,58 @@ def test_bf16_dp_training_end_to_end(shared_data, tmp_path):
   assert {np.asarray(x).dtype for x in leaves} == {np.dtype(np.float32)}
   assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
 
+
+
+# --- the book-keeping sums on tensor cores: bfloat16 products, float32 accumulation ---------------
+
+def test_bf16_parts_add_up_to_the_float32_value_exactly():
+  from private_t5.dp import ghost_norms as gn  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  x = (rng.normal(size=4096) * 2.0 ** rng.uniform(-60, 60, size=4096)).astype(np.float32)
+  x[:4] = [0.0, -0.0, 1.0, np.float32(1) + np.float32(2 ** -23)]
+  parts = jax.jit(gn.bf16_parts)(jnp.asarray(x))
+  assert all(p.dtype == jnp.bfloat16 for p in parts)
+  total = sum(np.asarray(p, np.float64) for p in parts)
+  np.testing.assert_array_equal(total, x.astype(np.float64))
+
+
+def test_the_bf16_book_keeping_sum_is_the_float32_contraction():
+  """`sum_i w_i a_i^T g_i` of bfloat16 inputs and output gradients, formed from bfloat16 parts,
+  is the float32 contraction of the float32 terms `w_i a_it` (up to float32 rounding of the sums),
+  with only bfloat16 x bfloat16 products accumulated in float32."""
+  from private_t5.dp import ghost_norms as gn  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(6)
+  a = jnp.asarray(rng.normal(size=(4, 40, 24)), jnp.bfloat16)
+  g = jnp.asarray(rng.normal(size=(4, 40, 16)) * 1e-3, jnp.bfloat16)
+  w = jnp.asarray(rng.uniform(0, 1, size=4), jnp.float32)
+  got = np.asarray(jax.jit(gn.linear_weighted_sum)(a, g, w), np.float64)
+  scaled = np.asarray(a, np.float32) * np.asarray(w)[:, None, None]  # the float32 terms, as summed
+  want = np.einsum("bti,bto->io", scaled.astype(np.float64), np.asarray(g, np.float64))
+  scale = np.einsum("bti,bto->io", np.abs(scaled).astype(np.float64), np.abs(np.asarray(g, np.float64)))
+  assert np.max(np.abs(got - want) / scale) < 1e-6
+  dots = [eqn for eqn in jax.make_jaxpr(gn.linear_weighted_sum)(a, g, w).jaxpr.eqns
+          if eqn.primitive.name == "dot_general"]
+  assert len(dots) == 3 and all({str(v.aval.dtype) for v in eqn.invars} == {"bfloat16"}
+                                and eqn.params["preferred_element_type"] == jnp.float32 for eqn in dots)
+
+
+_DOT_GENERAL = re.compile(r"stablehlo\.dot_general.*:\s*\(tensor<[0-9x]*(\w+)>,\s*tensor<[0-9x]*(\w+)>\)")
+
+
+def _float32_matmuls(method):
+  from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
+  config, trainer = bench.make_trainer("t5_1_1_tiny", method, 2, 1.0, 1.0, 0.0, "bfloat16")
+  batch = bench.random_batch(config.vocab_size, 2, 32, 8, 0)
+  keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
+  text = trainer.lower_train_step(trainer.abstract_state(), batch, *keys, platforms=("cuda",)).as_text()
+  operands = [m.groups() for m in map(_DOT_GENERAL.search, text.splitlines()) if m]
+  assert operands
+  return sum(1 for pair in operands if pair == ("f32", "f32"))
+
+
+def test_the_dp_ghost_step_for_a_gpu_has_no_more_float32_matmuls_than_non_dp():
+  """Lowered for CUDA (read here), the bf16 DP-ghost step's norms and book-keeping sums are all
+  bfloat16 products accumulated in float32 (tensor cores): no float32 x float32 `dot_general`
+  beyond the non-DP step's."""
+  from private_t5.experiments import benchmark_case as bench  # pylint: disable=g-import-not-at-top
+  assert _float32_matmuls(bench.GHOST) <= _float32_matmuls(bench.NONDP)

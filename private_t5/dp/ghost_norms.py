@@ -27,8 +27,12 @@ are instantiated (the bias table's by summing the output gradient's diagonals by
 
 Everything is computed and accumulated in float32, whatever the activation dtype and the
 backend's default matrix precision (`contract`): bfloat16 inputs and output gradients enter the
-norms' products as they are (exact in float32), the book-keeping sums (`*_weighted_sum`) scale
-their float32 casts by the clip factors and contract at full float32 precision.
+norms' products as they are (exact in float32). The book-keeping sums (`*_weighted_sum`) scale
+the float32 casts of the inputs by the clip factors; against bfloat16 output gradients that
+float32 product is split into three bfloat16 parts that add up to it exactly (`bf16_parts`), so
+that the sums too are bfloat16 products accumulated in float32 (a GPU's tensor cores, not its
+float32 CUDA cores), equal to the float32 contraction up to the order of float32 additions.
+Sums over the examples weighted by the clip factors are formed elementwise (`contract`).
 """
 from typing import Optional, Sequence, Tuple
 
@@ -59,11 +63,50 @@ def contract(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
   mantissa bits) and a TPU's to bfloat16, which would make the norm that sets an example's clip
   factor and the term that is summed differ by up to ~1e-3 of themselves, and the sensitivity
   exceed C by as much.
+
+  A sum over the first axis weighted by a vector (`"b,bd->d"`: per-example gradients of a norm's
+  scale or of the position bias weighted by the clip factors) is formed as float32 products and
+  a float32 sum over that axis, not as a (float32) matrix product.
   """
+  operands, out = spec.split("->")
+  left, right = operands.split(",")
+  if len(left) == 1 and right == left + out:
+    weights = x.astype(jnp.float32).reshape(x.shape + (1,) * (y.ndim - 1))
+    return jnp.sum(weights * y.astype(jnp.float32), axis=0)
   if x.dtype == y.dtype and x.dtype in LOW_PRECISION:
     return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
   return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32),
                     precision=jax.lax.Precision.HIGHEST)
+
+
+# The sign, exponent and 7 explicit mantissa bits of a float32: the bits of a bfloat16.
+_BF16_BITS = np.uint32(0xFFFF0000)
+
+
+def _bf16_truncated(x: jax.Array) -> jax.Array:
+  """float32 `x` with its mantissa cut to bfloat16's (toward zero), by masking its bits: exactly
+  a bfloat16 value. Not a float32 -> bfloat16 -> float32 conversion, which XLA may remove as
+  excess precision."""
+  bits = jax.lax.bitcast_convert_type(x, jnp.uint32) & _BF16_BITS
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def bf16_parts(x: jax.Array) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Three bfloat16 arrays whose sum is the float32 `x` exactly.
+
+  The first holds the leading 8 of x's 24 significant bits, the second the next 8 of the rest,
+  the third what is left (at most 8 bits). Each subtraction removes the leading bits of a number
+  of the same sign and exponent, so it is exact in float32 (Sterbenz), and each part converts to
+  bfloat16 without rounding. (Parts below float32's smallest normal number, 2^-126, which only
+  elements under ~2^-110 have, may be flushed to zero by a GPU: an error of at most 2^-126 per
+  element.) A product of a part and a bfloat16 value is exact in float32, so a contraction of
+  the parts with bfloat16 operands, accumulated in float32, is the float32 contraction of x.
+  """
+  x = x.astype(jnp.float32)
+  high = _bf16_truncated(x)
+  rest = x - high
+  middle = _bf16_truncated(rest)
+  return high.astype(jnp.bfloat16), middle.astype(jnp.bfloat16), (rest - middle).astype(jnp.bfloat16)
 
 
 def as_sequence(x: jax.Array, dtype=jnp.float32) -> jax.Array:
@@ -298,6 +341,16 @@ def linear_weighted_sum(a: jax.Array, g: jax.Array, weights: jax.Array,
   """`sum_i w_i a_i^T g_i` [d_in, d_out] (book-keeping), from instantiated grads when given."""
   weights = weights.astype(jnp.float32)
   if per_example is not None:
-    return contract("b,bio->io", weights, per_example)
-  a, g = as_sequence(a), as_sequence(g)
-  return contract("bti,bto->io", a * weights[:, None, None], g)
+    # One float32 matrix-vector product at full precision: it reads the [B, d_in, d_out]
+    # gradients once, as any other way would (bound by memory, not by arithmetic).
+    return jnp.einsum("b,bio->io", weights, per_example.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)
+  a, g = as_sequence(a, None), as_sequence(g, None)
+  scaled = a.astype(jnp.float32) * weights[:, None, None]
+  if g.dtype == jnp.bfloat16:
+    # The float32 terms w_i a_it, split exactly into bfloat16 parts: bfloat16 products, float32
+    # sums, the same contraction as in float32 (`bf16_parts`), on a GPU's tensor cores. Example
+    # i's term is w_i a_i^T g_i from the very values its norm was computed from.
+    high, middle, low = (contract("bti,bto->io", part, g) for part in bf16_parts(scaled))
+    return high + middle + low
+  return contract("bti,bto->io", scaled, g)
