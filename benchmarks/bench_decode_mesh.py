@@ -2,7 +2,7 @@
 per-device memory of a large model's decode program split over a (data, model) mesh.
 
   .venv/bin/python benchmarks/bench_decode_mesh.py [--devices=1,2,4,8] [--preset=t5_1_0_tiny]
-      [--batches=16] [--memory_preset=t5_1_1_xl] [--out=/tmp/bench_decode_mesh.json]
+      [--batches=16] [--memory_preset=t5_1_1_xl] [--memory_dtype=float32] [--out=/tmp/bench_decode_mesh.json]
 
 (`--devices= ` skips the throughput runs, `--memory_preset= ` the memory case.)
 
@@ -71,8 +71,8 @@ def memory(args) -> dict:
   import jax
   from private_t5 import models
   from private_t5.models import mesh_inference, sharding
-  config = models.load_preset(args.memory_preset)
-  out = {"preset": args.memory_preset, "parameters": models.num_params(config),
+  config = models.load_preset(args.memory_preset, **({"dtype": args.memory_dtype} if args.memory_dtype else {}))
+  out = {"preset": args.memory_preset, "dtype": config.dtype, "parameters": models.num_params(config),
          "batch_size": args.memory_batch_size, "prompt_length": args.prompt_length,
          "generation_length": args.generation_length, "meshes": []}
   for shape in ((1, 1), (8, 1), (2, 4)):
@@ -104,6 +104,7 @@ def main(argv=None) -> int:
   p.add_argument("--batches", type=int, default=4, help="batches a timed pass decodes")
   p.add_argument("--memory_preset", default="t5_1_1_xl", help="model of the compile-only memory case ('' skips)")
   p.add_argument("--memory_batch_size", type=int, default=32)
+  p.add_argument("--memory_dtype", default="", help="activation dtype of the memory case (default: the preset's)")
   p.add_argument("--out", default="/tmp/bench_decode_mesh.json")
   p.add_argument("--case", choices=("all", "throughput", "memory"), default="all")
   p.add_argument("--run_devices", type=int, default=0, help=argparse.SUPPRESS)  # a child process's N
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
   common = [f"--preset={args.preset}", f"--prompt_length={args.prompt_length}",
             f"--generation_length={args.generation_length}", f"--batch_size={args.batch_size}",
             f"--batches={args.batches}", f"--memory_preset={args.memory_preset}",
-            f"--memory_batch_size={args.memory_batch_size}"]
+            f"--memory_batch_size={args.memory_batch_size}", f"--memory_dtype={args.memory_dtype}"]
   runs = [("throughput", int(n)) for n in args.devices.split(",") if n]
   if args.memory_preset:
     runs.append(("memory", 8))
