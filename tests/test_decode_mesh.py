@@ -147,3 +147,24 @@ def test_training_and_evaluation_share_the_rules():
   assert partitioning.LOGICAL_AXIS_RULES == sharding.LOGICAL_AXIS_RULES
   assert partitioning.FULLY_SHARDED_RULES == sharding.FULLY_SHARDED_RULES
   assert partitioning.axis_rules("fully_sharded") == sharding.axis_rules("fully_sharded")
+
+
+def test_glue_evaluation_on_the_mesh_equals_one_device(shared_data, tmp_path):
+  """`evaluate`'s decoding: a (2, 4) mesh of 8 devices predicts the texts one device does, and
+  the results record the devices."""
+  from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
+  from test_glue_tasks import train_test_vocab  # pylint: disable=g-import-not-at-top,g-bad-import-order
+  vocab = train_test_vocab(shared_data, tmp_path / "glue.model", vocab_size=400)
+  config = models.load_preset("t5_1_1_tiny", vocab_size=512)
+  params = models.init_params(config, jax.random.PRNGKey(2))
+  lengths = {"inputs": 24, "targets": 4}
+  runs = {}
+  for shape in ((1, 1), (2, 4)):
+    mesh = sharding.create_mesh(shape, jax.devices()[:shape[0] * shape[1]])
+    runs[shape] = glue_eval.evaluate_params(params, config, "rotten_tomatoes", vocab, lengths, batch_size=4,
+                                            max_examples=10, progress=False, mesh=mesh)
+  for shape, results in runs.items():
+    assert results["devices"] == shape[0] * shape[1] and results["mesh_shape"] == list(shape)
+    task, reference = results["tasks"]["rotten_tomatoes"], runs[(1, 1)]["tasks"]["rotten_tomatoes"]
+    assert task["examples"] == reference["examples"] and task["metrics"] == reference["metrics"]
+  assert len({e["prediction"] for e in runs[(1, 1)]["tasks"]["rotten_tomatoes"]["examples"]}) > 1
