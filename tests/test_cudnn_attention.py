@@ -66,7 +66,8 @@ def test_the_train_step_lowers_for_cuda_with_cudnn_attention(cudnn_on_host):
   forward = [shapes for kind, shapes in calls if not kind.endswith("Backward")]
   backward = [shapes for kind, shapes in calls if kind.endswith("Backward")]
   layers_with_attention = config.num_encoder_layers + 2 * config.num_decoder_layers
-  assert len(forward) == len(backward) == layers_with_attention, calls
+  # The backward pass recomputes the forward one: two forward calls per attention layer.
+  assert len(forward) == 2 * len(backward) == 2 * layers_with_attention, calls
   heads, (b, lq), lt = config.num_heads, batch["encoder_input_tokens"].shape, batch["decoder_input_tokens"].shape[1]
   # Backward operands: Q, K, V, softmax statistics, dO, bias, O, [q lengths, kv lengths].
   biases = sorted(shapes[5] for shapes in backward)
@@ -159,3 +160,25 @@ def test_the_configuration_refuses_head_dims_cudnn_does_not_take(monkeypatch, d_
   with pytest.raises(ConfigError, match=f"multiples of 8 up to .* but d_kv is {d_kv}") as error:
     check_attention_backend(config)
   assert "\n" not in str(error.value)
+
+
+def test_per_example_gradients_run_on_xla_and_are_per_example(cudnn_on_host, monkeypatch):
+  """Under `jax.vmap` (per-example gradients: the DP paths) cuDNN would differentiate the bias of
+  all examples at once (zero, or their sum shared by all): the batched attention runs XLA's
+  instead, forward and backward. Lowered for CUDA, no cuDNN call is left; on the host the
+  per-example gradients equal those of `attention="xla"`, the relative position table's included."""
+  config, batch = _config(attention="cudnn"), _batch(batch=3)
+  one = lambda ex: jax.tree.map(lambda x: x[None], ex)
+  per_example = lambda c: jax.vmap(jax.grad(lambda p, ex: example_loss_fn(p, one(ex), c)[0]), in_axes=(None, 0))
+  text = jax.jit(per_example(config)).trace(param_shapes(config), batch).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert not _fmha_calls(text)
+  fused = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      lambda *a, implementation=None, **kw: fused(*a, implementation="xla", **kw))
+  params = init_params(_config(), jax.random.PRNGKey(0))
+  got, want = (jax.jit(per_example(c))(params, batch) for c in (config, _config(attention="xla")))
+  relpos = got["encoder"]["relpos_bias"]["rel_embedding"]
+  assert float(jnp.min(jnp.sum(jnp.abs(relpos), axis=(1, 2)))) > 0  # each example's own, not zero
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)

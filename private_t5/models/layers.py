@@ -223,6 +223,60 @@ def cudnn_attention_inputs(mask: Optional[jax.Array], bias: Optional[jax.Array],
   return inputs
 
 
+def _attention(implementation: str, query, key, value, bias, mask, lengths) -> jax.Array:
+  """T5 attention (scale 1) by one `jax.nn.dot_product_attention` call."""
+  return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, key_value_seq_lengths=lengths,
+                                      scale=1.0, implementation=implementation)
+
+
+def _attention_vjp(implementation: str, query, key, value, bias, mask, lengths, g):
+  """The cotangents of (query, key, value, bias) of `_attention` for the output cotangent `g`."""
+  attend = lambda q, k, v, b: _attention(implementation, q, k, v, b, mask, lengths)
+  return jax.vjp(attend, query, key, value, bias)[1](g)
+
+
+def _on_xla_when_batched(fun):
+  """A `custom_vmap` rule: `fun` with implementation "xla", vmapped over the batched arguments."""
+  def rule(axis_size, in_batched, *args):
+    del axis_size
+    axes = tuple(jax.tree.map(lambda batched: 0 if batched else None, in_batched))
+    out = jax.vmap(functools.partial(fun, "xla"), in_axes=axes)(*args)
+    return out, jax.tree.map(lambda _: True, out)
+  return rule
+
+
+_cudnn_forward = jax.custom_batching.custom_vmap(functools.partial(_attention, "cudnn"))
+_cudnn_forward.def_vmap(_on_xla_when_batched(_attention))
+_cudnn_backward = jax.custom_batching.custom_vmap(functools.partial(_attention_vjp, "cudnn"))
+_cudnn_backward.def_vmap(_on_xla_when_batched(_attention_vjp))
+
+
+@jax.custom_vjp
+def cudnn_attention(query, key, value, bias, mask, lengths) -> jax.Array:
+  """`_attention` on cuDNN's fused kernel, with inputs from `cudnn_attention_inputs`; under
+  `jax.vmap`, forward and backward, on XLA.
+
+  cuDNN differentiates the bias of the whole batch it is given: under `jax.vmap` (per-example
+  gradients, the DP paths) jax's batching rule hands it the examples as one batch, and the bias
+  gradient comes back zero (a bias that differs by example) or summed over the examples and
+  shared by all of them (one bias for all), not per example. Batched calls therefore run XLA's
+  attention, which batches exactly; unbatched ones keep cuDNN's kernels, the backward pass
+  recomputing the forward one (cuDNN's softmax statistics are not kept across the two).
+  """
+  return _cudnn_forward(query, key, value, bias, mask, lengths)
+
+
+def _cudnn_attention_fwd(query, key, value, bias, mask, lengths):
+  return _cudnn_forward(query, key, value, bias, mask, lengths), (query, key, value, bias, mask, lengths)
+
+
+def _cudnn_attention_bwd(residuals, g):
+  return tuple(_cudnn_backward(*residuals, g)) + (None, None)
+
+
+cudnn_attention.defvjp(_cudnn_attention_fwd, _cudnn_attention_bwd)
+
+
 class MultiHeadAttention(nn.Module):
   """T5 attention: no 1/sqrt(d) logit scaling (it is folded into the query init).
 
@@ -293,12 +347,13 @@ class MultiHeadAttention(nn.Module):
     else:  # (T5Config.validate refuses these implementations with dropout)
       # The same product as `_einsum_attention`: logits in float32, scale 1 (T5), the bias added,
       # masked positions at a large negative value, a float32 softmax, weights @ values.
-      inputs = dict(bias=bias, mask=mask)
       if self.implementation == "cudnn":
         inputs = cudnn_attention_inputs(mask, bias, query.shape[0], query.shape[1], key.shape[1],
                                         query.dtype)
-      out = jax.nn.dot_product_attention(query, key, value, scale=1.0,
-                                         implementation=self.implementation, **inputs)
+        out = cudnn_attention(query, key, value, inputs.get("bias"), inputs.get("mask"),
+                              inputs.get("key_value_seq_lengths"))
+      else:
+        out = _attention(self.implementation, query, key, value, bias, mask, None)
     out = out.reshape(out.shape[:-2] + (joined,))
     return Dense(features=inputs_q.shape[-1], kernel_axes=("joined_kv", "embed"), dtype=self.dtype,
                  lora=_adapted(self.lora, "out"), name="out")(out, enable_dropout=enable_dropout)
