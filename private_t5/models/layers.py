@@ -213,7 +213,9 @@ def cudnn_attention_inputs(mask: Optional[jax.Array], bias: Optional[jax.Array],
   if bias is None:
     inputs["mask"] = jnp.broadcast_to(mask, (mask.shape[0], 1, q_len, k_len))
   elif mask.shape[2] == 1:
-    lengths = jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32)
+    # At least one key: an input of padding only (a filler row) attends to its first position
+    # rather than asking the kernel for a softmax over no keys.
+    lengths = jnp.maximum(jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32), 1)
     inputs["key_value_seq_lengths"] = jnp.broadcast_to(lengths, (batch,))
   elif mask.shape[0] == 1:
     inputs["mask"] = jnp.broadcast_to(mask, (1, 1, q_len, k_len))
