@@ -54,6 +54,22 @@ def test_beam_tokens_equal_the_one_device_decode(tiny, shape):
   np.testing.assert_array_equal(out, tiny["beam"])
 
 
+def test_padding_rows_are_masked(tiny):
+  """Rows marked inactive (a padded batch's filler) decode to zeros; the others as without a mask."""
+  active = np.arange(ROWS) % 3 != 0
+  out = np.asarray(decoding.greedy_decode(tiny["params"], tiny["config"], tiny["inputs"], max_decode_length=LENGTH,
+                                          active=active))
+  assert not out[~active].any()
+  np.testing.assert_array_equal(out[active], tiny["greedy"][active])
+  # EOS is the first token of row 1: with only that row active, every row has ended after one step.
+  eos = int(tiny["greedy"][1, 0])
+  only = np.zeros(ROWS, bool)
+  only[1] = True
+  one_step = np.asarray(decoding.greedy_decode(tiny["params"], tiny["config"], tiny["inputs"],
+                                               max_decode_length=LENGTH, eos_id=eos, active=only))
+  assert one_step[1, 0] == eos and not one_step[:, 1:].any() and not one_step[~only].any()
+
+
 def test_fully_sharded_parameters_decode_the_same_tokens(tiny):
   """`embed` also over `data` (ZeRO-3): every parameter split over all 8 devices."""
   mesh = sharding.create_mesh((4, 2))

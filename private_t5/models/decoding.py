@@ -9,7 +9,7 @@ prefix at every step. Both paths compute the same logits, so they pick the same 
 The decoder input at step t is `[0, y_0, ..., y_{t-1}]` (T5 starts decoding from the pad id).
 """
 import functools
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -64,10 +64,15 @@ def _encode(params: Params, config: T5Config, encoder_input_tokens: jax.Array) -
 
 
 def _decode_loop(step: StepFn, cache, batch: int, max_decode_length: int, eos_id: int,
-                 choose: Callable[[jax.Array, jax.Array], jax.Array]) -> jax.Array:
-  """One token per row per step until every row has emitted EOS or the length is reached."""
+                 choose: Callable[[jax.Array, jax.Array], jax.Array],
+                 active: Optional[jax.Array] = None) -> jax.Array:
+  """One token per row per step until every row has emitted EOS or the length is reached.
+
+  Rows where `active` ([B] bool) is False (a padded batch's filler) count as ended from the
+  start: they emit zeros and do not keep the loop running.
+  """
   sequences = jnp.zeros((batch, max_decode_length + 1), jnp.int32)
-  ended = jnp.zeros((batch,), jnp.bool_)
+  ended = jnp.zeros((batch,), jnp.bool_) if active is None else ~jnp.asarray(active, jnp.bool_)
 
   def cond(state):
     t, _, ended, _ = state
@@ -86,12 +91,17 @@ def _decode_loop(step: StepFn, cache, batch: int, max_decode_length: int, eos_id
 
 @functools.partial(jax.jit, static_argnames=("config", "max_decode_length", "eos_id", "use_cache"))
 def greedy_decode(params: Params, config: T5Config, encoder_input_tokens: jax.Array, *,
-                  max_decode_length: int, eos_id: int = EOS_ID, use_cache: bool = True) -> jax.Array:
-  """Greedy (argmax) decoding: int32 `[B, max_decode_length]`, zeros after the first EOS."""
+                  max_decode_length: int, eos_id: int = EOS_ID, use_cache: bool = True,
+                  active: Optional[jax.Array] = None) -> jax.Array:
+  """Greedy (argmax) decoding: int32 `[B, max_decode_length]`, zeros after the first EOS.
+
+  `active` ([B] bool, optional): False marks padding rows, which decode to zeros (see
+  `_decode_loop`); the other rows' tokens do not depend on it.
+  """
   encoded = _encode(params, config, encoder_input_tokens)
   step, cache = _make_step(params, config, encoded, encoder_input_tokens, max_decode_length, use_cache)
   choose = lambda logits, t: jnp.argmax(logits, axis=-1)
-  return _decode_loop(step, cache, encoder_input_tokens.shape[0], max_decode_length, eos_id, choose)
+  return _decode_loop(step, cache, encoder_input_tokens.shape[0], max_decode_length, eos_id, choose, active)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_decode_length", "top_k", "eos_id",

@@ -8,7 +8,8 @@ decoding (greedy, beam search or sampling, with the KV cache) and scoring as one
 program per method and shape, as T5X's partitioned `predict_batch` does. A batch is a global
 one: its rows are split over the `data` axis, each process supplies the rows of its own devices
 (`sharding.local_rows`), and the result is replicated, so every process reads all of it. The
-last batch of a pass is padded with zero rows, which are decoded and dropped.
+last batch of a pass is padded with zero rows, masked: greedy decoding treats them as ended from
+the start (they never keep the loop running), and every method drops their output.
 
 Decoding is row by row independent, so the tokens equal those of one device for any mesh and
 any number of processes (checked in tests/test_decode_mesh.py); only the throughput changes.
@@ -88,24 +89,27 @@ class MeshInference:
                         self.param_shapes, self.param_shardings)
 
   def decode_program(self, max_decode_length: int, method: str = GREEDY, **options) -> Callable:
-    """The jitted `(params, encoder_input_tokens [B, Li]) -> tokens int32 [B, max_decode_length]`
-    of `EncoderDecoderModel.predict_batch` (`options`: its beam_size, alpha, eos_id, use_cache),
-    rows over `data`, the result replicated."""
+    """The jitted `(params, encoder_input_tokens [B, Li], active [B] bool) -> tokens int32
+    [B, max_decode_length]` of `EncoderDecoderModel.predict_batch` (`options`: its beam_size,
+    alpha, eos_id, use_cache; `active` False marks padding rows), rows over `data`, the result
+    replicated."""
     key = ("decode", int(max_decode_length), method, tuple(sorted(options.items())))
     if key not in self._programs:
-      def decode(params, tokens):
+      def decode(params, tokens, active):
         return self.model.predict_batch(params, tokens, max_decode_length=max_decode_length, method=method,
-                                        **options)
-      self._programs[key] = jax.jit(decode, in_shardings=(self.param_shardings, sharding.batch_sharding(self.mesh)),
+                                        active=active, **options)
+      rows = sharding.batch_sharding(self.mesh)
+      self._programs[key] = jax.jit(decode, in_shardings=(self.param_shardings, rows, rows),
                                     out_shardings=sharding.replicated(self.mesh))
     return self._programs[key]
 
   def lower_decode(self, batch_size: int, width: int, max_decode_length: int, method: str = GREEDY, **options):
     """The decode program lowered for a `[batch_size, width]` batch, from shapes alone (no
     parameters needed): `.compile().memory_analysis()` gives its per-device memory."""
-    tokens = jax.ShapeDtypeStruct((self.global_batch_size(batch_size), width), jnp.int32,
-                                  sharding=sharding.batch_sharding(self.mesh))
-    return self.decode_program(max_decode_length, method, **options).lower(self.abstract_params(), tokens)
+    rows, b = sharding.batch_sharding(self.mesh), self.global_batch_size(batch_size)
+    tokens = jax.ShapeDtypeStruct((b, width), jnp.int32, sharding=rows)
+    active = jax.ShapeDtypeStruct((b,), jnp.bool_, sharding=rows)
+    return self.decode_program(max_decode_length, method, **options).lower(self.abstract_params(), tokens, active)
 
   def score_program(self) -> Callable:
     """The jitted `(params, encoder_inputs, targets, weights) -> log p [B]` (`score_batch`)."""
@@ -132,7 +136,7 @@ class MeshInference:
              on_batch: Optional[Callable[[int, float], None]] = None, **options) -> np.ndarray:
     """Decodes every row of `inputs` int32 `[n, Li]` (all rows, on every process) in global
     batches of `batch_size` rows (rounded up to a multiple of the `data` axis; the last one
-    padded).
+    padded with zero rows, marked inactive: greedy decoding stops when the real rows are done).
 
     The first batch is read back before the next is started (its time includes compilation);
     then batch k + 1 is dispatched before batch k is read, so the devices do not wait for the host.
@@ -155,7 +159,9 @@ class MeshInference:
     clock = [time.time()]
 
     def dispatch(lo):
-      return program(self.params, self._global(inputs[lo:lo + b], b, np.int32))
+      rows = min(b, n - lo)
+      return program(self.params, self._global(inputs[lo:lo + rows], b, np.int32),
+                     self._global(np.ones(rows, np.bool_), b, np.bool_))
 
     def read(lo, result):
       rows = min(b, n - lo)

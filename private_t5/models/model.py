@@ -123,17 +123,20 @@ class EncoderDecoderModel:
                              max_decode_length: int, method: str = GREEDY, beam_size: int = 4,
                              alpha: float = 0.6, rng: Optional[jax.Array] = None,
                              temperature: float = 1.0, top_k: int = 0, eos_id: int = decoding.EOS_ID,
-                             use_cache: bool = True) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+                             use_cache: bool = True, active: Optional[jax.Array] = None
+                             ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
     """`(sequences int32 [B, max_decode_length], aux)`: zeros after the first EOS.
 
     `method` is "greedy", "beam" (the best beam; aux holds every beam in `all_sequences`
     `[B, K, L]` and their `scores` `[B, K]`) or "sample" (needs `rng`; `temperature`,
-    `top_k`).
+    `top_k`). `active` ([B] bool): greedy decoding leaves the rows marked False (a padded
+    batch's filler) at zeros, so they do not keep the loop running; the other methods decode
+    every row.
     """
     if method == GREEDY:
       return decoding.greedy_decode(params, self.config, encoder_input_tokens,
                                     max_decode_length=max_decode_length, eos_id=eos_id,
-                                    use_cache=use_cache), {}
+                                    use_cache=use_cache, active=active), {}
     if method == BEAM:
       seqs, scores = decoding.beam_search(params, self.config, encoder_input_tokens,
                                           max_decode_length=max_decode_length, beam_size=beam_size,
