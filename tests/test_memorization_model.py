@@ -318,23 +318,25 @@ def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
   reports = {}
-  for procs, devices in ((1, 4), (2, 2)):
-    out_dir = tmp_path / f"memorization_{procs}x{devices}"
+  # The third run splits the parameters over a model axis that spans both processes.
+  for procs, devices, mesh in ((1, 4, "-1,1"), (2, 2, "-1,1"), (2, 2, "1,4")):
+    out_dir = tmp_path / f"memorization_{procs}x{devices}_mesh{mesh.replace(',', '_')}"
     done = subprocess.run(
         [sys.executable, "-m", "private_t5.stages.cli", "launch", f"--num_processes={procs}",
          f"--devices_per_process={devices}", "--", "memorization", "--gin_file=configs/runs/memorization.gin",
          f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_CORPUS={train_path}", f"--gin.VALID_CORPUS={valid_path}",
          f"--gin.OUTPUT_DIR={out_dir}", f"--gin.PROMPT_LENGTH={P}", f"--gin.GENERATION_LENGTH={T}",
-         "--gin.BATCH_SIZE=4", *SPLIT_CONFIG_FLAGS], cwd=root, env=env, capture_output=True, text=True, timeout=1500)
+         "--gin.BATCH_SIZE=4", f"--mesh_shape={mesh}", *SPLIT_CONFIG_FLAGS], cwd=root, env=env, capture_output=True,
+        text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert done.stdout.count("[memorization] wrote") == 1  # written once, by process 0
-    if procs == 2:  # the split file is built once, by process 0; process 1 reads it
+    if procs == 2 and mesh == "-1,1":  # the split file is built once, by process 0; process 1 reads it
       assert "[p0] [memorization] splits written to" in done.stdout
       assert "[p1] [memorization] splits reused from" in done.stdout
-    reports[procs] = json.loads((out_dir / "report.json").read_text())
-  one, two = reports[1]["extraction"]["greedy"], reports[2]["extraction"]["greedy"]
-  assert one == two
+    reports[(procs, mesh)] = json.loads((out_dir / "report.json").read_text())
+  one, two = reports[(1, "-1,1")]["extraction"]["greedy"], reports[(2, "-1,1")]["extraction"]["greedy"]
+  assert one == two == reports[(2, "1,4")]["extraction"]["greedy"]
   # One mesh of the 4 devices of both processes decodes, as the one process's 4 devices do.
-  assert reports[1]["devices"] == reports[2]["devices"] == 4
-  assert reports[1]["mesh_shape"] == reports[2]["mesh_shape"] == [4, 1]
+  assert [r["devices"] for r in reports.values()] == [4, 4, 4]
+  assert [r["mesh_shape"] for r in reports.values()] == [[4, 1], [4, 1], [1, 4]]
   assert two["train_unique"]["n"] == NUM_TRAIN and two["valid_unique"]["n"] == NUM_UNSEEN
