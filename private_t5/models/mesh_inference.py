@@ -63,6 +63,7 @@ class MeshInference:
 
   @property
   def devices(self) -> int:
+    """Devices of the mesh (of all processes)."""
     return int(self.mesh.devices.size)
 
   def global_batch_size(self, batch_size: int) -> int:
