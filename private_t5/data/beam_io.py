@@ -512,6 +512,8 @@ def run_items(items: Sequence[Any], fn, *args, options, out_dir: str, stage: str
   pipeline has ended. A retried element rewrites its own file, so every runner gives each result
   once. An item without a result is a DataError naming it.
   """
+  if not items:
+    return []
   beam = import_beam()
   folder = f"{out_dir.rstrip('/')}/{step.replace(' ', '_')}"
   pipeline = beam.Pipeline(options=options)
