@@ -17,6 +17,10 @@ per-device memory of a large model's decode program split over a (data, model) m
   (2, 4) mesh (parameters by training's `LOGICAL_AXIS_RULES`): XLA's `memory_analysis` per
   device (arguments, outputs, temporaries) against the one-device program.
 
+* hf (`--case=hf`): the same greedy decode by Hugging Face `generate` (PyTorch, CPU) on the
+  weights exported from the same parameters (`models.hf_export`), beside our decode on one
+  device in the same process, float32: wall and CPU seconds, and the fraction of tokens that agree.
+
 Fills the tables of docs/performance.md, "Decoding on the mesh". Results are printed and written
 as JSON to `--out`.
 """
@@ -66,6 +70,53 @@ def throughput(args) -> dict:
           "tokens_per_cpu_second": round(tokens / cpu, 1)}
 
 
+def hugging_face(args) -> dict:
+  """One process: the same decode (random parameters of `--preset` from the same key, the same
+  prompts, greedy, all `--generation_length` tokens) by Hugging Face `generate` on the exported
+  weights (`models.hf_export`), PyTorch on the CPU; beside it our decode on one device, in the same
+  process, and the fraction of generated tokens that agree (float32 on both sides)."""
+  import jax
+  import numpy as np
+  import torch
+  import transformers
+  from private_t5 import models
+  from private_t5.models import hf_export, mesh_inference, sharding
+  config = models.load_preset(args.preset, dtype="float32")
+  params = jax.tree.map(np.asarray, models.init_params(config, jax.random.PRNGKey(0)))
+  tensors, hf = hf_export.export_hf_t5(params, config)
+  model = transformers.T5ForConditionalGeneration(transformers.T5Config(**hf)).eval()
+  model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, strict=False)
+  rows = args.batch_size * args.batches
+  inputs = np.random.default_rng(0).integers(3, config.vocab_size, (rows, args.prompt_length)).astype(np.int32)
+  n = args.generation_length
+
+  def hf_decode():
+    out = []
+    with torch.no_grad():
+      for i in range(0, rows, args.batch_size):
+        ids = torch.from_numpy(inputs[i:i + args.batch_size].astype(np.int64))
+        got = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, num_beams=1, decoder_start_token_id=0)
+        out.append(got[:, 1:1 + n].numpy())
+    return np.concatenate(out)
+
+  inference = mesh_inference.MeshInference(config, sharding.create_mesh((1, 1), jax.devices()[:1]), params=params)
+  ours_decode = lambda: np.asarray(inference.decode(inputs, n, batch_size=args.batch_size, eos_id=-1))
+  out = {"preset": args.preset, "dtype": "float32", "batch_size": args.batch_size, "prompts": rows,
+         "prompt_length": args.prompt_length, "generation_length": n, "torch_threads": torch.get_num_threads()}
+  results = {}
+  for name, fn in (("hugging_face_generate", hf_decode), ("private_t5_one_device", ours_decode)):
+    fn()  # warm (and compile)
+    cpu0, t0 = time.process_time(), time.time()
+    results[name] = fn()
+    wall, cpu = time.time() - t0, time.process_time() - cpu0
+    out[name] = {"wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+                 "tokens_per_second": round(rows * n / wall, 1), "tokens_per_cpu_second": round(rows * n / cpu, 1)}
+  ours, theirs = results["private_t5_one_device"][:, :n], results["hugging_face_generate"]
+  out["same_tokens_fraction"] = round(float((ours[:, :theirs.shape[1]] == theirs).mean()), 4)
+  return out
+
+
 def memory(args) -> dict:
   """One process of 8 fake devices: the decode program's per-device memory, compiled only."""
   import jax
@@ -106,9 +157,16 @@ def main(argv=None) -> int:
   p.add_argument("--memory_batch_size", type=int, default=32)
   p.add_argument("--memory_dtype", default="", help="activation dtype of the memory case (default: the preset's)")
   p.add_argument("--out", default="/tmp/bench_decode_mesh.json")
-  p.add_argument("--case", choices=("all", "throughput", "memory"), default="all")
+  p.add_argument("--case", choices=("all", "throughput", "memory", "hf"), default="all",
+                 help="hf: Hugging Face generate against our decode on one device (needs the hf extra)")
   p.add_argument("--run_devices", type=int, default=0, help=argparse.SUPPRESS)  # a child process's N
   args = p.parse_args(argv)
+  if args.case == "hf":  # run here, on one device, and written to --out
+    result = dict(hugging_face(args), uptime=os.popen("uptime").read().strip())
+    print(json.dumps(result, indent=2))
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=2)
+    return 0
   if args.case != "all":  # a child process
     print("RESULT " + json.dumps(throughput(args) if args.case == "throughput" else memory(args)), flush=True)
     return 0
