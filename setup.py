@@ -44,6 +44,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.11,<4",
     "safetensors>=0.8,<1",
     "tqdm>=4,<5",
+    "toolz>=1,<2",  # partition_all: texts streamed a chunk at a time
 ]
 EXTRAS_REQUIRE = {
     # JAX for an accelerator (the default `jax` runs on the CPU).

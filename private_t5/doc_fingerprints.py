@@ -36,9 +36,10 @@ import os
 import socket
 import tempfile
 import unicodedata
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 import numpy as np
+import toolz
 
 from private_t5 import io as io_lib
 from private_t5.errors import DataError
@@ -185,17 +186,6 @@ def load(path: str) -> np.ndarray:
   return values
 
 
-def _chunks(texts: Iterable[str], size: int) -> Iterator[List[str]]:
-  chunk = []
-  for text in texts:
-    chunk.append(text)
-    if len(chunk) >= size:
-      yield chunk
-      chunk = []
-  if chunk:
-    yield chunk
-
-
 def is_member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
   """bool per element of `values`: whether it is in `sorted_set` (sorted uint64, memory-mapped or not)."""
   if not len(sorted_set):
@@ -208,7 +198,7 @@ def count_members(texts: Iterable[str], key: bytes, sorted_set: np.ndarray,
                   chunk_size: int = CHUNK) -> Tuple[int, int]:
   """(how many of `texts` are in the set, how many texts): streamed, a chunk at a time."""
   found = total = 0
-  for chunk in _chunks(texts, chunk_size):
+  for chunk in toolz.partition_all(chunk_size, texts):
     found += int(is_member(fingerprints(chunk, key), sorted_set).sum())
     total += len(chunk)
   return found, total

@@ -52,6 +52,7 @@ import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import toolz
 
 from private_t5 import doc_fingerprints
 from private_t5 import progress as progress_lib
@@ -181,17 +182,6 @@ def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int, Optional
   return dict(total), len(texts), n_bytes, n_raw, n_counted, prints
 
 
-def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[List[str]]:
-  chunk = []
-  for t in texts:
-    chunk.append(t)
-    if len(chunk) >= chunk_size:
-      yield chunk
-      chunk = []
-  if chunk:
-    yield chunk
-
-
 def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_workers: Optional[int] = None,
                     chunk_size: int = 256, progress: Optional[Callable[[HistogramStats], None]] = None,
                     progress_every: float = 10.0, fingerprints: Optional[doc_fingerprints.FingerprintWriter] = None
@@ -228,7 +218,7 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
       last_report = time.time()
 
   key = fingerprints.key if fingerprints is not None else None
-  jobs = ((chunk, bound.mode, bound.max_words, key) for chunk in _chunks(texts, chunk_size))
+  jobs = ((chunk, bound.mode, bound.max_words, key) for chunk in toolz.partition_all(chunk_size, texts))
   if num_workers == 1:
     for job in jobs:
       merge(_chunk_histogram(job))
