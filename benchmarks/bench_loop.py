@@ -33,6 +33,7 @@ from private_t5.data import source as source_lib
 from private_t5.stages import train as train_stage
 from private_t5.train import loop as loop_lib
 from private_t5.train import step_data
+from private_t5.train.trainer import Trainer
 
 # The quickstart's shapes (DP-ghost, expected batch 32 in microbatches of 8, 128/32 tokens) on a
 # micro model (d_model 16): what the loop costs around a step that costs a few milliseconds.
@@ -53,7 +54,6 @@ def loop_and_bare(train_args, steps: int, skip: int, bare_steps: int):
   step's result is on the devices (the loop dispatches ahead of the device: the time of the
   last dispatch would flatter it). The bare step runs on the batches of the same steps, built
   and placed beforehand, back to back."""
-  from private_t5.train.trainer import Trainer  # pylint: disable=g-import-not-at-top
   captured = {}
   real_run, real_get = loop_lib.run, step_data.Prefetcher.get
   real_steps = {name: getattr(Trainer, name) for name in ("train_step", "train_step_stacked")}

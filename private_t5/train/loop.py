@@ -43,11 +43,9 @@ import jax
 import numpy as np
 
 from private_t5 import progress as progress_lib
-from private_t5.dp import clipping
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.dp.mechanism import BatchLayout, Mechanism
-from private_t5.errors import ConfigError
 from private_t5.models import checkpoints as checkpoints_lib
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning

@@ -13,8 +13,9 @@ sample, `dp.clipping.ROW_ID`), as one batch (a fixed or truncated batch) or as k
 m rows stacked to K = `trainer.microbatch_bucket(k)` for the one-dispatch step
 (`Trainer.train_step_stacked`), already placed on the devices. `Prefetcher` builds the batches
 of the next `depth` steps in worker threads (as seqio's and grain's prefetching do) while the
-device runs the current one; the workers release the GIL in NumPy and in the device transfers,
-and the main thread only dispatches. A worker that fails stops the run with one line
+device runs the current one, and the main thread only dispatches. The per-example work of an
+objective holds Python's GIL, so one thread is the default: more add nothing
+(docs/performance.md, "The training loop"). A worker that fails stops the run with one line
 (`errors.DataError`, naming the step), never a hang.
 """
 import concurrent.futures
