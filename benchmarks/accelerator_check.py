@@ -151,6 +151,8 @@ def parse_args(argv):
   p.add_argument("--steps", type=_int_at_least(1), default=None, help="steady steps timed per case (default 8)")
   p.add_argument("--train_steps", type=_int_at_least(0), default=None,
                  help="steps of the short training run (default 60; 0: skip)")
+  p.add_argument("--no_sensitivity", dest="sensitivity", action="store_false",
+                 help="skip the sensitivity of the clipped sums (step 5)")
   p.add_argument("--max_batch", action="store_true", default=True,
                  help="search the largest batch that fits the device's memory, if time is left (default)")
   p.add_argument("--no_max_batch", dest="max_batch", action="store_false", help="no max-batch search")
@@ -523,7 +525,7 @@ def main(argv=None):
     except Exception as e:  # pylint: disable=broad-except
       log.write({"case": "train", "phase": "error", "error": f"{type(e).__name__}: {e}"[:2000]})
     write_summary()
-  if not args.compile_only:
+  if args.sensitivity and not args.compile_only:
     print(f"[accelerator] sensitivity of the clipped sums ({left():.0f} s left)", flush=True)
     try:
       run_sensitivity(log, args)
