@@ -5,10 +5,12 @@ needs no heavy imports and fails on the line that breaks a rule. The folder is t
 
   base (the package's top-level modules: errors, io, documents, ...)   rank 0
   models/                                                               rank 1
-  dp/, tokenizer/, data/                                                rank 2
-  train/, eval/, selective/                                             rank 3
-  experiments/ (the end-to-end study, the benchmark)                    rank 4
-  stages/ (every command, the CLI, flags, the Gin registry)             rank 5
+  data/ (corpora, stores, Tasks, Beam)                                  rank 2
+  dp/ (the privacy layer: accounting, ledger, mechanisms)               rank 3
+  tokenizer/ (SentencePiece, DP-SentencePiece)                          rank 4
+  train/, eval/, selective/                                             rank 5
+  experiments/ (the end-to-end study, the benchmark)                    rank 6
+  stages/ (every command, the CLI, flags, the Gin registry)             rank 7
 
 A module may import modules of its own rank or below, never above; no import cycle between
 modules; no private name (`_x`) imported from another module; gin, argparse and the flag
@@ -27,8 +29,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "private_t5"
 PACKAGE = "private_t5"
 
 # Folder -> layer; the package's top-level modules are the base layer (0).
-FOLDER_RANKS = {"models": 1, "dp": 2, "tokenizer": 2, "data": 2, "train": 3, "eval": 3,
-                "selective": 3, "experiments": 4, "stages": 5}
+FOLDER_RANKS = {"models": 1, "data": 2, "dp": 3, "tokenizer": 4, "train": 5, "eval": 5,
+                "selective": 5, "experiments": 6, "stages": 7}
 STAGES_FOLDER = "stages"
 # The most lines a module of stages/ may hold.
 STAGE_MODULE_MAX_LINES = 200
