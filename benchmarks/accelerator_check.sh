@@ -5,7 +5,7 @@
 #   bash benchmarks/accelerator_check.sh [OUT_DIR] [--budget_s=450 ...]
 #
 # Installs the wheels of .whl/ (or ACCEL_WHEELS) that the image lacks (gin-config, dp-accounting,
-# dm-tree, editdistance) into a temporary folder with --no-deps, then runs
+# dm-tree, editdistance, jax-privacy, pydantic) into a temporary folder with --no-deps, then runs
 # benchmarks/accelerator_check.py in ONE process: T5 v1.1 small non-DP and DP-ghost at batch 32 and
 # 256, base at batch 32, a short DP training, then (time permitting) the largest batch that fits.
 # Every phase (trace, lower, compile, first step, steady steps) is appended to
