@@ -7,6 +7,11 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Optional
 
+from private_t5.lazy_imports import lazy_module
+
+# Imported on first use: `private-t5 --help`, which imports this module, does not load tqdm.
+tqdm_auto = lazy_module("tqdm.auto", needed_for="a progress bar", install="tqdm (requirements.txt)")
+
 # Set by the command line (private_t5.stages.flags) for --verbosity=quiet / -q.
 QUIET_ENV = "PRIVATE_T5_QUIET"
 
@@ -24,12 +29,10 @@ def enabled() -> bool:
 def bar(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: Optional[str] = None,
         unit: str = "it", **kwargs: Any):
   """A `tqdm` bar over `iterable` (or a manual one with `total`), disabled as `enabled()` says."""
-  # Lazy: tqdm is not loaded by `private-t5 --help`, which imports this module.
-  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   kwargs.setdefault("disable", not enabled())
   kwargs.setdefault("dynamic_ncols", True)
   kwargs.setdefault("leave", False)
-  return tqdm(iterable, total=total, desc=desc, unit=unit, **kwargs)
+  return tqdm_auto.tqdm(iterable, total=total, desc=desc, unit=unit, **kwargs)
 
 
 def callback(desc: str, unit: str = "it") -> Callable[[int, int], None]:

@@ -51,8 +51,8 @@ def import_tensorflow():
   if "tensorflow" not in sys.modules:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with silenced_stderr():
-      # Lazy: importing TensorFlow with its start-up lines silenced is this function's job.
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+      # Importing TensorFlow with its start-up lines silenced is this function's job.
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name  # this function's job
     hide_accelerators()
   return sys.modules["tensorflow"]
 

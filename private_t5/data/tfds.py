@@ -4,6 +4,13 @@ from typing import Optional
 
 from private_t5 import quiet_tf
 from private_t5.errors import DataError
+from private_t5.lazy_imports import lazy_module
+
+# tensorflow_datasets imports TensorFlow, which `data.corpora` and `data.source` must not:
+# imported on first use, TensorFlow first with its start-up lines silenced.
+tfds = lazy_module("tensorflow_datasets", needed_for="a TFDS dataset",
+                   install="tensorflow-datasets (pip install 'private_t5[tf]')",
+                   before=quiet_tf.import_tensorflow)
 
 
 def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
@@ -12,9 +19,6 @@ def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
   Raises:
     DataError: unknown dataset, not a builder directory, or not prepared under `data_dir`.
   """
-  quiet_tf.import_tensorflow()  # tensorflow_datasets imports it
-  # Lazy: tensorflow_datasets imports TensorFlow; `data.corpora` and `data.source` must not.
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   if os.path.isdir(name_or_dir):
     try:
       return tfds.builder_from_directory(name_or_dir)

@@ -34,6 +34,12 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from private_t5.errors import ConfigError
+from private_t5.lazy_imports import lazy_module
+
+# Optional backends, imported on first use by the detectors that try them (absent: heuristics).
+spacy = lazy_module("spacy", needed_for="the spaCy detector backend",
+                    install="spacy and its en_core_web_sm model")
+nltk = lazy_module("nltk", needed_for="the NLTK POS tagger", install="nltk and its perceptron tagger data")
 
 LEVELS = ("pattern", "entity", "low_contextual", "high_contextual")
 BACKENDS = ("auto", "heuristic", "spacy")
@@ -262,9 +268,7 @@ def _sentence_start(text: str, start: int) -> bool:
 def _spacy_pipeline():
   """The spaCy English pipeline when both spaCy and `en_core_web_sm` are installed, else None."""
   try:
-    # Lazy: spaCy is optional and used by this detector only.
-    import spacy  # pylint: disable=g-import-not-at-top
-    return spacy.load("en_core_web_sm")
+    return spacy.load().load("en_core_web_sm")  # the stand-in's load() is the spaCy module
   except Exception:  # pylint: disable=broad-except  (not installed, or the model is missing)
     return None
 
@@ -273,8 +277,6 @@ def _spacy_pipeline():
 def _nltk_tagger():
   """NLTK's `pos_tag` when NLTK and its perceptron tagger data are installed, else None."""
   try:
-    # Lazy: NLTK is optional and used by this detector only.
-    import nltk  # pylint: disable=g-import-not-at-top
     nltk.pos_tag(["a", "test"])
     return nltk.pos_tag
   except Exception:  # pylint: disable=broad-except  (not installed, or the tagger data is missing)

@@ -23,6 +23,9 @@ import os
 import re
 from typing import Any, Callable, Dict, Optional
 
+import jax
+from jax.profiler import ProfileData
+
 # Kinds of HLO instruction, by the words of its name (XLA names a fusion by its root and kind:
 # `loop_multiply_fusion`, `input_reduce_fusion`, `gemm_fusion`, `cublas-gemm`, `while`, ...).
 # A GPU's float32 matrix products without tensor cores (`sm80_xmma_gemm_f32f32_...`, cutlass
@@ -84,7 +87,6 @@ def op_times(xplane_path: str, module: Optional[str] = None) -> Dict[str, float]
   """Seconds spent in each HLO instruction (on a GPU: each kernel) in the trace at `xplane_path`:
   device planes (`/device:...`) when the trace has any, else the host's; when `module` is given,
   not the events of modules whose name does not contain it."""
-  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
   return plane_op_times(ProfileData.from_file(xplane_path).planes, module)
 
 
@@ -136,7 +138,6 @@ def profile_steps(run: Callable[[], Any], steps: int, trace_dir: str, module: Op
   Raises:
     RuntimeError: the profiler wrote no trace, or no event of it names an HLO instruction.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   os.makedirs(trace_dir, exist_ok=True)
   before = set(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
   with jax.profiler.trace(trace_dir):

@@ -40,6 +40,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 import optax
+# JAX's distributed state: `leave_cluster` stops the coordination service itself.
+from jax._src import distributed as jax_distributed
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from private_t5 import quiet_tf
@@ -113,7 +115,6 @@ def leave_cluster() -> None:
   What `jax.distributed.shutdown()` does, except that process 0 stops the coordination service
   `SERVICE_STOP_DELAY_S` after its client has left rather than at once (see there).
   """
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
   state = getattr(jax_distributed, "global_state", None)
   service = getattr(state, "service", None)
   if service is not None:
