@@ -14,7 +14,7 @@ from typing import Dict
 import numpy as np
 import pytest
 
-from private_t5.eval import splits
+from private_t5.eval import split_search, splits
 from conftest import shared_or_fixture
 
 Doc = collections.namedtuple("Doc", "id text")
@@ -144,7 +144,7 @@ def test_worker_processes_and_key_blocks_give_the_same_splits(monkeypatch):
   train, valid = _corpora()
   cfg = splits.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
   one = splits.build_splits(train, valid, cfg)
-  monkeypatch.setattr(splits, "KEY_BLOCK", 100)  # many blocks, the last one partial
+  monkeypatch.setattr(split_search, "KEY_BLOCK", 100)  # many blocks, the last one partial
   two = splits.build_splits_streaming(iter(train), iter(valid), splits.SplitConfig(num_perm=640, num_bands=64,
                                                                                     num_workers=2))
   np.testing.assert_array_equal(one.train_dup, two.train_dup)
@@ -178,7 +178,7 @@ def test_split_file_holds_a_bit_a_document_and_old_files_are_rebuilt(tmp_path, c
 def test_beam_pipeline_on_several_files_and_a_folder_equals_the_local_search(tmp_path, monkeypatch):
   """Files (one of them blank) numbered in reading order, a folder streamed into the work folder,
   band and partition workers: the local path's flags and statistics."""
-  monkeypatch.setattr(splits, "KEY_BLOCK", 64)  # band keys in several blocks a file, the last partial
+  monkeypatch.setattr(split_search, "KEY_BLOCK", 64)  # band keys in several blocks a file, the last partial
   from private_t5.data import corpora
   from private_t5.eval import splits_beam
   train, valid = _corpora()

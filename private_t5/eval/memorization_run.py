@@ -28,7 +28,8 @@ from private_t5.eval import audit as audit_lib
 from private_t5.eval import canaries as canaries_lib
 from private_t5.eval import exposure, extraction_metrics, memorization
 from private_t5.eval import report as report_lib
-from private_t5.eval import splits as splits_lib
+from private_t5.eval import split_files, split_search
+from private_t5.eval.split_types import SPLIT_NAMES, SplitConfig, check_nonempty
 from private_t5.models import checkpoints, run_dir, sharding
 from private_t5.tokenizer import spm
 
@@ -53,7 +54,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                      vocab_path: Optional[str] = None, step: Optional[int] = None,
                      prompt_length: int = 512, generation_length: int = 114, batch_size: int = 32,
                      beam_size: int = 0, beam_alpha: float = 0.6, max_examples_per_split: Optional[int] = 1000,
-                     span_corruption_variant=AUTO, split_config: splits_lib.SplitConfig = splits_lib.SplitConfig(),
+                     span_corruption_variant=AUTO, split_config: SplitConfig = SplitConfig(),
                      canaries: Optional[str] = None, canary_scoring: str = AUTO, canary_max_exact: int = 100_000,
                      canary_samples: int = 10_000, canary_batch_size: int = 512, audit: Optional[str] = None,
                      audit_confidence: float = 0.95, audit_guesses: Optional[int] = None,
@@ -106,7 +107,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                                       use_cache=use_cache, seed=seed).validate()
   if max_examples_per_split is not None and max_examples_per_split < 1:
     raise ConfigError(f"max_examples_per_split must be positive or None, got {max_examples_per_split}")
-  if not isinstance(split_config, splits_lib.SplitConfig):
+  if not isinstance(split_config, SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
   if audit:  # a bad record or guess count is refused before the long passes
@@ -237,7 +238,7 @@ _ENCODE_BATCH = 256
 
 
 def scan_corpus(spec: str, vocab, text_field: str) -> Tuple[str, np.ndarray]:
-  """(`splits.corpus_fingerprint`, token count of each document) in one streaming pass."""
+  """(`split_files.corpus_fingerprint`, token count of each document) in one streaming pass."""
   fingerprint, lengths, batch = hashlib.sha256(), array.array("I"), []
 
   def encode():
@@ -270,13 +271,13 @@ def read_documents_by_number(spec: str, numbers, text_field: str) -> Dict[int, A
 
 
 def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, output_dir: str,
-                 split_config: splits_lib.SplitConfig, text_field: str, warnings: List[str],
+                 split_config: SplitConfig, text_field: str, warnings: List[str],
                  log: Callable[[str], None] = print) -> SplitData:
   """Builds (or reuses) the four splits of Lee et al., streaming the corpora.
 
-  One pass over each corpus computes its key (`splits.corpus_fingerprint`) and every document's
+  One pass over each corpus computes its key (`split_files.corpus_fingerprint`) and every document's
   token count; the split file of that key is read if it exists, else built
-  (`splits.build_splits_streaming`, a second pass). Memory: 4 bytes of token count and a flag a
+  (`split_search.build_splits_streaming`, a second pass). Memory: 4 bytes of token count and a flag a
   document. With several JAX processes the split file is built once: process 0 builds and writes
   it (atomically), the others wait at a barrier and then read it (on a file system that they do
   not share with process 0 they find no file and build the same splits themselves).
@@ -286,17 +287,17 @@ def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, outpu
   (train_fp, train_lengths), (valid_fp, valid_lengths) = (
       scan_corpus(spec, model.vocab, text_field) for spec in (train_corpus, valid_corpus))
   log(f"[memorization] {len(train_lengths)} training and {len(valid_lengths)} validation documents")
-  key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, split_config, tokenizer_id)
-  path = splits_lib.split_file_path(output_dir, key)
+  key = split_files.splits_key_from_fingerprints(train_fp, valid_fp, split_config, tokenizer_id)
+  path = split_files.split_file_path(output_dir, key)
 
   def load_or_build():
-    splits = splits_lib.load_split_file(path, key, verbose=True)
+    splits = split_files.load_split_file(path, key, verbose=True)
     if splits is not None:
       return splits, path, True
     docs = lambda spec: corpora.iter_documents(spec, text_field=text_field)
-    splits = splits_lib.build_splits_streaming(docs(train_corpus), docs(valid_corpus), split_config,
+    splits = split_search.build_splits_streaming(docs(train_corpus), docs(valid_corpus), split_config,
                                                tokenize=lambda text: sp.encode(text), verbose=True)
-    splits_lib.write_split_file(path, splits, key, split_config, tokenizer_id,
+    split_files.write_split_file(path, splits, key, split_config, tokenizer_id,
                                 {"train": train_corpus, "valid": valid_corpus})
     return splits, path, False
 
@@ -317,7 +318,7 @@ def build_splits(model: LoadedModel, train_corpus: str, valid_corpus: str, outpu
   sizes = splits.sizes()
   log(f"[memorization] splits {'reused from' if reused else 'written to'} {split_path}: "
       + ", ".join(f"{k} {v}" for k, v in sizes.items()))
-  for w in splits_lib.check_nonempty(splits):
+  for w in check_nonempty(splits):
     warnings.append(w + ": its metrics are empty, the rest of the report is still produced")
     log(f"[memorization] warning: {warnings[-1]}")
   return SplitData(splits=splits, split_path=split_path, reused=reused, sizes=sizes,
@@ -349,7 +350,7 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
   raw, _ = objectives.span_corruption_lengths(cfg.prompt_length, cfg.noise_density, cfg.mean_noise_span_length)
   min_length = {"prefix": cfg.prompt_length + cfg.generation_length, "span_corruption": raw}
   plan = {}  # (split, variant) -> (split size, eligible count, chosen positions in the split, document numbers)
-  for k, name in enumerate(splits_lib.SPLIT_NAMES):
+  for k, name in enumerate(SPLIT_NAMES):
     numbers = data.splits.indices(name)
     lengths = data.lengths["train" if name.startswith("train") else "valid"][numbers]
     for variant in {v for _, v in variants}:
@@ -365,7 +366,7 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
       raise DataError(f"corpus {data.corpora[corpus]} changed while it was evaluated")
     docs.update({(corpus, i): d for i, d in found.items()})
   extraction, decode_stats, evaluated, per_document = {}, {}, {}, {}
-  for name in splits_lib.SPLIT_NAMES:
+  for name in SPLIT_NAMES:
     corpus = "train" if name.startswith("train") else "valid"
     for method, variant in variants:
       size, eligible, chosen, numbers = plan[(name, variant)]

@@ -10,11 +10,16 @@ import math
 import os
 from typing import List, Optional
 
-from private_t5.eval.splits import SPLIT_NAMES
+from private_t5.eval.split_types import SPLIT_NAMES
 from private_t5.io import atomic_open, write_text_atomic
+from private_t5.lazy_imports import lazy_module
 
-# Matplotlib is imported inside the plotting functions: it takes about a second to import, and
-# the Agg backend must be chosen before `matplotlib.pyplot` is.
+# Matplotlib is imported by the first plot: it takes about a second to import, and the Agg
+# backend must be chosen before `matplotlib.pyplot` is.
+matplotlib = lazy_module("matplotlib", needed_for="the memorization report's plots",
+                         install="matplotlib (requirements.txt)")
+plt = lazy_module("matplotlib.pyplot", needed_for="the memorization report's plots",
+                  install="matplotlib (requirements.txt)")
 
 SPLIT_TITLES = {"train_dup": "Train dup", "train_unique": "Train unique",
                 "valid_in_train": "Valid in train", "valid_unique": "Valid unique"}
@@ -127,9 +132,7 @@ def audit_markdown(audit: dict) -> List[str]:
 
 def plot_audit(report: dict, path: str) -> Optional[str]:
   """Histogram of canary losses, included vs excluded, with the bound and the ledger's ε."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   audit = report.get("audit") or {}
   hist = audit.get("histogram")
   if not hist or len(hist.get("edges", [])) < 2:
@@ -152,9 +155,7 @@ def plot_audit(report: dict, path: str) -> Optional[str]:
 
 def plot_extraction(report: dict, path: str) -> Optional[str]:
   """Grouped bars of EM and TA (%) per split, one group per decoding method."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   extraction = report.get("extraction") or {}
   if not extraction:
     return None
@@ -187,9 +188,7 @@ def plot_extraction(report: dict, path: str) -> Optional[str]:
 
 def plot_exposure(report: dict, path: str) -> Optional[str]:
   """Exposure (bits) against the number of inserted copies (0 = reference canaries)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   canaries = report.get("canaries") or []
   if not canaries:
     return None

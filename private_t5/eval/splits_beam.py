@@ -1,12 +1,12 @@
 """The four memorization splits (eval/splits.py) as an Apache Beam pipeline (any runner).
 
   corpus files (train, then validation; numbered in reading order)
-    -> per file, in a worker: texts + offsets, MinHash band keys   splits.compute_band_keys,
-       (band-major), 50-token window hashes by hash partition      splits.window_hashes
-    -> per band, in a worker: that band's keys of every document   splits.band_pairs
+    -> per file, in a worker: texts + offsets, MinHash band keys   near_dup.compute_band_keys,
+       (band-major), 50-token window hashes by hash partition      near_dup.window_hashes
+    -> per band, in a worker: that band's keys of every document   lsh_pairs.band_pairs
        -> bucket candidate pairs, counted, by query partition
-    -> per query partition: ranked candidates -> edit similarity   splits.PairCounts.ranked,
-       (texts read back by offset), first hit wins                  splits.check_pair
+    -> per query partition: ranked candidates -> edit similarity   lsh_pairs.PairCounts.ranked,
+       (texts read back by offset), first hit wins                  near_dup.check_pair
     -> per hash partition: documents sharing a window              (2 train documents, or a
                                                                     validation and a train one)
     -> flagged document numbers, one file a partition
@@ -43,15 +43,23 @@ import sentencepiece as spm
 from private_t5.data import beam_io
 from private_t5.data import corpora
 from private_t5.errors import ConfigError, DataError
-from private_t5.eval import splits as splits_lib
+from private_t5.eval import lsh_pairs
+from private_t5.eval import near_dup
+from private_t5.eval import split_search
+from private_t5.eval.split_types import SplitConfig, Splits
+from private_t5.lazy_imports import lazy_module
 
 logger = logging.getLogger(__name__)
+
+# Apache Beam is optional (`data.beam_io.import_beam`).
+filesystems = lazy_module("apache_beam.io.filesystems", needed_for="a Beam runner",
+                          install="apache-beam (requirements.txt), or use --runner=local")
 
 TRAIN, VALID = "t", "v"
 PAIR_PARTITIONS = 64  # candidate pairs, by query document
 HASH_PARTITIONS = 64  # window hashes, by the hash's top bits
 _WINDOW_DTYPE = np.dtype([("h", "<u8"), ("r", "<u8")])  # hash, file number << 40 | document in file
-_PAIR_DTYPE = np.dtype([("code", "<u8"), ("count", "<i8")])  # splits.PairCounts code and count
+_PAIR_DTYPE = np.dtype([("code", "<u8"), ("count", "<i8")])  # lsh_pairs.PairCounts code and count
 
 _SENTENCEPIECE = {}
 
@@ -59,19 +67,12 @@ _SENTENCEPIECE = {}
 def _tokenizer(vocab_path: Optional[str]):
   """text -> token ids: the SentencePiece model at vocab_path (loaded once per worker) or words."""
   if not vocab_path:
-    return splits_lib.word_token_ids
+    return near_dup.word_token_ids
   if vocab_path not in _SENTENCEPIECE:
-    # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
-    from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-    with FileSystems.open(vocab_path) as f:
+    with filesystems.FileSystems.open(vocab_path) as f:
       _SENTENCEPIECE[vocab_path] = spm.SentencePieceProcessor(model_proto=f.read())
   sp = _SENTENCEPIECE[vocab_path]
   return lambda text: sp.encode(text)
-
-
-def _fs():
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  return FileSystems
 
 
 def _write(path: str, data: bytes) -> None:
@@ -86,7 +87,7 @@ def _read(path: str) -> bytes:
 class _Plan:
   """Settings every worker needs."""
   root: str
-  cfg: splits_lib.SplitConfig
+  cfg: SplitConfig
   vocab_path: Optional[str]
   text_field: str
   id_field: str
@@ -96,14 +97,14 @@ class _Plan:
 
 class _FileSpill:
   """One corpus file's texts, offsets, band keys and window hashes, written as they come: band keys
-  in blocks of `splits.KEY_BLOCK` documents, band-major; window hashes in chunks of about 2^20
+  in blocks of `split_search.KEY_BLOCK` documents, band-major; window hashes in chunks of about 2^20
   a hash partition. A worker holds one block and one chunk."""
 
   def __init__(self, plan: _Plan, number: int, texts, keys):
     self._plan, self._number = plan, number
     self._texts, self._keys = texts, keys  # open_atomic handles of files/NNNNNN.txt and .keys
     self.offsets = array.array("Q", [0])
-    self._block = np.zeros((splits_lib.KEY_BLOCK, plan.cfg.num_bands), dtype=np.uint64)
+    self._block = np.zeros((split_search.KEY_BLOCK, plan.cfg.num_bands), dtype=np.uint64)
     self._in_block = 0
     self._windows, self._buffered, self._chunks = [], 0, 0
 
@@ -166,7 +167,7 @@ def _spill_into(spill: "_FileSpill", path: str, plan: _Plan) -> Dict[str, int]:
   tok = _tokenizer(plan.vocab_path)
   batch, bad = [], 0
   no_windows = np.zeros(0, dtype=np.uint64)
-  with _fs().open(path) as f:
+  with filesystems.FileSystems.open(path) as f:
     for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=plan.text_field,
                                               id_field=plan.id_field, errors=plan.errors):
       if isinstance(doc, beam_io.BadLine):
@@ -175,14 +176,14 @@ def _spill_into(spill: "_FileSpill", path: str, plan: _Plan) -> Dict[str, int]:
         bad += 1
         continue
       text = doc[1]
-      spill.add(text, splits_lib.window_hashes(tok(text), cfg.exact_substring_tokens)
+      spill.add(text, near_dup.window_hashes(tok(text), cfg.exact_substring_tokens)
                 if cfg.exact_substring_tokens else no_windows)
       batch.append(text)
       if len(batch) >= 256:
-        spill.add_keys(splits_lib.compute_band_keys(batch, cfg))
+        spill.add_keys(near_dup.compute_band_keys(batch, cfg))
         batch = []
   if batch:
-    spill.add_keys(splits_lib.compute_band_keys(batch, cfg))
+    spill.add_keys(near_dup.compute_band_keys(batch, cfg))
   spill.close()
   n = len(spill.offsets) - 1
   beam_io.counter("documents_minhashed").inc(n)
@@ -201,19 +202,19 @@ def _band(b: int, plan: _Plan, files, counts):
   """One band: every document's key (in document order) -> bucket pairs, by query partition."""
   starts, n_train = _numbering(counts, files)
   keys = np.empty(int(starts[-1]), dtype=np.uint64)
-  block, bands = splits_lib.KEY_BLOCK, plan.cfg.num_bands
+  block, bands = split_search.KEY_BLOCK, plan.cfg.num_bands
   for k in range(len(files)):
     n = int(starts[k + 1] - starts[k])
     if not n:
       continue
-    with _fs().open(f"{plan.root}/files/{k:06d}.keys") as f:
+    with filesystems.FileSystems.open(f"{plan.root}/files/{k:06d}.keys") as f:
       for blk in range(-(-n // block)):
         f.seek((blk * bands + b) * block * 8)
         take = min(block, n - blk * block)
         first = int(starts[k]) + blk * block
         keys[first:first + take] = np.frombuffer(f.read(block * 8), dtype=np.uint64)[:take]
-  within, across = splits_lib.PairCounts(), splits_lib.PairCounts()
-  splits_lib.band_pairs(keys, n_train, plan.cfg.max_candidates_per_doc, within, across)
+  within, across = lsh_pairs.PairCounts(), lsh_pairs.PairCounts()
+  lsh_pairs.band_pairs(keys, n_train, plan.cfg.max_candidates_per_doc, within, across)
   for kind, pairs in (("within", within), ("across", across)):
     pairs.compact()
     if pairs.codes.size:
@@ -239,7 +240,7 @@ class _Texts:
       self._offsets[k] = np.frombuffer(_read(f"{self._plan.root}/files/{k:06d}.offsets"), dtype=np.uint64)
     local = i - int(self._starts[k])
     start, end = int(self._offsets[k][local]), int(self._offsets[k][local + 1])
-    with _fs().open(f"{self._plan.root}/files/{k:06d}.txt") as f:
+    with filesystems.FileSystems.open(f"{self._plan.root}/files/{k:06d}.txt") as f:
       f.seek(start)
       return f.read(end - start).decode("utf-8")
 
@@ -247,7 +248,7 @@ class _Texts:
 def _partition_files(prefix: str) -> List[str]:
   """The files under `prefix` (none when nothing was written there)."""
   try:
-    matched = _fs().match([prefix + "/*"])
+    matched = filesystems.FileSystems.match([prefix + "/*"])
   except Exception:  # pylint: disable=broad-except
     return []  # Beam's file systems raise on a pattern that matches nothing (some of them)
   # A name starting with a dot is a writer's temporary file (`beam_io.open_atomic`).
@@ -271,19 +272,19 @@ def _verify(p: int, plan: _Plan, files, counts) -> int:
     if i not in cache:
       if len(cache) > 4096:
         cache.clear()
-      cache[i] = splits_lib.words(texts(i))
+      cache[i] = near_dup.words(texts(i))
     return cache[i]
 
   flagged, checked = [], 0
   for kind in ("within", "across"):
-    pairs = splits_lib.PairCounts()
+    pairs = lsh_pairs.PairCounts()
     for path in _partition_files(f"{plan.root}/pairs/{kind}/{p:03d}"):
       rec = np.frombuffer(_read(path), dtype=_PAIR_DTYPE)
       pairs.add_counted(rec["code"], rec["count"])
     for q, cands in pairs.ranked(plan.cfg.max_candidates_per_doc):
       i = int(q) + (0 if kind == "within" else n_train)
       for j in cands.tolist():
-        did, dup = splits_lib.check_pair(words(i), words(j), plan.cfg.min_edit_similarity)
+        did, dup = near_dup.check_pair(words(i), words(j), plan.cfg.min_edit_similarity)
         checked += did
         if dup:
           flagged += [i, j] if kind == "within" else [i]
@@ -339,11 +340,11 @@ def _corpus_files(specs, root: str, side: str, read: dict) -> List[Tuple[str, st
 
 
 def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Union[str, Sequence[str]],
-                      cfg: splits_lib.SplitConfig = splits_lib.SplitConfig(), *, runner: str = "DirectRunner",
+                      cfg: SplitConfig = SplitConfig(), *, runner: str = "DirectRunner",
                       beam_options: Union[str, Sequence[str]] = "", vocab_path: Optional[str] = None,
                       text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
-                      skip_bad_lines: bool = False, work_dir: Optional[str] = None) -> splits_lib.Splits:
-  """`splits.build_splits` on a Beam runner, reading the corpora itself.
+                      skip_bad_lines: bool = False, work_dir: Optional[str] = None) -> Splits:
+  """`split_search.build_splits` on a Beam runner, reading the corpora itself.
 
   Args:
     train_corpus, valid_corpus: file pattern(s) / corpus spec(s) (see `beam_io.read_documents`).
@@ -385,7 +386,7 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
 
 
 def _assemble(root: str, n: int, n_train: int, checked: int, vocab_path: Optional[str],
-              seconds: float) -> splits_lib.Splits:
+              seconds: float) -> Splits:
   """The flagged document numbers -> `Splits` (a few bytes a document) and the local path's stats."""
   flags = {}
   for kind in ("near", "exact"):
@@ -406,6 +407,6 @@ def _assemble(root: str, n: int, n_train: int, checked: int, vocab_path: Optiona
       "seconds": {"total": round(seconds, 2)},
   }
   dup = near | exact
-  splits = splits_lib.Splits(train_dup=dup[:n_train].copy(), valid_dup=dup[n_train:].copy(), stats=stats)
+  splits = Splits(train_dup=dup[:n_train].copy(), valid_dup=dup[n_train:].copy(), stats=stats)
   logger.info("splits: %s", ", ".join(f"{k} {v}" for k, v in splits.sizes().items()))
   return splits

@@ -12,8 +12,13 @@ import os
 from typing import Callable, List, Optional
 
 from private_t5 import io as io_lib
+from private_t5.lazy_imports import lazy_module
 
 logger = logging.getLogger(__name__)
+
+# Matplotlib takes about a second to import, and the Agg backend must be chosen first (`pyplot`).
+matplotlib = lazy_module("matplotlib", needed_for="the study's figure", install="matplotlib (requirements.txt)")
+_pyplot = lazy_module("matplotlib.pyplot", needed_for="the study's figure", install="matplotlib (requirements.txt)")
 
 SPLITS = ("train_dup", "train_unique", "valid_in_train", "valid_unique")
 SPLIT_TITLES = {"train_dup": "train dup", "train_unique": "train unique", "valid_in_train": "valid in train",
@@ -200,11 +205,9 @@ def write_figure(results: dict, path: str) -> Optional[str]:
 def pyplot():
   """matplotlib.pyplot with the Agg backend, or None (with a warning) when it is not installed."""
   try:
-    # Lazy: Matplotlib takes about a second to import, and the Agg backend must be chosen first.
-    import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
-    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
+    plt = _pyplot.load()
+  except ImportError:  # `MissingLibrary` is one
     logger.warning("matplotlib is not installed: no figure written")
     return None
   return plt
