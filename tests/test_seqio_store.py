@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from private_t5.data import seqio_source
+from private_t5.data import seqio_read, seqio_source
 from private_t5.errors import ConfigError, DataError
 from private_t5.stages import cli
 from private_t5.stages import train as train_stage
@@ -155,7 +155,7 @@ def test_a_build_that_fails_or_is_interrupted_midway_leaves_nothing(task_data, t
   failing.write_text("\n".join(lines[:20] + ["BOOM"] + lines[20:]) + "\n")
   seqio_tasks.register_text_file([two_files[0], str(failing)], vocab, name=seqio_tasks.FAILING_FILES_TASK,
                                  fail_on="BOOM")
-  monkeypatch.setattr(seqio_source, "READ_BATCH", 2)  # shard 0 written, shard 1's files open when it fails
+  monkeypatch.setattr(seqio_read, "READ_BATCH", 2)  # shard 0 written, shard 1's files open when it fails
   written = []
   real_add = _seqio_store().ShardWriter.add
   monkeypatch.setattr(_seqio_store().ShardWriter, "add", lambda self, batch: written.append(1) or real_add(self, batch))

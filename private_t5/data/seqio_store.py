@@ -18,12 +18,12 @@ absent; a killed build leaves only a `.building-*` folder that the next build re
                                  vocabulary (path, SHA-256, size), the shard index (`shards`: task,
                                  source shard, files, examples, tokens and SHA-256 of each;
                                  `shard_starts`: K + 1 cumulative example counts), `tokens_sha256`,
-                                 `checksums` (size and SHA-256 of every file: `store.check_entry`
+                                 `checksums` (size and SHA-256 of every file: `store_files.check_entry`
                                  compares the sizes on open, `private-t5 store --verify` the
                                  digests; a damaged entry is refused, or rebuilt by the stage),
                                  build time and runner
 
-One store shard per source shard (`seqio_source.read_split`): the tasks in order, each task's
+One store shard per source shard (`seqio_read.read_split`): the tasks in order, each task's
 source shards in seqio's order (`list_shards`: a file of a file or TFDS source; the whole split
 of a function source), each read with its own `shard_info` and seed. Example i is shard S with
 shard_starts[S] <= i < shard_starts[S + 1], local example i - shard_starts[S].
@@ -58,8 +58,9 @@ import numpy as np
 
 from private_t5 import progress as progress_lib
 from private_t5.data import beam_io
-from private_t5.data import seqio_source
+from private_t5.data import seqio_lookup, seqio_read, seqio_source
 from private_t5.data import store as store_lib
+from private_t5.data import store_files
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import atomic_open, file_sha256, write_json_atomic
 
@@ -97,7 +98,7 @@ class ExampleStore:
       raise DataError(f"{path} is not a seqio example store: {e}") from e
     if self.manifest.get("kind") != KIND or self.manifest.get("format_version") != FORMAT_VERSION:
       raise DataError(f"{path}: not a seqio example store of format {FORMAT_VERSION}")
-    recorded = store_lib.check_entry(path, self.manifest, checksum=verify)
+    recorded = store_files.check_entry(path, self.manifest, checksum=verify)
     self.shards = self.manifest["shards"]
     self._starts = np.asarray(self.manifest["shard_starts"], dtype=np.int64)  # K + 1 integers
     if len(self._starts) != len(self.shards) + 1 or self._starts[0] != 0:
@@ -112,7 +113,7 @@ class ExampleStore:
         if size != (int(shard["examples"]) + 1) * 8:
           raise DataError(f"{path}: {name} holds {size // 8} offsets, not {int(shard['examples']) + 1}")
         if not recorded:  # an entry built before the record: the tokens checked against their offsets
-          store_lib.check_tokens_file(path, shard["files"][feature]["tokens"], name)
+          store_files.check_tokens_file(path, shard["files"][feature]["tokens"], name)
     self._maps: Dict[int, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {}
     self.reused = False  # set by `store.open_cached`: found in the cache rather than built
     self.rebuilt: Optional[str] = None  # why a damaged entry was rebuilt, if it was
@@ -223,7 +224,7 @@ def _shard_fingerprint(name: str):
 
 
 def _preprocessor_names(task) -> List[str]:
-  utils = seqio_source._seqio().utils  # pylint: disable=protected-access
+  utils = seqio_lookup.seqio.utils
   return [utils.function_name(p) for p in getattr(task, "preprocessors", ())]
 
 
@@ -238,8 +239,8 @@ class ExampleStoreTarget:
                cache_dir: Optional[str] = None):
     self.resolved, self.split, self.lengths = resolved, split, dict(lengths)
     self.module, self.seed, self.use_cached, self.max_examples = module, seed, use_cached, max_examples
-    self.plan: List[seqio_source.Shard] = [shard for task in resolved.tasks
-                                           for shard in seqio_source.task_shards(task, split, use_cached)]
+    self.plan: List[seqio_read.Shard] = [shard for task in resolved.tasks
+                                         for shard in seqio_read.task_shards(task, split, use_cached)]
     self.vocab_sha256 = file_sha256(resolved.vocab_path)
     self.settings = {"mixture_or_task_name": resolved.name, "module": _modules(module), "split": split,
                      "feature_lengths": self.lengths, "seed": seed, "use_cached": use_cached,
@@ -292,7 +293,7 @@ class ExampleStoreTarget:
         "num_shards": len(entries), "shards": list(entries), "shard_starts": starts,
         # Of the per-shard digests (computed while writing), so the same whichever process wrote a shard.
         "tokens_sha256": hashlib.sha256("\n".join(e["sha256"] for e in entries).encode()).hexdigest(),
-        store_lib.CHECKSUMS_KEY: checksums,
+        store_files.CHECKSUMS_KEY: checksums,
         "build_seconds": round(time.time() - start, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -301,7 +302,7 @@ class ExampleStoreTarget:
 # --- writing -----------------------------------------------------------------------------------
 
 class ShardWriter:
-  """Writes one store shard from batches of `seqio_source.read_shard`, streaming: four files
+  """Writes one store shard from batches of `seqio_read.read_shard`, streaming: four files
   (tokens and offsets of each feature), each through `atomic_open` (complete or absent, so a
   retried Beam bundle overwrites it whole), hashed as they are written."""
 
@@ -346,7 +347,7 @@ class ShardWriter:
     self.examples += n
     return n
 
-  def close(self, shard: seqio_source.Shard) -> Dict[str, object]:
+  def close(self, shard: seqio_read.Shard) -> Dict[str, object]:
     """Finishes the four files; returns the shard's entry of the manifest index."""
     while self._open:
       self._open.pop(0).__exit__(None, None, None)
@@ -369,7 +370,7 @@ class ShardWriter:
         pass
 
 
-def _write_shard(out_dir: str, k: int, num_shards: int, shard: seqio_source.Shard, batches, bar=None):
+def _write_shard(out_dir: str, k: int, num_shards: int, shard: seqio_read.Shard, batches, bar=None):
   writer = ShardWriter(out_dir, k, num_shards)
   try:
     for batch in batches:
@@ -383,11 +384,11 @@ def _write_shard(out_dir: str, k: int, num_shards: int, shard: seqio_source.Shar
 
 
 def _write_local(out_dir: str, target: ExampleStoreTarget, progress: bool) -> List[Dict[str, object]]:
-  """Reads the split in this process (`seqio_source.read_split`) and writes one shard per source shard."""
+  """Reads the split in this process (`seqio_read.read_split`) and writes one shard per source shard."""
   bar = progress_lib.bar(desc="[store] seqio examples", unit="examples",
                          disable=not (progress and progress_lib.enabled()))
   entries = []
-  read = seqio_source.read_split(target.resolved.tasks, target.split, target.lengths, target.seed,
+  read = seqio_read.read_split(target.resolved.tasks, target.split, target.lengths, target.seed,
                                  target.use_cached, target.max_examples)
   for k, (_, shard, batches) in enumerate(read):
     if k >= len(target.plan) or shard != target.plan[k]:
@@ -407,12 +408,12 @@ class _BeamShardBody:
     self.lengths, self.seed, self.use_cached = lengths, seed, use_cached
 
   def setup(self):
-    seqio_source.import_task_modules(self.module)  # registers the Tasks in a worker process
+    seqio_lookup.import_task_modules(self.module)  # registers the Tasks in a worker process
 
   def process(self, element):
     k, shard = element
-    task = seqio_source.get_mixture_or_task(shard.task, self.module)
-    batches = seqio_source.read_shard(task, shard, self.split, self.lengths, self.seed, self.use_cached)
+    task = seqio_lookup.get_mixture_or_task(shard.task, self.module)
+    batches = seqio_read.read_shard(task, shard, self.split, self.lengths, self.seed, self.use_cached)
     entry = _write_shard(self.out_dir, k, self.num_shards, shard, batches)
     write_json_atomic(os.path.join(self.out_dir, _SIDE_FILE.format(k)), entry, indent=None, sort_keys=False)
     beam_io.counter("examples_written").inc(int(entry["examples"]))
@@ -530,7 +531,7 @@ def make_seqio_source(mixture_or_task_name: str, split: str = "train",
   if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
                                    or max_examples < 1):
     raise ConfigError(f"max_examples must be a positive integer (or None for all), got {max_examples!r}")
-  sampled = seqio_source.sampled_tasks(seqio_source.get_mixture_or_task(mixture_or_task_name, module))
+  sampled = seqio_lookup.sampled_tasks(seqio_lookup.get_mixture_or_task(mixture_or_task_name, module))
   if not required and not any(split in task.splits for task in sampled):
     return None
   lengths = feature_lengths or {"inputs": 512, "targets": 114}

@@ -4,7 +4,7 @@
     -> Reshuffle                                   (files spread over the workers)
     -> per file: read its documents in line order, tokenize with SentencePiece (the model is
        loaded once per worker, in `setup`), write shard S of K straight into the build
-       directory (`store.ShardWriter`: tokens + offsets and the shard's index of ids and users,
+       directory (`store_writer.ShardWriter`: tokens + offsets and the shard's index of ids and users,
        each complete or absent) and a small side file with the shard's counts and its users
     -> the launching process reads the side files (a shard without one is one DataError; the
        counters of the summary are summed from them, the same on every runner, metrics or not),
@@ -32,8 +32,14 @@ import sentencepiece as spm
 from private_t5 import documents as documents_lib
 from private_t5.data import beam_io, corpora
 from private_t5.data import store as store_lib
+from private_t5.data import store_reader, store_writer
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import write_json_atomic
+from private_t5.lazy_imports import lazy_module
+
+# Apache Beam is optional (`data.beam_io.import_beam`): its file systems are imported for a remote file only.
+filesystems = lazy_module("apache_beam.io.filesystems", needed_for="a remote corpus file",
+                          install="apache-beam (requirements.txt)")
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +70,7 @@ def _documents_of(path: str, reader_options, stats: documents_lib.CorpusStats):
 
 
 def _remote_documents(path: str, reader_options, stats: documents_lib.CorpusStats):
-  # Lazy: Apache Beam is optional (`data.beam_io.import_beam`).
-  from apache_beam.io.filesystems import FileSystems  # pylint: disable=g-import-not-at-top
-  with FileSystems.open(path) as f:
+  with filesystems.FileSystems.open(path) as f:
     for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=reader_options["text_field"],
                                               id_field=reader_options["id_field"], errors=reader_options["errors"]):
       if isinstance(doc, DataError):
@@ -91,7 +95,7 @@ class _WriteShard:
   def process(self, element):
     index, path = element
     stats = documents_lib.CorpusStats()
-    writer = store_lib.ShardWriter(self.out_dir, index, self.num_shards, self.proc, self.num_threads,
+    writer = store_writer.ShardWriter(self.out_dir, index, self.num_shards, self.proc, self.num_threads,
                                    with_users=self.reader_options["user_field"] is not None)
     try:
       for doc in _documents_of(path, self.reader_options, stats):
@@ -117,7 +121,7 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
                      text_field: str = "text", id_field: str = "id", user_field: Optional[str] = None,
                      errors: str = "strict", max_documents: Optional[int] = None, data_dir: Optional[str] = None,
                      num_threads: int = 1, verify: bool = False, rebuild_damaged: bool = False
-                     ) -> Tuple[store_lib.DocumentStore, Dict[str, int]]:
+                     ) -> Tuple[store_reader.DocumentStore, Dict[str, int]]:
   """Builds (or reuses) the cached store of `corpus` on Beam; returns it and the Beam counters.
 
   Args:
@@ -183,7 +187,7 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
     counters.update({"documents_tokenized": sum(int(sh["documents"]) for sh in shards),
                      "tokens_written": sum(int(sh["num_tokens"]) for sh in shards),
                      "text_bytes": totals["text_bytes"], "shards_written": len(shards)})
-    manifest = store_lib.finish_store(tmp, corpus, reader_options, shards, totals, start, sources=files)
+    manifest = store_writer.finish_store(tmp, corpus, reader_options, shards, totals, start, sources=files)
     manifest["runner"] = runner
     logger.info("[store] %s on %s: %d documents, %d tokens, %d shards in %.1fs", corpus, runner,
                  manifest["num_documents"], manifest["num_tokens"], len(shards), manifest["build_seconds"])

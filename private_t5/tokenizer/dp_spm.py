@@ -35,47 +35,38 @@ only for ε < 1 (beyond it the formula UNDERSTATES ε: σ = 58.9, k = 256 gives 
 formula, 33.7 in truth); `epsilon` is the tight Gaussian-mechanism ε (the exact hockey-stick
 divergence of noise multiplier σ/k at δ/2), valid for every ε. The accounting lives in
 `dp.accounting` and the report's privacy fields in `dp.privacy_report` (`vocabulary_report`).
+
+The steps live in their own modules: the bounded histograms and their parallel sum in
+`dp_spm_histogram`, the privacy parameters, noise, threshold and public merge in `dp_spm_release`,
+SentencePiece on the kept words in `dp_spm_train`, and the report's diagnostics of the trained
+vocabulary in `dp_spm_measures`. This module runs them in order (`train_dp_vocabulary`) and writes
+the model with its privacy report.
 """
-import collections
-import dataclasses
-import io
 import itertools
 import logging
-import math
-import multiprocessing
 import os
-import re
-import sys
-import tempfile
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
-
-import numpy as np
-import toolz
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from private_t5 import doc_fingerprints
-from private_t5 import progress as progress_lib
-from private_t5 import user_modules
+from private_t5.data import corpora
+from private_t5.dp import privacy_report, public_vocabulary
+from private_t5.dp.accounting import MeaninglessGuaranteeWarning
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import check_output_file, write_bytes_atomic
-
-# The other package modules and SentencePiece are imported inside the functions that use them:
-# the counting workers (`build_histogram`) import only this module, so starting them stays cheap.
+from private_t5.tokenizer.dp_spm_histogram import (  # pylint: disable=unused-import
+    DEFAULT_MAX_WORDS, DEFAULT_SENSITIVITY, SENSITIVITY_MODES, ContributionBound, HistogramStats, bounded_counts,
+    build_histogram, document_histogram)
+from private_t5.tokenizer.dp_spm_measures import piece_sources, tokenization_utility
+from private_t5.tokenizer.dp_spm_release import merge_public, noise_generator, privacy_parameters, private_histogram
+from private_t5.tokenizer.dp_spm_train import (  # pylint: disable=unused-import
+    BASE_CHARACTERS, BYTE_PIECES, MAX_TRAINER_TOTAL_COUNT, MODEL_TYPES, SPECIAL_PIECES, WORD_BOUNDARY,
+    UnsupportedSize, base_characters, min_vocab_size, processor, scale_counts, train_capped)
+from private_t5.tokenizer.spm import builtin_dp_is_ignored  # pylint: disable=unused-import
 
 logger = logging.getLogger(__name__)
 
-SENSITIVITY_MODES = ("paper", "capped")
-DEFAULT_SENSITIVITY = "capped"
-MODEL_TYPES = ("unigram", "bpe", "char")
-DEFAULT_MAX_WORDS = 256
-# Pieces of every private vocabulary that do not depend on any data: pad/eos/unk, the 256 UTF-8
-# byte pieces (byte fallback), SentencePiece's word-boundary mark and the base characters.
-SPECIAL_PIECES = 3
-BYTE_PIECES = 256
-WORD_BOUNDARY = "\u2581"
-# Printable ASCII without whitespace (the space is the word-boundary piece).
-BASE_CHARACTERS = "".join(chr(c) for c in range(33, 127))
 NONPRIVATE_LABEL = ("non-private: a SentencePiece of the requested size trained without noise or threshold on "
                     "the same bounded word histogram; for comparison only, never written or released")
 # Report fields computed from the raw corpus (diagnostics, not covered by the guarantee). The
@@ -84,356 +75,8 @@ NONPRIVATE_LABEL = ("non-private: a SentencePiece of the requested size trained 
 NOT_DP_FIELDS = ("words_total", "words_dropped_fraction", "documents", "histogram", "corpus_file_digests")
 
 
-# ---------------------------------------------------------------------------------------------
-# Contribution bound and per-document histograms
-# ---------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ContributionBound:
-  """How much one document may contribute to the summed histogram.
-
-  Attributes:
-    mode: "paper" (counts with multiplicity, ≤ max_words words) or "capped" (each word once,
-      ≤ max_words distinct words).
-    max_words: N (paper) or W (capped).
-  """
-  mode: str = DEFAULT_SENSITIVITY
-  max_words: int = DEFAULT_MAX_WORDS
-
-  def __post_init__(self):
-    if self.mode not in SENSITIVITY_MODES:
-      raise ConfigError(f"sensitivity must be one of {SENSITIVITY_MODES}, got {self.mode!r}")
-    if isinstance(self.max_words, bool) or int(self.max_words) != self.max_words or self.max_words < 1:
-      raise ConfigError(f"max_words_per_document must be an integer >= 1, got {self.max_words!r}")
-
-  @property
-  def l2(self) -> float:
-    """k: the largest L2 norm of one document's bounded histogram."""
-    return float(self.max_words) if self.mode == "paper" else math.sqrt(self.max_words)
-
-  @property
-  def linf(self) -> float:
-    """m: the largest count one document gives one word."""
-    return float(self.max_words) if self.mode == "paper" else 1.0
-
-  @property
-  def max_distinct(self) -> int:
-    """n: the most distinct words one document can add (the threshold's union bound)."""
-    return int(self.max_words)
-
-  def as_dict(self) -> Dict[str, Any]:
-    out = {"mode": self.mode, "k_l2": self.l2, "m_linf": self.linf, "max_distinct_words": self.max_distinct}
-    out["N_words_per_document" if self.mode == "paper" else "W_distinct_words_per_document"] = self.max_words
-    return out
-
-
-def document_histogram(text: str, bound: ContributionBound) -> Dict[str, int]:
-  """The bounded word histogram of one document (words: whitespace-separated, unnormalised)."""
-  return bounded_counts(text.split(), bound)
-
-
-def bounded_counts(words: List[str], bound: ContributionBound) -> Dict[str, int]:
-  """The bounded histogram of one document's words (see `ContributionBound`)."""
-  if bound.mode == "paper":
-    n = bound.max_words
-    if len(words) > n:
-      # Evenly spaced positions cover the whole document; any fixed choice of ≤ N positions
-      # keeps ‖h‖₂ ≤ ‖h‖₁ ≤ N.
-      length = len(words)
-      words = [words[(i * length) // n] for i in range(n)]
-    return collections.Counter(words)
-  counts = collections.Counter(words)
-  if len(counts) > bound.max_words:
-    # most_common is stable, so ties keep first-occurrence order (deterministic).
-    return dict.fromkeys((w for w, _ in counts.most_common(bound.max_words)), 1)
-  return dict.fromkeys(counts, 1)
-
-
-@dataclasses.dataclass
-class HistogramStats:
-  """Counts gathered while building the histogram."""
-  documents: int = 0
-  bytes: int = 0
-  words_raw: int = 0  # word occurrences before bounding
-  words_counted: int = 0  # word occurrences after bounding
-  seconds: float = 0.0
-
-  def as_dict(self) -> Dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d["megabytes_per_second"] = (self.bytes / 1e6 / self.seconds) if self.seconds > 0 else None
-    return d
-
-
-def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int, Optional[np.ndarray]]:
-  """Worker: (summed bounded histogram, documents, bytes, raw words, counted words, the documents'
-  keyed fingerprints or None) of a chunk."""
-  texts, mode, max_words, key = args
-  bound = ContributionBound(mode, max_words)
-  total = collections.Counter()
-  n_bytes = n_raw = n_counted = 0
-  for text in texts:
-    n_bytes += len(text.encode("utf-8"))
-    words = text.split()
-    n_raw += len(words)
-    h = bounded_counts(words, bound)
-    n_counted += sum(h.values())
-    total.update(h)
-  prints = doc_fingerprints.fingerprints(texts, key) if key is not None else None
-  return dict(total), len(texts), n_bytes, n_raw, n_counted, prints
-
-
-def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_workers: Optional[int] = None,
-                    chunk_size: int = 256, progress: Optional[Callable[[HistogramStats], None]] = None,
-                    progress_every: float = 10.0, fingerprints: Optional[doc_fingerprints.FingerprintWriter] = None
-                    ) -> Tuple[collections.Counter, HistogramStats]:
-  """Sums the bounded histograms of `texts` (one text = one document), streaming.
-
-  Work is spread over `num_workers` processes, a chunk of documents at a time, with at most
-  two chunks per worker in flight, so memory grows with the vocabulary, not with the corpus.
-  With `fingerprints`, the workers also compute each document's keyed fingerprint
-  (`doc_fingerprints`), appended to it (8 bytes a document, on disk).
-  """
-  num_workers = num_workers or os.cpu_count() or 1
-  if num_workers < 1 or chunk_size < 1:
-    raise ConfigError(f"num_workers and chunk_size must be >= 1, got {num_workers}, {chunk_size}")
-  total = collections.Counter()
-  stats = HistogramStats()
-  start = last_report = time.time()
-  bar = progress_lib.bar(desc="dp-spm histogram", unit=" docs")
-
-  def merge(result):
-    nonlocal last_report
-    hist, docs, n_bytes, n_raw, n_counted, prints = result
-    bar.update(docs)
-    if fingerprints is not None:
-      fingerprints.add(prints)
-    total.update(hist)
-    stats.documents += docs
-    stats.bytes += n_bytes
-    stats.words_raw += n_raw
-    stats.words_counted += n_counted
-    if progress and time.time() - last_report >= progress_every:
-      stats.seconds = time.time() - start
-      progress(stats)
-      last_report = time.time()
-
-  key = fingerprints.key if fingerprints is not None else None
-  jobs = ((chunk, bound.mode, bound.max_words, key) for chunk in toolz.partition_all(chunk_size, texts))
-  if num_workers == 1:
-    for job in jobs:
-      merge(_chunk_histogram(job))
-  else:
-    # Not "fork": the parent may run JAX/TensorFlow threads, and a forked child can deadlock on
-    # their locks. The workers import only this module (NumPy), so starting them is cheap.
-    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-    in_flight = collections.deque()
-    # The user's task modules (TASK_MODULE) are imported in each worker too, as in the run's process.
-    with ctx.Pool(num_workers, **user_modules.pool_kwargs()) as pool:
-      for job in jobs:
-        in_flight.append(pool.apply_async(_chunk_histogram, (job,)))
-        if len(in_flight) >= 2 * num_workers:
-          merge(in_flight.popleft().get())
-      while in_flight:
-        merge(in_flight.popleft().get())
-  bar.close()
-  stats.seconds = time.time() - start
-  return total, stats
-
-
-# ---------------------------------------------------------------------------------------------
-# Privacy: ε, threshold, calibration
-# ---------------------------------------------------------------------------------------------
-
-def privacy_parameters(delta: float, bound: ContributionBound, *, sigma: Optional[float] = None,
-                       target_epsilon: Optional[float] = None) -> Dict[str, Any]:
-  """Both directions: (σ, δ) → ε and T, or (target ε, δ) → σ and T. δ is the total δ.
-
-  The release of `bound`'s k, m, n as accounted by `accounting.thresholded_gaussian_parameters`:
-  the tight `epsilon` (the Gaussian mechanism at δ/2), the paper's `epsilon_paper_formula`, the
-  correct `threshold` (δ/2 to thresholding), the paper's printed `threshold_paper_formula` and
-  the δ that threshold actually spends, and `noise_std`.
-  """
-  # Imported here: the histogram workers import this module and need no accountant.
-  from private_t5.dp import accounting  # pylint: disable=g-import-not-at-top
-  return accounting.thresholded_gaussian_parameters(delta, l2=bound.l2, linf=bound.linf,
-                                                    max_distinct=bound.max_distinct, sigma=sigma,
-                                                    target_epsilon=target_epsilon)
-
-
-# ---------------------------------------------------------------------------------------------
-# The private histogram and the vocabulary
-# ---------------------------------------------------------------------------------------------
-
-def noise_generator(insecure_seed: Optional[int] = None) -> np.random.Generator:
-  """Noise from OS entropy; a fixed seed only when explicitly asked for (tests)."""
-  if insecure_seed is None:
-    return np.random.default_rng(np.random.SeedSequence())
-  return np.random.default_rng(int(insecure_seed))
-
-
-def private_histogram(histogram: Dict[str, int], noise_std: float, threshold: float,
-                      rng: np.random.Generator) -> Dict[str, float]:
-  """Algorithm 1: adds N(0, σ²) to every observed count, keeps the noisy counts ≥ threshold."""
-  words = list(histogram)
-  counts = np.fromiter((histogram[w] for w in words), dtype=np.float64, count=len(words))
-  noisy = counts + rng.normal(0.0, noise_std, size=counts.shape)
-  keep = np.nonzero(noisy >= threshold)[0]
-  return {words[i]: float(noisy[i]) for i in keep}
-
-
-def merge_public(private_kept: Dict[str, float],
-                 public_counts: Optional[Dict[str, int]] = None) -> List[Tuple[str, int]]:
-  """The `(word, count)` list SentencePiece trains on, most frequent first.
-
-  `private_kept` is the output of `private_histogram` (only words whose noisy count passed the
-  threshold); `public_counts` are exact counts from a public corpus (same bound, no noise). A
-  word in both gets the sum. The public counts do not depend on the private corpus, so the
-  merge is post-processing of the private release: it costs no privacy.
-  """
-  merged = collections.Counter()
-  for word, count in private_kept.items():
-    merged[word] += count
-  for word, count in (public_counts or {}).items():
-    merged[word] += count
-  return sorted(((w, max(1, int(round(c)))) for w, c in merged.items()), key=lambda x: -x[1])
-
-
-def base_characters(extra_characters: Optional[str] = "") -> str:
-  """The public base character set: printable ASCII plus `extra_characters` (no whitespace), each once."""
-  extra_characters = "" if extra_characters is None else extra_characters
-  if not isinstance(extra_characters, str):
-    raise ConfigError(f"extra_characters must be a string, got {extra_characters!r}")
-  extra = "".join(c for c in extra_characters if not c.isspace() and c != WORD_BOUNDARY)
-  return "".join(dict.fromkeys(BASE_CHARACTERS + extra))
-
-
-def min_vocab_size(base: str) -> int:
-  """The smallest vocabulary holding the data-independent pieces (special, bytes, ▁, `base`)."""
-  return SPECIAL_PIECES + BYTE_PIECES + 1 + len(base)
-
-
-def _processor(model: Union[str, bytes]):
-  """The SentencePieceProcessor of a `.model` path or of a model's bytes."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  if isinstance(model, bytes):
-    return spm.SentencePieceProcessor(model_proto=model)
-  return spm.SentencePieceProcessor(model_file=model)
-
-
-def piece_sources(model: Union[str, bytes], private_words: Iterable[str], public_words: Iterable[str],
-                  base: str) -> Dict[str, int]:
-  """How many pieces of a vocabulary (`.model` path or bytes) each source can have produced.
-
-  `special`, `byte` and `base_character` (incl. ▁) pieces are data-independent; a learned piece
-  counts as `private`, `public` or `private_and_public` by which words contain it (with the
-  word-boundary prefix); `other` should stay 0.
-  """
-  proc = _processor(model)
-  out = dict.fromkeys(("special", "byte", "base_character", "private", "public", "private_and_public", "other"), 0)
-  learned = set()
-  base_set = set(base) | {WORD_BOUNDARY}
-  for i in range(proc.get_piece_size()):
-    piece = proc.id_to_piece(i)
-    if proc.is_control(i) or proc.is_unknown(i):
-      out["special"] += 1
-    elif proc.is_byte(i):
-      out["byte"] += 1
-    elif piece in base_set:
-      out["base_character"] += 1
-    else:
-      learned.add(piece)
-  longest = max((len(p) for p in learned), default=0)
-
-  def found(words):
-    hit = set()
-    for word in words:
-      s = WORD_BOUNDARY + word
-      for i in range(len(s)):
-        for j in range(i + 1, min(len(s), i + longest) + 1):
-          if s[i:j] in learned:
-            hit.add(s[i:j])
-    return hit
-
-  private, public = found(private_words), found(public_words)
-  for piece in learned:
-    key = ("private_and_public" if piece in public else "private") if piece in private else (
-        "public" if piece in public else "other")
-    out[key] += 1
-  return out
-
-
-def tokenization_utility(model: Union[str, bytes], texts: Sequence[str]) -> Dict[str, Any]:
-  """`<unk>` rate (share of tokens), tokens per whitespace word and exact round trips on `texts`
-  (`model`: a `.model` path or its bytes)."""
-  proc = _processor(model)
-  tokens = unknown = words = exact = 0
-  for text in texts:
-    ids = proc.encode(text)
-    tokens += len(ids)
-    unknown += sum(1 for i in ids if i == proc.unk_id())
-    words += len(text.split())
-    exact += int(proc.decode(ids) == text)
-  return {"vocab_size": proc.get_piece_size(), "documents": len(texts), "words": words, "tokens": tokens,
-          "unk_rate": unknown / max(tokens, 1), "tokens_per_word": tokens / max(words, 1),
-          "exact_round_trip_fraction": exact / max(len(texts), 1)}
-
-
-_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
-
-
-class _Unsupported(Exception):
-  """The training words support at most `cap` pieces, fewer than requested."""
-
-  def __init__(self, cap: int):
-    super().__init__(cap)
-    self.cap = cap
-
-
-# SentencePiece's trainer holds memory in proportion to the total of the counts it is given (~130
-# bytes a word occurrence): a corpus of C4's size (10^11 words) cannot be handed over as it is. Above
-# this total the counts are scaled down to it, each kept word keeping a count of at least 1:
-# post-processing of the released histogram (no privacy cost), which keeps the words' relative
-# frequencies to within that rounding. Below it (every corpus of the tests) nothing changes.
-MAX_TRAINER_TOTAL_COUNT = 4_000_000
-
-
-def scale_counts(word_counts: Sequence[Tuple[str, float]], total: int = MAX_TRAINER_TOTAL_COUNT):
-  """(counts whose sum is about `total` at most, the factor applied): `word_counts` as they are
-  (factor 1.0) when their sum is within `total`, else each multiplied by total/sum, rounded, >= 1."""
-  current = float(sum(c for _, c in word_counts))
-  if current <= total:
-    return list(word_counts), 1.0
-  factor = total / current
-  return [(w, max(1, int(round(c * factor)))) for w, c in word_counts], factor
-
-
-def _train_capped(word_counts: List[Tuple[str, int]], vocab_size: int, model_type: str,
-                  allow_vocab_cap: bool, character_coverage: float, base: str) -> Tuple[int, bytes]:
-  """Trains SentencePiece (byte fallback, `base` characters, exact round trip) in memory.
-
-  Returns (the size trained, the model's bytes).
-
-  When the words cannot support `vocab_size`, trains the largest size SentencePiece accepts, or
-  raises `_Unsupported` when `allow_vocab_cap` is False.
-  """
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
-  options = dict(model_type=model_type, character_coverage=character_coverage, byte_fallback=True,
-                 required_chars=base, exact_round_trip=True)
-  try:
-    return vocab_size, spm_lib.model_from_word_counts(word_counts, vocab_size, **options)
-  except DataError as e:
-    match = _TOO_HIGH.search(str(e))
-    if not match:
-      raise
-    cap = int(match.group(2))
-    if not allow_vocab_cap:
-      raise _Unsupported(cap) from e
-    return cap, spm_lib.model_from_word_counts(word_counts, cap, **options)
-
-
 def _iter_corpus_texts(corpus: Union[str, Sequence[str]], max_documents: Optional[int], text_field: str,
                        errors: str, data_dir: Optional[str]) -> Iterator[str]:
-  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   specs = [corpus] if isinstance(corpus, str) else list(corpus)
   if not specs:
     raise ConfigError("no corpus given")
@@ -570,7 +213,6 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   if hstats.documents == 0 or not histogram:
     raise DataError(f"corpus {corpus!r} has no words")
   if delta >= 1.0 / hstats.documents:
-    from private_t5.dp.accounting import MeaninglessGuaranteeWarning  # pylint: disable=g-import-not-at-top
     warnings.warn(f"delta={delta:g} >= 1/number of documents={1.0 / hstats.documents:g}: the (ε, δ) "
                   "guarantee is meaningless; use δ << 1/number of documents", MeaninglessGuaranteeWarning,
                   stacklevel=2)
@@ -603,14 +245,14 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       + (f" + {len(public_counts)} public words" if public_counts else "")
       + f"; training {model_type} SentencePiece (byte fallback, {len(base)} base characters)")
   try:
-    trained_size, model = _train_capped(word_counts, vocab_size, model_type, allow_vocab_cap,
-                                        character_coverage, base)
-  except _Unsupported as e:
+    trained_size, model = train_capped(word_counts, vocab_size, model_type, allow_vocab_cap,
+                                       character_coverage, base)
+  except UnsupportedSize as e:
     raise DataError(f"the {len(word_counts)} training words support at most {e.cap} pieces, fewer than "
                     f"vocab_size={vocab_size} ({_knobs(params, bound, public_specs)}); lower vocab_size, raise "
                     "epsilon, use sensitivity='capped' or fewer words per document, add a public corpus, or "
                     "allow a smaller vocabulary (drop --strict_vocab_size)") from None
-  actual_size = _processor(model).get_piece_size()
+  actual_size = processor(model).get_piece_size()
   size_warning = None
   if actual_size < vocab_size:
     fix = "raise ε, " + ("use sensitivity=capped, " if bound.mode == "paper" else "") + (
@@ -637,15 +279,13 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp += ["utility.sample", "utility.dp_vocabulary"]
     if nonprivate_baseline:
       exact_counts = sorted(histogram.items(), key=lambda x: -x[1])
-      _, nonprivate = _train_capped(scale_counts(exact_counts)[0], vocab_size, model_type, True, character_coverage,
-                                    base)
+      _, nonprivate = train_capped(scale_counts(exact_counts)[0], vocab_size, model_type, True, character_coverage,
+                                   base)
       utility["nonprivate_baseline"] = {**tokenization_utility(nonprivate, sample), "label": NONPRIVATE_LABEL}
       not_dp.append("utility.nonprivate_baseline")
   del histogram
   fingerprint_record = _write_fingerprints(fingerprints, output, hstats.documents)
 
-  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import privacy_report, public_vocabulary  # pylint: disable=g-import-not-at-top
   corpus_files = [f for spec in corpus_specs for f in corpora.corpus_files(spec)]
   report = privacy_report.vocabulary_report(
       params, model_bytes=model, insecure_seed=insecure_seed,
@@ -724,32 +364,3 @@ def _write_fingerprints(fingerprints: doc_fingerprints.FingerprintWriter, output
           "note": ("private to the data owner, with the key file: never release either; the report holds "
                    "neither the key nor any fingerprint")}
 
-
-def builtin_dp_is_ignored() -> bool:
-  """True when this SentencePiece build ignores its own `enable_differential_privacy` flags.
-
-  SentencePiece ≥ 0.2 accepts the flags but logs them as deprecated and ignores them; a model
-  trained with them then equals the non-private one (see docs/privacy.md).
-  """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  with tempfile.TemporaryDirectory() as tmp:
-    tsv = os.path.join(tmp, "h.tsv")
-    with open(tsv, "w") as f:
-      for i in range(200):
-        f.write(f"w{i:03d}x\t{(i % 7) + 1}\n")
-    models = []
-    for dp in (False, True):
-      buf = io.BytesIO()
-      kw = dict(enable_differential_privacy=True, differential_privacy_noise_level=1000.0,
-                differential_privacy_clipping_threshold=10**6) if dp else {}
-      try:
-        spm.SentencePieceTrainer.train(input=tsv, input_format="tsv", model_writer=buf, vocab_size=20,
-                                       model_type="unigram", minloglevel=3, num_threads=1, **kw)
-      except RuntimeError:
-        if not dp:
-          raise
-        return False  # the DP mode dropped the words: it is honoured
-      proto = spm.SentencePieceProcessor(model_proto=buf.getvalue())
-      models.append([proto.id_to_piece(i) for i in range(proto.get_piece_size())])
-    # With σ = 1000 and threshold 10⁶ a working DP mode drops every word (training fails).
-    return models[0] == models[1]

@@ -2,7 +2,7 @@
 
   corpus files (file patterns; any other spec, such as tfds:, is first streamed by the launching
   process into JSON lines files of the work folder, `CHUNK_DOCUMENTS` documents a file)
-    -> per file, in a worker: per document `dp_spm.bounded_counts(text.split(), bound)` (the
+    -> per file, in a worker: per document `dp_spm_histogram.bounded_counts(text.split(), bound)` (the
        contribution bound, the same function as the local path, applied before any
        aggregation), summed over the file and written as `PARTITIONS` parts by a hash of the
        word; the file's stats; with `fingerprints`, its documents' keyed fingerprints
@@ -17,7 +17,7 @@ and no runner needs to finalize a file sink.
 
 The sensitivity argument of `dp_spm` holds unchanged: each document enters the sum only
 through its bounded histogram. Noise and threshold are NOT applied here: the launching
-process applies them once, with `dp_spm.private_histogram` and OS-entropy keys, exactly as on
+process applies them once, with `dp_spm_release.private_histogram` and OS-entropy keys, exactly as on
 the local path (`train_dp_vocabulary(..., histogram_fn=beam_histogram_fn(...))`). The noiseless
 histogram is the same as the local path's for the same corpus and bound.
 """
@@ -37,7 +37,7 @@ from private_t5 import doc_fingerprints
 from private_t5.data import beam_io
 from private_t5.data import corpora
 from private_t5.errors import ConfigError, DataError
-from private_t5.tokenizer import dp_spm
+from private_t5.tokenizer import dp_spm_histogram
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,11 @@ def _count_file(element, root: str, mode: str, max_words: int, text_field: str, 
   """(file number, path) -> the file's stats; writes its bounded counts by partition and its
   documents' fingerprints.
 
-  Each document is bounded on its own (`dp_spm.bounded_counts`, as the local path does it)
+  Each document is bounded on its own (`dp_spm_histogram.bounded_counts`, as the local path does it)
   before it is added to the file's sum, so the sum has the local path's sensitivity.
   """
   number, path = element
-  bound = dp_spm.ContributionBound(mode, max_words)
+  bound = dp_spm_histogram.ContributionBound(mode, max_words)
   total = collections.Counter()
   stats = dict.fromkeys(_STATS_FIELDS + ("bad_lines",), 0)
   prints = array.array("Q") if key is not None else None
@@ -74,7 +74,7 @@ def _count_file(element, root: str, mode: str, max_words: int, text_field: str, 
         continue
       text = doc[1]
       words = text.split()
-      hist = dp_spm.bounded_counts(words, bound)
+      hist = dp_spm_histogram.bounded_counts(words, bound)
       stats["documents"] += 1
       stats["bytes"] += len(text.encode("utf-8"))
       stats["words_raw"] += len(words)
@@ -136,13 +136,13 @@ def _corpus_files(specs, root: str, text_field: str, errors: str, data_dir: Opti
   return out
 
 
-def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.ContributionBound, *,
+def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm_histogram.ContributionBound, *,
                    runner: str = "DirectRunner", beam_options: Union[str, Sequence[str]] = "",
                    text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
                    max_documents: Optional[int] = None, skip_bad_lines: bool = False,
                    work_dir: Optional[str] = None,
                    fingerprints: Optional[doc_fingerprints.FingerprintWriter] = None
-                   ) -> Tuple[collections.Counter, dp_spm.HistogramStats]:
+                   ) -> Tuple[collections.Counter, dp_spm_histogram.HistogramStats]:
   """The summed bounded histogram of `corpus` (noiseless) and its stats, computed on Beam.
 
   Args:
@@ -155,7 +155,7 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
     fingerprints: where the documents' keyed fingerprints go (None: not computed).
 
   Returns:
-    (histogram, stats), as `dp_spm.build_histogram` returns them.
+    (histogram, stats), as `dp_spm_histogram.build_histogram` returns them.
   """
   if not beam_io.is_beam(runner):
     raise ConfigError("beam_histogram needs a Beam runner, not 'local'")
@@ -178,7 +178,7 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm.Contribution
       for number in range(len(files)):
         fingerprints.add(np.frombuffer(beam_io.read_bytes(f"{out_dir}/fingerprints/{number:06d}.u64"), dtype="<u8"))
   totals = {name: sum(int(r[name]) for r in per_file) for name in _STATS_FIELDS + ("bad_lines",)}
-  stats = dp_spm.HistogramStats(**{name: totals[name] for name in _STATS_FIELDS})
+  stats = dp_spm_histogram.HistogramStats(**{name: totals[name] for name in _STATS_FIELDS})
   stats.seconds = time.time() - start
   logger.info("dp-spm (%s): %d documents, %.1f MB, %d distinct words in %.1f s; %d files, %d bad lines skipped",
               runner, stats.documents, stats.bytes / 1e6, len(histogram), stats.seconds, len(files),

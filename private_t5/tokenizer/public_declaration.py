@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from private_t5 import doc_fingerprints
 from private_t5.data import corpora
+from private_t5.data import seqio_lookup
 from private_t5.data import source as source_lib
 from private_t5.dp import privacy_report
 from private_t5.errors import DataError, PrivacyError
@@ -216,9 +217,8 @@ def _store_texts(corpus: str, reader: dict, split: str, validation_fraction: flo
 
 
 def _seqio_texts(tasks: List[str], split: str) -> Iterator[str]:
-  import seqio  # pylint: disable=g-import-not-at-top
   for name in tasks:
-    dataset = seqio.get_mixture_or_task(name).source.get_dataset(split=split, shuffle=False)
+    dataset = seqio_lookup.seqio.get_mixture_or_task(name).source.get_dataset(split=split, shuffle=False)
     for element in dataset.as_numpy_iterator():
       yield _element_text(element)
 

@@ -11,6 +11,7 @@ import tempfile
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from private_t5 import io as io_lib
 from private_t5.errors import DataError, ConfigError
@@ -84,7 +85,6 @@ WORD_HISTOGRAM_FILE = "words.tsv"
 def trained_from_word_histogram(model_path: str) -> bool:
   """Whether the SentencePiece model at `model_path` was trained from a word histogram by
   `model_from_word_counts` (how `private-t5 dp-spm` trains); False for a file that is no model."""
-  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
   proto = sentencepiece_model_pb2.ModelProto()
   try:
     with open(model_path, "rb") as f:
@@ -172,3 +172,32 @@ def model_from_word_counts(word_counts: Iterable[Tuple[str, int]], vocab_size: i
     if n == 0:
       raise DataError("cannot train a vocabulary from an empty word histogram")
     return _train(input=tsv, input_format="tsv", **args)
+
+
+def builtin_dp_is_ignored() -> bool:
+  """True when this SentencePiece build ignores its own `enable_differential_privacy` flags.
+
+  SentencePiece ≥ 0.2 accepts the flags but logs them as deprecated and ignores them; a model
+  trained with them then equals the non-private one (see docs/privacy.md).
+  """
+  with tempfile.TemporaryDirectory() as tmp:
+    tsv = os.path.join(tmp, "h.tsv")
+    with open(tsv, "w") as f:
+      for i in range(200):
+        f.write(f"w{i:03d}x\t{(i % 7) + 1}\n")
+    models = []
+    for dp in (False, True):
+      buf = io.BytesIO()
+      kw = dict(enable_differential_privacy=True, differential_privacy_noise_level=1000.0,
+                differential_privacy_clipping_threshold=10**6) if dp else {}
+      try:
+        spm.SentencePieceTrainer.train(input=tsv, input_format="tsv", model_writer=buf, vocab_size=20,
+                                       model_type="unigram", minloglevel=3, num_threads=1, **kw)
+      except RuntimeError:
+        if not dp:
+          raise
+        return False  # the DP mode dropped the words: it is honoured
+      proto = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+      models.append([proto.id_to_piece(i) for i in range(proto.get_piece_size())])
+    # With σ = 1000 and threshold 10⁶ a working DP mode drops every word (training fails).
+    return models[0] == models[1]
