@@ -1,7 +1,7 @@
 """The user's own Python modules that a configuration names, imported before a run.
 
 Two settings name such modules: `MIXTURE_OR_TASK_MODULE` (seqio Tasks, as T5X's) and `TASK_MODULE`
-(GLUE-style tasks registered with `data.glue_tasks.register_local_tsv_task`). Both are imported
+(GLUE-style tasks registered with `data.glue_registry.register_local_tsv_task`). Both are imported
 here, the one place that turns a module that cannot be imported, or whose own code raises, into a
 one-line `ConfigError` naming the setting and the module (a Ctrl-C still stops the run).
 

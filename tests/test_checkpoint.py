@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from private_t5.errors import CheckpointError
-from private_t5.models import checkpoints
+from private_t5.models import checkpoint_read, checkpoints
 
 from micro_run import fortunes_corpus_and_vocab
 
@@ -114,7 +114,7 @@ def test_restore_for_inference_reads_the_new_latest_after_a_rotation(tmp_path, m
       raise CheckpointError("checkpoint 1 vanished")
     return "params", "config", {"step": 2}
 
-  monkeypatch.setattr(checkpoints, "_read_for_inference", read)
+  monkeypatch.setattr(checkpoint_read, "_read_for_inference", read)
   assert checkpoints.restore_for_inference(str(tmp_path))[2] == {"step": 2} and reads == [None, None]
   os.rename(directory / "2", directory / "1")
   with pytest.raises(CheckpointError, match="vanished"):  # a given step is read once

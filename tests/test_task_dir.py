@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from private_t5 import user_modules
-from private_t5.data import glue_tasks
+from private_t5.data import glue_registry, glue_tasks
 from private_t5.data import task_dir
 from private_t5.errors import ConfigError
 from private_t5.stages import cli
@@ -141,7 +141,7 @@ def test_a_folder_named_like_a_builtin_task_keeps_its_layout(tmp_path):
         "layout (text fields sentence, label field label, labels negative, positive, metric sst2); give your "
         "task another name (\"name\" in task.json, or --task=NAME)")
   finally:
-    glue_tasks._register_glue_like()  # pylint: disable=protected-access  # the built-in folder again
+    glue_registry._register_glue_like()  # pylint: disable=protected-access  # the built-in folder again
 
 
 # (task.json text or None, flags, a part of the one line). The folder is named like no task any

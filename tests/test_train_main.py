@@ -14,7 +14,7 @@ from private_t5.stages import cli, gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
 from private_t5.dp import mechanism as privacy
-from private_t5.models import checkpoints
+from private_t5.models import checkpoint_read, checkpoints
 from private_t5.stages import train as train_stage
 from private_t5.train import main, metrics
 
@@ -213,7 +213,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   finetuned_dir = str(tmp_path / "from_initial")
   reads = []
   restore = checkpoints.restore_for_inference
-  monkeypatch.setattr(checkpoints, "restore_for_inference", lambda *a, **k: reads.append(a) or restore(*a, **k))
+  monkeypatch.setattr(checkpoint_read, "restore_for_inference", lambda *a, **k: reads.append(a) or restore(*a, **k))
   finetuned = train_stage.run_from_args(_args(finetuned_dir, corpus, vocab, 1, f"--gin.train.initial_checkpoint={model_dir}"))
   assert finetuned["final_step"] == 1
   assert len(reads) == 1  # the initial checkpoint's weights are read once

@@ -1,8 +1,9 @@
-"""Checkpoints with orbax: every N steps, keep the last K, atomic, resume from the latest.
+"""Checkpoints of a training run with orbax: every N steps, keep the last K, atomic, resume from
+the latest.
 
-The one reader and writer of MODEL_DIR/checkpoints/ (the layout is in `run_dir`): training
-saves and resumes through `CheckpointManager`; evaluation, memorization, adaptive DP,
-fine-tuning and export read parameters through `restore_for_inference`.
+The one writer of MODEL_DIR/checkpoints/ (the layout is in `run_dir`): training saves and resumes
+through `CheckpointManager`; evaluation, memorization, adaptive DP, fine-tuning and export read
+parameters through `restore_for_inference` (`models.checkpoint_read`, re-exported here).
 
 Atomicity: orbax writes a step into a temporary directory and renames it once every item is
 complete, so a process killed at any moment (also during a save) leaves only complete steps
@@ -17,11 +18,8 @@ MODEL_DIR/checkpoints/ is therefore created readable by its owner only (0o700), 
 umask; the run's other files follow the umask.
 """
 import copy
-import inspect
 import json
-import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -30,68 +28,16 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from private_t5.errors import CheckpointError, ConfigError
+from private_t5.errors import CheckpointError
 from private_t5.io import json_default
-from private_t5.models import hf_convert, run_dir, run_lock
-from private_t5.models import lora as lora_lib
-from private_t5.models import config as config_lib
-
-logger = logging.getLogger(__name__)
+from private_t5.models import run_dir, run_lock
+from private_t5.models.checkpoint_orbax import METADATA_ITEM, STATE_ITEM, cause, ocp
+# Reading parameters for inference has its own module; its names are also read from here.
+from private_t5.models.checkpoint_read import (  # pylint: disable=unused-import
+    ROTATION_RETRIES, read_lora_base, read_model_dir, restore_for_inference)
 
 PyTree = Any
-STATE_ITEM = "state"
-METADATA_ITEM = "metadata"
 FORMAT_VERSION = 1
-
-
-def _ocp():
-  # Lazy: Orbax is slow to import and its loggers are quieted right after (`_quiet_orbax_errors`).
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  _quiet_orbax_errors()
-  return ocp
-
-
-# Warnings orbax logs on every read-only checkpoint read: routine, not for users.
-_ROUTINE_ORBAX_WARNINGS = ("CheckpointManagerOptions.read_only=True", "Given directory is read only",
-                           "Metadata file does not exist")
-
-
-class _OrbaxErrorFilter(logging.Filter):
-  """Drops orbax's own error logs, and its routine warnings of a read, unless private_t5 logs at
-  DEBUG (`--verbosity=debug`).
-
-  A failed save makes orbax log the same error with a full traceback from each of its
-  background threads; `CheckpointManager.save`/`wait` report it as one CheckpointError line.
-  """
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    routine = record.levelno == logging.WARNING and str(record.msg).startswith(_ROUTINE_ORBAX_WARNINGS)
-    if (record.levelno < logging.ERROR and not routine) or not _called_from_orbax(record):
-      return True
-    return logging.getLogger("private_t5").isEnabledFor(logging.DEBUG)
-
-
-def _called_from_orbax(record: logging.LogRecord) -> bool:
-  # `record.pathname` names orbax only once absl's logger class is set up (it skips absl's own
-  # frames); otherwise the caller is found on the stack of the logging call.
-  orbax_dir = f"{os.sep}orbax{os.sep}"
-  if orbax_dir in record.pathname:
-    return True
-  frame = inspect.currentframe()
-  while frame is not None:
-    if orbax_dir in frame.f_code.co_filename:
-      return True
-    frame = frame.f_back
-  return False
-
-
-_ORBAX_ERROR_FILTER = _OrbaxErrorFilter()
-
-
-def _quiet_orbax_errors() -> None:
-  absl_logger = logging.getLogger("absl")  # orbax logs through absl
-  if _ORBAX_ERROR_FILTER not in absl_logger.filters:
-    absl_logger.addFilter(_ORBAX_ERROR_FILTER)
 
 
 def check_writable(model_dir: str) -> None:
@@ -155,7 +101,6 @@ class CheckpointManager:
       raise
 
   def _open(self, model_dir, keep, fingerprint, async_save) -> None:
-    ocp = _ocp()
     self.model_dir = model_dir
     self.directory = os.path.abspath(run_dir.checkpoints_dir(model_dir))
     self.fingerprint = fingerprint
@@ -174,7 +119,6 @@ class CheckpointManager:
       self.check_compatible(fingerprint)
 
   def _open_orbax(self):
-    ocp = _ocp()
     try:
       return ocp.CheckpointManager(self.directory, options=self._options,
                                    item_names=(STATE_ITEM, METADATA_ITEM))
@@ -211,12 +155,11 @@ class CheckpointManager:
 
   def read_metadata(self, step: Optional[int] = None) -> Dict[str, Any]:
     step = self._readable_step(step)
-    ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()}))
       return _metadata_dict(restored[METADATA_ITEM])
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable: {_cause(e)}") from e
+      raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable: {cause(e)}") from e
 
   def latest_metadata(self) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
     """(step, metadata) of the newest checkpoint whose metadata reads; (None, None) if none.
@@ -272,7 +215,6 @@ class CheckpointManager:
     """
     self.wait()
     _check_free_space(self.directory, int(step), state)
-    ocp = _ocp()
     metadata = dict(metadata, step=int(step), fingerprint=self.fingerprint, format_version=FORMAT_VERSION)
     metadata = json.loads(json.dumps(metadata, default=json_default))
     try:
@@ -299,7 +241,7 @@ class CheckpointManager:
     self._remove_unfinished()
     self._manager = self._open_orbax()
     what = "a checkpoint" if step is None else f"checkpoint {step}"
-    raise CheckpointError(f"saving {what} to {self.directory} failed: {_cause(error)}; "
+    raise CheckpointError(f"saving {what} to {self.directory} failed: {cause(error)}; "
                           "training stopped, earlier checkpoints are intact") from error
 
   def wait(self) -> None:
@@ -325,14 +267,13 @@ class CheckpointManager:
   def restore(self, abstract_state: PyTree, step: Optional[int] = None) -> Tuple[PyTree, Dict[str, Any]]:
     """(state, metadata) of checkpoint `step` (default: latest), placed as `abstract_state`."""
     step = self._readable_step(step)
-    ocp = _ocp()
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**{
           STATE_ITEM: ocp.args.StandardRestore(abstract_state), METADATA_ITEM: ocp.args.JsonRestore()}))
       metadata = _metadata_dict(restored[METADATA_ITEM])
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable or does not match "
-                            f"this model: {_cause(e)}") from e
+                            f"this model: {cause(e)}") from e
     return restored[STATE_ITEM], metadata
 
   def set_aside(self, step: int) -> str:
@@ -468,34 +409,6 @@ def _metadata_dict(metadata: Any) -> Dict[str, Any]:
   return dict(metadata)
 
 
-# TensorStore (orbax's array writer) ends an OS failure with the errno: "... [os_error_code='28']".
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
-_MAX_CAUSE_CHARS = 200
-
-
-def _chain(error: BaseException):
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    yield error
-    error = error.__cause__ or error.__context__
-
-
-def _cause(error: BaseException) -> str:
-  """One short line: the OS reason of an OSError (also one that orbax or TensorStore wrapped in
-  a long message, e.g. "No space left on device"), else the exception's type and first line."""
-  for e in _chain(error):
-    if isinstance(e, OSError) and e.strerror:
-      return e.strerror
-  for e in _chain(error):
-    match = _OS_ERROR_CODE.search(str(e))
-    if match:
-      return os.strerror(int(match.group(1)))
-  text = str(error).strip().splitlines()
-  line = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-  return line if len(line) <= _MAX_CAUSE_CHARS else line[:_MAX_CAUSE_CHARS - 3] + "..."
-
-
 def _without(tree: Any, dotted_paths: Sequence[str]) -> Any:
   """A copy of a JSON tree without the entries at `dotted_paths` (those absent are skipped)."""
   tree = copy.deepcopy(tree)
@@ -516,162 +429,6 @@ def _lookup(tree: Any, dotted: Optional[str]) -> Any:
       return None
     node = node[part]
   return node
-
-
-# How often the latest checkpoint is read again when a running training rotates it away.
-ROTATION_RETRIES = 5
-
-
-def restore_for_inference(model_dir: str, step: Optional[int] = None, *, merge_adapters: bool = True,
-                          lora_base: Optional[str] = None):
-  """Parameters of a trained model, for evaluation, memorization tests, fine-tuning and export.
-
-  A LoRA run's checkpoint holds only adapters: its base (the `lora` entry of the metadata: path
-  and SHA-256 of the frozen weights) is read too, checked against the hash, and the adapters are
-  merged into it (`lora.merge`), so every reader gets plain T5 parameters; `merge_adapters=False`
-  returns the adapters themselves (for an adapter export). `lora_base` names the base's new
-  place when it moved (`--initial_checkpoint` of evaluate and export, as of train): it must hold
-  the recorded weights (same SHA-256), and `info["lora"]` then names it.
-
-  Reading the latest checkpoint of a running training is safe: a checkpoint that its
-  `keep_checkpoints` rotation deletes while it is read is read again from the new latest (up to
-  `ROTATION_RETRIES` times). A given `step` is read once. When the latest is unreadable
-  (damaged metadata or state), the newest older checkpoint that reads is used, with a warning, as
-  a resumed training does.
-
-  Args:
-    model_dir: a training run's MODEL_DIR.
-    step: checkpoint step; None for the latest.
-    lora_base: a LoRA run's base, moved from the recorded path (None: the recorded path).
-
-  Returns:
-    (params, model_config, info): params as a nested dict of jax arrays (no optimizer state,
-    no seeds), the `models.T5Config`, and a dict with `vocab_path`, `step`, `privacy_report`
-    (the ledger's report at that step, or None), `feature_lengths`, the training data's
-    `objective`, `vocab_sha256` and `privacy_unit`, and `lora` (a LoRA run's settings and base,
-    else None).
-
-  Raises:
-    CheckpointError: no checkpoint (or not that step) in `model_dir`, or an unreadable one; a
-      LoRA run whose base is missing or has changed.
-  """
-  attempt = 0
-  while True:
-    before = run_dir.checkpoint_step_names(model_dir)
-    try:
-      params, config, info = _read_newest_readable(model_dir, before) if step is None else _read_for_inference(
-          model_dir, step)
-      if lora_base and not info.get("lora"):
-        raise ConfigError(f"--initial_checkpoint names a moved LoRA base, but {model_dir!r} is not a LoRA run")
-      if info.get("lora") and lora_base:
-        record = info["lora"]
-        info = dict(info, lora=dict(record, base=dict(record["base"], path=os.path.abspath(lora_base))))
-      if info.get("lora") and merge_adapters:
-        params = lora_lib.merge(read_lora_base(info["lora"], model_dir), params, lora_lib.config_of(info["lora"]))
-      return params, config, info
-    except CheckpointError:
-      attempt += 1
-      if step is not None or attempt >= ROTATION_RETRIES or run_dir.checkpoint_step_names(model_dir) == before:
-        raise
-      logger.info("a checkpoint of %s was rotated away while it was read; reading the new latest", model_dir)
-
-
-def _read_newest_readable(model_dir: str, step_names):
-  """`_read_for_inference` of the latest checkpoint, else of the newest older one (of `step_names`) that reads."""
-  try:
-    return _read_for_inference(model_dir, None)
-  except CheckpointError as error:
-    for older in sorted((int(n) for n in step_names), reverse=True)[1:]:
-      try:
-        result = _read_for_inference(model_dir, older)
-      except CheckpointError:
-        continue
-      logger.warning("%s; read checkpoint %d instead, the newest one that reads", error, older)
-      return result
-    raise
-
-
-def _read_for_inference(model_dir: str, step: Optional[int]):
-  """One reading of `restore_for_inference`."""
-  ocp = _ocp()
-  directory = os.path.abspath(run_dir.checkpoints_dir(model_dir))
-  if not os.path.isdir(directory):
-    raise CheckpointError(f"no checkpoints in {model_dir!r} (expected {directory})")
-  manager = ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-      item_names=(STATE_ITEM, METADATA_ITEM))
-  try:
-    steps = sorted(manager.all_steps())
-    if not steps:
-      raise CheckpointError(f"no complete checkpoint in {directory}")
-    if step is None:
-      step = steps[-1]
-    elif int(step) not in steps:
-      raise CheckpointError(f"checkpoint step {step} not found in {directory} (have {steps})")
-    metadata = manager.restore(step, args=ocp.args.Composite(**{METADATA_ITEM: ocp.args.JsonRestore()}))
-    metadata = dict(metadata[METADATA_ITEM])
-    step_dir = os.path.join(directory, str(step), STATE_ITEM)
-    tree_meta = ocp.PyTreeCheckpointer().metadata(step_dir)
-    tree_meta = getattr(tree_meta, "item_metadata", tree_meta)
-    tree_meta = getattr(tree_meta, "tree", tree_meta)
-    params_meta = tree_meta["params"]
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_meta)
-    restored = ocp.PyTreeCheckpointer().restore(
-        step_dir, args=ocp.args.PyTreeRestore(
-            item={"params": params_meta}, restore_args={"params": restore_args},
-            partial_restore=True))
-  except CheckpointError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    raise CheckpointError(f"cannot read checkpoint {step} in {directory}: {_cause(e)}") from e
-  finally:
-    manager.close()
-  params = jax.tree.map(np.asarray, restored["params"])
-  model_config = config_lib.from_saved(metadata["model_config"])
-  info = {
-      "step": int(step),
-      "vocab_path": metadata.get("vocab_path"),
-      "privacy_report": metadata.get("privacy_report"),
-      "feature_lengths": metadata.get("feature_lengths"),
-      "model_dir": os.path.abspath(model_dir),
-      "lora": metadata.get("lora"),
-  }
-  data = (metadata.get("fingerprint") or {}).get("data") or {}
-  info.update(objective=data.get("objective"), vocab_sha256=data.get("vocab_sha256"),
-              privacy_unit=data.get("privacy_unit"))
-  return params, model_config, info
-
-
-def read_model_dir(path: str):
-  """(params, T5Config, info) of a private_t5 MODEL_DIR (`restore_for_inference`, latest step) or
-  of a Hugging Face T5 directory (info: `kind`, `path`, `step` None, `vocab_path`,
-  `privacy_report` None)."""
-  if hf_convert.is_hf_t5_dir(path):
-    params, config = hf_convert.import_hf_t5(path)
-    return params, config, {"kind": "huggingface", "path": os.path.abspath(path), "step": None,
-                            "vocab_path": hf_convert.hf_vocabulary_path(path), "privacy_report": None}
-  params, config, info = restore_for_inference(path)
-  return params, config, dict(info, kind="private_t5", path=os.path.abspath(path))
-
-
-def read_lora_base(record: Dict[str, Any], model_dir: str):
-  """The frozen base parameters of a LoRA run (its metadata's `lora` record), hash checked.
-
-  `record["base"]["path"]` is where the run recorded its base, or where `restore_for_inference`'s
-  `lora_base` says it moved; either way its weights must have the recorded SHA-256.
-  """
-  path, sha256 = record["base"]["path"], record["base"]["sha256"]
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise CheckpointError(f"the LoRA base {path!r} of the run {model_dir!r} is a file, not a checkpoint directory")
-  if not os.path.isdir(path):
-    raise CheckpointError(f"the LoRA run {model_dir!r} adapts the weights in {path!r}, which are missing; "
-                          "if they moved, name their new place with --initial_checkpoint=DIR (train, evaluate, export; "
-                          "checked by SHA-256)")
-  params = read_model_dir(path)[0]
-  if lora_lib.params_sha256(params) != sha256:
-    raise CheckpointError(f"the base weights in {path!r} changed since the LoRA run {model_dir!r} was trained "
-                          f"(SHA-256 {sha256[:12]}... expected)")
-  return params
 
 
 def saved_seeds(manager: CheckpointManager) -> Optional[Dict[str, Any]]:

@@ -33,7 +33,7 @@ from private_t5.dp import ledger as ledger_lib
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import atomic_open, file_sha256
-from private_t5.models import checkpoints
+from private_t5.models import checkpoint_read
 
 NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
@@ -147,7 +147,7 @@ def estimate_privacy_probabilities(reference_model_dir: Optional[str], source, *
     raise ConfigError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
   if not os.path.isdir(reference_model_dir):
     raise CheckpointError(f"reference model checkpoint not found: {reference_model_dir!r}")
-  params, model_config, info = checkpoints.restore_for_inference(reference_model_dir)
+  params, model_config, info = checkpoint_read.restore_for_inference(reference_model_dir)
   vocab_size = source.vocab_size
   if vocab_size > model_config.vocab_size:
     raise ConfigError(f"reference model {reference_model_dir} has vocab_size {model_config.vocab_size} but the "

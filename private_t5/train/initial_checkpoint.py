@@ -3,7 +3,7 @@
 `load_initial_params(path, model_config)` accepts
 
 * a private_t5 run directory (`MODEL_DIR` with `checkpoints/<step>/`), read with
-  `checkpoints.restore_for_inference` (parameters only: optimizer state, seeds and the
+  `checkpoint_read.restore_for_inference` (parameters only: optimizer state, seeds and the
   pretraining ledger stay behind; the pretraining privacy report is returned by
   `describe_initial_checkpoint`), or a checkpoint written by `scripts/convert_hf_t5.py`;
 * a Hugging Face T5 directory (`config.json` + `model.safetensors`), converted on the fly.
@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from private_t5.errors import CheckpointError, ConfigError
-from private_t5.models import checkpoints, hf_convert
+from private_t5.models import checkpoint_read, hf_convert
 from private_t5.models.config import T5Config
 
 Params = Dict[str, Any]
@@ -76,7 +76,7 @@ def _read(path: str, keep: bool = True):
     value = _LAST_READ["value"]
   else:
     _LAST_READ.clear()
-    value = checkpoints.read_model_dir(path)
+    value = checkpoint_read.read_model_dir(path)
   if keep:
     _LAST_READ.update(key=key, value=value)
   else:
