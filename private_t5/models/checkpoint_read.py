@@ -19,7 +19,8 @@ from private_t5.models import config as config_lib
 from private_t5.models import lora as lora_lib
 from private_t5.models.checkpoint_orbax import METADATA_ITEM, STATE_ITEM, cause, ocp
 
-logger = logging.getLogger(__name__)
+# Its log lines carry the name of the checkpoints module, as they always have.
+logger = logging.getLogger("private_t5.models.checkpoints")
 
 # How often the latest checkpoint is read again when a running training rotates it away.
 ROTATION_RETRIES = 5
