@@ -29,16 +29,16 @@ This is the only module that imports `dp_accounting`: it also accounts DP-Senten
 Gaussian release of a word histogram and a threshold, `thresholded_gaussian_parameters`), adaptive
 DP's per-step noise multipliers (`varying_noise_epsilon`), and composes the events of several
 releases (`composed_epsilon`).
+
+The parameters it accounts are named and checked in `privacy_params` (`Sampling`, `NoisySum`,
+`validate_privacy_params`), the δ of a truncated batch in `truncation`, DP-SentencePiece's
+threshold in `threshold`, and dp_accounting's log is quieted by `accounting_log`; their names are
+importable from here as well.
 """
 import collections
-import dataclasses
-import enum
-import logging
 import math
-import warnings
 from typing import Dict, Optional, Sequence, Tuple
 
-from absl import logging as absl_logging
 import dp_accounting
 from dp_accounting import pld
 from dp_accounting import rdp
@@ -46,37 +46,21 @@ from dp_accounting.pld import accountant as pld_accountant
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_mechanism
 from dp_accounting import mechanism_calibration
-from scipy import optimize, special, stats
+from scipy import optimize
 
+# The log filter, the parameters, the truncation and the threshold accounted here: their names are
+# importable from here as well.
+from private_t5.dp.accounting_log import ConvergenceFilter, quiet_convergence_warnings  # pylint: disable=unused-import
+from private_t5.dp.privacy_params import (  # pylint: disable=unused-import
+    ACCOUNTANT_CHOICES, ACCOUNTANTS, AUTO, SAMPLING_SCHEMES, MeaninglessGuaranteeWarning, NoisySum, Sampling,
+    check_clip_norm, check_number, sampling_rate_from_batch, validate_privacy_params)
 from private_t5.dp.strategies import BANDED, BLT
+from private_t5.dp.threshold import paper_epsilon, paper_threshold, threshold_for, threshold_tail
+from private_t5.dp.truncation import (  # pylint: disable=unused-import
+    max_batch_size_for, max_expected_batch_size_for, total_delta, truncation_probability)
 from private_t5.errors import PrivacyError
+from private_t5.lazy_imports import lazy_module
 
-ACCOUNTANTS = ("rdp", "pld")
-# What a run may ask for: one accountant, or "auto", the smaller ε of the two (`compute_epsilons`).
-AUTO = "auto"
-ACCOUNTANT_CHOICES = (AUTO,) + ACCOUNTANTS
-
-
-class Sampling(str, enum.Enum):
-  """Who is in a step's batch: the one name of each sampling scheme, in configs, samplers,
-  accounting and reports (a member equals its string value: "poisson" == Sampling.POISSON).
-
-  POISSON: every example joins each step independently with rate q, the sample of any size
-  runs in microbatches (DP training's default). POISSON_TRUNCATED: the same, a sample capped at
-  the padded batch size; accounted as POISSON with the cap (`make_dp_event(max_batch_size=)`)
-  and the δ the cap adds. FIXED: shuffled fixed-size batches (sampling without replacement;
-  the non-private baseline, accounted only as such).
-  """
-  POISSON = "poisson"
-  POISSON_TRUNCATED = "poisson_truncated"
-  FIXED = "fixed"
-
-  def __str__(self) -> str:
-    return self.value
-
-
-# The schemes an accountant tells apart (a truncated Poisson sample is POISSON with a cap).
-SAMPLING_SCHEMES = (Sampling.POISSON.value, Sampling.FIXED.value)
 # Noise multipliers searched when calibrating σ for a target ε.
 MIN_NOISE_MULTIPLIER = 1e-3
 MAX_NOISE_MULTIPLIER = 1e4
@@ -91,37 +75,12 @@ PLD_MAX_EPSILON = 1e4
 PLD_MAX_STEPS = 10**7
 # What a release is to the accountants (the type of `make_dp_event`'s and `step_dp_event`'s results).
 DpEvent = dp_accounting.DpEvent
+# jax-privacy's accounting of banded noise (`banded_dp_event`), imported on first use: it imports
+# JAX, which `private-t5 epsilon` and a Gaussian run's accounting never need.
+jax_privacy_accounting = lazy_module("jax_privacy.experimental.accounting", needed_for="banded noise's accounting",
+                                     install="jax-privacy (requirements.txt)")
 
-
-class MeaninglessGuaranteeWarning(UserWarning):
-  """δ is so large that the (ε, δ) guarantee allows leaking a whole example."""
-
-
-class ConvergenceFilter(logging.Filter):
-  """Drops dp_accounting's numerical notes that no user can act on (`QUIET_MESSAGES`).
-
-  "_compute_log_a_frac failed to converge": the RDP accountant evaluates a grid of Rényi
-  orders; for fractional orders at large σ·q the series may not converge and dp_accounting then
-  leaves that order out of the minimum (the bound stays valid, computed from the remaining
-  orders). "Negative Renyi divergence ... Returning an epsilon of zero": at a huge σ (say 1e9)
-  an order's divergence rounds below 0 and that order gives ε = 0, which is the answer (one
-  such line per order: dozens per call).
-  """
-  QUIET_MESSAGES = ("failed to converge", "Negative Renyi divergence")
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not any(part in message for part in self.QUIET_MESSAGES)
-
-
-def _quiet_convergence_warnings() -> None:
-  """Installs `ConvergenceFilter` on the absl logger dp_accounting writes through (once)."""
-  target = absl_logging.get_absl_logger()
-  if not any(isinstance(f, ConvergenceFilter) for f in target.filters):
-    target.addFilter(ConvergenceFilter())
-
-
-_quiet_convergence_warnings()
+quiet_convergence_warnings()
 
 
 class PldOutOfReachError(PrivacyError):
@@ -148,115 +107,6 @@ def unreachable_target(target_epsilon: float, smallest: Dict[str, float], delta:
       f"smallest ε they reach is {smallest[name]:.4g} (by {name.upper()}), at noise_multiplier="
       f"{MAX_NOISE_MULTIPLIER:g}, the largest σ the calibration searches; raise the target ε or δ, or lower the "
       "sampling rate or the number of steps", smallest)
-
-
-def _check_number(name: str, value, low=None, high=None, low_open=True, high_open=True):
-  try:
-    v = float(value)
-  except (TypeError, ValueError):
-    raise PrivacyError(f"{name} must be a number, got {value!r}") from None
-  if math.isnan(v) or math.isinf(v):
-    raise PrivacyError(f"{name} must be finite, got {value!r}")
-  if low is not None and (v < low or (low_open and v == low)):
-    raise PrivacyError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
-  if high is not None and (v > high or (high_open and v == high)):
-    raise PrivacyError(f"{name} must be {'<' if high_open else '<='} {high}, got {value!r}")
-  return v
-
-
-def check_clip_norm(value, name: str = "clip_norm (C)") -> float:
-  """C as a float; PrivacyError unless it is a finite number > 0. The one check of a clip norm:
-  a `DPConfig` runs it when the user's config is made, a `NoisySum` when one is built without
-  one (a benchmark, a ledger read back from its file)."""
-  return _check_number(name, value, low=0, low_open=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class NoisySum:
-  """What one DP step releases: (Σ_i clip_C(g_i) + N(0, σ²C² I)) / (q N).
-
-  The one record of a run's C, σ and public divisor q·N: `mechanism.build_mechanism` makes it
-  once, and the aggregator that computes the release and the ledger that accounts it hold
-  this same object. Checked here, once, whoever builds it (the mechanism, a benchmark, a ledger
-  read back from its file).
-
-  Attributes:
-    clip_norm: C > 0, the L2 bound on each example's gradient.
-    noise_multiplier: σ >= 0; the noise std on the sum is σ·C. 0 draws no noise (tests and
-      compile benchmarks only: no privacy; a ledger refuses it).
-    expected_batch_size: q·N > 0, the public constant the noisy sum is divided by (never the
-      realised, private, sample size).
-  """
-  clip_norm: float
-  noise_multiplier: float
-  expected_batch_size: float
-
-  def __post_init__(self):
-    object.__setattr__(self, "clip_norm", check_clip_norm(self.clip_norm))
-    for name, low_open in (("noise_multiplier", False), ("expected_batch_size", True)):
-      value = _check_number(f"{name} ({_SYMBOLS[name]})", getattr(self, name), low=0, low_open=low_open)
-      object.__setattr__(self, name, value)
-
-  @property
-  def noise_std(self) -> float:
-    """The std of the Gaussian noise on each coordinate of the clipped sum: σ·C."""
-    return self.noise_multiplier * self.clip_norm
-
-
-_SYMBOLS = {"noise_multiplier": "σ", "expected_batch_size": "q·N"}
-
-
-def sampling_rate_from_batch(batch_size: float, num_examples: int) -> float:
-  """q = expected batch size / N, refusing a batch larger than the dataset."""
-  n = _check_number("num_examples", num_examples, low=0)
-  b = _check_number("batch_size", batch_size, low=0)
-  if b > n:
-    raise PrivacyError(f"batch_size {batch_size} is larger than the dataset ({num_examples} examples)")
-  return b / n
-
-
-def validate_privacy_params(*, noise_multiplier: Optional[float] = None,
-                            sampling_rate: Optional[float] = None,
-                            steps: Optional[int] = None,
-                            delta: Optional[float] = None,
-                            num_examples: Optional[int] = None,
-                            batch_size: Optional[float] = None,
-                            accountant: Optional[str] = None,
-                            sampling: Optional[str] = None,
-                            delta_source: Optional[str] = None) -> None:
-  """Checks DP parameters before any compute; raises `PrivacyError` naming the bad value.
-
-  Arguments left as None are not checked. δ ≥ 1/N (N = num_examples) warns loudly with a
-  `MeaninglessGuaranteeWarning`: such a δ permits releasing one whole example. `delta_source`
-  (e.g. "--delta") says in that warning where δ came from.
-  """
-  if noise_multiplier is not None:
-    _check_number("noise_multiplier (σ)", noise_multiplier, low=0)
-  if sampling_rate is not None:
-    _check_number("sampling_rate (q)", sampling_rate, low=0, high=1, high_open=False)
-  if steps is not None:
-    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
-      raise PrivacyError(f"steps must be an integer >= 1, got {steps!r}")
-  if delta is not None:
-    _check_number("delta (δ)", delta, low=0, high=1)
-  if num_examples is not None:
-    if int(num_examples) != num_examples or num_examples < 1:
-      raise PrivacyError(f"num_examples must be an integer >= 1, got {num_examples!r}")
-  if batch_size is not None:
-    _check_number("batch_size", batch_size, low=0)
-    if num_examples is not None and batch_size > num_examples:
-      raise PrivacyError(f"batch_size {batch_size} is larger than the dataset ({num_examples} examples)")
-  if accountant is not None and accountant not in ACCOUNTANT_CHOICES:
-    raise PrivacyError(f"accountant must be one of {ACCOUNTANT_CHOICES}, got {accountant!r}")
-  if sampling is not None and sampling not in SAMPLING_SCHEMES:
-    raise PrivacyError(f"sampling must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
-  if delta is not None and num_examples is not None and delta >= 1.0 / num_examples:
-    source = f" ({delta_source})" if delta_source else ""
-    warnings.warn(
-        f"delta={delta:g}{source} >= 1/num_examples={1.0 / num_examples:g}: the (ε, δ) guarantee is "
-        "meaningless (a mechanism that publishes one random example satisfies it); use δ << 1/N",
-        MeaninglessGuaranteeWarning, stacklevel=2)
-
 
 def make_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
                   sampling: str = Sampling.POISSON, num_examples: Optional[int] = None,
@@ -420,7 +270,7 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
     if not sigmas:
       raise unreachable_target(target_epsilon, smallest, delta, _poisson_settings(sampling_rate, steps))
     return min(sigmas)
-  _check_number("target_epsilon", target_epsilon, low=0)
+  check_number("target_epsilon", target_epsilon, low=0)
   validate_privacy_params(sampling_rate=sampling_rate, steps=steps, delta=delta, accountant=accountant,
                           sampling=sampling)
 
@@ -464,77 +314,6 @@ def calibrate_noise(target_epsilon: float, sampling_rate: float, steps: int, del
       tol=tol)
   return float(sigma)
 
-
-def truncation_probability(num_examples: int, sampling_rate: float, max_batch_size: Optional[int]) -> float:
-  """P[a Poisson batch exceeds `max_batch_size`], the per-step δ cost of truncating it.
-
-  Uses the larger of two add/remove-neighbouring datasets (N + 1 examples), so the bound holds
-  for both: P[Binomial(N + 1, q) > max_batch_size].
-  """
-  if max_batch_size is None:
-    return 0.0
-  validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
-  if int(max_batch_size) != max_batch_size or max_batch_size < 1:
-    raise PrivacyError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
-  return float(stats.binom.sf(int(max_batch_size), int(num_examples) + 1, sampling_rate))
-
-
-def total_delta(delta: float, steps: int, truncation_prob: float, epsilon: float) -> float:
-  """δ of a truncated-Poisson run: δ + (1 + e^ε) · steps · p_trunc.
-
-  The truncated run differs from the untruncated (accounted) one only on the event that some
-  batch was truncated, of probability η ≤ steps · p_trunc on either dataset (union bound). So
-  P[M'(D) ∈ S] ≤ P[M(D) ∈ S] + η ≤ e^ε (P[M'(D') ∈ S] + η) + δ + η.
-  """
-  eta = int(steps) * float(truncation_prob)
-  if eta == 0.0:
-    return float(delta)
-  return float(delta) + (1.0 + math.exp(min(float(epsilon), 700.0))) * eta
-
-
-def max_batch_size_for(num_examples: int, sampling_rate: float, max_truncation_probability: float) -> int:
-  """The smallest cap whose per-step truncation probability is ≤ `max_truncation_probability`.
-
-  E.g. `max_batch_size_for(N, q, 0.1 * delta / (steps * (1 + e^eps)))` keeps the truncation term
-  of δ (`total_delta`) at 10% of δ.
-  """
-  validate_privacy_params(sampling_rate=sampling_rate, num_examples=num_examples)
-  p = _check_number("max_truncation_probability", max_truncation_probability, low=0, high=1)
-  n = int(num_examples) + 1
-  # The survival function falls with the cap: binary search on the exact tail (scipy's isf is
-  # unreliable at tails like 1e-19, and stepping from it can take billions of steps).
-  lo, hi = 0, n  # sf(n) = 0 <= p
-  while lo < hi:
-    mid = (lo + hi) // 2
-    if stats.binom.sf(mid, n, sampling_rate) <= p:
-      hi = mid
-    else:
-      lo = mid + 1
-  return max(1, min(lo, int(num_examples)))
-
-
-def max_expected_batch_size_for(num_examples: int, max_batch_size: int,
-                                max_truncation_probability: float) -> int:
-  """The largest integer expected batch q·N whose cap `max_batch_size` truncates with
-  per-step probability ≤ `max_truncation_probability` (the inverse of `max_batch_size_for`).
-
-  Raises:
-    PrivacyError: even an expected batch of 1 is truncated more often than that.
-  """
-  n = int(num_examples)
-  lo, hi = 1, min(int(max_batch_size), n)
-  if truncation_probability(n, lo / n, max_batch_size) > max_truncation_probability:
-    raise PrivacyError(f"batch_size={max_batch_size} is too small for Poisson sampling: even an expected "
-                       f"batch of 1 exceeds it with probability > {max_truncation_probability:g}")
-  while lo < hi:  # the truncation probability grows with q: the last size within the bound
-    mid = (lo + hi + 1) // 2
-    if truncation_probability(n, mid / n, max_batch_size) <= max_truncation_probability:
-      lo = mid
-    else:
-      hi = mid - 1
-  return lo
-
-
 def _poisson_settings(sampling_rate: float, steps: int) -> str:
   """The settings an unreachable target of DP-SGD names."""
   return f"q={sampling_rate:g}, steps={steps}"
@@ -557,7 +336,6 @@ def banded_dp_event(noise_multiplier: float, sampling_rate: float, steps: int, n
   ceil(t/b) participations do not overlap (≤ b bands, ≥ b steps apart), each a Poisson sampled
   Gaussian of multiplier σ (noise scaled by the max column norm): DP-SGD's event of ceil(t/b)
   steps, `make_dp_event(σ, q, ceil(t/b))`."""
-  from jax_privacy.experimental import accounting as jax_privacy_accounting  # pylint: disable=g-import-not-at-top
   validate_privacy_params(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=steps)
   return jax_privacy_accounting.amplified_bandmf_event(
       noise_multiplier=float(noise_multiplier), iterations=int(steps), num_bands=int(num_bands),
@@ -633,7 +411,7 @@ def calibrate_correlated(noise: str, target_epsilon: float, sampling_rate: float
       raise unreachable_target(target_epsilon, e.smallest, delta, settings) from None
   if noise != BLT:
     raise PrivacyError(f"correlated noise is {BANDED!r} or {BLT!r}, got {noise!r}")
-  _check_number("target_epsilon", target_epsilon, low=0)
+  check_number("target_epsilon", target_epsilon, low=0)
   validate_privacy_params(delta=delta, accountant=accountant)
   def eps(sigma, name):
     return event_epsilons(blt_dp_event(sigma, 1.0), delta, name)[name]
@@ -738,26 +516,6 @@ def gaussian_event(noise_multiplier: float) -> dp_accounting.DpEvent:
   return dp_accounting.GaussianDpEvent(float(noise_multiplier))
 
 
-def paper_epsilon(sigma: float, delta: float, k: float) -> float:
-  """Hoory et al. Theorem 1 as printed in Ponomareva et al. 2022: ε = (k/σ)·√(2 ln(2.5/δ))."""
-  return k / sigma * math.sqrt(2.0 * math.log(2.5 / delta))
-
-
-def paper_threshold(sigma: float, delta: float, m: float, n: int) -> float:
-  """The threshold as printed in Ponomareva et al. 2022: C = m + σ·erf⁻¹(1 − δ/(2N))."""
-  return m + sigma * float(special.erfinv(1.0 - delta / (2.0 * n)))
-
-
-def threshold_for(sigma: float, delta_threshold: float, m: float, n: int) -> float:
-  """T with n·P[m + N(0, σ²) ≥ T] = δ_t: T = m + σ·Φ⁻¹(1 − δ_t/n)."""
-  return m + sigma * float(stats.norm.isf(delta_threshold / n))
-
-
-def threshold_tail(sigma: float, threshold: float, m: float, n: int) -> float:
-  """δ spent by thresholding: the union bound n·Q((T − m)/σ) that a new word is released."""
-  return min(1.0, n * float(stats.norm.sf((threshold - m) / sigma)))
-
-
 def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
   """Tight ε of one Gaussian mechanism (std / L2 sensitivity = noise_multiplier) at δ.
 
@@ -786,9 +544,9 @@ def _validate_threshold_release(delta, sigma, target_epsilon) -> Tuple[float, Op
   """(δ, σ, target ε) as floats; PrivacyError for a value that is not a finite positive number."""
   if (sigma is None) == (target_epsilon is None):
     raise PrivacyError("give exactly one of noise_std (σ) and target_epsilon")
-  return (_check_number("delta", delta, 0, 1),
-          None if sigma is None else _check_number("noise_std (σ)", sigma, 0),
-          None if target_epsilon is None else _check_number("target_epsilon", target_epsilon, 0))
+  return (check_number("delta", delta, 0, 1),
+          None if sigma is None else check_number("noise_std (σ)", sigma, 0),
+          None if target_epsilon is None else check_number("target_epsilon", target_epsilon, 0))
 
 
 def thresholded_gaussian_parameters(delta: float, *, l2: float, linf: float, max_distinct: int,

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import optax
 
 from private_t5.dp import clipping
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
 from private_t5.errors import PrivacyError
 

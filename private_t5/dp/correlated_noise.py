@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from private_t5.dp import noise as noise_lib
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.strategies import Strategy
 from private_t5.errors import PrivacyError
 

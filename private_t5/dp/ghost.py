@@ -52,7 +52,7 @@ from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
 from private_t5.dp import clipping, schedule
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers

@@ -23,18 +23,23 @@ before).
 A guarantee needs secret noise: a run (or a component) whose noise came from a fixed seed is
 recorded with `noise_secret: false`, and its report says so (`warnings`).
 
-The reports themselves (a ledger's `report()`, its file names and writers, DP-SentencePiece's
-report) are `private_t5.dp.privacy_report`'s; their names are also importable from here.
+What the mechanism has spent (its DP events, training's and the total (ε, δ)) is
+`privacy_spent`'s, a base class of the ledger as `components.ComposedReleases` is; the ledger's
+JSON (`to_dict`, `from_dict`, ledgers of earlier versions included) is `ledger_json`'s. The reports
+themselves (a ledger's `report()`, its file names and writers, DP-SentencePiece's report) are
+`private_t5.dp.privacy_report`'s; their names are also importable from here.
 """
 import dataclasses
-import json
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
-from private_t5.dp import accounting
+from private_t5.dp import privacy_params
 from private_t5.dp import strategies
+from private_t5.dp import truncation
 from private_t5.dp.components import PRIVACY_UNITS, ComposedReleases, group_privacy  # pylint: disable=unused-import
 from private_t5.dp import privacy_report
+from private_t5.dp.ledger_json import LEDGER_VERSION, ledger_from_dict, ledger_to_dict  # pylint: disable=unused-import
+from private_t5.dp.privacy_spent import PrivacySpent
 # The reports' names, importable from the ledger as well (`privacy_report` owns them).
 from private_t5.dp.privacy_report import (  # pylint: disable=unused-import
     ADAPTIVE_REPORT_FILENAME, DP_SENTENCEPIECE, INITIAL_CHECKPOINT_COMPONENT, JFT_REPORT_FILENAME,
@@ -44,21 +49,18 @@ from private_t5.dp.privacy_report import (  # pylint: disable=unused-import
     write_report, write_summary)
 from private_t5.errors import DataError, PrivacyError
 
-LEDGER_VERSION = 1
 # Fields that define the mechanism; a resumed run must keep them unchanged.
 _MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
                      "sampling", "max_batch_size", "non_private", "noise", "num_bands", "strategy_digest",
                      "strategy_sensitivity")
-# The fields only a correlated-noise ledger writes.
-_CORRELATED_FIELDS = ("noise", "num_bands", "strategy")
 
 
 @dataclasses.dataclass
-class PrivacyLedger(ComposedReleases):
+class PrivacyLedger(PrivacySpent, ComposedReleases):
   """Privacy spent by a DP training run, serialisable to JSON.
 
   Attributes:
-    noisy_sum: the release's C, σ and divisor q·N (`accounting.NoisySum`, the object the run's
+    noisy_sum: the release's C, σ and divisor q·N (`privacy_params.NoisySum`, the object the run's
       clipped sum and noise transform hold; None for a non-private baseline), kept in JSON as
       the flat fields `clip_norm`, `noise_multiplier`, `expected_batch_size` (also properties).
     sampling_rate: q, the Poisson sampling rate (expected batch size / N).
@@ -84,7 +86,7 @@ class PrivacyLedger(ComposedReleases):
     strategy: correlated noise: the strategy's record (`strategies.Strategy.to_dict`: kind,
       digest, coefficients or BLT parameters, b, steps, sensitivity); None for Gaussian noise.
   """
-  noisy_sum: Optional[accounting.NoisySum]
+  noisy_sum: Optional[privacy_params.NoisySum]
   sampling_rate: float
   delta: float
   accountant: str = "rdp"
@@ -95,7 +97,7 @@ class PrivacyLedger(ComposedReleases):
   steps: int = 0
   components: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
   non_private: bool = False
-  sampling: str = accounting.Sampling.POISSON.value
+  sampling: str = privacy_params.Sampling.POISSON.value
   configured_batch_size: Optional[int] = None
   clipping_method: Optional[str] = None
   noise_secret: bool = True
@@ -118,14 +120,14 @@ class PrivacyLedger(ComposedReleases):
       if self.noisy_sum is not None:
         raise PrivacyError("a non-private ledger records no noisy sum")
       return
-    if not isinstance(self.noisy_sum, accounting.NoisySum):
+    if not isinstance(self.noisy_sum, privacy_params.NoisySum):
       raise PrivacyError(f"a DP ledger needs its accounting.NoisySum, got {self.noisy_sum!r}")
-    accounting.validate_privacy_params(
+    privacy_params.validate_privacy_params(
         noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, delta=self.delta,
         accountant=self.accountant, num_examples=self.num_examples, sampling=self.sampling)
     if self.num_examples is not None:
       if self.max_batch_size is not None and not self.truncation_probability:
-        self.truncation_probability = accounting.truncation_probability(
+        self.truncation_probability = truncation.truncation_probability(
             self.num_examples, self.sampling_rate, self.max_batch_size)
 
   def _check_noise(self) -> None:
@@ -139,7 +141,7 @@ class PrivacyLedger(ComposedReleases):
       if self.num_bands != 1 or self.strategy is not None:
         raise PrivacyError("a Gaussian-noise ledger has num_bands = 1 and no strategy")
       return
-    if self.non_private or self.sampling != accounting.Sampling.POISSON or self.max_batch_size is not None:
+    if self.non_private or self.sampling != privacy_params.Sampling.POISSON or self.max_batch_size is not None:
       raise PrivacyError("correlated noise is accounted for untruncated Poisson sampling only")
     if not isinstance(self.strategy, dict):
       raise PrivacyError(f"a {self.noise} ledger needs its strategy, got {self.strategy!r}")
@@ -168,11 +170,11 @@ class PrivacyLedger(ComposedReleases):
     return float(self.strategy["sensitivity"]) if self.strategy else None
 
   @classmethod
-  def create(cls, *, delta: float, num_examples: int, noisy_sum: Optional[accounting.NoisySum] = None,
+  def create(cls, *, delta: float, num_examples: int, noisy_sum: Optional[privacy_params.NoisySum] = None,
              noise_multiplier: Optional[float] = None, clip_norm: Optional[float] = None,
              sampling_rate: Optional[float] = None, batch_size: Optional[float] = None,
              max_batch_size: Optional[int] = None, accountant: str = "rdp",
-             privacy_unit: str = "document", sampling: str = accounting.Sampling.POISSON.value,
+             privacy_unit: str = "document", sampling: str = privacy_params.Sampling.POISSON.value,
              configured_batch_size: Optional[int] = None,
              clipping_method: Optional[str] = None, noise_secret: bool = True,
              population: Optional[Dict[str, Any]] = None, noise: str = strategies.GAUSSIAN,
@@ -188,11 +190,11 @@ class PrivacyLedger(ComposedReleases):
     if (sampling_rate is None) == (batch_size is None):
       raise PrivacyError("give exactly one of sampling_rate and batch_size")
     if sampling_rate is None:
-      accounting.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
-      sampling_rate = accounting.sampling_rate_from_batch(batch_size, num_examples)
+      privacy_params.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
+      sampling_rate = privacy_params.sampling_rate_from_batch(batch_size, num_examples)
     expected = float(sampling_rate) * int(num_examples) / num_bands
     if noisy_sum is None:
-      noisy_sum = accounting.NoisySum(clip_norm, noise_multiplier, expected)
+      noisy_sum = privacy_params.NoisySum(clip_norm, noise_multiplier, expected)
     elif not math.isclose(noisy_sum.expected_batch_size, expected, rel_tol=1e-9):
       raise PrivacyError(f"the noisy sum is divided by q·N = {noisy_sum.expected_batch_size:g}, but the "
                          f"sampler's q·N is {expected:g}: sampling must match accounting")
@@ -231,7 +233,7 @@ class PrivacyLedger(ComposedReleases):
 
   @property
   def fixed_batches(self) -> bool:  # shuffled fixed batches, not Poisson sampling
-    return self.sampling == accounting.Sampling.FIXED
+    return self.sampling == privacy_params.Sampling.FIXED
 
   def record_steps(self, n: int = 1) -> None:
     """Adds `n` steps taken."""
@@ -262,131 +264,6 @@ class PrivacyLedger(ComposedReleases):
         resumed.replace_record(c)
     return resumed
 
-  # -- privacy spent ----------------------------------------------------------------------------
-
-  def step_event(self) -> Optional[accounting.DpEvent]:
-    """The `DpEvent` of one training step of this ledger's mechanism (None for a non-private run,
-    and for correlated noise, whose steps are accounted together: `training_event`).
-
-    `accounting.step_dp_event` of σ and q: a Poisson-sampled Gaussian (fixed batches: sampled
-    without replacement); truncated (`truncation_probability` > 0), the event only PLD accounts.
-    """
-    if self.non_private or self.correlated:
-      return None
-    return accounting.step_dp_event(
-        self.noise_multiplier, self.sampling_rate, sampling=self.sampling, num_examples=self.num_examples,
-        max_batch_size=self.max_batch_size if self.truncation_probability else None)
-
-  def training_event(self, accountant: str = "pld") -> Optional[accounting.DpEvent]:
-    """The `DpEvent` of the `steps` steps taken, as `accountant` accounts them (None for a
-    non-private run or before the first step): Gaussian noise, the step event composed `steps`
-    times (truncation for PLD only); banded, the amplified event (`accounting.banded_dp_event`);
-    BLT, one Gaussian release of multiplier σ·s(n)/s(t) (`accounting.blt_dp_event`)."""
-    if self.non_private or not self.steps:
-      return None
-    if self.noise == strategies.BANDED:
-      return accounting.banded_dp_event(self.noise_multiplier, self.sampling_rate, self.steps, self.num_bands)
-    if self.noise == strategies.BLT:
-      return accounting.blt_dp_event(self.noise_multiplier, self.sensitivity_ratio())
-    return accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, self.steps,
-                                    num_examples=self.num_examples,
-                                    max_batch_size=self.max_batch_size if accountant == "pld" else None)
-
-  def sensitivity_ratio(self) -> float:
-    """BLT: s(n) / s(t), the noise std (set for the strategy's n steps) over the sensitivity of the
-    t = `steps` steps released so far (≥ 1 for t ≤ n; valid for t > n as well); 1 otherwise."""
-    if self.noise != strategies.BLT or not self.steps:
-      return 1.0
-    return self.strategy_sensitivity / self._strategy.sensitivity_over(self.steps)
-
-  def epsilons(self) -> Dict[str, float]:
-    """{accountant: training ε at `delta`} for each accountant this ledger runs ("auto": RDP and
-    PLD); cached per step count (PLD takes seconds at long runs)."""
-    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate, self.noise, self.num_bands,
-           self.strategy_digest)
-    if key not in self._epsilon_cache:
-      self._epsilon_cache.clear()
-      if self.correlated:
-        self._epsilon_cache[key] = accounting.correlated_epsilons(
-            self.noise, self.noise_multiplier, self.sampling_rate, self.steps, self.delta, num_bands=self.num_bands,
-            sensitivity_ratio=self.sensitivity_ratio(), accountant=self.accountant)
-      else:
-        self._epsilon_cache[key] = accounting.compute_epsilons(
-            self.noise_multiplier, self.sampling_rate, self.steps, self.delta, sampling=self.sampling,
-            num_examples=self.num_examples, max_batch_size=self.max_batch_size, accountant=self.accountant)
-    return dict(self._epsilon_cache[key])
-
-  def accountant_used(self) -> Optional[str]:
-    """The accountant whose ε is reported: the one asked for, or for "auto" the smaller ε's."""
-    if self.non_private:
-      return None
-    if self.accountant != accounting.AUTO:
-      return self.accountant
-    if self.steps == 0:
-      return accounting.accountants_for(self.accountant, self.sampling)[0]
-    eps = self.epsilons()
-    return min(eps, key=lambda name: (eps[name], name))
-
-  def training_epsilon(self) -> float:
-    """ε of the steps taken, at `delta` (∞ for a non-private run, 0 before the first step)."""
-    if self.non_private:
-      return math.inf
-    if self.steps == 0:
-      return 0.0
-    return self.epsilons()[self.accountant_used()]
-
-  def training_delta(self) -> float:
-    """δ of training: δ, plus (1 + e^ε) · steps · p_trunc when a truncated run is accounted by
-    RDP (`accounting.total_delta`); PLD accounts the truncated event itself."""
-    if self.non_private:
-      return 1.0
-    if self.accountant_used() == "pld":
-      return float(self.delta)
-    return accounting.total_delta(self.delta, self.steps, self.truncation_probability,
-                                  self.training_epsilon())
-
-  def epsilon_by_events(self, exclude: Sequence[str] = ()) -> Optional[float]:
-    """Total ε with training and the components composed by their `DpEvent`s, at `total_delta()`.
-
-    Every DP component must carry its event (a DP-SentencePiece report at the training unit: a
-    Gaussian release of noise multiplier σ/k at its δ_g, plus a threshold whose δ_t only adds
-    to δ). Training's events and the components' Gaussian events are composed by the
-    accountant(s) that gave training's ε ("auto": the smaller ε of RDP and PLD) at δ + Σ δ_g;
-    with Σ δ_t added, the total δ is at most `total_delta()`, the δ of the summed ε, so the two ε
-    compare. None when some component has no event (a non-private vocabulary, an initial
-    checkpoint, a group-privacy composition, an older report), when there is no component to
-    compose, for a non-private run, for fixed batches, and before the first step. Truncated
-    sampling is accounted by PLD only here. Components named in `exclude` are left out.
-    """
-    if (self.non_private or not self.steps or self.sampling != accounting.Sampling.POISSON
-        or self.total_delta(exclude) >= 1.0 or self.components_without_event(exclude)):
-      return None
-    components = self.dp_components(exclude)
-    if not components:
-      return None
-    key = (self.steps, self.accountant, self.noise_multiplier, self.sampling_rate, self.noise, self.num_bands,
-           self.strategy_digest, tuple(json.dumps(c["event"], sort_keys=True) for c in components))
-    if key not in self._by_events_cache:
-      self._by_events_cache.clear()
-      releases = [accounting.gaussian_event(c["event"]["noise_multiplier"]) for c in components]
-      delta = self.delta + sum(c["event"]["delta_gaussian"] for c in components)
-      self._by_events_cache[key] = min(
-          (accounting.composed_epsilon([self.training_event(name)] + releases, delta, name)
-           for name in self.event_accountants()), default=None)
-    return self._by_events_cache[key]
-
-  def event_accountants(self) -> List[str]:
-    """The accountants of `epsilon_by_events`: training's (`epsilons`), less RDP for a truncated run."""
-    return [n for n in self.epsilons() if n == "pld" or not self.truncation_probability]
-
-  def total_epsilon(self, exclude: Sequence[str] = ()) -> float:
-    """The ε reported for training and its components at `total_delta()`: the smaller of
-    `epsilon_by_addition` and `epsilon_by_events` (both bound the same release at that δ), so
-    never more than the sum; the sum where the components cannot be composed by events."""
-    added = self.epsilon_by_addition(exclude)
-    by_events = self.epsilon_by_events(exclude)
-    return added if by_events is None else min(added, by_events)
-
   def warnings(self) -> List[str]:
     """One line per reason the reported ε is not the guarantee it reads as (empty when none)."""
     return privacy_report.report_warnings(self)
@@ -395,37 +272,15 @@ class PrivacyLedger(ComposedReleases):
     """A JSON-ready summary of the guarantee (`privacy_report.ledger_report`); `from_dict` reads it."""
     return privacy_report.ledger_report(self)
 
-  # -- serialisation ----------------------------------------------------------------------------
+  # -- serialisation (`ledger_json`) ------------------------------------------------------------
 
   def to_dict(self) -> Dict[str, Any]:
-    d = dataclasses.asdict(self)
-    del d["noisy_sum"]
-    if not self.correlated:  # a Gaussian ledger's JSON is as it always was
-      for name in _CORRELATED_FIELDS:
-        del d[name]
-    d.update(noise_multiplier=self.noise_multiplier, clip_norm=self.clip_norm,
-             expected_batch_size=self.expected_batch_size, ledger_version=LEDGER_VERSION)
-    return d
+    return ledger_to_dict(self)
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]) -> "PrivacyLedger":
     """Inverse of `to_dict`; also accepts a `report()` (reads its `ledger` entry)."""
-    if isinstance(d.get("ledger"), dict):
-      d = d["ledger"]
-    names = {f.name for f in dataclasses.fields(cls)}
-    missing = [n for n in ("noise_multiplier", "sampling_rate", "clip_norm", "delta") if n not in d]
-    if missing:
-      raise DataError(f"privacy ledger is missing {missing}")
-    fields = {k: v for k, v in d.items() if k in names and k != "noisy_sum"}
-    noisy_sum = None
-    if not d.get("non_private", False):
-      expected = d.get("expected_batch_size")
-      if expected is None and d.get("num_examples"):
-        expected = float(d["sampling_rate"]) * int(d["num_examples"]) / int(d.get("num_bands", 1))
-      if expected is None:
-        raise DataError("privacy ledger has neither expected_batch_size nor num_examples")
-      noisy_sum = accounting.NoisySum(d["clip_norm"], d["noise_multiplier"], expected)
-    return cls(noisy_sum=noisy_sum, **fields)
+    return ledger_from_dict(cls, d)
 
   def save(self, path: str) -> str:
     """Writes `report()` atomically (temp file then rename); `load` reads it back."""

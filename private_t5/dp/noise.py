@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from private_t5.dp import schedule
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.errors import PrivacyError
 
 PyTree = Any

@@ -12,7 +12,7 @@ cut into compiled batches is an execution setting (`mechanism.BatchLayout`).
   the privacy accounting (`accounting.make_dp_event`, PoissonSampled / TruncatedSubsampledGaussian
   events) assumes exactly this (DP rule "sampling matches accounting"). Untruncated (the default
   for DP training), every sampled example is returned, whatever their number; truncated, a
-  sample is capped at `max_batch_size` rows. Truncation probabilities and caps come from `accounting` too
+  sample is capped at `max_batch_size` rows. Truncation probabilities and caps come from `truncation`
   (`truncation_probability`, `max_batch_size_for`).
 * `CyclicPoissonSampler` (for correlated-noise DP, `strategies`): the examples are split into b
   groups by a keyed hash of (secret seed, index), an independent uniform partition; step t samples
@@ -32,7 +32,8 @@ from typing import Optional
 
 import numpy as np
 
-from private_t5.dp import accounting
+from private_t5.dp import privacy_params
+from private_t5.dp import truncation
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.hashing import mix64
 
@@ -58,7 +59,7 @@ class ShuffledBatchSampler:
   """
 
   is_poisson = False
-  scheme = accounting.Sampling.FIXED
+  scheme = privacy_params.Sampling.FIXED
 
   def __init__(self, num_examples: int, batch_size: int, seed: int):
     num_examples, batch_size = int(num_examples), int(batch_size)
@@ -127,7 +128,7 @@ class PoissonSampler:
   `max_batch_size`, a uniformly random subset of `max_batch_size` of the n is
   kept (truncated Poisson sampling; `accounting.make_dp_event(..., max_batch_size=...)` gives the
   matching `TruncatedSubsampledGaussianDpEvent`); `truncation_probability` is
-  `accounting.truncation_probability`, the per-step δ cost of the cap.
+  `truncation.truncation_probability`, the per-step δ cost of the cap.
   """
 
   is_poisson = True
@@ -147,9 +148,9 @@ class PoissonSampler:
     self.seed = int(seed)
 
   @property
-  def scheme(self) -> "accounting.Sampling":
+  def scheme(self) -> "privacy_params.Sampling":
     """`Sampling.POISSON_TRUNCATED` when capped, else `Sampling.POISSON`."""
-    return accounting.Sampling.POISSON_TRUNCATED if self.truncated else accounting.Sampling.POISSON
+    return privacy_params.Sampling.POISSON_TRUNCATED if self.truncated else privacy_params.Sampling.POISSON
 
   @property
   def truncated(self) -> bool:
@@ -167,7 +168,7 @@ class PoissonSampler:
       raise PrivacyError(f"expected_batch_size={expected_batch_size} must be in (0, N={num_examples}]")
     q = expected_batch_size / num_examples
     if max_batch_size is None:
-      max_batch_size = accounting.max_batch_size_for(num_examples, q, max_truncation_probability)
+      max_batch_size = truncation.max_batch_size_for(num_examples, q, max_truncation_probability)
     return cls(num_examples, q, max_batch_size, seed)
 
   @property
@@ -184,8 +185,8 @@ class PoissonSampler:
   @property
   def truncation_probability(self) -> float:
     """Per-step truncation probability, P[Binomial(N + 1, q) > max_batch_size] (add-one
-    neighbour: the bound holds for both datasets); see `accounting.truncation_probability`."""
-    return accounting.truncation_probability(self.num_examples, self.sampling_rate, self.max_batch_size)
+    neighbour: the bound holds for both datasets); see `truncation.truncation_probability`."""
+    return truncation.truncation_probability(self.num_examples, self.sampling_rate, self.max_batch_size)
 
   def truncation_probability_over(self, steps: int) -> float:
     """Chance that at least one of `steps` steps is truncated: 1 - (1 - p)^steps."""
@@ -227,7 +228,7 @@ class CyclicPoissonSampler:
   """
 
   is_poisson = True
-  scheme = accounting.Sampling.POISSON
+  scheme = privacy_params.Sampling.POISSON
   truncated = False
   max_batch_size = None
   padded_batch_size = None

@@ -39,9 +39,22 @@ import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
+from scipy import signal
 
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import write_json_atomic
+from private_t5.lazy_imports import lazy_module
+
+# jax-privacy and JAX, imported on first use: only when a strategy is optimised, measured or applied,
+# never by a Gaussian run (nor by `private-t5 epsilon`, which imports this module for its names).
+_JAX_PRIVACY_INSTALL = "jax-privacy (requirements.txt)"
+jax = lazy_module("jax", needed_for="correlated noise", install=_JAX_PRIVACY_INSTALL)
+jnp = lazy_module("jax.numpy", needed_for="correlated noise", install=_JAX_PRIVACY_INSTALL)
+jax_privacy = lazy_module("jax_privacy", needed_for="correlated noise", install=_JAX_PRIVACY_INSTALL)
+toeplitz = lazy_module("jax_privacy.matrix_factorization.toeplitz", needed_for="correlated noise",
+                       install=_JAX_PRIVACY_INSTALL)
+buffered_toeplitz = lazy_module("jax_privacy.matrix_factorization.buffered_toeplitz", needed_for="BLT noise",
+                                install=_JAX_PRIVACY_INSTALL)
 
 GAUSSIAN = "gaussian"
 BANDED = "banded"
@@ -80,7 +93,6 @@ def default_cache_dir() -> str:
 
 
 def jax_privacy_version() -> str:
-  import jax_privacy  # pylint: disable=g-import-not-at-top  # (lazy: imports JAX)
   return str(jax_privacy.__version__)
 
 
@@ -157,7 +169,6 @@ class Strategy:
           f"a banded strategy's sensitivity ‖coefs‖₂ must be a finite number in [{MIN_SENSITIVITY:g}, "
           f"{MAX_SENSITIVITY:g}], got {sensitivity:.4g}: its noise is computed in float32 (scaling all the "
           "coefficients by one factor gives the same mechanism; optimised strategies have sensitivity 1)")
-    from scipy import signal  # pylint: disable=g-import-not-at-top  # (lazy: a Gaussian run never needs it)
     impulse = np.zeros(self.steps, np.float64)
     impulse[0] = 1.0
     with np.errstate(all="ignore"):
@@ -230,8 +241,6 @@ class Strategy:
       raise PrivacyError(f"a sensitivity needs steps >= 1, got {steps}")
     if self.kind == BANDED:
       return float(np.linalg.norm(np.asarray(self.coefs, np.float64)))
-    import jax  # pylint: disable=g-import-not-at-top  # (lazy: Gaussian runs never import jax-privacy)
-    from jax_privacy.matrix_factorization import toeplitz  # pylint: disable=g-import-not-at-top
     coefs = self.toeplitz_coefs(steps)
     with jax.enable_x64():
       squared = toeplitz.minsep_sensitivity_squared(
@@ -273,8 +282,6 @@ class Strategy:
     `BufferedToeplitz.inverse_as_streaming_matrix()` of C's parameters in float32 (C⁻¹ Z by
     Dvijotham et al.'s recursion, x_t = y_t - Σ_i s_i buf_i, buf_i ← d_i buf_i + x_t).
     """
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz  # pylint: disable=g-import-not-at-top
     if self.kind == BANDED:
       return toeplitz.inverse_as_streaming_matrix(jnp.asarray(self.coefs, jnp.float32))
     if not self.buf_decay:  # no buffers: C = I
@@ -352,8 +359,6 @@ def _read_cached(path: str) -> Optional[Strategy]:
 def optimize(kind: str, *, steps: int, num_bands: int, buffers: Optional[int] = None) -> Strategy:
   """A strategy optimised by jax-privacy for the mean squared error of the prefix sums over
   `steps` steps, under b-min-separated participation (not cached: `for_run` caches)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz  # pylint: disable=g-import-not-at-top
   if kind == BANDED:
     coefs = np.asarray(toeplitz.optimize_banded_toeplitz(n=steps, bands=num_bands), np.float64)
     return Strategy(BANDED, num_bands, steps, coefs=tuple(coefs))
