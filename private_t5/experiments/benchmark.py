@@ -28,11 +28,15 @@ import platform
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+import jax
+
 from private_t5 import checks
+from private_t5.dp.accounting import NoisySum
 from private_t5.errors import ConfigError
 from private_t5.experiments.benchmark_case import (GHOST, GIB, METHODS, NONDP, VMAP, machine_memory_bytes,
                                                    run_case, step_memory_floor)
 from private_t5.io import check_output_file, write_text_atomic
+from private_t5.models import config as model_config
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +81,6 @@ def _check_inputs(shapes, output_dir: str, clip_norm, noise_multiplier, steps, w
     if microbatch_size is not None and microbatch_size < shape[2] and shape[2] % microbatch_size:
       raise ConfigError(f"benchmark.microbatch_size={microbatch_size} must divide the batch size of every "
                         f"benchmark.shapes entry, got {tuple(shape)}")
-  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
   NoisySum(clip_norm, noise_multiplier, 1.0)  # C > 0 and σ >= 0, finite
   check_output_file(os.path.join(output_dir, "bench.json"), "benchmark.output_dir")
   return [tuple(shape) for shape in shapes]
@@ -164,7 +167,6 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
   search_for = _check_search(memory_budget_gb, max_batch_shapes, max_batch_cap, max_batch_resolution)
   if isinstance(presets, str) or not isinstance(presets, (list, tuple)) or not presets:
     raise ConfigError(f"benchmark.presets must be a non-empty list of model presets, got {presets!r}")
-  from private_t5.models import config as model_config  # pylint: disable=g-import-not-at-top
   if dtypes is not None and (isinstance(dtypes, str) or not isinstance(dtypes, (list, tuple)) or not dtypes
                              or any(d not in model_config.DTYPES for d in dtypes)):
     raise ConfigError(f"benchmark.dtypes must be a non-empty list of {model_config.DTYPES} (or "
@@ -202,7 +204,6 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
 
 
 def _machine() -> Dict[str, Any]:
-  import jax  # pylint: disable=g-import-not-at-top
   return {"platform": platform.platform(), "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
           "load_average": os.getloadavg(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -11,6 +11,14 @@ import statistics
 import time
 from typing import Any, Dict, Optional
 
+import jax
+import numpy as np
+
+from private_t5 import models
+from private_t5.dp import ghost, mechanism
+from private_t5.dp.accounting import NoisySum
+from private_t5.train import optimizers, partitioning, trainer as trainer_lib
+
 logger = logging.getLogger(__name__)
 
 NONDP, VMAP, GHOST = "nondp", "vmap", "ghost"
@@ -69,7 +77,6 @@ def step_memory_floor(config, inputs: int, targets: int, rows: int, method: str)
 
 def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, seed: int):
   """Full-length rows of random token ids: the step's cost does not depend on the ids."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   enc = rng.integers(3, vocab_size, size=(batch_size, inputs), dtype=np.int32)
   tgt = rng.integers(3, vocab_size, size=(batch_size, targets), dtype=np.int32)
@@ -85,11 +92,6 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   """(config, Trainer) of one benchmark case; the step's clipped sum and noise transform come
   from the mechanism builder (`dp.mechanism.step_parts`), with q·N = `batch_size`; `dtype` and
   `attention` override the preset's `T5Config` fields when given."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import ghost, mechanism  # pylint: disable=g-import-not-at-top
-  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
   if dtype is not None:
     overrides["dtype"] = dtype
@@ -132,7 +134,6 @@ def _flops(compiled) -> Optional[float]:
 
 
 def _compile(trainer, state, batch_size, shape, seed):
-  import jax  # pylint: disable=g-import-not-at-top
   batch = random_batch(trainer.model_config.vocab_size, batch_size, shape[0], shape[1], seed)
   keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
   start = time.perf_counter()
@@ -182,9 +183,6 @@ def max_batch_search(trainer, state, shape, start_batch: int, budget_bytes: int,
 
 def _ghost_breakdown(config, trainer, shape) -> Dict[str, Any]:
   """Per-layer multiply-adds of the ghost norms for one example (Gram vs instantiated)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import ghost  # pylint: disable=g-import-not-at-top
   params = models.param_shapes(config)
   example = jax.tree.map(lambda x: x[0], random_batch(config.vocab_size, 1, shape[0], shape[1], 0))
   recording = ghost.record_layer_uses(trainer.aggregator.loss_fn, params, example, None)
@@ -198,7 +196,6 @@ def _ghost_breakdown(config, trainer, shape) -> Dict[str, Any]:
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   """Compiles, times and measures one (preset, shape, batch, method); runs in a child process."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import jax  # pylint: disable=g-import-not-at-top
   shape = (case["inputs"], case["targets"])
   config, trainer = make_trainer(case["preset"], case["method"], case["batch_size"],
                                   case["clip_norm"], case["noise_multiplier"], case["dropout_rate"],

@@ -23,7 +23,16 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from private_t5 import io as io_lib
+from private_t5.data import corpora
+from private_t5.data import duplication
+from private_t5.dp import ledger as ledger_lib
 from private_t5.errors import ConfigError, PrivacyError
+from private_t5.eval import audit
+from private_t5.eval import memorization_run
+from private_t5.eval import study_report
+from private_t5.eval.split_types import SPLIT_NAMES, SplitConfig
+from private_t5.tokenizer import dp_spm
+from private_t5.tokenizer import spm
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +80,6 @@ def em_by_repetitions(per_document: dict, repeated: Dict[str, int]) -> Dict[str,
   (extracted if any of its evaluated occurrences was). Group "natural": documents the split
   detection flagged as duplicates that the study did not repeat. {group: {"em", "n"}}.
   """
-  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
   outcome: Dict[str, int] = {}
   for doc_id, exact in zip(per_document.get("ids", []), per_document.get("exact", [])):
     original = duplication.original_id(doc_id)
@@ -86,7 +94,6 @@ def em_by_repetitions(per_document: dict, repeated: Dict[str, int]) -> Dict[str,
 def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: Dict[str, float],
                  repeated: Optional[Dict[str, int]] = None) -> dict:
   """One model's entry of results.json from its training summary and memorization report."""
-  from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
   check_private(name, spec, summary)
   validation = summary.get("validation_not_dp") or summary.get("validation") or {}
   greedy = report["extraction"]["greedy"]
@@ -94,7 +101,7 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
             "training_epsilon": summary.get("training_epsilon"), "training_delta": summary.get("training_delta"),
             "validation_token_accuracy": validation.get("token_accuracy"),
             "validation_loss": validation.get("loss"),
-            "splits": {s: _split_result(greedy[s]) for s in splits_lib.SPLIT_NAMES},
+            "splits": {s: _split_result(greedy[s]) for s in SPLIT_NAMES},
             "final_step": summary.get("final_step"), "wall_seconds": wall,
             # Held-out documents of the private corpus: their metrics are outside any guarantee.
             "not_dp": list(NOT_DP_RESULT_KEYS)}
@@ -161,8 +168,6 @@ def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text"
   With `audit_canaries` = m > 0, m audit canaries (eval/audit.py) are planted in the training
   corpus, each once with probability 1/2, and their secret record goes to data/train.audit.json.
   """
-  from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
   if dup_cfg.max_documents is not None and dup_cfg.max_documents > MAX_DOCUMENTS:
     raise ConfigError(f"max_documents must be <= {MAX_DOCUMENTS:,} (a study holds its corpus in memory), "
                       f"got {dup_cfg.max_documents:,}")
@@ -187,7 +192,6 @@ def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text"
   train_path = os.path.join(data_dir, "train.jsonl.gz")
   audit_record = None
   if audit_canaries:
-    from private_t5.eval import audit  # pylint: disable=g-import-not-at-top
     _, audit_record, _, _ = audit.plant(study.train, train_path, num_canaries=int(audit_canaries),
                                         source=corpus)
   else:
@@ -209,18 +213,14 @@ def train_vocabularies(train_corpus: str, output_dir: str, *, needed: Sequence[s
                        dp_vocab_epsilon: float, dp_vocab_delta: float, dp_vocab_max_words: int,
                        text_field: str = "text") -> Dict[str, str]:
   """Phase 2: the SentencePiece and DP-SentencePiece vocabularies of the training corpus (reused)."""
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
   vocab_dir = os.path.join(output_dir, "vocab")
   paths = {"spm": os.path.join(vocab_dir, "spm.model"), "dp_spm": os.path.join(vocab_dir, "dp_spm", "dp_spm.model")}
   if "spm" in needed and not os.path.isfile(paths["spm"]):
-    from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-    from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
     texts = (d.text for d in corpora.iter_documents(train_corpus, text_field=text_field))
     spm.train_from_sentences(texts, paths["spm"], vocab_size=vocab_size)
     logger.info("[study] vocabulary: SentencePiece, %d pieces: %s", vocab_size, paths["spm"])
   report_path = ledger_lib.vocabulary_report_path(paths["dp_spm"])
   if "dp_spm" in needed and not (os.path.isfile(paths["dp_spm"]) and os.path.isfile(report_path)):
-    from private_t5.tokenizer import dp_spm  # pylint: disable=g-import-not-at-top
     report = dp_spm.train_dp_vocabulary(train_corpus, paths["dp_spm"], vocab_size=vocab_size,
                                         target_epsilon=dp_vocab_epsilon, delta=dp_vocab_delta,
                                         max_words_per_document=dp_vocab_max_words, text_field=text_field,
@@ -262,11 +262,6 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     train_model: `train_model(model_dir, gin_bindings) -> summary`, set by the command line:
       trains one model with the study's Gin files plus these bindings.
   """
-  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import memorization_run  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import splits as splits_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
   t_start = time.time()
   for name, value in (("corpus", corpus), ("output", output_dir)):
     if not isinstance(value, str) or not value:
@@ -276,8 +271,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     raise ConfigError(f"models must be distinct names among {', '.join(MODELS)}, got {list(models)!r}")
   if train_model is None:
     raise ConfigError("run_study needs train_model (run it as `private-t5 study`)")
-  split_config = split_config if split_config is not None else splits_lib.SplitConfig()
-  if not isinstance(split_config, splits_lib.SplitConfig):
+  split_config = split_config if split_config is not None else SplitConfig()
+  if not isinstance(split_config, SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
   for name, value in (("prompt_length", prompt_length), ("generation_length", generation_length),

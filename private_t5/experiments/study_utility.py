@@ -31,8 +31,14 @@ import time
 from typing import Callable, List, Optional, Sequence, Union
 
 from private_t5 import io as io_lib
+from private_t5.data import duplication
+from private_t5.data import glue_tasks
+from private_t5.data import task_dir as task_dir_lib
 from private_t5.errors import ConfigError
+from private_t5.eval import glue_eval
+from private_t5.eval import study_utility_report
 from private_t5.experiments import study
+from private_t5.models import checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +79,6 @@ def _pretrain(name: str, data: dict, vocabs: dict, output_dir: str, train_model:
 def _finetune(name: str, mode: str, pretrained: Optional[dict], task: str, vocabs: dict, output_dir: str,
               finetune_model: Callable, settings: dict) -> dict:
   """Phase 4 for one model and mode: fine-tuning on the task, then its validation metric with a CI."""
-  from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
   root = os.path.join(output_dir, "models", name, f"finetune_{mode}")
   run_dir = os.path.join(root, "run")
 
@@ -241,10 +245,6 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
     train_model, finetune_model: `fn(model_dir, gin_bindings) -> summary`, set by the command
       line: one training run with the pretraining / fine-tuning Gin files plus these bindings.
   """
-  from private_t5.data import duplication  # pylint: disable=g-import-not-at-top
-  from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
-  from private_t5.data import task_dir as task_dir_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import study_utility_report  # pylint: disable=g-import-not-at-top
   t_start, cpu_start = time.time(), time.process_time()
   for name, value in (("corpus", corpus), ("output", output_dir)):
     if not isinstance(value, str) or not value:
