@@ -18,7 +18,9 @@ def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
 
   Raises:
     DataError: unknown dataset, not a builder directory, or not prepared under `data_dir`.
+    MissingLibrary: TensorFlow Datasets (or TensorFlow) is not importable.
   """
+  tfds.load()  # the stand-in's own load(): imported now, so that a missing TFDS is not a bad name
   if os.path.isdir(name_or_dir):
     try:
       return tfds.builder_from_directory(name_or_dir)
