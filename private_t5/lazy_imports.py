@@ -13,8 +13,9 @@ both, are named at the top as well, through `lazy_module`:
       with beam.Pipeline(options=...) as pipeline:   # Beam is imported here, once
         ...
 
-The stand-in imports the library the first time one of its attributes is read (or `load()` is
-called) and hands every later read to the module itself. A library that is not installed is one
+The stand-in imports the library the first time one of its attributes is read (or
+`import_now(stand_in)` is called) and hands every later read to the module itself; it has no
+public attribute of its own, so none hides the library's (`spacy.load`, `tfds.load`). A library that is not installed is one
 `MissingLibrary` line naming what needed it and how to install it: a `ConfigError` (the CLI
 prints it as one line and exits non-zero) that is also an `ImportError` (code that falls back
 when a library is absent catches either). `before` runs once, just before the first import:
@@ -42,7 +43,7 @@ class LazyModule:
     self.__dict__.update(_name=name, _needed_for=needed_for, _install=install, _before=before,
                          _module=None, _lock=threading.Lock())
 
-  def load(self):
+  def _lazy_import(self):
     """The module itself, imported now if it was not yet."""
     module = self.__dict__["_module"]
     if module is not None:
@@ -58,7 +59,7 @@ class LazyModule:
         self.__dict__["_module"] = module
     return self.__dict__["_module"]
 
-  def available(self) -> bool:
+  def _lazy_installed(self) -> bool:
     """Whether the library can be found, without importing it."""
     if self.__dict__["_module"] is not None:
       return True
@@ -73,13 +74,13 @@ class LazyModule:
     return f"{who} {self._name}, which is not importable ({error}){install}"
 
   def __getattr__(self, attribute: str):
-    return getattr(self.load(), attribute)
+    return getattr(self._lazy_import(), attribute)
 
   def __setattr__(self, attribute: str, value) -> None:
-    setattr(self.load(), attribute, value)
+    setattr(self._lazy_import(), attribute, value)
 
   def __dir__(self):
-    return dir(self.load())
+    return dir(self._lazy_import())
 
   def __repr__(self) -> str:
     state = "imported" if self.__dict__["_module"] is not None else "not imported yet"
@@ -97,3 +98,13 @@ def lazy_module(name: str, needed_for: str = "", install: str = "",
     before: called once, right before the first import (e.g. `quiet_tf.import_tensorflow`).
   """
   return LazyModule(name, needed_for, install, before)
+
+
+def import_now(stand_in: LazyModule):
+  """The module behind `stand_in`, imported now if it was not yet (MissingLibrary if it cannot be)."""
+  return stand_in._lazy_import()  # pylint: disable=protected-access
+
+
+def installed(stand_in: LazyModule) -> bool:
+  """Whether the library behind `stand_in` can be found, without importing it."""
+  return stand_in._lazy_installed()  # pylint: disable=protected-access

@@ -22,6 +22,7 @@ most `STAGE_MODULE_MAX_LINES` lines (its flags, its Gin parsing and the call; li
 """
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -255,3 +256,49 @@ def test_rank_rule_itself(module, importer, expected):
 ])
 def test_stage_folder_rule_itself(module, target, expected):
   assert crosses_stage_folders(module, target) is expected
+
+
+# The most imports inside function bodies outside stages/: every other import sits at the top of
+# its module, heavy optional libraries included (named there through `lazy_imports.lazy_module`).
+MAX_FUNCTION_BODY_IMPORTS = 15
+
+
+def function_body_imports(path: pathlib.Path):
+  """(line, source line) of every import statement inside a function of `path`."""
+  source = path.read_text()
+  lines = source.splitlines()
+  found = set()
+  for node in ast.walk(ast.parse(source, str(path))):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for sub in ast.walk(node):
+        if isinstance(sub, (ast.Import, ast.ImportFrom)):
+          found.add((sub.lineno, lines[sub.lineno - 1].strip()))
+  return sorted(found)
+
+
+def _reason(line: str) -> str:
+  """The comment of a source line, pylint directives left out."""
+  return re.sub(r"pylint:[^#]*", "", line.partition("#")[2]).replace("#", "").strip()
+
+
+def test_imports_at_the_top():
+  inside = [(f"{path.relative_to(ROOT.parent)}:{line}", text) for module, path in MODULES.items()
+            if folder(module) != STAGES_FOLDER for line, text in function_body_imports(path)]
+  listing = "\n".join(f"{where}: {text}" for where, text in inside)
+  assert len(inside) <= MAX_FUNCTION_BODY_IMPORTS, (
+      f"{len(inside)} imports inside function bodies outside stages/ (at most {MAX_FUNCTION_BODY_IMPORTS}): move "
+      f"them to the module's top, or name a heavy optional library with lazy_imports.lazy_module:\n{listing}")
+  own = [f"{where}: {text}" for where, text in inside if f" {PACKAGE}" in text or text.startswith("from .")]
+  assert not own, "the package imported inside a function (a cycle can hide there):\n" + "\n".join(own)
+  unexplained = [f"{where}: {text}" for where, text in inside if not _reason(text)]
+  assert not unexplained, "an import inside a function needs its reason beside it (a comment):\n" + "\n".join(unexplained)
+
+
+def test_function_body_import_finder_itself(tmp_path):
+  path = tmp_path / "m.py"
+  path.write_text("import os\n\ndef f():\n  import json  # why\n  def g():\n    from x import y  # pylint: disable=a\n  return json\n")
+  assert function_body_imports(path) == [(4, "import json  # why"), (6, "from x import y  # pylint: disable=a")]
+  assert _reason("import json  # why") == "why"
+  assert _reason("from x import y  # pylint: disable=a") == ""
+  assert _reason("import tensorflow  # pylint: disable=g-import-not-at-top  # this module is its importer") == (
+      "this module is its importer")

@@ -19,7 +19,7 @@ import shlex
 from typing import List, Optional, Sequence, Union
 
 from private_t5.errors import ConfigError
-from private_t5.lazy_imports import MissingLibrary, lazy_module
+from private_t5.lazy_imports import MissingLibrary, import_now, lazy_module
 
 # How to get Beam, for the one line a missing Beam module gives.
 BEAM_INSTALL = "apache-beam (requirements.txt), or use --runner=local"
@@ -105,8 +105,8 @@ def runner_name(options) -> str:
 def _import_dask_runner():
   """Beam's DaskRunner module, or a one-line ConfigError when dask or distributed is missing."""
   try:
-    dask_distributed.load()
-    return dask_runner.load()
+    import_now(dask_distributed)
+    return import_now(dask_runner)
   except ImportError as e:
     reason = e.__cause__ if isinstance(e, MissingLibrary) and e.__cause__ is not None else e
     raise ConfigError(f"--runner=DaskRunner needs dask and distributed, which are not importable ({reason}); "

@@ -13,7 +13,7 @@ from typing import Dict, Optional, Sequence, Set, Union
 from private_t5 import checks, quiet_tf, user_modules
 from private_t5.errors import ConfigError
 from private_t5.io import file_sha256
-from private_t5.lazy_imports import lazy_module
+from private_t5.lazy_imports import import_now, lazy_module
 
 # Imported on first use (with TensorFlow's start-up lines silenced): the rest of the package runs without seqio.
 seqio = lazy_module("seqio", needed_for="a seqio Task", install="with pip install 'private_t5[seqio]'",
@@ -59,7 +59,7 @@ def get_mixture_or_task(name: str, module: Union[None, str, Sequence[str]] = Non
   """The registered seqio Task or Mixture `name`, after importing `module`; ConfigError if none."""
   if not isinstance(name, str) or not name:
     raise ConfigError(f"MIXTURE_OR_TASK_NAME must be a non-empty string, got {name!r}")
-  seqio.load()  # seqio, with TensorFlow's start-up lines silenced, before the user's modules import it
+  import_now(seqio)  # seqio, with TensorFlow's start-up lines silenced, before the user's modules import it
   import_task_modules(module)
   try:
     return seqio.get_mixture_or_task(name)

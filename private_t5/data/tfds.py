@@ -4,7 +4,7 @@ from typing import Optional
 
 from private_t5 import quiet_tf
 from private_t5.errors import DataError
-from private_t5.lazy_imports import lazy_module
+from private_t5.lazy_imports import import_now, lazy_module
 
 # tensorflow_datasets imports TensorFlow, which `data.corpora` and `data.source` must not:
 # imported on first use, TensorFlow first with its start-up lines silenced.
@@ -20,7 +20,7 @@ def prepared_builder(name_or_dir: str, data_dir: Optional[str] = None):
     DataError: unknown dataset, not a builder directory, or not prepared under `data_dir`.
     MissingLibrary: TensorFlow Datasets (or TensorFlow) is not importable.
   """
-  tfds.load()  # the stand-in's own load(): imported now, so that a missing TFDS is not a bad name
+  import_now(tfds)  # imported now, so that a missing TFDS is not taken for a bad name
   if os.path.isdir(name_or_dir):
     try:
       return tfds.builder_from_directory(name_or_dir)

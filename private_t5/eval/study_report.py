@@ -12,7 +12,7 @@ import os
 from typing import Callable, List, Optional
 
 from private_t5 import io as io_lib
-from private_t5.lazy_imports import lazy_module
+from private_t5.lazy_imports import import_now, lazy_module
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def pyplot():
   """matplotlib.pyplot with the Agg backend, or None (with a warning) when it is not installed."""
   try:
     matplotlib.use("Agg")
-    plt = _pyplot.load()
+    plt = import_now(_pyplot)
   except ImportError:  # `MissingLibrary` is one
     logger.warning("matplotlib is not installed: no figure written")
     return None

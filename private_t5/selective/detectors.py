@@ -268,7 +268,7 @@ def _sentence_start(text: str, start: int) -> bool:
 def _spacy_pipeline():
   """The spaCy English pipeline when both spaCy and `en_core_web_sm` are installed, else None."""
   try:
-    return spacy.load().load("en_core_web_sm")  # the stand-in's load() is the spaCy module
+    return spacy.load("en_core_web_sm")
   except Exception:  # pylint: disable=broad-except  (not installed, or the model is missing)
     return None
 
