@@ -218,6 +218,10 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
                                     config.data_workers)
   try:
     while step < config.train_steps:
+      if first_step_time is None:
+        # The first step's time holds all that happens once: its batch, the compilation of the
+        # step and of the logged step's evaluation, so that `steps_per_second` is the steady rate.
+        t0 = time.time()
       data = prefetcher.get(step)
       if data.shape not in shapes_compiled:
         shapes_compiled.add(data.shape)
@@ -234,7 +238,6 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
           for k, v in trainer.eval_batch(state.params, chunk).items():
             sums[k] = sums.get(k, 0.0) + v
         batch_accuracy = sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
-      t0 = time.time()
       # One dispatch: the step (all its microbatches) is one compiled call; nothing is read back
       # from the device unless this step logs.
       if data.count is None:
