@@ -71,7 +71,7 @@ def test_step_does_not_depend_on_microbatch_size(trainer, seeds):
   examples = _examples()
   sample = [0, 2, 3, 5, 8]  # n = 5: not a multiple of 2 or 4
   results = {}
-  for m in (2, 4, 8):
+  for m in (2, 8):  # 3 microbatches (the last one part padding) against one
     state = trainer.init_state(seeds.init_key)
     state, metrics = trainer.train_step_microbatched(state, _batch(examples, sample, _padded(5, m)), m,
                                                      seeds.dropout_base_key, seeds.noise_base_key)
@@ -165,13 +165,13 @@ class _ExamplesSource:
     return batch
 
 
-@pytest.mark.parametrize("method", ["vmap", "ghost"])
-def test_microbatched_step_equals_the_spread_whole_batch_step(seeds, method):
+def test_microbatched_step_equals_the_spread_whole_batch_step(seeds):
   """One process in microbatches of m < batch (sample order) and the multi-process layout (the
   sample spread over the `data` axis, `loop.local_batch`) compute the same step: every example
-  keeps its dropout key (its position in the sample), the noise is the step's."""
+  keeps its dropout key (its position in the sample), the noise is the step's. (Ghost clipping:
+  the layout does not depend on the method; vmap's sums equal ghost's, tests/test_ghost.py.)"""
   from private_t5.train import loop
-  aggregator = AGGREGATORS[method](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
+  aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
                                    spmd_axis_name=partitioning.DATA_AXIS)
   mesh = partitioning.create_mesh((4, 1), devices=jax.devices()[:4])
   trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
