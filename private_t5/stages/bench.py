@@ -8,13 +8,18 @@ OUTPUT_DIR/bench.md and prints the Markdown.
 """
 from typing import Sequence
 
-# The library of the benchmark, importable from here too.
-from private_t5.experiments.benchmark import MAX_TOKENS, benchmark, markdown  # pylint: disable=unused-import
-from private_t5.experiments.benchmark_case import (  # pylint: disable=unused-import
-    GHOST, GHOST_RECOMPUTE, GHOST_SECOND_PASS, GIB, METHODS, NONDP, VMAP, compiled_memory, make_trainer,
-    max_batch_search, random_batch, run_case)
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
+from private_t5.stages.library_names import lazy_names
+
+# The library of the benchmark, importable from here too (imported on first use: JAX and the
+# trainer are not needed for `bench --help`).
+__getattr__ = lazy_names(__name__, {
+    "private_t5.experiments.benchmark": ("MAX_TOKENS", "benchmark", "markdown"),
+    "private_t5.experiments.benchmark_case": (
+        "GHOST", "GHOST_RECOMPUTE", "GHOST_SECOND_PASS", "GIB", "METHODS", "NONDP", "VMAP", "compiled_memory",
+        "make_trainer", "max_batch_search", "random_batch", "run_case"),
+})
 
 USAGE = """usage: private-t5 bench --gin_file=configs/bench/<name>.gin [--gin.benchmark.NAME=VALUE ...]
 
@@ -33,5 +38,6 @@ def main(argv: Sequence[str]) -> int:
   parsed = parser.parse_stage_args(argv)
   gin_utils.parse(parsed.gin_files, parsed.gin_bindings, entry="benchmark")
   report = gin_utils.call_configured(gin_utils.configured("benchmark"))
+  from private_t5.experiments.benchmark import markdown  # pylint: disable=g-import-not-at-top  # JAX: not for --help
   print(markdown(report))
   return 0

@@ -14,13 +14,16 @@ import sys
 from typing import Callable, List, Optional, Sequence
 
 from private_t5.errors import ConfigError
-# The library of the study, importable from here too.
-from private_t5.experiments.study import (  # pylint: disable=unused-import
-    DEFAULT_MODELS, MODELS, NOT_DP_RESULT_KEYS, RESULT_FILE, ModelSpec, cached_json, check_private,
-    em_by_repetitions, model_result, prepare_data, pretraining_bindings, privacy_fields, run_study,
-    train_vocabularies)
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
+from private_t5.stages.library_names import lazy_names
+
+# The library of the study, importable from here too (imported on first use: JAX and the trainer
+# are not needed for `study --help`).
+__getattr__ = lazy_names(__name__, {"private_t5.experiments.study": (
+    "DEFAULT_MODELS", "MODELS", "NOT_DP_RESULT_KEYS", "RESULT_FILE", "ModelSpec", "cached_json", "check_private",
+    "em_by_repetitions", "model_result", "prepare_data", "pretraining_bindings", "privacy_fields", "run_study",
+    "train_vocabularies")})
 
 logger = logging.getLogger(__name__)
 
