@@ -34,11 +34,11 @@ def _log(msg: str) -> None:
 
 def build_vocab(path: str, vocab_size: int = 2000) -> str:
   """A SentencePiece model on the glue_like training text (labels included)."""
-  from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
+  from private_t5.data import glue_rows  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
   lines = []
   for task in GLUE_LIKE:
-    texts, _ = glue_tasks._load_rows(task, "train", None, None)[0]  # pylint: disable=protected-access
+    texts, _ = glue_rows.load_rows(task, "train", None, None)[0]
     for column in texts.values():
       lines += [t[:2000] for t in column[:4000]]
   lines += [LABEL_LINE] * 2000

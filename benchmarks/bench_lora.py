@@ -62,10 +62,10 @@ def split_task(work: str, public_rows: int) -> None:
 def public_vocab(path: str, vocab_size: int) -> str:
   """A SentencePiece model on the public training text and the label words."""
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
+  from private_t5.data import glue_rows  # pylint: disable=g-import-not-at-top
   lines = []
   for task in PUBLIC_TASKS + (PUBLIC_TASK,):
-    texts, _ = glue_tasks._load_rows(task, "train", None, None)[0]  # pylint: disable=protected-access
+    texts, _ = glue_rows.load_rows(task, "train", None, None)[0]
     for column in texts.values():
       lines += [t[:2000] for t in column[:6000]]
   lines += [LABEL_LINE] * 1000

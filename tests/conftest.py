@@ -92,7 +92,7 @@ def _stage_reports_on_stdout():
 def _task_registry_restored():
   """A test that registers a task (a task folder named like a built-in task, a user's task.json)
   leaves the process-wide registry of GLUE-layout tasks as it found it for the next test."""
-  from private_t5.data import glue_registry, glue_tasks  # pylint: disable=g-import-not-at-top
+  from private_t5.data import glue_registry, glue_rows  # pylint: disable=g-import-not-at-top
   tasks, mixtures = dict(glue_registry._TASKS), dict(glue_registry._MIXTURES)  # pylint: disable=protected-access
   yield
   if glue_registry._TASKS != tasks or glue_registry._MIXTURES != mixtures:  # pylint: disable=protected-access
@@ -100,4 +100,4 @@ def _task_registry_restored():
     glue_registry._TASKS.update(tasks)  # pylint: disable=protected-access
     glue_registry._MIXTURES.clear()  # pylint: disable=protected-access
     glue_registry._MIXTURES.update(mixtures)  # pylint: disable=protected-access
-    glue_tasks._load_rows.cache_clear()  # pylint: disable=protected-access
+    glue_rows.load_rows.cache_clear()

@@ -17,7 +17,6 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from private_t5 import vocabulary as vocab_lib
-from private_t5.data import glue_rows
 from private_t5.data import source as source_lib
 from private_t5.errors import ConfigError
 from private_t5.io import file_sha256
@@ -34,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 EOS_ID = 1
 UNK_ID = 2
-# The cached rows of a task split, by the name benchmarks/ read them with.
-_load_rows = glue_rows.load_rows
 
 
 def tokenize(texts: Sequence[str], vocab_path: str, length: int, vocab_size: Optional[int] = None):
