@@ -131,7 +131,9 @@ def iter_file_documents(path: str, lines, *, text_field: str = "text", id_field:
 # Reading corpora into a pipeline
 # ---------------------------------------------------------------------------------------------
 
-def _is_pattern_or_file(spec: str) -> bool:
+def is_pattern_or_file(spec: str) -> bool:
+  """Whether a corpus spec names files: a remote URL, a glob, or a file that exists (not `tfds:` or
+  another `name:` spec)."""
   if spec.startswith(TFDS_PREFIX) or ":" in spec.split("/")[0] and "://" not in spec:
     return False
   if "://" in spec:
@@ -158,7 +160,7 @@ def read_documents(pipeline, specs: Union[str, Sequence[str]], *, label: str = "
     step = f"{label}[{c}]"
     if spec.startswith(TFDS_PREFIX):
       parts.append(_read_tfds(pipeline, beam, spec, c, step, text_field, id_field, errors, data_dir))
-    elif _is_pattern_or_file(spec):
+    elif is_pattern_or_file(spec):
       paths = match_files(os.path.expanduser(spec))
       for path in paths:
         file_format(path)  # unsupported formats fail before the pipeline starts
@@ -186,13 +188,13 @@ def stream_documents(specs: Union[str, Sequence[str]], *, text_field: str = "tex
   """
   import_beam()
   for spec in ([specs] if isinstance(specs, str) else list(specs)):
-    if spec.startswith(TFDS_PREFIX) or not _is_pattern_or_file(spec):
+    if spec.startswith(TFDS_PREFIX) or not is_pattern_or_file(spec):
       for d in corpora.iter_documents(spec, text_field=text_field, id_field=id_field, errors=errors,
                                       data_dir=data_dir):
         yield d.id, d.text
       continue
     for path in match_files(os.path.expanduser(spec)):
-      with _filesystems().open(path) as f:
+      with filesystems.FileSystems.open(path) as f:
         for _, doc in iter_file_documents(path, iter(f.readline, b""), text_field=text_field,
                                           id_field=id_field, errors=errors):
           if isinstance(doc, BadLine):
@@ -205,7 +207,7 @@ def stream_documents(specs: Union[str, Sequence[str]], *, text_field: str = "tex
 def match_files(pattern: str) -> List[str]:
   """The files a pattern matches (Beam's file systems), sorted; DataError when none."""
   try:
-    results = _filesystems().match([pattern])
+    results = filesystems.FileSystems.match([pattern])
   except Exception as e:  # pylint: disable=broad-except
     raise DataError(f"corpus pattern {pattern!r} matches no file ({str(e).splitlines()[0]})") from None
   paths = sorted(m.path for r in results for m in r.metadata_list)
@@ -214,17 +216,12 @@ def match_files(pattern: str) -> List[str]:
   return paths
 
 
-def _filesystems():
-  """Beam's `FileSystems` (local or remote files), imported on first use."""
-  return filesystems.FileSystems
-
-
 def _read_file(element, corpus_index: int, text_field: str, id_field: str, errors: str,
                skip_bad_lines: bool):
   """(file index, path) -> (order, (id, text)) per document of that file, streamed."""
   index, path = element
   docs, bad = counter("documents_read"), counter("bad_lines")
-  with _filesystems().open(path) as f:
+  with filesystems.FileSystems.open(path) as f:
     lines = iter(f.readline, b"")
     for lineno, doc in iter_file_documents(path, lines, text_field=text_field, id_field=id_field, errors=errors):
       if isinstance(doc, BadLine):

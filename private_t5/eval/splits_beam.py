@@ -324,7 +324,7 @@ def _corpus_files(specs, root: str, side: str, read: dict) -> List[Tuple[str, st
   for c, spec in enumerate([specs] if isinstance(specs, str) else list(specs)):
     if not isinstance(spec, str) or not spec:
       raise ConfigError(f"missing corpus: give at least one file pattern or corpus spec, got {spec!r}")
-    if beam_io._is_pattern_or_file(spec) and not spec.startswith(corpora.TFDS_PREFIX):
+    if beam_io.is_pattern_or_file(spec) and not spec.startswith(corpora.TFDS_PREFIX):
       paths = beam_io.match_files(os.path.expanduser(spec))
       for path in paths:
         beam_io.file_format(path)  # unsupported formats fail before the pipeline starts

@@ -64,7 +64,7 @@ def _count_file(element, root: str, mode: str, max_words: int, text_field: str, 
   total = collections.Counter()
   stats = dict.fromkeys(_STATS_FIELDS + ("bad_lines",), 0)
   prints = array.array("Q") if key is not None else None
-  with beam_io._filesystems().open(path) as f:  # pylint: disable=protected-access
+  with beam_io.filesystems.FileSystems.open(path) as f:
     for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=text_field, errors=errors):
       if isinstance(doc, beam_io.BadLine):
         if not skip_bad_lines:
@@ -99,7 +99,7 @@ def _sum_partition(p: int, root: str, num_files: int) -> int:
   total = collections.Counter()
   for number in range(num_files):
     path = f"{root}/partial/{p:03d}/{number:06d}.json"
-    if beam_io._filesystems().exists(path):  # pylint: disable=protected-access
+    if beam_io.filesystems.FileSystems.exists(path):
       total.update(json.loads(beam_io.read_bytes(path)))
   beam_io.write_atomic(f"{root}/counts/{p:03d}.json", json.dumps(dict(total), ensure_ascii=False).encode("utf-8"))
   return len(total)
@@ -112,7 +112,7 @@ def _corpus_files(specs, root: str, text_field: str, errors: str, data_dir: Opti
   for c, spec in enumerate([specs] if isinstance(specs, str) else list(specs)):
     if not isinstance(spec, str) or not spec:
       raise ConfigError(f"missing corpus: give at least one file pattern or corpus spec, got {spec!r}")
-    if beam_io._is_pattern_or_file(spec) and not spec.startswith(corpora.TFDS_PREFIX):  # pylint: disable=protected-access
+    if beam_io.is_pattern_or_file(spec) and not spec.startswith(corpora.TFDS_PREFIX):
       paths = beam_io.match_files(os.path.expanduser(spec))
       for path in paths:
         beam_io.file_format(path)  # unsupported formats fail before the pipeline starts
