@@ -143,6 +143,7 @@ class DPConfig:
   def correlated(self) -> bool:
     """Whether the noise is correlated across steps (a matrix factorization strategy)."""
     return self.noise != strategies.GAUSSIAN
+
   @property
   def truncated(self) -> bool:
     """Whether a Poisson sample is capped at the padded batch size."""

@@ -226,9 +226,6 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                              unknown_files=unknown_files, log=log)
   truncated = dp.truncated
   dp.check_data(num_examples=num_examples, batch_size=batch_size)
-  if dp.noise == strategies.BANDED and b == 1:
-    log("[privacy] WARNING: DPConfig.noise='banded' with num_bands=1 is plain DP-SGD (one band: the identity "
-        "strategy, every example sampled at every step); set DPConfig.num_bands (NUM_BANDS) > 1 for banded noise")
   delta = dp.delta if dp.delta is not None else default_delta(num_examples)
   privacy_params.validate_privacy_params(delta=delta, num_examples=num_examples, steps=train_steps)
   expected = dp.expected_batch_size
