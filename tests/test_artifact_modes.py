@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from private_t5 import doc_fingerprints
 from private_t5.stages import cli
 from private_t5 import io as io_lib
 from private_t5.models import load_preset, param_shapes
@@ -74,9 +75,12 @@ def test_artifacts_follow_the_umask_and_the_seeds_stay_private(tmp_path, umask_0
                "dp/privacy_report.json", "export/model.safetensors", "export/privacy_report.json",
                "export/spiece.model", "export/config.json"):
     assert modes.pop(name) == 0o644, name
-  # The keyed fingerprints of the DP vocabulary's documents and their key: the owner's only.
-  for name in ("dp/dp.model.doc_fingerprints.npy", "dp/dp.model.fingerprint_key"):
+  # The keyed signatures of the DP vocabulary's documents and their key, apart from its folder: the owner's only.
+  for name in [f"dp.private/dp.model/{f}" for f in doc_fingerprints.FILES.values()] + [
+      f"dp.private/dp.model/{doc_fingerprints.KEY_FILE}"]:
     assert modes.pop(name) == 0o600, name
+  for name in ("dp.private", "dp.private/dp.model"):
+    assert modes.pop(name) == 0o700, name
   assert all(mode == (0o755 if os.path.isdir(out / name) else 0o644) for name, mode in modes.items()), modes
   # The seeds live in the checkpoints' metadata: the folder is the owner's only.
   seeds = os.path.join(model_dir, "checkpoints", "1", "metadata", "metadata")

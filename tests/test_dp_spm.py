@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
+from private_t5 import doc_fingerprints
 from private_t5.stages import cli
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
@@ -339,9 +340,10 @@ def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
   killed_run(380)  # another vocabulary into the same folder
   assert (out.read_bytes(), open(report["report_path"]).read()) == pair
   assert ledger_lib.find_vocabulary_report(str(out)) == report["report_path"]
-  # (beside them, private: the keyed fingerprints of the pair's documents and their key)
-  assert sorted(os.listdir(out.parent)) == ["dp.model", "dp.model.doc_fingerprints.npy", "dp.model.fingerprint_key",
-                                            "privacy_report.json"]
+  # (apart from them, private: the keyed signatures of the pair's documents and their key)
+  assert sorted(os.listdir(out.parent)) == ["dp.model", "privacy_report.json"]
+  assert sorted(os.listdir(str(out.parent) + ".private/dp.model")) == sorted(
+      [*doc_fingerprints.FILES.values(), doc_fingerprints.KEY_FILE])
 
 
 def test_vocab_cap_reported_or_refused(tmp_path):

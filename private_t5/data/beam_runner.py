@@ -19,7 +19,6 @@ address, a scheduler file nor `--dask_local_cluster`), and a scheduler that does
 TCP connection (within 5 s, or `--dask_connection_timeout`) are one ConfigError line each.
 `--beam_options` given with `--runner=local`, which reads none of them, is one warning.
 """
-import argparse
 import contextlib
 import io
 import json
@@ -27,6 +26,7 @@ import logging
 import re
 import shlex
 import socket
+import types
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from private_t5.errors import ConfigError
@@ -76,48 +76,24 @@ def check_runner(runner: str) -> str:
 
 
 def is_beam(runner: Optional[str]) -> bool:
-  """True when `runner` names a Beam runner (not the in-process path).
+  """True when `runner` names a Beam runner (not the in-process path)."""
+  return check_runner(runner or LOCAL_RUNNER) != LOCAL_RUNNER
 
-  A `--runner` of a command line (`add_runner_flags`) that is `local` with `--beam_options`
-  given is logged here, once, as a warning: the in-process path reads none of them.
-  """
-  beam = check_runner(runner or LOCAL_RUNNER) != LOCAL_RUNNER
-  if isinstance(runner, _LocalWithOptions) and not runner.warned:
-    runner.warned = True
+
+def warn_ignored_options(runner: Optional[str], beam_options: Optional[str]) -> None:
+  """One warning when `--beam_options` are given with `--runner=local`, which reads none of them
+  (called by the stages' flag parser once the flags are read)."""
+  if (runner or LOCAL_RUNNER) == LOCAL_RUNNER and (beam_options or "").strip():
     logger.warning("--beam_options=%r is ignored: --runner=local runs in-process and reads no "
                    "Beam options; give a Beam runner (--runner=DirectRunner, DaskRunner, ...) to use them",
-                   runner.beam_options)
-  return beam
-
-
-class _LocalWithOptions(str):
-  """`local` as a parsed --runner, when --beam_options were given too (`is_beam` warns once)."""
-
-  def __new__(cls, beam_options: str):
-    self = super().__new__(cls, LOCAL_RUNNER)
-    self.beam_options = beam_options
-    self.warned = False
-    return self
-
-
-class _RunnerFlag(argparse.Action):
-  """Stores --runner or --beam_options; a local runner with options is a `_LocalWithOptions`.
-
-  Checked after each of the two flags, in whichever order they come: the last one sees both.
-  """
-
-  def __call__(self, parser, namespace, values, option_string=None):
-    setattr(namespace, self.dest, values)
-    runner = str(getattr(namespace, "runner", None) or LOCAL_RUNNER)
-    options = getattr(namespace, "beam_options", None) or ""
-    namespace.runner = _LocalWithOptions(options) if runner == LOCAL_RUNNER and options.strip() else runner
+                   beam_options)
 
 
 def add_runner_flags(parser) -> None:
   """Adds --runner, --beam_options and --skip_bad_lines to an argparse parser."""
-  parser.add_argument("--runner", default=LOCAL_RUNNER, action=_RunnerFlag,
+  parser.add_argument("--runner", default=LOCAL_RUNNER,
                       help=f"'{LOCAL_RUNNER}' (in-process, default) or a Beam runner: {', '.join(BEAM_RUNNERS)}")
-  parser.add_argument("--beam_options", default="", action=_RunnerFlag,
+  parser.add_argument("--beam_options", default="",
                       help="Beam pipeline flags, passed to PipelineOptions unchanged "
                            "(e.g. \"--direct_num_workers=2 --direct_running_mode=multi_processing\"; "
                            f"DaskRunner: \"{DASK_ADDRESS}=HOST:PORT\" of a running scheduler, or "
@@ -192,14 +168,33 @@ def _import_dask_runner():
                       f"install them with {_DASK_INSTALL}") from None
 
 
-def dask_option_actions() -> Dict[str, Optional[argparse.Action]]:
-  """The `--dask_*` options the installed Beam's DaskRunner knows (name -> its argparse action),
-  and this package's `--dask_local_cluster` (no action: a switch taken out before Beam)."""
-  parser = argparse.ArgumentParser(add_help=False)
-  _import_dask_runner().DaskOptions._add_argparse_args(parser)  # pylint: disable=protected-access
-  known: Dict[str, Optional[argparse.Action]] = {
-      name: action for action in parser._actions for name in action.option_strings  # pylint: disable=protected-access
-      if name.startswith("--dask_")}
+class _OptionRecorder:
+  """What Beam's `DaskOptions._add_argparse_args` declares, recorded without a parser: option name
+  -> its settings (`type`, `default`, ...) as a namespace."""
+
+  def __init__(self):
+    self.options: Dict[str, types.SimpleNamespace] = {}
+
+  def add_argument(self, *names, **settings):
+    for name in names:
+      # nargs as argparse reads it: 0 for a switch (store_true/store_false/store_const), else a value.
+      switch = settings.get("action") in ("store_true", "store_false", "store_const", "count")
+      self.options[name] = types.SimpleNamespace(type=settings.get("type"), default=settings.get("default"),
+                                                 nargs=0 if switch else settings.get("nargs"))
+
+  def add_mutually_exclusive_group(self, **_):
+    return self
+
+  add_argument_group = add_mutually_exclusive_group
+
+
+def dask_option_actions() -> Dict[str, Optional[types.SimpleNamespace]]:
+  """The `--dask_*` options the installed Beam's DaskRunner knows (name -> its declared settings:
+  `type`, ...), and this package's `--dask_local_cluster` (None: a switch taken out before Beam)."""
+  recorder = _OptionRecorder()
+  _import_dask_runner().DaskOptions._add_argparse_args(recorder)  # pylint: disable=protected-access
+  known: Dict[str, Optional[types.SimpleNamespace]] = {
+      name: option for name, option in recorder.options.items() if name.startswith("--dask_")}
   known[DASK_LOCAL_CLUSTER] = None
   return known
 

@@ -3,7 +3,7 @@
 * MinHash LSH over lower-cased, space-tokenized word n-grams: one 64-bit key a band
   (`compute_band_keys`, `band_key_chunks`), the signatures computed by `datasketch` over the
   CPU cores (spawned worker processes);
-* exact substrings: a 64-bit rolling hash of every window of tokens (`window_hashes`);
+* exact substrings: a 64-bit rolling hash of every window of tokens (`shingles.window_hashes`);
 * the check of a candidate pair: edit similarity over words (`check_pair`).
 """
 import collections
@@ -19,14 +19,13 @@ import numpy as np
 from private_t5 import user_modules
 from private_t5.eval.split_types import SplitConfig
 from private_t5.hashing import mix64
+from private_t5.shingles import GOLDEN
 from private_t5.lazy_imports import lazy_module
 
 # About a second to import; only the MinHash workers need it.
 datasketch = lazy_module("datasketch", needed_for="the splits' MinHash signatures",
                          install="datasketch (requirements.txt)")
 
-# The golden-ratio increment of SplitMix64 (Steele et al. 2014; its finaliser: `hashing.mix64`).
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def word_token_ids(text: str) -> List[int]:
@@ -54,7 +53,7 @@ def word_shingles(text: str, n: int) -> set:
 def band_keys_from_signature(hashvalues: np.ndarray, num_bands: int) -> np.ndarray:
   """One 64-bit key per LSH band: equal bands give equal keys; band index mixed in."""
   rows = hashvalues.astype(np.uint64).reshape(num_bands, -1)
-  h = np.arange(num_bands, dtype=np.uint64) * _GOLDEN
+  h = np.arange(num_bands, dtype=np.uint64) * GOLDEN
   with np.errstate(over="ignore"):
     for j in range(rows.shape[1]):
       h = mix64(h ^ rows[:, j])
@@ -142,43 +141,6 @@ def band_key_chunks(chunks: Iterator[List[str]], cfg: SplitConfig) -> Iterator[n
         yield pending.popleft().get()
     while pending:
       yield pending.popleft().get()
-
-
-def window_hashes(tokens: Sequence[int], window: int) -> np.ndarray:
-  """Sorted unique 64-bit polynomial hashes of every `window`-token substring.
-
-  With S[k] = sum_{j<k} x_j B^{-j} (mod 2^64, B odd so invertible), the window starting
-  at i hashes to B^{i+window-1} (S[i+window] - S[i]) = sum_j x_{i+j} B^{window-1-j}: all
-  windows in O(len) numpy operations.
-  """
-  x = np.asarray(tokens, dtype=np.uint64)
-  n = x.shape[0]
-  if window <= 0 or n < window:
-    return np.zeros((0,), dtype=np.uint64)
-  base = np.uint64(0x100000001B3)  # FNV prime (odd)
-  base_inv = np.uint64(pow(int(base), -1, 1 << 64))
-  with np.errstate(over="ignore"):
-    idx = np.arange(n + 1, dtype=np.uint64)
-    inv_pows = _pow_u64(base_inv, idx[:n])
-    pows = _pow_u64(base, idx[:n])
-    # Mix token ids first so that small ids do not give structured hashes.
-    s = np.concatenate([[np.uint64(0)], np.cumsum(mix64(x + _GOLDEN) * inv_pows, dtype=np.uint64)])
-    h = pows[window - 1:] * (s[window:] - s[:-window])
-  return np.unique(h)
-
-
-def _pow_u64(base: np.uint64, exps: np.ndarray) -> np.ndarray:
-  """base ** exps modulo 2^64, element-wise, by square-and-multiply."""
-  result = np.ones_like(exps)
-  b = np.full_like(exps, base)
-  e = exps.copy()
-  with np.errstate(over="ignore"):
-    while np.any(e):
-      odd = (e & np.uint64(1)).astype(bool)
-      result[odd] *= b[odd]
-      b = b * b
-      e >>= np.uint64(1)
-  return result
 
 
 def edit_similarity(a: Sequence, b: Sequence) -> float:

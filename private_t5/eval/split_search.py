@@ -19,7 +19,8 @@ import numpy as np
 
 from private_t5.errors import ConfigError
 from private_t5.eval.lsh_pairs import PairCounts, band_pairs
-from private_t5.eval.near_dup import band_key_chunks, check_pair, window_hashes, word_token_ids, words
+from private_t5.eval.near_dup import band_key_chunks, check_pair, word_token_ids, words
+from private_t5.shingles import window_hashes
 from private_t5.eval.split_types import SplitConfig, Splits
 from private_t5.io import make_temp_dir, remove_stale_temp_dirs
 

@@ -2,7 +2,7 @@
 
   corpus files (train, then validation; numbered in reading order)
     -> per file, in a worker: texts + offsets, MinHash band keys   near_dup.compute_band_keys,
-       (band-major), 50-token window hashes by hash partition      near_dup.window_hashes
+       (band-major), 50-token window hashes by hash partition      shingles.window_hashes
     -> per band, in a worker: that band's keys of every document   lsh_pairs.band_pairs
        -> bucket candidate pairs, counted, by query partition
     -> per query partition: ranked candidates -> edit similarity   lsh_pairs.PairCounts.ranked,
@@ -48,6 +48,7 @@ from private_t5.eval import near_dup
 from private_t5.eval import split_search
 from private_t5.eval.split_types import SplitConfig, Splits
 from private_t5.lazy_imports import lazy_module
+from private_t5 import shingles
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def _spill_into(spill: "_FileSpill", path: str, plan: _Plan) -> Dict[str, int]:
         bad += 1
         continue
       text = doc[1]
-      spill.add(text, near_dup.window_hashes(tok(text), cfg.exact_substring_tokens)
+      spill.add(text, shingles.window_hashes(tok(text), cfg.exact_substring_tokens)
                 if cfg.exact_substring_tokens else no_windows)
       batch.append(text)
       if len(batch) >= 256:

@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_flag(name, gin=f"{_GIN_NAME}.{param or name}", **kwargs)
   flag("corpus", action="append", help="corpus spec (repeat for several corpora)")
   flag("output", help="path of the .model file to write")
+  flag("private_dir", help=("where the private folder of the documents' signatures and key goes (default: the "
+                            "output's folder with .private appended; never inside the output's folder)"))
   flag("vocab_size", type=int)
   flag("model_type", choices=dp_spm.MODEL_TYPES)
   flag("target_epsilon", aliases=("epsilon",), type=float,

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from private_t5.data import beam_runner
 from private_t5.errors import ConfigError
 from private_t5.stages import gin_utils
 # The flags' Gin bindings and macros; `typed_macro` is importable from here too.
@@ -174,6 +175,8 @@ class StageParser(argparse.ArgumentParser, MacroFlags):
       value = getattr(args, name)
       if value is not None:
         setattr(args, name, check(value, self._source(name, given)))
+    if hasattr(args, "runner") and hasattr(args, "beam_options"):  # a stage with `add_runner_flags`
+      beam_runner.warn_ignored_options(args.runner, args.beam_options)
     return StageArgs(args, files, bindings)
 
 

@@ -120,16 +120,18 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                         nonprivate_baseline: bool = True,
                         character_coverage: float = 0.9995, max_documents: Optional[int] = None,
                         text_field: str = "text", errors: str = "strict", data_dir: Optional[str] = None,
-                        report_path: Optional[str] = None, verbose: bool = True,
+                        report_path: Optional[str] = None, private_dir: Optional[str] = None,
+                        verbose: bool = True,
                         histogram_fn: Optional[Callable[..., Tuple[Dict[str, int], HistogramStats]]] = None
                         ) -> Dict[str, Any]:
   """Trains a DP SentencePiece model at `output` and writes its privacy report beside it.
 
-  Also beside it, private to the data owner (mode 0600, never released): the keyed fingerprints of
-  the documents read (`<output>.doc_fingerprints.npy`) and their secret key
-  (`<output>.fingerprint_key`), computed in the same pass (`doc_fingerprints`); the report names the
-  fingerprint file by SHA-256, never the key. A training run that declares this vocabulary public
-  looks its own documents up in them (`public_declaration`).
+  Apart from it, private to the data owner (folder mode 0700, files 0600, never released): the keyed
+  signatures of the documents read and their secret key, computed in the same pass
+  (`doc_fingerprints`), in `<output's folder>.private/<output's name>/` (or `private_dir`), never in
+  the folder of the `.model` file, which a user publishes; the report names that folder (relative to
+  the model) and each file by SHA-256, never the key. A training run that declares this vocabulary
+  public looks its own documents up in them (`public_declaration`).
 
   Every vocabulary has byte fallback (256 byte pieces) and the base characters (printable ASCII
   plus `extra_characters`): no text becomes `<unk>`, and `decode(encode(text)) == text`. These
@@ -160,6 +162,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     nonprivate_baseline: also measure a non-private SentencePiece of the requested size trained
       on the same bounded histogram (for comparison only; it is never written).
     report_path: default `privacy_report.json` in the model's folder.
+    private_dir: where the private folder of the documents' signatures and key is made (default:
+      the model's folder with `.private` appended); must be outside the model's folder.
     histogram_fn: builds the noiseless bounded histogram elsewhere (e.g. on Apache Beam,
       `dp_spm_beam.beam_histogram_fn`): called as `histogram_fn(corpus, bound, text_field=...,
       errors=..., data_dir=..., max_documents=...)`, returns (histogram, HistogramStats) as
@@ -178,10 +182,15 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     raise ConfigError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
   if not str(output).endswith(".model"):
     raise ConfigError(f"output must end with .model, got {output!r}")
-  # The model, its report and its private fingerprint files can be written, before the corpus is read.
-  for path in filter(None, (output, report_path, doc_fingerprints.fingerprints_path(str(output)),
-                            doc_fingerprints.key_path(str(output)))):
+  # The model, its report and its private signature files can be written, before the corpus is read.
+  signatures_dir = doc_fingerprints.private_dir(str(output), private_dir)
+  model_folder = os.path.dirname(os.path.abspath(output))
+  if os.path.commonpath([model_folder, signatures_dir]) == model_folder:
+    raise ConfigError(f"private_dir {private_dir!r} is inside the folder of the vocabulary {output!r}: the "
+                      "documents' signatures and their key must not be published with it; choose a folder outside it")
+  for path in filter(None, (output, report_path)):
     check_output_file(path, "output")
+  check_output_file(os.path.join(signatures_dir, doc_fingerprints.KEY_FILE), "private_dir")
   if isinstance(eval_documents, bool) or not isinstance(eval_documents, int) or eval_documents < 0:
     raise ConfigError(f"eval_documents must be an integer >= 0, got {eval_documents!r}")
   base = base_characters(extra_characters)
@@ -284,7 +293,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       utility["nonprivate_baseline"] = {**tokenization_utility(nonprivate, sample), "label": NONPRIVATE_LABEL}
       not_dp.append("utility.nonprivate_baseline")
   del histogram
-  fingerprint_record = _write_fingerprints(fingerprints, output, hstats.documents)
+  fingerprint_record = _write_fingerprints(fingerprints, output, signatures_dir, hstats.documents)
 
   corpus_files = [f for spec in corpus_specs for f in corpora.corpus_files(spec)]
   report = privacy_report.vocabulary_report(
@@ -313,8 +322,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       # Path, size and SHA-256 of each local file read: a public declaration of this vocabulary is
       # checked against a run's training files by content (`dp.public_vocabulary`).
       corpus_file_digests=public_vocabulary.file_digests(corpus_files),
-      # The private file of the documents' keyed fingerprints beside the model (its name and SHA-256,
-      # never the key): a public declaration of this vocabulary is checked against a run's documents.
+      # The private folder of the documents' keyed signatures (where, and each file's SHA-256, never
+      # the key): a public declaration of this vocabulary is checked against a run's documents.
       document_fingerprints=fingerprint_record,
       utility=utility,
       seconds=round(time.time() - start, 2),
@@ -342,25 +351,21 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     if base_u:
       log(f"dp-spm: non-private SentencePiece (comparison only, never released): <unk> rate "
           f"{base_u['unk_rate']:.2%}, {base_u['tokens_per_word']:.2f} tokens/word ({base_u['vocab_size']} pieces)")
-  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s; beside them, "
-      f"private (never release them): {fingerprint_record['file']} and {fingerprint_record['key_file']}")
+  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s; apart from "
+      f"them, private (never release it): {signatures_dir} (the documents' keyed signatures and their key)")
   return report
 
 
-def _write_fingerprints(fingerprints: doc_fingerprints.FingerprintWriter, output: str,
+def _write_fingerprints(fingerprints: doc_fingerprints.FingerprintWriter, output: str, directory: str,
                         documents: int) -> Dict[str, Any]:
-  """Writes the documents' keyed fingerprints and their secret key beside `output` (both private,
-  mode 0600); returns what the privacy report records of them: the fingerprint file's name and
-  SHA-256, how the fingerprints are made and a check value of the key, never the key."""
+  """Writes the documents' keyed signatures and their secret key into the private `directory`;
+  returns what the privacy report records of them: the folder (relative to the model's), each
+  file's name and SHA-256, how the signatures are made and a check value of the key, never the key."""
   if fingerprints.count != documents:
     fingerprints.close()
     raise DataError(f"dp-spm read {documents} documents but fingerprinted {fingerprints.count}")
-  path = doc_fingerprints.fingerprints_path(output)
-  sha256 = fingerprints.write(path)
-  doc_fingerprints.write_key(doc_fingerprints.key_path(output), fingerprints.key)
-  return {"file": os.path.basename(path), "sha256": sha256, "scheme": doc_fingerprints.SCHEME,
-          "key_file": os.path.basename(doc_fingerprints.key_path(output)),
-          "key_check": doc_fingerprints.key_check(fingerprints.key),
-          "note": ("private to the data owner, with the key file: never release either; the report holds "
-                   "neither the key nor any fingerprint")}
-
+  record = fingerprints.write(directory)
+  return {"directory": os.path.relpath(directory, os.path.dirname(os.path.abspath(output))), **record,
+          "note": ("private to the data owner: never release this folder (with its key, anyone holding a text "
+                   "can test whether it was one of the vocabulary's documents); the report holds neither the key "
+                   "nor any signature")}

@@ -5,7 +5,7 @@
     -> per file, in a worker: per document `dp_spm_histogram.bounded_counts(text.split(), bound)` (the
        contribution bound, the same function as the local path, applied before any
        aggregation), summed over the file and written as `PARTITIONS` parts by a hash of the
-       word; the file's stats; with `fingerprints`, its documents' keyed fingerprints
+       word; the file's stats; with `fingerprints`, its documents' keyed signatures
        (`doc_fingerprints`; the secret key travels to the workers with the work, as the corpus
        itself does)
     -> per partition, in a worker: the parts of every file summed (the summed histogram)
@@ -21,9 +21,9 @@ process applies them once, with `dp_spm_release.private_histogram` and OS-entrop
 the local path (`train_dp_vocabulary(..., histogram_fn=beam_histogram_fn(...))`). The noiseless
 histogram is the same as the local path's for the same corpus and bound.
 """
-import array
 import collections
 import functools
+import io
 import json
 import logging
 import os
@@ -51,6 +51,33 @@ def _partition_of(word: str) -> int:
   return zlib.crc32(word.encode("utf-8")) % PARTITIONS
 
 
+class _FileSignatures:
+  """The keyed signatures (`doc_fingerprints.signatures`) of one file's documents, signed a chunk at a time."""
+
+  def __init__(self, key: bytes):
+    self.key, self._texts, self._parts, self._documents = key, [], [], 0
+
+  def add(self, text: str) -> None:
+    self._texts.append(text)
+    if len(self._texts) >= doc_fingerprints.CHUNK:
+      self._sign()
+
+  def _sign(self) -> None:
+    prints, sampled, owners = doc_fingerprints.signatures(self._texts, self.key)
+    self._parts.append((prints, sampled, owners + self._documents))
+    self._documents += len(self._texts)
+    self._texts = []
+
+  def to_bytes(self) -> bytes:
+    """The file's fingerprints, sampled shingles and the document (0..n-1) of each, as `.npz` bytes."""
+    self._sign()
+    columns = list(zip(*self._parts)) or [[np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]]
+    out = io.BytesIO()
+    np.savez(out, prints=np.concatenate(columns[0]), shingles=np.concatenate(columns[1]),
+             owners=np.concatenate(columns[2]))
+    return out.getvalue()
+
+
 def _count_file(element, root: str, mode: str, max_words: int, text_field: str, errors: str,
                 skip_bad_lines: bool, key: Optional[bytes]) -> Dict[str, int]:
   """(file number, path) -> the file's stats; writes its bounded counts by partition and its
@@ -63,7 +90,7 @@ def _count_file(element, root: str, mode: str, max_words: int, text_field: str, 
   bound = dp_spm_histogram.ContributionBound(mode, max_words)
   total = collections.Counter()
   stats = dict.fromkeys(_STATS_FIELDS + ("bad_lines",), 0)
-  prints = array.array("Q") if key is not None else None
+  signed = _FileSignatures(key) if key is not None else None
   with beam_io.filesystems.FileSystems.open(path) as f:
     for _, doc in beam_io.iter_file_documents(path, iter(f.readline, b""), text_field=text_field, errors=errors):
       if isinstance(doc, beam_io.BadLine):
@@ -80,16 +107,16 @@ def _count_file(element, root: str, mode: str, max_words: int, text_field: str, 
       stats["words_raw"] += len(words)
       stats["words_counted"] += sum(hist.values())
       total.update(hist)
-      if prints is not None:
-        prints.append(doc_fingerprints.fingerprint(text, key))
+      if signed is not None:
+        signed.add(text)
   parts = collections.defaultdict(dict)
   for word, count in total.items():
     parts[_partition_of(word)][word] = count
   for p, counts in parts.items():
     beam_io.write_atomic(f"{root}/partial/{p:03d}/{number:06d}.json",
                          json.dumps(counts, ensure_ascii=False).encode("utf-8"))
-  if prints is not None:
-    beam_io.write_atomic(f"{root}/fingerprints/{number:06d}.u64", np.frombuffer(prints, np.uint64).astype("<u8").tobytes())
+  if signed is not None:
+    beam_io.write_atomic(f"{root}/fingerprints/{number:06d}.npz", signed.to_bytes())
   beam_io.counter("words_counted").inc(stats["words_counted"])
   return stats
 
@@ -176,7 +203,8 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm_histogram.Co
       histogram.update(json.loads(beam_io.read_bytes(f"{out_dir}/counts/{p:03d}.json")))
     if fingerprints is not None:
       for number in range(len(files)):
-        fingerprints.add(np.frombuffer(beam_io.read_bytes(f"{out_dir}/fingerprints/{number:06d}.u64"), dtype="<u8"))
+        with np.load(io.BytesIO(beam_io.read_bytes(f"{out_dir}/fingerprints/{number:06d}.npz"))) as part:
+          fingerprints.add(part["prints"], part["shingles"], part["owners"])
   totals = {name: sum(int(r[name]) for r in per_file) for name in _STATS_FIELDS + ("bad_lines",)}
   stats = dp_spm_histogram.HistogramStats(**{name: totals[name] for name in _STATS_FIELDS})
   stats.seconds = time.time() - start

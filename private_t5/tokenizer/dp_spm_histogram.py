@@ -107,7 +107,7 @@ class HistogramStats:
 
 def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int, Optional[np.ndarray]]:
   """Worker: (summed bounded histogram, documents, bytes, raw words, counted words, the documents'
-  keyed fingerprints or None) of a chunk."""
+  keyed signatures (`doc_fingerprints.signatures`) or None) of a chunk."""
   texts, mode, max_words, key = args
   bound = ContributionBound(mode, max_words)
   total = collections.Counter()
@@ -119,7 +119,7 @@ def _chunk_histogram(args) -> Tuple[Dict[str, int], int, int, int, int, Optional
     h = bounded_counts(words, bound)
     n_counted += sum(h.values())
     total.update(h)
-  prints = doc_fingerprints.fingerprints(texts, key) if key is not None else None
+  prints = doc_fingerprints.signatures(texts, key) if key is not None else None
   return dict(total), len(texts), n_bytes, n_raw, n_counted, prints
 
 
@@ -131,8 +131,8 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
 
   Work is spread over `num_workers` processes, a chunk of documents at a time, with at most
   two chunks per worker in flight, so memory grows with the vocabulary, not with the corpus.
-  With `fingerprints`, the workers also compute each document's keyed fingerprint
-  (`doc_fingerprints`), appended to it (8 bytes a document, on disk).
+  With `fingerprints`, the workers also compute each document's keyed signatures
+  (`doc_fingerprints`: its fingerprint and sampled shingles), appended to it (on disk).
   """
   num_workers = num_workers or os.cpu_count() or 1
   if num_workers < 1 or chunk_size < 1:
@@ -147,7 +147,7 @@ def build_histogram(texts: Iterable[str], bound: ContributionBound, *, num_worke
     hist, docs, n_bytes, n_raw, n_counted, prints = result
     bar.update(docs)
     if fingerprints is not None:
-      fingerprints.add(prints)
+      fingerprints.add(*prints)
     total.update(hist)
     stats.documents += docs
     stats.bytes += n_bytes

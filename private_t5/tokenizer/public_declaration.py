@@ -1,48 +1,53 @@
 """A vocabulary declared public (VOCAB_IS_PUBLIC) checked against the documents a run trains on.
 
 A public vocabulary is not counted in ε, so a false declaration under-states the run's. A
-DP-SentencePiece vocabulary (`private-t5 dp-spm`) keeps, beside it and private, the keyed
-fingerprints of the documents it was built from (`doc_fingerprints`: one 8-byte keyed hash of each
-document's normalised text) and their secret key; its privacy report names the fingerprint file
-by SHA-256. Before the mechanism is built (`check_declaration`), the run's own training documents
-are streamed (the corpus its token store was built from, with the store's reader options and
-split; or the source of each seqio Task, as the Task reads it) and each is looked up in that set:
+DP-SentencePiece vocabulary (`private-t5 dp-spm`) keeps, apart from it and private, the keyed
+signatures of the documents it was built from (`doc_fingerprints`: a fingerprint of each
+document's content words and a sample of its keyed word shingles) and their secret key; its
+privacy report names their folder and each file by SHA-256. Before the mechanism is built
+(`check_declaration`), the run's own training documents are streamed (the corpus its token store
+was built from, with the store's reader options and split; or, for a seqio Task or Mixture, the
+text of every example's inputs and targets as the model reads them: the Task's tokens after all
+its preprocessors, decoded) and each is compared with the vocabulary's documents:
 
-* some training documents are documents the vocabulary was built from (an exact copy of its
-  corpus in any file format or compression, a subset, a superset, a re-ordering, a seqio Task
-  over the same files): the declaration does not hold for this run. The vocabulary is then
-  treated as not public, its report's ε is composed into the ledger, and the log says
-  "N of M training documents are documents the vocabulary was built from; its ε is composed".
-  When its report cannot be composed (e.g. a unit the training's cannot use), the run is refused
+* some training documents overlap documents the vocabulary was built from (the same document in
+  any file format, compression, case, punctuation or invisible characters; a near-copy with words
+  changed; a part of one; several merged, or one quoted in a longer text; read through any seqio
+  preprocessors): the declaration does not hold for this run. The vocabulary is then treated as
+  not public, its report's ε is composed into the ledger, and the log says "N of M training
+  documents overlap documents the vocabulary was built from; its ε is composed". When its report
+  cannot be composed (e.g. a unit the training's cannot use), the run is refused
   (`Declaration.confirm`, one PrivacyError line);
-* none is: the declaration stands; the vocabulary's record says how many documents were checked;
-* the overlap cannot be checked (a report written before fingerprints were recorded, the
-  fingerprint or key file gone or not the one the report names, training documents that cannot
-  be read here, e.g. a GLUE source or a Task whose source fails): refused in one PrivacyError
-  line, unless the user accepts the declaration unchecked (`allow_unchecked`, Gin
-  `VOCAB_PUBLIC_UNCHECKED=True`), which the log and the vocabulary's record then say.
+* none does: the declaration stands; the vocabulary's record says how many documents were checked;
+* the overlap cannot be checked (a report written before these signatures were recorded, their
+  folder or key gone or not the one the report names, training documents that cannot be read here,
+  e.g. a GLUE source or a Task whose source fails): refused in one PrivacyError line, unless the
+  user accepts the declaration unchecked (`allow_unchecked`, Gin `VOCAB_PUBLIC_UNCHECKED=True`),
+  which the log and the vocabulary's record then say.
 
 A vocabulary that dp-spm wrote but whose report is not beside it is refused (whether it was built
 from this run's data cannot be known). A vocabulary with no report that dp-spm did not write (e.g.
 T5's public vocabulary, or `private-t5 spm` on public text) rests on the user's word, as before.
 
-A document of a GLUE-style source is one example's input text. A document of a seqio Task is one
-element of its source: the element's text, the `text` field of
-a JSON line or of a dict element, or else its string fields joined by a space.
+A document of a GLUE-style source is one example's input text; of a seqio Task, one example (its
+inputs and its targets, each decoded, overlap when either does).
 """
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
 
 from private_t5 import doc_fingerprints
 from private_t5.data import corpora
-from private_t5.data import seqio_lookup
 from private_t5.data import source as source_lib
 from private_t5.dp import privacy_report
 from private_t5.errors import DataError, PrivacyError
 from private_t5.io import file_sha256
 from private_t5.tokenizer import spm as spm_lib
+from private_t5.vocabulary import load_vocabulary
 
 SEQIO_PREFIX = "seqio:"
 OVERRIDE = "VOCAB_PUBLIC_UNCHECKED=True"
@@ -56,7 +61,7 @@ class Declaration:
     dp: the DP config to build the mechanism with: the one given, or, when the declaration does
       not hold for this run, a copy with `vocab_is_public=False` (its ε is composed).
     line: what was checked, for the vocabulary's record in the ledger (None: nothing to add).
-    overlap: training documents that are documents the vocabulary was built from (None: not counted).
+    overlap: training documents that overlap documents the vocabulary was built from (None: not counted).
     documents: training documents checked (None: not counted).
   """
   dp: Any
@@ -80,7 +85,7 @@ class Declaration:
       if ledger.vocabulary_status() != "dp":
         reason = vocabulary[0].get("reason") if vocabulary else None
         raise PrivacyError(
-            f"{self.overlap} of {self.documents} training documents are documents the vocabulary was built "
+            f"{self.overlap} of {self.documents} training documents overlap documents the vocabulary was built "
             f"from, so it is not public for this run (VOCAB_IS_PUBLIC=True does not hold), and its "
             f"DP-SentencePiece report cannot be composed" + (f": {reason}" if reason else "")
             + "; train with a vocabulary built without these documents")
@@ -125,16 +130,16 @@ def check_declaration(dp, vocab_path: Optional[str], train_data, *, allow_unchec
           "beside it: whether it was built from this run's data cannot be checked; copy its "
           "privacy_report.json beside it (its ε is then composed, or its public declaration checked)")
     return Declaration(dp)
-  found, why = _fingerprints(vocab_path, report, report_path)
+  found, why = _signatures(vocab_path, report, report_path)
   if found is not None:
-    texts, unreadable = training_texts(train_data)
+    texts, unreadable = training_texts(train_data, vocab_path)
     if texts is not None:
       try:
-        overlap, documents = doc_fingerprints.count_members(texts, *found)
+        overlap, documents = found.count_overlaps(texts)
       except Exception as e:  # pylint: disable=broad-except
         why = f"the training documents cannot be read: {_first_line(e)}"
       else:
-        return _counted(dp, vocab_path, overlap, documents, found[1], log)
+        return _counted(dp, vocab_path, overlap, documents, len(found.documents), log)
     else:
       why = unreadable
   if not allow_unchecked:
@@ -147,57 +152,75 @@ def check_declaration(dp, vocab_path: Optional[str], train_data, *, allow_unchec
   return Declaration(dp, line=line)
 
 
-def _counted(dp, vocab_path: str, overlap: int, documents: int, built_from, log) -> Declaration:
-  """The declaration after the overlap is counted: composed when some document is shared."""
+def _counted(dp, vocab_path: str, overlap: int, documents: int, built_from: int, log) -> Declaration:
+  """The declaration after the overlap is counted: composed when some document overlaps."""
   if overlap:
-    log(f"[privacy] {overlap} of {documents} training documents are documents the vocabulary {vocab_path} was "
-        "built from; its ε is composed (the public declaration VOCAB_IS_PUBLIC=True does not hold for this run)")
+    log(f"[privacy] {overlap} of {documents} training documents overlap documents the vocabulary {vocab_path} "
+        "was built from (the same text, a near-copy, a part or a merge of them); its ε is composed (the public "
+        "declaration VOCAB_IS_PUBLIC=True does not hold for this run)")
     return Declaration(dataclasses.replace(dp, vocab_is_public=False), overlap=overlap, documents=documents)
-  line = (f"checked by content: none of the {documents} training documents is one of the {len(built_from)} "
-          "documents the vocabulary was built from (keyed fingerprints of their normalised text)")
+  line = (f"checked by content: none of the {documents} training documents overlaps the {built_from} distinct "
+          "documents the vocabulary was built from (keyed signatures: the same content words, a near-copy, a "
+          "part or a merge of them)")
   log(f"[privacy] vocabulary {vocab_path} declared public: {line}")
   return Declaration(dp, line=line, overlap=0, documents=documents)
 
 
-def _fingerprints(vocab_path: str, report: dict, report_path: str):
-  """((key, sorted fingerprints), None), or (None, why they cannot be used)."""
+def _signatures(vocab_path: str, report: dict, report_path: str):
+  """(the vocabulary's `doc_fingerprints.Signatures`, None), or (None, why they cannot be used)."""
   record = report.get("document_fingerprints")
-  if not isinstance(record, dict) or not record.get("sha256"):
-    return None, (f"its DP-SentencePiece report {report_path} records no document fingerprints (written by an "
+  if not isinstance(record, dict) or not record.get("key_check"):
+    return None, (f"its DP-SentencePiece report {report_path} records no document signatures (written by an "
                   "older dp-spm; re-run `private-t5 dp-spm` to record them)")
-  path = os.path.join(os.path.dirname(os.path.abspath(vocab_path)),
-                      str(record.get("file") or os.path.basename(doc_fingerprints.fingerprints_path(vocab_path))))
-  key_path = os.path.join(os.path.dirname(path), str(record.get("key_file") or
-                                                      os.path.basename(doc_fingerprints.key_path(vocab_path))))
-  if not os.path.isfile(path):
-    return None, f"the fingerprints of the documents it was built from ({path}) are not beside it"
+  if record.get("format") != doc_fingerprints.FORMAT or not isinstance(record.get("files"), dict):
+    return None, (f"its DP-SentencePiece report {report_path} records only exact document fingerprints (an older "
+                  "dp-spm), which miss near-copies, parts and merges of the vocabulary's documents; re-run "
+                  "`private-t5 dp-spm` to record their signatures")
+  # Where dp-spm wrote it (relative to the vocabulary), else where it would be for the vocabulary's
+  # place now (both moved together).
+  recorded = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(vocab_path)),
+                                           str(record.get("directory") or "")))
+  directory = next((d for d in (recorded, doc_fingerprints.private_dir(vocab_path)) if os.path.isdir(d)), None)
+  if directory is None:
+    return None, (f"the private folder of the signatures of the documents it was built from ({recorded}, or "
+                  f"{doc_fingerprints.private_dir(vocab_path)}) is not there")
+  key_path = os.path.join(directory, str(record.get("key_file") or doc_fingerprints.KEY_FILE))
   if not os.path.isfile(key_path):
-    return None, f"the secret key of its document fingerprints ({key_path}) is not beside it"
-  if file_sha256(path) != record["sha256"]:
-    return None, f"the document fingerprints {path} are not those its report names (another SHA-256)"
+    return None, f"the secret key of its document signatures ({key_path}) is not there"
+  for kind, name in doc_fingerprints.FILES.items():
+    entry = record["files"].get(kind) or {}
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+      return None, f"the document signatures {path} are not there"
+    if file_sha256(path) != entry.get("sha256"):
+      return None, f"the document signatures {path} are not those its report names (another SHA-256)"
   try:
     key = doc_fingerprints.read_key(key_path)
-    values = doc_fingerprints.load(path)
+    found = doc_fingerprints.Signatures.load(directory, key)
   except DataError as e:
     return None, str(e)
   if not doc_fingerprints.same_key(key, record.get("key_check", "")):
-    return None, f"{key_path} is not the key its document fingerprints were made with"
-  return (key, values), None
+    return None, f"{key_path} is not the key its document signatures were made with"
+  return found, None
 
 
-def training_texts(train_data) -> Tuple[Optional[Iterator[str]], Optional[str]]:
-  """(the texts of the training documents, streamed, None), or (None, why they cannot be read here).
+def training_texts(train_data, vocab_path: Optional[str] = None) -> Tuple[Optional[Iterator], Optional[str]]:
+  """(the training documents, streamed, None), or (None, why they cannot be read here).
 
-  A token store's source: the documents of the corpus it was built from, read with the store's
-  reader options, those of its split only. A seqio source: each Task's source, as the Task reads it.
-  A GLUE-style source: each example's input text.
+  A token store's source: the text of each document of the corpus it was built from, read with the
+  store's reader options, those of its split only. A seqio source: each example's (inputs, targets)
+  as the model reads them, decoded with the Task's vocabulary. A GLUE-style source: each example's
+  input text.
   """
   described = train_data.describe()
   corpus = described.get("corpus")
   store = getattr(train_data, "store", None)
   manifest = getattr(store, "manifest", None)
   if isinstance(corpus, str) and corpus.startswith(SEQIO_PREFIX):
-    return _seqio_texts(list(described.get("tasks") or []), described.get("split") or "train"), None
+    vocabulary = getattr(train_data, "vocab_path", None) or vocab_path
+    if not vocabulary:
+      return None, f"the vocabulary of {corpus} is not known, so its examples cannot be read as text"
+    return _example_texts(train_data, vocabulary), None
   if isinstance(corpus, str) and isinstance(manifest, dict):
     return _store_texts(corpus, dict(manifest.get("reader") or {}), described.get("split") or "all",
                         float(described.get("validation_fraction") or 0.0)), None
@@ -216,32 +239,54 @@ def _store_texts(corpus: str, reader: dict, split: str, validation_fraction: flo
     yield doc.text
 
 
-def _seqio_texts(tasks: List[str], split: str) -> Iterator[str]:
-  for name in tasks:
-    dataset = seqio_lookup.seqio.get_mixture_or_task(name).source.get_dataset(split=split, shuffle=False)
-    for element in dataset.as_numpy_iterator():
-      yield _element_text(element)
+# Examples decoded at a time.
+_EXAMPLES_CHUNK = 1024
 
 
-def _element_text(element) -> str:
-  """The document of one seqio source element (see the module docstring)."""
-  if isinstance(element, dict):
-    if "text" in element:
-      return _as_str(element["text"])
-    return " ".join(_as_str(v) for _, v in sorted(element.items()) if isinstance(v, (bytes, str)))
-  text = _as_str(element)
+def _example_texts(train_data, vocab_path: str) -> Iterator[List[doc_fingerprints.Segments]]:
+  """[inputs, targets] of every example, as the model reads them: the tokens the source holds after
+  the Task's preprocessors, decoded (`_decoded`)."""
+  vocabulary = load_vocabulary(vocab_path)
+  pieces = vocabulary.vocab_size - vocabulary.extra_ids
+  for start in range(0, train_data.num_examples, _EXAMPLES_CHUNK):
+    indices = np.arange(start, min(start + _EXAMPLES_CHUNK, train_data.num_examples))
+    batch = train_data.get_batch(indices, 0, len(indices))
+    for inputs, targets in zip(batch["encoder_input_tokens"], batch["decoder_target_tokens"]):
+      yield [_decoded(vocabulary, inputs, pieces), _decoded(vocabulary, targets, pieces)]
+
+
+def _decoded(vocabulary, ids: np.ndarray, pieces: int) -> doc_fingerprints.Segments:
+  """The text of `ids` as segments: each run of ordinary pieces between sentinels, EOS and padding,
+  decoded (a run that is a JSON object, e.g. a text file's line read whole: its string values)."""
+  ids = np.asarray(ids)
+  ordinary = (ids > vocabulary.eos_id) & (ids < pieces)
+  runs, current = [], []
+  for token, keep in zip(ids.tolist(), ordinary.tolist()):
+    if keep:
+      current.append(token)
+    elif current:
+      runs.append(current)
+      current = []
+  if current:
+    runs.append(current)
+  return tuple(_json_values(vocabulary.tokenizer.DecodeIds(run)) for run in runs)
+
+
+# A JSON string escape (\n, \", \u00e9, ...), read back in a part of a JSON line.
+_JSON_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+
+
+def _json_values(text: str) -> str:
+  """The string values of `text` when it is a JSON object, joined by line breaks; its JSON string
+  escapes read back when it is a part of one (e.g. a run of a span-corrupted JSON line); else `text`."""
   if text.lstrip().startswith("{"):
     try:
       parsed = json.loads(text)
     except ValueError:
-      return text
-    if isinstance(parsed, dict) and isinstance(parsed.get("text"), str):
-      return parsed["text"]
-  return text
-
-
-def _as_str(value) -> str:
-  return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+      parsed = None
+    if isinstance(parsed, dict):
+      return "\n".join(v for v in parsed.values() if isinstance(v, str))
+  return _JSON_ESCAPE.sub(lambda m: json.loads(f'"\\{m.group(1)}"'), text) if "\\" in text else text
 
 
 def _first_line(error: BaseException) -> str:
