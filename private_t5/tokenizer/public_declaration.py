@@ -259,17 +259,10 @@ def _decoded(vocabulary, ids: np.ndarray, pieces: int) -> doc_fingerprints.Segme
   """The text of `ids` as segments: each run of ordinary pieces between sentinels, EOS and padding,
   decoded (a run that is a JSON object, e.g. a text file's line read whole: its string values)."""
   ids = np.asarray(ids)
-  ordinary = (ids > vocabulary.eos_id) & (ids < pieces)
-  runs, current = [], []
-  for token, keep in zip(ids.tolist(), ordinary.tolist()):
-    if keep:
-      current.append(token)
-    elif current:
-      runs.append(current)
-      current = []
-  if current:
-    runs.append(current)
-  return tuple(_json_values(vocabulary.tokenizer.DecodeIds(run)) for run in runs)
+  ordinary = np.concatenate([[False], (ids > vocabulary.eos_id) & (ids < pieces), [False]])
+  edges = np.flatnonzero(ordinary[1:] != ordinary[:-1])  # run starts and ends, alternating
+  runs = [ids[start:end].tolist() for start, end in zip(edges[::2], edges[1::2])]
+  return tuple(_json_values(text) for text in vocabulary.tokenizer.DecodeIds(runs)) if runs else ()
 
 
 # A JSON string escape (\n, \", \u00e9, ...), read back in a part of a JSON line.
