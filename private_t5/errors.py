@@ -1,4 +1,5 @@
 """User-facing errors: the CLI prints these as one clear line and exits non-zero."""
+from typing import Optional
 
 
 class PrivateT5Error(Exception):
@@ -19,3 +20,16 @@ class CheckpointError(PrivateT5Error):
 
 class PrivacyError(PrivateT5Error):
   """A privacy parameter that is invalid or gives a meaningless guarantee."""
+
+
+def with_message(e: PrivateT5Error, message: str, cls: Optional[type] = None) -> PrivateT5Error:
+  """A copy of `e` whose message is `message`: of `e`'s class (or `cls`), with `e`'s attributes
+  (a damaged store's path and reason, an unreachable target's smallest ε).
+
+  Built without calling the class's `__init__`, whose arguments differ from one error class to
+  another (`DamagedStoreError(path, reason)`), so any of them can be copied the same way.
+  """
+  cls = cls or type(e)
+  copy = cls.__new__(cls, message)
+  copy.__dict__.update(vars(e))
+  return copy

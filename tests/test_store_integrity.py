@@ -1,7 +1,8 @@
 """A cache entry is checked before it is reused: a truncated, missing or altered file is refused in
 one line when training opens it, and rebuilt (said so in the log and the summary) by `private-t5
-store`; `--verify` compares the SHA-256 of every file; an entry written before the record is checked
-on what its offsets imply; a cache folder inside an entry is refused."""
+store`; the SHA-256 of the offsets and index is compared on open, and `--verify` compares the token
+files' too; an entry written before the record is checked on what its offsets imply; a cache folder
+inside an entry is refused."""
 import json
 import logging
 import os
@@ -59,19 +60,26 @@ def test_a_truncated_entry_is_refused_for_training_and_rebuilt_by_the_stage(tmp_
   assert _store(argv, capsys)["rebuilt"].endswith("is missing (expected %d bytes)" % size)
 
 
-def test_verify_reads_every_file_and_rebuilds_an_altered_one(tmp_path, corpus, vocab_path, capsys):
+def test_verify_reads_the_token_files_and_rebuilds_an_altered_one(tmp_path, corpus, vocab_path, capsys):
   argv = [f"--corpus={corpus}", f"--vocab_path={vocab_path}", f"--cache_dir={tmp_path}/cache"]
   path = _store(argv, capsys)["path"]
-  ids = store_lib.DocumentStore(path).manifest["shards"][0]["ids"]
-  with open(os.path.join(path, ids), "r+b") as f:  # one byte changed, the size kept
+  tokens = store_lib.DocumentStore(path).manifest["shards"][0]["tokens"]
+  with open(os.path.join(path, tokens), "r+b") as f:  # one byte changed, the size kept
     first = f.read(1)
     f.seek(0)
     f.write(b"#" if first != b"#" else b"$")
-  assert _store(argv, capsys)["reused"]  # sizes only: the cheap check on open
+  assert _store(argv, capsys)["reused"]  # the token files' sizes only: the cheap check on open
   verified = _store([*argv, "--verify"], capsys)
   assert not verified["reused"]
-  assert verified["rebuilt"].startswith(f"{ids} has the expected size") and "SHA-256" in verified["rebuilt"]
+  assert verified["rebuilt"].startswith(f"{tokens} has the expected size") and "SHA-256" in verified["rebuilt"]
   assert _store([*argv, "--verify"], capsys)["reused"]
+  # The index is compared without --verify (tests/test_store_damage.py: the offsets).
+  ids = store_lib.DocumentStore(path).manifest["shards"][0]["ids"]
+  with open(os.path.join(path, ids), "r+b") as f:
+    first = f.read(1)
+    f.seek(0)
+    f.write(b"#" if first != b"#" else b"$")
+  assert _store(argv, capsys)["rebuilt"].startswith(f"{ids} has the expected size")
 
 
 def test_an_entry_without_the_record_is_checked_on_its_offsets(tmp_path, corpus, vocab_path, caplog):

@@ -22,7 +22,7 @@ writes K=1 shard; the Beam build (`store_beam.py`) writes one shard per input fi
 the worker that tokenized it, so both give the same document i for the same corpus.
 
 Reading: a document is a binary search over the K+1 shard starts (O(log K)), two integer
-reads and one slice of that shard's `np.memmap`; a shard's files are opened on first use and
+reads and one slice of that shard's memory map; a shard's files are opened on first use and
 never read whole, so a process touches only the shards its documents live in (per-host reads).
 
 Why memory-mapped flat arrays with offsets rather than array_record (TFDS/grain): DP sampling
@@ -38,11 +38,15 @@ format version, so the stages build a version-3 store beside an old cached one i
 it (delete old cache entries to reclaim the space).
 
 Integrity: opening an entry compares each file's size with its `checksums` record (one `stat`
-a file), so a truncated or missing file is one DataError naming it (`DamagedStoreError`), never
-a crash while training reads it; `private-t5 store --verify` also compares the SHA-256 of every
-file (read in blocks), and `private-t5 store` rebuilds a damaged entry. An entry written before
-the record existed is checked on what its index implies (offsets files of the right size, token
-files as long as their last offset).
+a file) and the SHA-256 of every file but the token files (the offsets and the index: 8 to 50
+bytes a document, read in blocks), so a truncated, missing or altered file is one DataError naming
+it (`DamagedStoreError`), never a crash while training reads it; `private-t5 store --verify` also
+compares the token files' SHA-256 (the whole entry read once; a token file of another size is
+damaged without it), and `private-t5 store` rebuilds a damaged entry. While a run reads an entry,
+each read checks the size of the files it reads, and a file truncated under it is one line and
+exit status 2, never a bare bus error (`store_files`' docstring says how, and why this way). An
+entry written before the record existed is checked on what its index implies (offsets files of the
+right size, token files as long as their last offset).
 
 Stores are cached by (corpus spec and its files' size/mtime, reader options, vocab file SHA-256)
 under `cache_dir` and reused by later runs; `private-t5 store` builds the same entry ahead of
@@ -146,7 +150,9 @@ def discard_entry(cache_dir: str, final: str) -> None:
 def open_cached(cache_dir: str, final: str, opener: Callable[..., object], verify: bool = False,
                 rebuild_damaged: bool = False):
   """(the cached entry `final` opened by `opener(final, verify=...)`, marked `reused`, or None when
-  there is none; the reason it was discarded, or None).
+  there is none; the reason it was discarded, or None). The opener checks the entry's files
+  (`store_files.check_entry`: sizes, and the SHA-256 of all but the token files; `verify`: of those
+  too).
 
   A damaged entry (`DamagedStoreError`) is refused, or with `rebuild_damaged` removed (one log line)
   so that the caller builds it again.
@@ -222,8 +228,9 @@ def build_store(corpus: str, vocab_path: str, *, cache_dir: Optional[str] = None
 
   The local build writes one shard. While building, a progress bar (documents) on a terminal
   and a summary log line, unless `progress=False`. A cached entry is checked as it is opened
-  (`DocumentStore`; `verify`: the SHA-256 of its files too); a damaged one is refused, or with
-  `rebuild_damaged` built again (the store's `rebuilt` says why).
+  (`DocumentStore`: sizes and the SHA-256 of its offsets and index; `verify`: of its token files
+  too); a damaged one is refused, or with `rebuild_damaged` built again (the store's `rebuilt`
+  says why).
 
   Raises:
     DataError: bad corpus or vocabulary, duplicate document ids; nothing is left behind.
@@ -284,7 +291,7 @@ class CacheTarget:
       return m
 
     build_in_cache(self.cache_dir, self.final, manifest)
-    store = DocumentStore(self.final)
+    store = DocumentStore(self.final, index_checksum=False)  # hashed as it was written, a moment ago
     store.rebuilt = self.rebuilt
     return store
 

@@ -15,7 +15,8 @@ and, for a corpus with users (user-level DP), over the whole store:
 
 Opening a store reads none of them: `StringColumn` memory-maps a file the first time an id or
 name is asked for (the stages that print them), and the arrays a stage needs (`id_hashes`,
-`user_index`) are fixed-size integers, 8 bytes a document.
+`user_index`) are fixed-size integers, 8 bytes a document. Every file is mapped through
+`store_files.MappedFile` (its size checked first, and known to the bus-error guard).
 
 Duplicate ids (ids define the privacy unit) are found from the hashes (a sort, 8 bytes a
 document), and every hash shared by two documents is checked on the ids themselves, so the check
@@ -30,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from private_t5.data import store_files
 from private_t5.errors import DataError
 from private_t5.io import atomic_open
 
@@ -88,10 +90,9 @@ class StringColumn(_Column):
 
   def _map(self, k: int):
     if k not in self._maps:
-      data_path, offsets_path, _ = self._parts[k]
-      offsets = np.memmap(offsets_path, dtype=np.int64, mode="r")
-      data = (np.memmap(data_path, dtype=np.uint8, mode="r") if int(offsets[-1])
-              else np.zeros((0,), np.uint8))
+      data_path, offsets_path, n = self._parts[k]
+      offsets = store_files.MappedFile(offsets_path, np.int64, 8 * (n + 1)).array
+      data = store_files.MappedFile(data_path, np.uint8, max(0, int(offsets[-1]))).array
       self._maps[k] = (data, offsets)
     return self._maps[k]
 
@@ -187,8 +188,8 @@ def ids_column(path: str, shards: Sequence[Dict[str, object]]) -> StringColumn:
 
 def id_hashes(path: str, shards: Sequence[Dict[str, object]]) -> np.ndarray:
   """uint64[N]: each document's id hash (`id_hash`), in global order (memory-mapped with one shard)."""
-  parts = [np.memmap(os.path.join(path, sh["id_hashes"]), dtype=np.uint64, mode="r") if int(sh["documents"])
-           else np.zeros((0,), np.uint64) for sh in shards]
+  parts = [store_files.MappedFile(os.path.join(path, sh["id_hashes"]), np.uint64, 8 * int(sh["documents"])).array
+           for sh in shards]
   return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -232,9 +233,7 @@ def merge_users(path: str, shards: List[Dict[str, object]]) -> int:
 
 def user_columns(path: str, num_users: int) -> Tuple[np.ndarray, StringColumn]:
   """(user index int64[N] memory-mapped, the user names read on demand) of a store with users."""
-  users_path = os.path.join(path, USERS_FILE)
-  index = (np.memmap(users_path, dtype=np.int64, mode="r") if os.path.getsize(users_path)
-           else np.zeros((0,), np.int64))
+  index = store_files.MappedFile(os.path.join(path, USERS_FILE), np.int64).array
   names = StringColumn([(os.path.join(path, USER_NAMES_FILE), os.path.join(path, USER_NAME_OFFSETS_FILE), num_users)])
   return index, names
 

@@ -1,7 +1,11 @@
 """Reading a built token store: a document's tokens by global index, across shards.
 
 `DocumentStore` opens an entry (the layout in `store.py`'s docstring, any format version that still
-opens), checks its files (`store_files.check_entry`) and memory-maps each shard on first use.
+opens), checks its files (`store_files.check_entry`: every file's size, and the SHA-256 of all but
+the token files) and memory-maps each shard on first use (`store_files.MappedFile`: its size checked
+first). Each read checks the size of the files it reads (one `fstat` each), so a file that shrinks
+while a run reads it is a `DamagedStoreError` naming it; one truncated between that check and the
+read is caught by the bus-error guard of `store_files` (one line, exit status 2).
 """
 import bisect
 import json
@@ -13,7 +17,7 @@ import numpy as np
 from private_t5.data import store_index
 from private_t5.data.store_files import (DOCUMENTS_FILE, FORMAT_VERSION, JSON_INDEX_FORMAT_VERSION,
                                          LEGACY_FORMAT_VERSION, MANIFEST_FILE, OFFSETS_FILE, TOKENS_FILE,
-                                         check_entry, check_tokens_file)
+                                         DamagedStoreError, MappedFile, check_entry, check_tokens_file)
 from private_t5.errors import DataError
 
 
@@ -22,11 +26,13 @@ class DocumentStore:
 
   Shard files are memory-mapped on first use (never read whole); `offsets` (the global
   offsets, as if the shards were one array) and `lengths()` are computed on first use.
-  Opening checks the files' sizes against the manifest's record (`check_entry`; `verify`: their
-  SHA-256 too) and raises `DamagedStoreError` for a damaged entry.
+  Opening checks the files against the manifest's record (`check_entry`: their sizes, the SHA-256
+  of the offsets and index files unless `index_checksum` is False, and with `verify` that of the
+  token files too) and raises `DamagedStoreError` for a damaged entry; so does a read of a file
+  that changed size since (`MappedFile.check`).
   """
 
-  def __init__(self, path: str, verify: bool = False):
+  def __init__(self, path: str, verify: bool = False, index_checksum: bool = True):
     self.path = path
     self.reused = False  # set by `open_cached`: found in the cache rather than built
     self.rebuilt: Optional[str] = None  # why a damaged entry was rebuilt, if it was
@@ -38,7 +44,7 @@ class DocumentStore:
     version = self.manifest.get("format_version")
     if version not in (FORMAT_VERSION, JSON_INDEX_FORMAT_VERSION, LEGACY_FORMAT_VERSION):
       raise DataError(f"{path}: unsupported store format {version!r}")
-    recorded = check_entry(path, self.manifest, checksum=verify)
+    recorded = check_entry(path, self.manifest, checksum=verify, index_checksum=index_checksum)
     if version == LEGACY_FORMAT_VERSION:
       self._files = [(TOKENS_FILE, OFFSETS_FILE)]
     else:
@@ -72,8 +78,8 @@ class DocumentStore:
     if not recorded:  # an entry built before the record: the token files checked against their offsets
       for tokens_file, offsets_file in self._files:
         check_tokens_file(path, tokens_file, offsets_file)
-    self._shard_offsets: Dict[int, np.ndarray] = {}
-    self._shard_tokens: Dict[int, np.ndarray] = {}
+    self._shard_offsets: Dict[int, MappedFile] = {}
+    self._shard_tokens: Dict[int, MappedFile] = {}
     self._global_offsets: Optional[np.ndarray] = None
 
   def _open_json_index(self, version: int) -> None:
@@ -113,7 +119,7 @@ class DocumentStore:
     for k, shard in enumerate(self.manifest["shards"]):
       path, n = os.path.join(self.path, shard["id_hashes"]), int(shard["documents"])
       for start in range(0, n, block):
-        yield self._starts[k] + start, np.fromfile(path, dtype=np.uint64, count=min(block, n - start), offset=8 * start)
+        yield self._starts[k] + start, _read(path, np.uint64, min(block, n - start), start)
 
   def lengths_of(self, docs: np.ndarray, block: int = 1 << 20):
     """The token count of each document of `docs` (int64 indices), a block at a time: (positions
@@ -129,7 +135,7 @@ class DocumentStore:
         b = min(hi, a + block)
         local = ordered[a:b] - self._starts[k]
         first, last = int(local[0]), int(local[-1])
-        offsets = np.fromfile(path, dtype=np.int64, count=last - first + 2, offset=8 * first)
+        offsets = _read(path, np.int64, last - first + 2, first)
         yield (np.arange(a, b) if order is None else order[a:b]), offsets[local - first + 1] - offsets[local - first]
 
   @property
@@ -162,39 +168,53 @@ class DocumentStore:
     k = bisect.bisect_right(self._starts, i) - 1
     return k, i - self._starts[k]
 
+  def _offsets_file(self, k: int) -> MappedFile:
+    mapped = self._shard_offsets.get(k)
+    if mapped is None:
+      size = (self._starts[k + 1] - self._starts[k] + 1) * 8
+      mapped = self._shard_offsets[k] = MappedFile(os.path.join(self.path, self._files[k][1]), np.int64, size)
+    return mapped
+
   def _offsets_of(self, k: int) -> np.ndarray:
-    arr = self._shard_offsets.get(k)
-    if arr is None:
-      arr = np.memmap(os.path.join(self.path, self._files[k][1]), dtype=np.int64, mode="r")
-      self._shard_offsets[k] = arr
-    return arr
+    return self._offsets_file(k).array
+
+  def _tokens_file(self, k: int) -> MappedFile:
+    mapped = self._shard_tokens.get(k)
+    if mapped is None:
+      n = int(self._offsets_of(k)[-1])
+      if n < 0:
+        raise DamagedStoreError(self.path, f"{self._files[k][1]} ends with a negative offset ({n})")
+      mapped = self._shard_tokens[k] = MappedFile(os.path.join(self.path, self._files[k][0]), np.int32, 4 * n)
+    return mapped
 
   def _tokens_of(self, k: int) -> np.ndarray:
-    arr = self._shard_tokens.get(k)
-    if arr is None:
-      n = int(self._offsets_of(k)[-1])
-      if n:
-        arr = np.memmap(os.path.join(self.path, self._files[k][0]), dtype=np.int32, mode="r", shape=(n,))
-      else:
-        arr = np.zeros((0,), np.int32)
-      self._shard_tokens[k] = arr
-    return arr
+    return self._tokens_file(k).array
+
+  def _checked(self, k: int):
+    """(offsets, tokens) of shard `k`, once both files were found of the size they were mapped with."""
+    offsets, tokens = self._offsets_file(k), self._tokens_file(k)
+    offsets.check()
+    tokens.check()
+    return offsets.array, tokens.array
 
   def document_tokens(self, i: int) -> np.ndarray:
     k, j = self.shard_of(int(i))
-    offsets = self._offsets_of(k)
-    return self._tokens_of(k)[offsets[j]:offsets[j + 1]]
+    offsets, tokens = self._checked(k)
+    return tokens[offsets[j]:offsets[j + 1]]
 
   def document_length(self, i: int) -> int:
     k, j = self.shard_of(int(i))
-    offsets = self._offsets_of(k)
-    return int(offsets[j + 1] - offsets[j])
+    offsets = self._offsets_file(k)
+    offsets.check()
+    return int(offsets.array[j + 1] - offsets.array[j])
 
   @property
   def offsets(self) -> np.ndarray:
     """N+1 global token offsets (as if the shards were one array); built on first use."""
-    if self._global_offsets is None and self.num_shards == 1:
-      self._global_offsets = self._offsets_of(0)  # memory-mapped: one shard's offsets are the global ones
+    if self.num_shards == 1:  # memory-mapped: one shard's offsets are the global ones (checked at each use)
+      mapped = self._offsets_file(0)
+      mapped.check()
+      return mapped.array
     if self._global_offsets is None:
       parts, base = [np.zeros((1,), np.int64)], 0
       for k in range(self.num_shards):
@@ -206,3 +226,17 @@ class DocumentStore:
 
   def lengths(self) -> np.ndarray:
     return np.diff(self.offsets)
+
+
+def _read(path: str, dtype, count: int, first: int) -> np.ndarray:
+  """`count` 8-byte values of a store file from value `first` on (read, not mapped); a file now too
+  short for them is a DamagedStoreError naming it."""
+  folder, name = os.path.split(path)
+  try:
+    values = np.fromfile(path, dtype=dtype, count=count, offset=8 * first)
+    if len(values) == count:
+      return values
+    size = os.path.getsize(path)
+  except OSError as e:
+    raise DamagedStoreError(folder, f"{name} cannot be read ({e.strerror or e})") from None
+  raise DamagedStoreError(folder, f"{name} holds {size} bytes, fewer than the {8 * (first + count)} read from it")

@@ -98,11 +98,27 @@ def error_message(e: BaseException) -> str:
   return "\n".join(lines).strip()
 
 
+def _is_gin_proxy(cls: type) -> bool:
+  """Whether `cls` is the subclass Gin makes to add its context to an exception's message."""
+  return "__getattr__" in cls.__dict__
+
+
+def _wrapped_by_gin(e: BaseException) -> BaseException:
+  """The exception Gin's proxies stand for (`e` itself when it is none). Gin raises its proxy
+  while it handles the exception it wraps, so that exception is the proxy's `__context__` (one
+  proxy per configurable the error went through)."""
+  while _is_gin_proxy(type(e)) and type(e.__context__) is type(e).__base__:
+    e = e.__context__
+  return e
+
+
 def unwrap_error(e: errors.PrivateT5Error) -> errors.PrivateT5Error:
-  """The project's error that Gin wrapped: its own class (not Gin's proxy subclass) and message."""
+  """The project's error that Gin wrapped: its own class (not Gin's proxy subclass), its message
+  without Gin's context, and its attributes (a copy made without calling its `__init__`, so error
+  classes with arguments of their own, such as `DamagedStoreError(path, reason)`, come through)."""
   cls = next(c for c in type(e).__mro__
-             if issubclass(c, errors.PrivateT5Error) and "__getattr__" not in c.__dict__
+             if issubclass(c, errors.PrivateT5Error) and not _is_gin_proxy(c)
              and not c.__module__.startswith("gin"))
   if cls is type(e) and _GIN_CONTEXT not in str(e):
     return e
-  return cls(error_message(e))
+  return errors.with_message(_wrapped_by_gin(e), error_message(e), cls)

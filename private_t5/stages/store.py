@@ -13,11 +13,12 @@ Apache Beam (one shard per input file, written by the workers; `private_t5.data.
 a cluster, Dask's included, the corpus and the cache folder on storage every worker reads and writes)
 into the cache entry that training looks up for the same corpus, vocabulary and reader
 options: `private-t5 train` with DATA_CACHE_DIR set to the same folder reuses it. An entry
-already built is reused once its files are checked against the sizes recorded when it was built
-(with --verify, their SHA-256 too, every file read once); a damaged entry (a file truncated,
-missing or altered) is built again, with one log line. Prints a JSON summary (path, documents,
-tokens, shards, seconds, "reused", "rebuilt": why a damaged entry was rebuilt, and the build's
-MB/s and documents/s) and the Beam counters.
+already built is reused once its files are checked against the record made when it was built:
+every file's size, and the SHA-256 of the offsets and index files (all but the token files; with
+--verify the token files' too, the whole entry read once); a damaged entry (a file truncated,
+missing or altered) is built again, with one log line naming the file. Prints a JSON summary
+(path, documents, tokens, shards, seconds, "reused", "rebuilt": why a damaged entry was rebuilt,
+and the build's MB/s and documents/s) and the Beam counters.
 
 With --mixture_or_task_name (T5X's flag; or the MIXTURE_OR_TASK_NAME macro of the run's Gin files)
 it writes one split of a seqio Task or Mixture into its example store (`data/seqio_store.py`), the
@@ -96,7 +97,8 @@ def _parser() -> flags.StageParser:
   p.add_flag("split", macro=False, help="seqio: the split to write (default train)")
   p.add_flag("max_examples", type=int, macro=False, help="seqio: at most this many examples a task (local runner)")
   p.add_flag("verify", action="store_true", default=False, macro=False,
-             help="also compare the SHA-256 of every file of a cached entry with its record (reads the entry)")
+             help="also compare the SHA-256 of a cached entry's token files with its record (reads the whole "
+                  "entry; the sizes of every file and the SHA-256 of the others are always compared)")
   beam_io.add_runner_flags(p.flag_group)
   return p
 
