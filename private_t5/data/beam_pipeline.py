@@ -47,7 +47,7 @@ def run_pipeline(pipeline, stage: str = "pipeline", runner: Optional[str] = None
     result = pipeline.run()
     result.wait_until_finish()
   except errors_lib.PrivateT5Error as e:  # raised as it was in the worker (Dask, in-process runners)
-    raise type(e)(f"{where}: {_STEP.sub('', str(e)).strip()}") from None
+    raise errors_lib.with_message(e, f"{where}: {_STEP.sub('', str(e)).strip()}") from None
   except Exception as e:  # pylint: disable=broad-except
     raise _worker_error(e, where) from None
   finally:
@@ -99,7 +99,7 @@ def _run_item(element, fn, args, out_dir: str, step: str):
   try:
     result = fn(item, *args)
   except errors_lib.PrivateT5Error as e:
-    raise type(e)(f"step {step!r}: {e}") from None
+    raise errors_lib.with_message(e, f"step {step!r}: {e}") from None
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     raise DataError(f"a worker failed in step {step!r}: {type(e).__name__}: {first}".rstrip(": ")) from e

@@ -49,7 +49,6 @@ is a binary search over the K + 1 shard starts, two offsets and a slice of each 
 import hashlib
 import json
 import logging
-import mmap
 import os
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -130,17 +129,20 @@ class ExampleStore:
   def task_sizes(self) -> Dict[str, int]:
     return dict(self.manifest["tasks"])
 
-  def _shard(self, k: int) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
+  def _shard(self, k: int) -> Dict[str, Tuple[store_files.MappedFile, store_files.MappedFile]]:
     """Feature -> (tokens, offsets) of shard `k`, memory-mapped (an empty token file: an empty array)."""
     maps = self._maps.get(k)
     if maps is None:
       maps = {}
       for feature in FEATURES:
         files = self.shards[k]["files"][feature]
-        offsets = _random_access(np.memmap(os.path.join(self.path, files["offsets"]), dtype="<i8", mode="r"))
-        n = int(offsets[-1])
-        tokens = (_random_access(np.memmap(os.path.join(self.path, files["tokens"]), dtype="<i4", mode="r",
-                                           shape=(n,))) if n else np.zeros((0,), np.int32))
+        # Mapped once their sizes match the manifest's offsets (`store_files.MappedFile`: checked
+        # again before each read, and a file shrunk under the run is one line, not a bus error).
+        offsets = store_files.MappedFile(os.path.join(self.path, files["offsets"]), "<i8", random_access=True)
+        if not len(offsets.array):
+          raise store_files.DamagedStoreError(self.path, f"{files['offsets']} is empty")
+        n = int(offsets.array[-1])
+        tokens = store_files.MappedFile(os.path.join(self.path, files["tokens"]), "<i4", 4 * n, random_access=True)
         maps[feature] = (tokens, offsets)
       self._maps[k] = maps
     return maps
@@ -154,7 +156,10 @@ class ExampleStore:
       rows = np.flatnonzero(shard_of == k)
       local = indices[rows] - self._starts[k]
       for feature, arr in out.items():
-        tokens, offsets = self._shard(int(k))[feature]
+        tokens_file, offsets_file = self._shard(int(k))[feature]
+        tokens_file.check()
+        offsets_file.check()
+        tokens, offsets = tokens_file.array, offsets_file.array
         begins, ends = np.asarray(offsets[local]), np.asarray(offsets[local + 1])
         ends = np.minimum(ends, begins + arr.shape[1])
         for row, begin, end in zip(rows, begins, ends):
@@ -165,16 +170,6 @@ class ExampleStore:
     out = {f: np.zeros((len(indices), int(lengths[f])), np.int32) for f in FEATURES}
     self.fill_rows(np.asarray(indices, dtype=np.int64), out)
     return out
-
-
-def _random_access(array: np.memmap) -> np.memmap:
-  """`array`, its mapping advised for random reads (no read-ahead): DP sampling reads scattered
-  examples, and read-ahead would fetch (and keep resident) the pages around each one."""
-  try:
-    array._mmap.madvise(mmap.MADV_RANDOM)  # pylint: disable=protected-access
-  except (AttributeError, OSError, ValueError):
-    pass  # a platform without madvise: read-ahead stays on
-  return array
 
 
 class SeqioStoreSource(seqio_source.SeqioExamples):

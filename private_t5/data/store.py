@@ -74,7 +74,8 @@ from private_t5.data import corpora
 from private_t5.data.store_files import (  # pylint: disable=unused-import
     CHECKSUMS_KEY, DOCUMENTS_FILE, FORMAT_VERSION, JSON_INDEX_FORMAT_VERSION, LEGACY_FORMAT_VERSION, MANIFEST_FILE,
     OFFSETS_FILE, TOKENS_FILE, DamagedStoreError, check_entry, check_tokens_file, entry_checksums, file_checksum,
-    shard_file_names, tokens_digest)
+    shard_file_names)
+from private_t5.data.store_index import tokens_digest
 from private_t5.data.store_reader import DocumentStore
 from private_t5.data.store_writer import ShardWriter, finish_store
 from private_t5.errors import ConfigError, DataError

@@ -3,8 +3,8 @@
 What `store.py`'s docstring describes on disk: the names of an entry's files (`shard_file_names`),
 the format versions that still open, the `checksums` record of the manifest (size and SHA-256 of
 every other file, `entry_checksums`) and the checks made when an entry is opened (`check_entry`,
-`check_tokens_file`: a damaged entry is one `DamagedStoreError`), and the digest of what training
-reads from it (`tokens_digest`).
+`check_tokens_file`: a damaged entry is one `DamagedStoreError`); the digest of what training
+reads from an entry is `store_index.tokens_digest`.
 
 Opening an entry compares every file's size with the record, and the SHA-256 of every file but
 the token files (`*.int32`, the bulk of an entry: the offsets and the index, a few percent of it);
@@ -23,6 +23,7 @@ handler that was there before (the default: the process dies). Copying the files
 instead would avoid the fault, but a store is as large as its corpus, and copying only small ones
 would leave unguarded the runs where it matters.
 """
+import ctypes
 import hashlib
 import mmap
 import os
@@ -44,7 +45,7 @@ DOCUMENTS_FILE = "documents.json"  # versions 1 and 2
 MANIFEST_FILE = "manifest.json"
 CHECKSUMS_KEY = "checksums"  # manifest: file name -> {"size", "sha256"} of every other file of an entry
 TOKENS_SUFFIX = ".int32"  # the token files (documents' or examples' tokens), the bulk of an entry
-_HASH_BLOCK = 1 << 22  # bytes read at a time when a file is hashed
+HASH_BLOCK = 1 << 22  # bytes read at a time when a file is hashed
 
 
 def shard_file_names(index: int, num_shards: int):
@@ -69,7 +70,7 @@ def file_checksum(path: str) -> Dict[str, object]:
   """{"size", "sha256"} of a file, read in blocks (never held whole)."""
   h, size = hashlib.sha256(), 0
   with open(path, "rb") as f:
-    for block in iter(lambda: f.read(_HASH_BLOCK), b""):
+    for block in iter(lambda: f.read(HASH_BLOCK), b""):
       h.update(block)
       size += len(block)
   return {"size": size, "sha256": h.hexdigest()}
@@ -156,33 +157,6 @@ def check_tokens_file(path: str, tokens_file: str, offsets_file: str, itemsize: 
     raise DamagedStoreError(path, f"{tokens_file} holds {size} bytes, expected {expected}")
 
 
-
-def tokens_digest(path: str, manifest: Dict[str, object],
-                  checksums: Optional[Dict[str, Dict[str, object]]] = None) -> str:
-  """SHA-256 of what training reads from a store: its token stream, each document's length and
-  its users, whatever the sharding and wherever the corpus lay (a corpus moved to another path
-  gives the same digest). Written into the manifest when the store is built. `checksums`, when
-  given, receives each token file's own record (`file_checksum`) from the same read."""
-  from private_t5.data import store_index  # pylint: disable=g-import-not-at-top  # it maps files through this module
-  h = hashlib.sha256()
-  for shard in manifest["shards"]:
-    own, size = hashlib.sha256(), 0
-    with open(os.path.join(path, shard["tokens"]), "rb") as f:
-      for chunk in iter(lambda: f.read(_HASH_BLOCK), b""):
-        h.update(chunk)
-        own.update(chunk)
-        size += len(chunk)
-    if checksums is not None:
-      checksums[shard["tokens"]] = {"size": size, "sha256": own.hexdigest()}
-  for shard in manifest["shards"]:
-    h.update(np.diff(np.fromfile(os.path.join(path, shard["offsets"]), dtype=np.int64)).astype("<i8").tobytes())
-  users = None
-  if manifest.get("num_users") is not None:
-    users = store_index.UserColumn(*store_index.user_columns(path, int(manifest["num_users"])))
-  store_index.users_json_digest(h, users)  # the same bytes as the JSON list of an older store
-  return h.hexdigest()
-
-
 class MappedFile:
   """A file of a store entry memory-mapped read-only (`array`), once its size matched what its
   reader expects (`size`; None: the size it has now). `check` finds it changed later: one `fstat`
@@ -193,8 +167,9 @@ class MappedFile:
     DamagedStoreError: the file is missing, or not of the expected size.
   """
 
-  def __init__(self, path: str, dtype, size: Optional[int] = None):
+  def __init__(self, path: str, dtype, size: Optional[int] = None, random_access: bool = False):
     self.entry, self.name = os.path.split(path)
+    self.random_access = random_access
     itemsize = np.dtype(dtype).itemsize
     try:
       f = open(path, "rb")
@@ -210,6 +185,13 @@ class MappedFile:
         raise DamagedStoreError(self.entry, f"{self.name} holds {actual} bytes, not a whole number of "
                                             f"{itemsize}-byte values")
       self._map = mmap.mmap(f.fileno(), actual, access=mmap.ACCESS_READ) if actual else None
+    if self._map is not None and random_access:
+      # Advised for random reads (no read-ahead): DP sampling reads scattered examples, and
+      # read-ahead would fetch (and keep resident) the pages around each one.
+      try:
+        self._map.madvise(mmap.MADV_RANDOM)
+      except (AttributeError, OSError, ValueError):
+        pass  # a platform without madvise: read-ahead stays on
     if self._map is None:  # nothing to map
       self.array = np.zeros((0,), dtype)
       return
@@ -219,7 +201,7 @@ class MappedFile:
       _WATCHED[self._map] = (self.entry, self.name, self.size)
 
   def __reduce__(self):  # pickled (to another process): mapped again there, its size checked again
-    return MappedFile, (os.path.join(self.entry, self.name), self.array.dtype, self.size)
+    return MappedFile, (os.path.join(self.entry, self.name), self.array.dtype, self.size, self.random_access)
 
   def check(self) -> None:
     """Raises DamagedStoreError when the file no longer has the size it was mapped with."""
@@ -245,7 +227,6 @@ def _install_guard() -> None:
     return
   _guard = ()  # tried: not again, whatever happens below
   try:
-    import ctypes  # pylint: disable=g-import-not-at-top
     set_handler = ctypes.CDLL(None).signal
     set_handler.restype, set_handler.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p]
     handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(_on_bus_error)

@@ -255,3 +255,28 @@ def users_json_digest(h, users: Optional[Sequence[str]]) -> None:
       h.update(b", ")
     h.update(name)
   h.update(b"]")
+
+
+def tokens_digest(path: str, manifest: Dict[str, object],
+                  checksums: Optional[Dict[str, Dict[str, object]]] = None) -> str:
+  """SHA-256 of what training reads from a store: its token stream, each document's length and
+  its users, whatever the sharding and wherever the corpus lay (a corpus moved to another path
+  gives the same digest). Written into the manifest when the store is built. `checksums`, when
+  given, receives each token file's own record (`file_checksum`) from the same read."""
+  h = hashlib.sha256()
+  for shard in manifest["shards"]:
+    own, size = hashlib.sha256(), 0
+    with open(os.path.join(path, shard["tokens"]), "rb") as f:
+      for chunk in iter(lambda: f.read(store_files.HASH_BLOCK), b""):
+        h.update(chunk)
+        own.update(chunk)
+        size += len(chunk)
+    if checksums is not None:
+      checksums[shard["tokens"]] = {"size": size, "sha256": own.hexdigest()}
+  for shard in manifest["shards"]:
+    h.update(np.diff(np.fromfile(os.path.join(path, shard["offsets"]), dtype=np.int64)).astype("<i8").tobytes())
+  users = None
+  if manifest.get("num_users") is not None:
+    users = UserColumn(*user_columns(path, int(manifest["num_users"])))
+  users_json_digest(h, users)  # the same bytes as the JSON list of an older store
+  return h.hexdigest()
