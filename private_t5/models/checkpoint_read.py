@@ -4,7 +4,8 @@ that evaluation, memorization, adaptive DP, fine-tuning and export share.
 `restore_for_inference` reads a private_t5 MODEL_DIR (the latest checkpoint, read again when a
 running training rotates it away, or the newest older one that reads); `read_model_dir` also takes
 a Hugging Face T5 directory; a LoRA run's adapters are merged into its base, whose SHA-256 is
-checked (`read_lora_base`). Parameters only: a checkpoint's seeds and optimizer state stay in it.
+checked (`read_lora_base`). Parameters only: a checkpoint's optimizer and noise state stay in it,
+and the run's secrets file (its root seed, MODEL_DIR/secrets/) is never read.
 """
 import logging
 import os

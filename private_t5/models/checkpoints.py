@@ -12,10 +12,20 @@ directory's lock removes them (never a process without the lock: it may be anoth
 The step of a checkpoint is also the data position (batches are a pure function of the
 sampler seed and the step), so a resumed run neither skips nor repeats a batch.
 
-A checkpoint directory holds the run's secret seeds (noise and sampling keys): keep it as
-private as the training data; release parameters only (`restore_for_inference`). A new
-MODEL_DIR/checkpoints/ is therefore created readable by its owner only (0o700), whatever the
-umask; the run's other files follow the umask.
+The run's secret root seed (noise and sampling keys derive from it) lives apart from the
+checkpoints, in MODEL_DIR/secrets/run_seeds.json (`write_run_seeds`: folder 0o700, file 0o600,
+written once by the lock holder before the first checkpoint, never replaced by another seed); a
+checkpoint's metadata only says where it is (`seeds_entry`) and a resume reads it there
+(`saved_seeds`). A missing secrets file is one CheckpointError, never a new seed: the noise
+streams of the checkpoints cannot be continued without it. Checkpoints written before the
+secrets file existed hold the seed in their metadata (`"seeds": {"root_seed": ...}`): they still
+resume, and the first checkpoint saved after them writes the secrets file and omits the seed.
+
+A checkpoint directory is still private: a correlated-noise run's state holds recent steps'
+noise, older checkpoints' metadata hold the root seed; release parameters only
+(`restore_for_inference`, `private-t5 export`). A new MODEL_DIR/checkpoints/ is therefore
+created readable by its owner only (0o700), whatever the umask; the run's other files follow
+the umask.
 """
 import copy
 import json
@@ -29,7 +39,7 @@ import jax
 import numpy as np
 
 from private_t5.errors import CheckpointError
-from private_t5.io import json_default
+from private_t5.io import atomic_open, json_default
 from private_t5.models import run_dir, run_lock
 from private_t5.models.checkpoint_orbax import METADATA_ITEM, STATE_ITEM, cause, ocp
 # Reading parameters for inference has its own module; its names are also read from here.
@@ -38,6 +48,11 @@ from private_t5.models.checkpoint_read import (  # pylint: disable=unused-import
 
 PyTree = Any
 FORMAT_VERSION = 1
+RUN_SEEDS_FORMAT_VERSION = 1
+# What the secrets file says about itself (it is plain JSON, and a folder gets copied whole).
+RUN_SEEDS_NOTE = ("PRIVATE: the root seed of the run in this MODEL_DIR; with it anyone regenerates every step's "
+                  "DP noise and subtracts it. Never publish this file or its folder; publish the output of "
+                  "`private-t5 export`.")
 
 
 def check_writable(model_dir: str) -> None:
@@ -89,6 +104,7 @@ class CheckpointManager:
     # What this manager creates, removed again by `close(discard_if_unused=True)`.
     self._created_model_dir = not os.path.exists(model_dir)
     self._created_checkpoints = not os.path.exists(run_dir.checkpoints_dir(model_dir))
+    self._created_secrets = None  # what `keep_run_seeds` created: "file", "folder" (and file) or None
     # One lock per run: in a multi-process run process 0 holds it for all of them.
     self._lock = run_lock.acquire_on_process_0(model_dir, before=lambda: check_writable(model_dir))
     try:
@@ -226,6 +242,23 @@ class CheckpointManager:
     self._pending = (int(step), on_commit)
     return saved
 
+  def keep_run_seeds(self, seeds: Dict[str, Any]) -> Dict[str, Any]:
+    """Keeps the run's `seeds` (`RunSeeds.to_dict()`) in the secrets file; returns the entry the
+    checkpoints' metadata holds instead (`seeds_entry`: no seed).
+
+    Call it before the first save of a session. The lock holder (process 0) writes the file unless
+    it holds these seeds already (`write_run_seeds`); the other processes of a multi-process run
+    write nothing.
+
+    Raises:
+      CheckpointError: the file holds another root seed, or cannot be written.
+    """
+    if self._lock is not None:
+      had_folder = os.path.isdir(run_dir.secrets_dir(self.model_dir))
+      if write_run_seeds(self.model_dir, seeds):
+        self._created_secrets = "file" if had_folder else "folder"
+    return seeds_entry(seeds)
+
   def _failed(self, step: Optional[int], error: BaseException) -> None:
     """Cleans up after a failed save of `step` and raises its one-line CheckpointError."""
     # Let orbax's background work of the failed save end, remove the step's temporaries and
@@ -305,8 +338,9 @@ class CheckpointManager:
     """Completes the pending save, closes orbax and releases the model directory's lock.
 
     `discard_if_unused=True` (a run that failed before its first save): also removes what
-    opening created, if it is still empty: `checkpoints/`, and MODEL_DIR with its `.lock` when
-    this manager created it. A directory that held anything before is never touched.
+    opening created, if it is still empty: `checkpoints/`, the secrets file this manager wrote
+    when no checkpoint uses it, and MODEL_DIR with its `.lock` when this manager created it. A
+    directory that held anything before is never touched.
     """
     try:
       self.wait()
@@ -328,6 +362,13 @@ class CheckpointManager:
     except Exception:  # pylint: disable=broad-except
       pass  # its failure changes nothing here
     try:
+      if self._created_secrets and (not os.path.isdir(self.directory) or not os.listdir(self.directory)):
+        os.remove(run_dir.run_seeds_path(self.model_dir))  # no checkpoint continues its seed
+        if self._created_secrets == "folder":
+          os.rmdir(run_dir.secrets_dir(self.model_dir))
+    except OSError:
+      pass  # best effort, as below
+    try:
       if self._created_checkpoints and os.path.isdir(self.directory) and not os.listdir(self.directory):
         os.rmdir(self.directory)
       lock_file = run_dir.lock_path(self.model_dir)
@@ -339,7 +380,7 @@ class CheckpointManager:
 
 
 def _make_private_dir(path: str) -> None:
-  """Creates `path`, if missing, readable by its owner only (it will hold the run's secret seeds)."""
+  """Creates `path`, if missing, readable by its owner only (checkpoints hold private state)."""
   try:
     os.mkdir(path, 0o700)
   except OSError:
@@ -431,12 +472,129 @@ def _lookup(tree: Any, dotted: Optional[str]) -> Any:
   return node
 
 
+# -- the run's secret seeds ------------------------------------------------------------------------
+
+def seeds_entry(seeds: Dict[str, Any]) -> Dict[str, Any]:
+  """What a checkpoint's metadata says about the run's seeds: whether they were fixed by the user
+  and where the root seed is kept (relative to MODEL_DIR); never the seed, nor a hash of it (a
+  64-bit seed's hash is searched through)."""
+  return {"deterministic": bool(seeds["deterministic"]), "secrets": run_dir.RUN_SEEDS_RELPATH}
+
+
+def holds_root_seed(metadata: Dict[str, Any]) -> bool:
+  """Whether a checkpoint's metadata holds the root seed itself (written before the secrets file)."""
+  entry = metadata.get("seeds")
+  return isinstance(entry, dict) and "root_seed" in entry
+
+
+def _read_seeds_file(path: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """(seeds, "") from the secrets file at `path`; (None, why) when it is missing or unreadable."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      d = json.load(f)
+  except FileNotFoundError:
+    return None, "it is missing"
+  except OSError as e:
+    return None, e.strerror or str(e)
+  except ValueError as e:
+    return None, f"not JSON: {e}"
+  try:
+    if not isinstance(d, dict) or not isinstance(d.get("deterministic"), bool):
+      raise ValueError
+    return {"root_seed": str(int(d["root_seed"])), "deterministic": d["deterministic"]}, ""
+  except (KeyError, TypeError, ValueError):
+    return None, "it is not a run seeds file (a root_seed and a deterministic entry)"
+
+
+def read_run_seeds(model_dir: str) -> Optional[Dict[str, Any]]:
+  """The seeds in MODEL_DIR/secrets/run_seeds.json ({"root_seed": str, "deterministic": bool}),
+  or None when there is no such file.
+
+  Raises:
+    CheckpointError: the file is there but cannot be read, or is not a seeds file.
+  """
+  path = run_dir.run_seeds_path(model_dir)
+  seeds, why = _read_seeds_file(path)
+  if seeds is None and os.path.lexists(path):
+    raise CheckpointError(f"the run's root seed cannot be read from {path}: {why}; restore the file, "
+                          "or train into a fresh MODEL_DIR")
+  return seeds
+
+
+def write_run_seeds(model_dir: str, seeds: Dict[str, Any]) -> bool:
+  """Writes `seeds` into MODEL_DIR/secrets/run_seeds.json unless it holds them already; True
+  when it wrote them.
+
+  The folder is made with mode 0o700, the file written atomically with mode 0o600 (before any
+  byte of the seed). A run directory has one root seed: a file holding another is never replaced.
+
+  Raises:
+    CheckpointError: the file holds another root seed or cannot be read, or it cannot be written.
+  """
+  path = run_dir.run_seeds_path(model_dir)
+  kept = read_run_seeds(model_dir)
+  if kept is not None:
+    if int(kept["root_seed"]) == int(seeds["root_seed"]) and kept["deterministic"] == bool(seeds["deterministic"]):
+      return False
+    raise CheckpointError(f"{path} holds another root seed than this run's: a run directory has one root seed, "
+                          "which is never replaced; train into a fresh MODEL_DIR")
+  content = {"root_seed": str(int(seeds["root_seed"])), "deterministic": bool(seeds["deterministic"]),
+             "format_version": RUN_SEEDS_FORMAT_VERSION, "note": RUN_SEEDS_NOTE}
+  folder = run_dir.secrets_dir(model_dir)
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+    try:
+      os.mkdir(folder, 0o700)
+    except FileExistsError:
+      pass
+    with atomic_open(path, "w", encoding="utf-8") as f:
+      os.fchmod(f.fileno(), 0o600)
+      f.write(json.dumps(content, indent=2) + "\n")
+  except OSError as e:
+    raise CheckpointError(f"cannot write the run's root seed to {path}: {e.strerror or e}") from e
+  return True
+
+
+def checkpoint_seeds(model_dir: str, step: int, metadata: Dict[str, Any]) -> Dict[str, Any]:
+  """The run seeds that checkpoint `step` (its `metadata`) continues: its own entry when it was
+  written before the secrets file (the seed in the metadata), else the secrets file's.
+
+  Raises:
+    CheckpointError (one line): the secrets file is missing or unreadable (the checkpoint's noise
+      streams cannot be continued without it), or it holds another seed than the checkpoint.
+  """
+  path = run_dir.run_seeds_path(model_dir)
+  entry = metadata.get("seeds")
+  if holds_root_seed(metadata):
+    kept = read_run_seeds(model_dir)
+    if kept is not None and int(kept["root_seed"]) != int(entry["root_seed"]):
+      raise CheckpointError(f"checkpoint {step} in {run_dir.checkpoints_dir(model_dir)} holds another root seed "
+                            f"than {path}: a run directory has one root seed; restore this run's secrets file, "
+                            "or train into a fresh MODEL_DIR")
+    return dict(entry)
+  kept, why = _read_seeds_file(path)
+  if kept is None:
+    raise CheckpointError(
+        f"the run's root seed cannot be read from {path} ({why}), and the DP noise streams of the checkpoints "
+        f"in {run_dir.checkpoints_dir(model_dir)} (latest step {step}) cannot be continued without it (a new "
+        "seed is never drawn for them): restore the file, or train into a fresh MODEL_DIR")
+  if isinstance(entry, dict) and "deterministic" in entry and bool(entry["deterministic"]) != kept["deterministic"]:
+    kinds = {True: "a fixed (insecure_deterministic_seed)", False: "a secret"}
+    raise CheckpointError(f"checkpoint {step} in {run_dir.checkpoints_dir(model_dir)} was written with "
+                          f"{kinds[bool(entry['deterministic'])]} root seed but {path} holds "
+                          f"{kinds[kept['deterministic']]} one: it is another run's; restore this run's "
+                          "secrets file, or train into a fresh MODEL_DIR")
+  return kept
+
+
 def saved_seeds(manager: CheckpointManager) -> Optional[Dict[str, Any]]:
-  """The run seeds stored in the latest checkpoint (to continue its streams), or None."""
+  """The run seeds a run in `manager`'s directory continues, or None for a new run.
+
+  Those of the latest checkpoint whose metadata reads (`checkpoint_seeds`); without a
+  checkpoint, those of a secrets file an earlier start wrote before it saved none (a run
+  directory has one root seed); None when there is neither.
+  """
   step, metadata = manager.latest_metadata()
   if step is None:
-    return None
-  seeds = metadata.get("seeds")
-  if not isinstance(seeds, dict):
-    raise CheckpointError(f"checkpoint {step} in {manager.directory} has no run seeds")
-  return seeds
+    return read_run_seeds(manager.model_dir)
+  return checkpoint_seeds(manager.model_dir, step, metadata)

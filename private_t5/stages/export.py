@@ -4,7 +4,12 @@
 
 writes OUTPUT/config.json, OUTPUT/model.safetensors (float32), OUTPUT/spiece.model (the
 model's SentencePiece vocabulary) and OUTPUT/privacy_report.json (the privacy report of the
-exported checkpoint: what (ε, δ) covers these weights and their vocabulary). The directory
+exported checkpoint: what (ε, δ) covers these weights and their vocabulary), and nothing else:
+this is the folder to publish. The run's private files never go into it: not its root seed
+(MODEL_DIR/secrets/), not the checkpoints (optimizer and noise state, older metadata with the
+seed), not config.gin, and of a DP-SentencePiece vocabulary only the `.model` file (its document
+fingerprints and their key, if they lie beside it, are named in a warning: that folder must not
+be published; docs/privacy.md, "Which files of a run are private"). The directory
 loads with `transformers.T5ForConditionalGeneration.from_pretrained(OUTPUT)` and gives the
 same logits; `private-t5 import --hf_dir=OUTPUT` reads it back. Nothing is written unless the
 whole export succeeds: the files are written into `.export_hf_<host>-<pid>-<random>/` beside
@@ -84,6 +89,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
   if not vocab_path or not os.path.isfile(vocab_path):
     raise CheckpointError(f"the vocabulary of {model_dir!r} ({vocab_path!r}) is missing; "
                           "give --vocab_path=FILE.model")
+  _warn_of_private_vocabulary_files(vocab_path)
   if adapter:
     checkpoints.read_lora_base(info["lora"], model_dir)  # the base the adapter belongs to is unchanged
     tensors, json_file = hf_export.peft_adapter(_to_numpy(params, np), lora_lib.config_of(info["lora"]), config,
@@ -118,6 +124,28 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
       shutil.rmtree(tmp_dir, ignore_errors=True)
   logger.info("exported %s (step %s) to %s", model_dir, info.get("step"), output)
   return output
+
+
+def private_vocabulary_files(vocab_path: str) -> List[str]:
+  """The private files of a DP-SentencePiece vocabulary in `vocab_path`'s folder: its documents'
+  keyed fingerprints and their key (`doc_fingerprints`), a membership oracle for those documents."""
+  from private_t5 import doc_fingerprints  # pylint: disable=g-import-not-at-top
+  folder = os.path.dirname(os.path.abspath(vocab_path))
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return []
+  suffixes = (doc_fingerprints.FINGERPRINTS_SUFFIX, doc_fingerprints.KEY_SUFFIX)
+  return sorted(os.path.join(folder, n) for n in names if n.endswith(suffixes))
+
+
+def _warn_of_private_vocabulary_files(vocab_path: str) -> None:
+  private = private_vocabulary_files(vocab_path)
+  if private:
+    logger.warning("the vocabulary's folder %s holds private files of a DP-SentencePiece vocabulary (%s: keyed "
+                   "fingerprints of its documents and their key, which test whether a text was one of them): "
+                   "export copies only %s, but never publish that folder", os.path.dirname(private[0]),
+                   ", ".join(os.path.basename(p) for p in private), os.path.basename(vocab_path))
 
 
 def _to_numpy(tree, np):

@@ -15,13 +15,16 @@ step t is a pure function of (seeds, t), so prefetching changes nothing the run 
 nothing is read back from the devices except on the steps that log (every `log_every`) and at
 the first step (its compile time). The loop is the same for a private and a non-private
 mechanism (their parts differ, not the loop).
-Every `checkpoint_every` steps the state, the seeds and the ledger are saved together, so
-a checkpoint at step s holds a ledger of exactly s steps; the privacy report in MODEL_DIR is
-rewritten only once that checkpoint is committed (complete on disk), so it never claims more
+Every `checkpoint_every` steps the state and the ledger are saved together, so
+a checkpoint at step s holds a ledger of exactly s steps; the root seed is not in it: before the
+first save of a session it is kept in MODEL_DIR/secrets/run_seeds.json (process 0,
+`CheckpointManager.keep_run_seeds`), and the metadata only says where. The privacy report in
+MODEL_DIR is rewritten only once that checkpoint is committed (complete on disk), so it never claims more
 steps than the latest checkpoint holds. A save that fails stops the run with one
 CheckpointError naming the step. An unreadable latest checkpoint is set aside with a warning
 and the run resumes from the newest readable one (state, seeds and ledger all from that one
-checkpoint). After a crash the run restarts from the latest complete
+checkpoint; its seeds from the secrets file, or from its metadata if it was written before the
+secrets file existed). After a crash the run restarts from the latest complete
 checkpoint s and recomputes steps s+1, ... with the same batches and keys, producing the same
 updates (nothing new is released).
 
@@ -47,6 +50,7 @@ from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.dp.mechanism import BatchLayout, Mechanism
 from private_t5.models import checkpoints as checkpoints_lib
+from private_t5.models import run_dir
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning
 from private_t5.train import step_data
@@ -160,10 +164,15 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   ledger: PrivacyLedger = privacy.ledger
   start_step, state, saved = _restore_latest_readable(manager, trainer.abstract_state(), log)
   if start_step is not None:
-    if RunSeeds.from_dict(saved["seeds"]) != seeds:
+    if RunSeeds.from_dict(checkpoints_lib.checkpoint_seeds(model_dir, start_step, saved)) != seeds:
       raise checkpoints_lib.CheckpointError(
           f"checkpoint {start_step} in {model_dir} was written with other seeds; pass the seeds "
           "read from it (checkpoints.saved_seeds)")
+    if checkpoints_lib.holds_root_seed(saved):
+      log(f"[train] checkpoint {start_step} holds the root seed in its metadata (written before "
+          f"{run_dir.RUN_SEEDS_RELPATH} existed): the next checkpoint saved writes it to "
+          f"{run_dir.run_seeds_path(model_dir)} and omits it; the metadata of the older checkpoints still "
+          "holds it: keep them private")
     ledger = ledger.resume_from(PrivacyLedger.from_dict(saved["ledger"]))
     if ledger.steps != start_step:
       raise checkpoints_lib.CheckpointError(
@@ -187,11 +196,15 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   if validation_source is not None and config.eval_examples > 0:
     validation_batches = _validation_batches(validation_source, padded, config.eval_examples, rows)
 
+  seeds_entry: Dict[str, Any] = {}  # where the checkpoints say the seed is, once it is kept there
+
   def save(step: int, state) -> None:
+    if not seeds_entry:  # the secrets file is written before the first checkpoint of a session
+      seeds_entry.update(manager.keep_run_seeds(seeds.to_dict()))
     report = ledger.report()
     report_path = ledger_lib.report_path(model_dir)
     # The report is written once the checkpoint it describes is committed, never before.
-    manager.save(step, state, dict(metadata, seeds=seeds.to_dict(), ledger=ledger.to_dict(),
+    manager.save(step, state, dict(metadata, seeds=dict(seeds_entry), ledger=ledger.to_dict(),
                                    privacy_report=report),
                  on_commit=(lambda: ledger_lib.write_report(report_path, report)) if primary else None)
 

@@ -21,7 +21,7 @@ from private_t5 import models
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp import mechanism as mechanism_lib
 from private_t5.dp.mechanism import DPConfig
-from private_t5.errors import ConfigError
+from private_t5.errors import CheckpointError, ConfigError
 from private_t5.models import checkpoints, run_dir
 from private_t5.models import config as config_lib
 from private_t5.models import lora as lora_lib
@@ -203,13 +203,26 @@ def resume_hints(dp, manager=None) -> Dict[str, str]:
 
 
 def build_seeds(manager, insecure_deterministic_seed: Optional[int] = None):
-  """The run's seeds: those of the latest checkpoint (resume), else fresh (or the fixed test seed).
+  """The run's seeds: those its checkpoints continue (resume: MODEL_DIR/secrets/run_seeds.json, or
+  the metadata of a checkpoint written before that file), else fresh (or the fixed test seed).
 
+  A run directory has one root seed: a secrets file left by an earlier start that saved no
+  checkpoint is used again, and refused (CheckpointError) when this run asks for another seed.
   With several processes the seeds of process 0 are sent to all the others before the first
   step, so that every process samples the same batches and draws the same noise key.
   """
   saved = checkpoints.saved_seeds(manager)
-  seeds = RunSeeds.from_dict(saved) if saved else RunSeeds.create(insecure_deterministic_seed)
+  if not saved:
+    return RunSeeds.create(insecure_deterministic_seed).shared_across_processes()
+  seeds = RunSeeds.from_dict(saved)
+  if not manager.all_steps():  # the secrets file of an earlier start that saved no checkpoint
+    asked = None if insecure_deterministic_seed is None else RunSeeds.create(insecure_deterministic_seed)
+    if (asked is None) == seeds.deterministic or (asked is not None and asked != seeds):
+      what = "a secret seed" if asked is None else "another fixed seed" if seeds.deterministic else "a fixed seed"
+      raise CheckpointError(
+          f"{run_dir.run_seeds_path(manager.model_dir)} holds the root seed of an earlier start of this run "
+          f"(which saved no checkpoint) and this run asks for {what}: a run directory has one root seed; "
+          "train into a fresh MODEL_DIR")
   return seeds.shared_across_processes()
 
 
@@ -339,7 +352,9 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       private_t5 MODEL_DIR or imported weights (`train.initial_checkpoint`); the optimizer
       state and the privacy ledger start fresh. Ignored when MODEL_DIR already has a checkpoint.
     insecure_deterministic_seed: fix every seed (init, dropout, DP noise, sampling) for tests
-      and reproductions. INSECURE for DP: the noise is then predictable. Default: OS entropy.
+      and reproductions. INSECURE for DP: the noise is then predictable (and config.gin names the
+      seed). Default: OS entropy. Either way the root seed is kept in
+      MODEL_DIR/secrets/run_seeds.json, private, which a resumed run reads.
     log: progress output.
     privacy_hook: for other training entry points (JFT, adaptive DP), not a Gin knob: a
       `PrivacyHook`, called once the DP mechanism is built, whose `PrivacyOverride` gives the
@@ -445,6 +460,9 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
   """Logs where a finished run's files are and its privacy guarantee."""
   log(f"[train] done: step {summary['final_step']} in {summary['model_dir']}")
   log(f"  checkpoints:    {summary['checkpoint_dir']}")
+  if os.path.isfile(run_dir.run_seeds_path(summary["model_dir"])):
+    log(f"  secrets:        {run_dir.secrets_dir(summary['model_dir'])} (the root seed: private, never publish; "
+        "publish the output of private-t5 export)")
   if summary.get("config_gin"):
     log(f"  config:         {summary['config_gin']}")
   log(f"  tensorboard:    {summary['tensorboard_dir']}")

@@ -9,9 +9,14 @@ All randomness of a run comes from one 64-bit root seed:
   random noise, e.g. which spans are corrupted, for step t).
 
 The root seed comes from OS entropy (`secrets.randbits`) unless the run sets an explicit
-`insecure_deterministic_seed` (tests, reproductions). It is saved in the checkpoint so that
-a resumed run continues the same streams: a checkpoint directory is therefore as secret as
-the training data; release only exported parameters (`checkpoints.restore_for_inference`).
+`insecure_deterministic_seed` (tests, reproductions). It is kept apart from everything a user
+publishes, in MODEL_DIR/secrets/run_seeds.json (mode 0600 in a 0700 folder, written before the
+first checkpoint: `checkpoints.write_run_seeds`), so that a resumed run continues the same
+streams; the checkpoints' metadata only say where it is and whether it was fixed. With the seed
+anyone regenerates every step's noise and subtracts it: the secrets file is as private as the
+training data. So are the checkpoints of a correlated-noise run (`TrainState.noise_state` holds
+recent steps' noise) and those written before the secrets file existed (their metadata held the
+seed); release exported parameters only (`private-t5 export`, docs/privacy.md).
 """
 import dataclasses
 import secrets
@@ -41,7 +46,8 @@ class TrainState:
     noise_state: the state of the noise transform (`noise.init(params)`; float32 arrays shaped
       like the parameters for correlated noise, e.g. the previous steps' noise), threaded
       through every step and saved in every checkpoint so that a resumed run continues it
-      exactly. A stateless transform's state (`optax.EmptyState()`, None) has no array.
+      exactly (which makes such checkpoints private: with it part of the noise can be
+      subtracted). A stateless transform's state (`optax.EmptyState()`, None) has no array.
     holds_noise_state: whether `noise_state` is a child of the pytree; by default whether it
       has an array. An empty one is not, so that the checkpoints of stateless runs hold the
       same entries (step, params, opt_state) as before the field existed, and still read back.
@@ -145,6 +151,7 @@ class RunSeeds:
     return self._host_seed(_DATA_STREAM, int(step)) & 0x7FFFFFFF
 
   def to_dict(self) -> dict:
+    """The seeds as JSON (the content of the secrets file; secret unless `deterministic`)."""
     return {"root_seed": str(self.root_seed), "deterministic": self.deterministic}
 
   @classmethod
