@@ -1,6 +1,7 @@
 """Artifacts follow the umask (files 0o644, folders 0o755 under umask 022), so that a model meant
-for release is readable by the team that releases it; the checkpoints, which hold the run's
-secret seeds, stay readable by their owner only."""
+for release is readable by the team that releases it; the checkpoints (whose metadata, as earlier
+versions wrote it, may hold the run's secret seed) and a DP vocabulary's private signatures stay
+readable by their owner only (the secrets file itself: tests/test_run_secrets.py)."""
 import dataclasses
 import json
 import os
@@ -82,7 +83,7 @@ def test_artifacts_follow_the_umask_and_the_seeds_stay_private(tmp_path, umask_0
   for name in ("dp.private", "dp.private/dp.model"):
     assert modes.pop(name) == 0o700, name
   assert all(mode == (0o755 if os.path.isdir(out / name) else 0o644) for name, mode in modes.items()), modes
-  # The seeds live in the checkpoints' metadata: the folder is the owner's only.
+  # Checkpoints as earlier versions wrote them hold the seed in their metadata: the folder is the owner's only.
   seeds = os.path.join(model_dir, "checkpoints", "1", "metadata", "metadata")
   assert "root_seed" in open(seeds).read()
   assert _mode(os.path.join(model_dir, "checkpoints")) == 0o700
