@@ -247,3 +247,190 @@ def test_memorization_refuses_a_missing_audit_record_first(tmp_path, capsys):
   assert cli.main(args) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "audit record not found" in err[0]
+
+
+# jax-privacy's CanaryScoreAuditor: the report's figures.
+
+def _three_level_scores():
+  """100 in, 100 out on three score levels: the ROC is concave, so its hull is the ROC itself.
+
+  Level 3: 40 in, 0 out; level 2: 40 in, 20 out; level 1: 20 in, 80 out. ROC points (FPR, TPR):
+  (0, 0), (0, 0.4), (0.2, 0.8), (1, 1). TPR at FPR f <= 0.2 is 0.4 + 2 f; AUROC is
+  0.2 (0.4 + 0.8) / 2 + 0.8 (0.8 + 1) / 2 = 0.84 (= P[in > out] + P[tie] / 2).
+  """
+  scores = np.array([3.0] * 40 + [2.0] * 40 + [1.0] * 20 + [2.0] * 20 + [1.0] * 80)
+  return scores, np.arange(200) < 100
+
+
+def test_library_tpr_and_auroc_on_a_hand_made_roc():
+  scores, included = _three_level_scores()
+  res = auditing.score_audit(scores, included, 1e-5, 0.95, bootstrap_samples=100, bootstrap_seed=3)
+  assert [t["fpr"] for t in res.tpr_at_fpr] == [0.01, 0.001]
+  assert [t["tpr"] for t in res.tpr_at_fpr] == pytest.approx([0.42, 0.402], abs=1e-12)
+  assert res.auroc == pytest.approx(0.84, abs=1e-12)
+  for value, (lo, hi) in [(t["tpr"], t["interval"]) for t in res.tpr_at_fpr] + [(res.auroc, res.auroc_interval)]:
+    assert 0 <= lo <= value <= hi <= 1 and hi - lo < 0.3
+  assert res.num_included == res.num_held_out == 100 and not res.saturated
+  assert 0 < res.epsilon_one_run < res.epsilon_one_run_cap and res.epsilon_one_run < res.epsilon_one_run_fdp
+  # In = the included canaries' scores, higher = member. Negated, the ROC falls below the chance
+  # line (AUROC 0.16), whose hull is the chance line itself: the library reports no attack.
+  flipped = auditing.score_audit(-scores, included, 1e-5, bootstrap_samples=0)
+  assert flipped.auroc == 0.5 and [t["tpr"] for t in flipped.tpr_at_fpr] == pytest.approx([0.01, 0.001])
+  assert flipped.epsilon_one_run == 0.0
+  assert flipped.auroc_interval is None and flipped.tpr_at_fpr[0]["interval"] is None
+  again = auditing.score_audit(scores, included, 1e-5, 0.95, bootstrap_samples=100, bootstrap_seed=3)
+  assert again == res  # the bootstrap is seeded
+
+
+def test_library_bound_saturates_when_every_guess_is_right():
+  included, _ = auditing.draw_membership(64, seed=1)  # 31 in, 33 out
+  scores = np.where(included, 10.0, 0.0) + np.linspace(0, 1, 64)
+  res = auditing.score_audit(scores, included, 1e-5, bootstrap_samples=20)
+  assert res.saturated and res.auroc == 1.0 and all(t["tpr"] == 1.0 for t in res.tpr_at_fpr)
+  assert res.epsilon_one_run == res.epsilon_one_run_cap and res.epsilon_one_run_fdp == res.epsilon_one_run_fdp_cap
+  # The library's cap: every included canary guessed in and right, β shared among the 3 vertices of
+  # the separated ROC's hull (Bonferroni); the f-DP bound's cap is far higher.
+  assert res.epsilon_one_run == pytest.approx(auditing.epsilon_lower_bound(64, 31, 31, 1e-5, 1 - 0.05 / 3), abs=2e-6)
+  assert res.epsilon_one_run == pytest.approx(1.954, abs=1e-3)
+  assert res.epsilon_one_run_fdp == pytest.approx(3.775, abs=1e-3)
+  text = auditing.saturation_text(res.num_included, res.num_held_out, res.epsilon_one_run_cap)
+  assert text.startswith("all guesses right: the bound is the cap for 64 canaries (31 included, 33 held out), 1.954")
+  # One included canary below a held-out one: no longer saturated, and below the cap.
+  scores[np.flatnonzero(included)[0]] = -1.0
+  res = auditing.score_audit(scores, included, 1e-5, bootstrap_samples=0)
+  assert not res.saturated and res.epsilon_one_run < res.epsilon_one_run_cap
+
+
+def test_library_bound_on_scores_without_signal_is_near_zero():
+  rng = np.random.default_rng(3)
+  included = rng.random(1000) < 0.5
+  res = auditing.score_audit(rng.normal(size=1000), included, 1e-5, bootstrap_samples=50)
+  ledger_epsilon = 1.0
+  assert res.epsilon_one_run == 0.0 and res.epsilon_one_run_fdp < 0.1 < ledger_epsilon
+  assert res.epsilon_one_run_cap > 4.5 and not res.saturated  # 0 is a measurement, not a cap
+  # The hull's AUROC is optimistic for the attack on a finite sample (0.522 here), its interval too.
+  assert 0.5 <= res.auroc < 0.55 and all(t["tpr"] < 0.03 for t in res.tpr_at_fpr)
+  # Over many draws without signal the bound is positive at most about 1 - confidence of the time.
+  from jax_privacy import auditing as jpa
+  positive = 0
+  for _ in range(300):
+    inc = rng.random(64) < 0.5
+    s = rng.normal(size=64)
+    positive += jpa.CanaryScoreAuditor(s[inc], s[~inc]).epsilon_one_run(0.05, 1e-5) > 0
+  assert positive / 300 < 0.09  # 0.05 + 3 standard errors
+
+
+@pytest.mark.parametrize("m, r, v, delta, confidence", [
+    (1000, 200, 150, 1e-5, 0.95), (1000, 600, 600, 1e-5, 0.95), (64, 32, 30, 1e-5, 0.95), (128, 32, 32, 1e-5, 0.99),
+    (256, 100, 80, 1e-3, 0.9), (50, 20, 15, 1e-3, 0.95), (1000, 500, 270, 1e-5, 0.95), (10, 10, 7, 0.01, 0.95),
+    (10_000, 5000, 3000, 1e-6, 0.95)])
+def test_own_bound_agrees_with_the_librarys_epsilon_one_run(m, r, v, delta, confidence):
+  # r canaries score 1 (guessed in), v of them included; the rest score 0. At the explicit threshold
+  # 1 the library bounds exactly these counts. Both root finders stop within 1e-6 of the crossing
+  # p(ε) = β (brentq's xtol; the bisection's width, rounded down), and both p-values are the same
+  # formula to rounding, so they agree to 2e-6.
+  from jax_privacy import auditing as jpa
+  n_in = max(v, m // 2)
+  ins = np.r_[np.ones(v), np.zeros(n_in - v)]
+  outs = np.r_[np.ones(r - v), np.zeros(m - n_in - (r - v))]
+  lib = float(jpa.CanaryScoreAuditor(ins, outs).epsilon_one_run(1 - confidence, delta,
+                                                                 threshold_strategy=jpa.Explicit(1.0)))
+  ours = auditing.epsilon_lower_bound(m, r, v, delta, confidence)
+  assert -1e-6 <= lib - ours <= 2e-6, (lib, ours)
+
+
+def test_library_audit_refuses_what_it_cannot_bound():
+  with pytest.raises(DataError, match="included and held-out"):
+    auditing.score_audit([1.0, 2.0], [True, True], 1e-5)
+  with pytest.raises(ConfigError, match=r"delta must be in \(0, 1\)"):
+    auditing.score_audit([1.0, 2.0], [True, False], 0.0)
+  with pytest.raises(ConfigError, match="bootstrap samples"):
+    auditing.score_audit([1.0, 2.0], [True, False], 1e-5, bootstrap_samples=-1)
+  with pytest.raises(ConfigError, match="scores for"):
+    auditing.score_audit([1.0, 2.0, 3.0], [True, False], 1e-5)
+
+
+class _Tokenizer:
+  """Canary i -> [i + 2, 2, 3, 4]: the encoder input starts with i + 2."""
+
+  def __init__(self, texts):
+    self.index = {t: i for i, t in enumerate(texts)}
+
+  def encode(self, texts):
+    return [[self.index[t] + 2, 2, 3, 4] for t in texts]
+
+
+class _Vocab:
+  vocab_size = 10_000
+
+  def __init__(self, texts):
+    self.tokenizer = _Tokenizer(texts)
+
+
+def _audit_run(tmp_path, losses, included, privacy_report=None, **kwargs):
+  """run_audit on a record of len(losses) canaries, canary i scored with loss losses[i]."""
+  from private_t5.eval import audit
+  texts = [f"canary {i}" for i in range(len(losses))]
+  record = audit.AuditRecord(texts=texts, included=np.asarray(included), repetitions=1, seed=1, kind="words",
+                             length=2, source="", corpus="")
+  path = audit.write_record(record, str(tmp_path / "r.audit.json"), documents=0)
+  losses = np.asarray(losses, np.float64)
+  score = lambda enc, tgt, w: -losses[enc[:, 0] - 2] * w.sum(axis=1)
+  lines = []
+  out = audit.run_audit(score, _Vocab(texts), path, scoring="prefix", privacy_report=privacy_report,
+                        log=lines.append, **kwargs)
+  json.dumps(out)  # report.json takes it as it is
+  return out, "\n".join(lines)
+
+
+def test_run_audit_reports_the_library_figures_and_saturation(tmp_path):
+  included, _ = auditing.draw_membership(64, seed=1)
+  losses = np.where(included, 1.0, 3.0) + np.linspace(0, 0.1, 64)
+  out, log = _audit_run(tmp_path, losses, included, bootstrap_samples=20)
+  # What study.py, report.py and the tests read.
+  assert {"epsilon_lower_bound", "confidence", "num_canaries", "guesses", "correct", "ledger_epsilon", "delta",
+          "violation", "ledger_scope", "num_included", "k_plus", "max_lower_bound", "repetitions",
+          "mean_loss_included", "mean_loss_excluded", "histogram", "comparable_with_ledger"} <= set(out)
+  assert out["method"].startswith("jax_privacy.auditing.CanaryScoreAuditor.epsilon_one_run (jax-privacy 2.")
+  assert out["method_fdp"].startswith("jax_privacy.auditing.CanaryScoreAuditor.epsilon_one_run_fdp")
+  assert (out["num_canaries"], out["num_included"], out["num_held_out"], out["guesses"], out["correct"]) == \
+      (64, 31, 33, 32, 32)
+  assert out["epsilon_lower_bound"] == out["max_lower_bound"] == pytest.approx(1.954, abs=1e-3)
+  assert out["epsilon_lower_bound_fdp"] == out["max_lower_bound_fdp"] > 3.5
+  assert out["saturated"] and out["saturation"].startswith("all guesses right: the bound is the cap for 64 canaries")
+  assert out["auroc"] == 1.0 and [t["fpr"] for t in out["tpr_at_fpr"]] == [0.01, 0.001]
+  assert out["bootstrap"]["samples"] == 20 and out["auroc_interval"] == [1.0, 1.0]
+  own = out["steinke"]  # the cross-check: k = 16 a side, all right
+  assert own["saturated"] and own["epsilon_lower_bound"] == own["max_lower_bound"] == pytest.approx(2.3, abs=0.05)
+  assert own["saturation"] == ("all guesses right: the bound is the cap for 32 guesses on 64 canaries, "
+                               f"{own['max_lower_bound']:.3f}")
+  assert out["ledger_epsilon"] is None and not out["violation"] and not out["fdp_exceeds_ledger"]
+  assert "jax_privacy.auditing.CanaryScoreAuditor; 64 canaries: 31 included, 33 held out; 95% confidence" in log
+  assert "privacy audit saturated: all guesses right" in log and "AUROC 1 [1, 1]" in log
+
+
+def test_run_audit_compares_the_librarys_bound_with_the_ledger(tmp_path):
+  included, _ = auditing.draw_membership(64, seed=1)
+  rng = np.random.default_rng(0)
+  dp_report = {"epsilon": 1.0, "delta": 1e-5}
+  out, log = _audit_run(tmp_path, rng.normal(3.0, 0.1, 64), included, dp_report, bootstrap_samples=0)
+  assert out["epsilon_lower_bound"] < 0.5 and out["epsilon_lower_bound_fdp"] < 1.0
+  assert out["comparable_with_ledger"] and not out["violation"] and not out["saturated"] and out["saturation"] is None
+  assert out["auroc_interval"] is None and "FAILED" not in log and "saturated" not in log
+  separated = np.where(included, 1.0, 3.0)
+  out, log = _audit_run(tmp_path, separated, included, dict(dp_report, epsilon=0.5), bootstrap_samples=0)
+  assert out["violation"] and "PRIVACY AUDIT FAILED: the ε lower bound 1.954" in log
+  # Between the two bounds: the f-DP bound refutes a Gaussian trade-off, noted but not a failure.
+  out, log = _audit_run(tmp_path, separated, included, dict(dp_report, epsilon=3.0), bootstrap_samples=0)
+  assert not out["violation"] and out["fdp_exceeds_ledger"] and "note: the one-run f-DP bound 3.775" in log
+  with pytest.raises(ConfigError, match=r"audit delta must be in \(0, 1\)"):
+    _audit_run(tmp_path, separated, included, delta=0.0)
+
+
+def test_an_audit_record_needs_a_held_out_canary(tmp_path):
+  from private_t5.eval import audit
+  record = audit.AuditRecord(texts=["a b", "c d"], included=np.array([True, True]), repetitions=1, seed=1,
+                             kind="words", length=2, source="", corpus="")
+  path = audit.write_record(record, str(tmp_path / "r.audit.json"), documents=0)
+  with pytest.raises(DataError, match="at least one held-out canary"):
+    audit.load_record(path)

@@ -25,19 +25,55 @@ probability at least 1 - β over the canaries' coin flips). A DP run must give a
 ε; a larger bound means the implementation or the accounting is wrong. With perfect guesses it is
 limited by r: about ln(r / ln(1/β)) (r = 1000, β = 0.05: ε ≈ 5.8 at δ = 0).
 
-Why not jax-privacy's `auditing.CanaryScoreAuditor.epsilon_one_run` (2.0.0): it makes one-sided
-guesses only (k- = 0) and it needs chex, which the pinned environment does not have; the
-bound itself is a few lines of scipy, tested here against closed forms and exact arithmetic.
+The report's figures come from jax-privacy's `auditing.CanaryScoreAuditor` (`score_audit`),
+built from the scores of the included ("in") and held-out ("out") canaries, a higher score
+meaning "more likely trained on":
+
+* `epsilon_one_run`: the bound above, for one-sided guesses (k- = 0: "in" for every canary
+  scoring at or above a threshold). The library tries the thresholds at the vertices of the ROC
+  curve's convex hull and divides 1 - confidence among them (Bonferroni), so the threshold need
+  not be fixed in advance. This is the report's ε lower bound.
+* `epsilon_one_run_fdp`: Mahloujifar, Melis and Chaudhuri, "Auditing f-Differential Privacy in
+  One Run" (2025), with the Gaussian trade-off curve whose (ε, δ) is the one tested: it rejects
+  "training is μ-GDP for the μ that gives (ε, δ)" (Dong, Roth and Su, "Gaussian Differential
+  Privacy", 2022). It uses the whole ordering of the guesses and so is much tighter with few
+  canaries (perfect separation of 64: 3.9 against 2.0), but a Gaussian-DP claim is stronger than
+  (ε, δ)-DP: it is compared with the ledger as a note, not as a failure.
+* `tpr_at_given_fpr` at FPR 1% and 0.1%, `attack_auroc` (both on the convex hull of the ROC
+  curve: a classifier may randomize between two thresholds), and their bootstrap intervals
+  (`BootstrapParams.confidence_interval`: resampled in and out scores, bias-corrected
+  percentiles, at the audit's confidence).
+
+Not reported: `epsilon_from_gdp`, which gives 7.8 on 128 canaries whose scores carry no signal
+(3.0 on 1000): it takes the absolute value of μ computed from upper confidence bounds on both
+error rates, so loose bounds read as a strong attack.
+
+Every bound is capped by the number of canaries: when every included canary scores above every
+held-out one, all guesses are right and the bound is the cap (`cap`: the bound of perfectly
+separated scores with the same numbers in and out), however much more the model memorized.
+More canaries raise the one-run cap (about ln(m / 8) at 95%: 2.0 for m = 64, 4.8 for m = 1000)
+until its δ term, 2mδ, stops it (near 6.4 at δ = 1e-5); the f-DP bound's cap is higher (3.9 and
+8.5).
+
+`epsilon_lower_bound` below is this module's own computation of the one-run bound, kept for the
+two-sided guesses (k+ "in" and k- "out", fixed in advance) that the library does not make, and
+as a cross-check: on the same counts it agrees with `epsilon_one_run` to the two root finders'
+tolerance (1e-6 in ε; tests/test_auditing.py).
 """
 import dataclasses
+from importlib import metadata
 import secrets
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
 from scipy import special, stats
 
-from private_t5.errors import ConfigError
+from private_t5.errors import ConfigError, DataError
+from private_t5.lazy_imports import lazy_module
+
+# jax-privacy's auditing, imported on first use (it imports the whole library and dp_accounting).
+jpa = lazy_module("jax_privacy.auditing", needed_for="the privacy audit", install="jax-privacy (requirements.txt)")
 
 # The stream of the membership coin flips in a seeded generator (the canaries' contents use others).
 MEMBERSHIP_STREAM = 0x6175646974  # "audit"
@@ -160,6 +196,119 @@ def max_lower_bound(guesses: int, delta: float = 0.0, confidence: float = 0.95,
                     num_canaries: Optional[int] = None) -> float:
   """The bound that `guesses` guesses, all correct, would give: the most this audit can show."""
   return epsilon_lower_bound(num_canaries or guesses, guesses, guesses, delta, confidence)
+
+
+LIBRARY_AUDITOR = "jax_privacy.auditing.CanaryScoreAuditor"
+# The false-positive rates at which the report gives the attack's true-positive rate.
+AUDIT_FPRS = (0.01, 0.001)
+# Bootstrap resamples of the TPR and AUROC intervals: a second or less for thousands of canaries.
+BOOTSTRAP_SAMPLES = 200
+
+
+def library_version() -> str:
+  """The installed jax-privacy's version, read from its metadata (nothing imported)."""
+  try:
+    return metadata.version("jax-privacy")
+  except metadata.PackageNotFoundError:
+    return "not installed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreAudit:
+  """The figures of `CanaryScoreAuditor` on one set of canary scores; see the module docstring.
+
+  `*_cap` is the bound of perfectly separated scores with the same numbers in and out. With
+  `saturated` (perfect separation) the bounds are their caps: the audit could show no more.
+  Intervals are [low, high] at `confidence`, None without bootstrap.
+  """
+  epsilon_one_run: float
+  epsilon_one_run_cap: float
+  epsilon_one_run_fdp: float
+  epsilon_one_run_fdp_cap: float
+  tpr_at_fpr: List[Dict[str, Any]]  # [{"fpr", "tpr", "interval"}], in AUDIT_FPRS order
+  auroc: float
+  auroc_interval: Optional[List[float]]
+  saturated: bool  # every included canary scores above every held-out one: all guesses right
+  confidence: float
+  delta: float
+  num_included: int
+  num_held_out: int
+  bootstrap_samples: int
+  bootstrap_seed: int
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def check_bootstrap_samples(samples: int) -> int:
+  """`samples` (0: no intervals); ConfigError unless it is a non-negative integer."""
+  if not isinstance(samples, (int, np.integer)) or isinstance(samples, bool) or samples < 0:
+    raise ConfigError(f"audit bootstrap samples must be a non-negative integer (0: no intervals), got {samples!r}")
+  return int(samples)
+
+
+def _library_bounds(in_scores, out_scores, significance: float, delta: float):
+  """(the auditor, its one-run bound, its one-run f-DP bound), thresholds chosen by Bonferroni (the default)."""
+  auditor = jpa.CanaryScoreAuditor(in_scores, out_scores)
+  return (auditor, float(auditor.epsilon_one_run(significance, delta)),
+          float(auditor.epsilon_one_run_fdp(significance, delta)))
+
+
+def score_audit(scores: Sequence[float], included: Sequence[bool], delta: float, confidence: float = 0.95,
+                fprs: Sequence[float] = AUDIT_FPRS, bootstrap_samples: int = BOOTSTRAP_SAMPLES,
+                bootstrap_seed: int = 0) -> ScoreAudit:
+  """The audit's figures from jax-privacy's `CanaryScoreAuditor`, at `confidence` and `delta`.
+
+  Args:
+    scores: one per canary; higher means more likely trained on (e.g. minus the loss). NaN
+      scores rank lowest, as in `guess_membership`.
+    included: the membership bits.
+    delta: δ of the bounds, in (0, 1) (the library's bounds need δ > 0).
+    confidence: 1 - β of the bounds and of the bootstrap intervals.
+    fprs: the false-positive rates of the TPR figures.
+    bootstrap_samples: resamples of the TPR and AUROC intervals; 0 for none.
+    bootstrap_seed: the resampling's seed (the intervals are reproducible).
+  """
+  scores = np.asarray(scores, dtype=np.float64)
+  included = np.asarray(included, dtype=bool)
+  if included.shape != scores.shape or scores.ndim != 1:
+    raise ConfigError(f"{scores.shape} scores for {included.shape} membership bits")
+  if included.all() or not included.any():
+    raise DataError(f"an audit needs included and held-out canaries, got {int(included.sum())} of "
+                    f"{included.size} included")
+  if not 0 < confidence < 1:
+    raise ConfigError(f"confidence must be in (0, 1), got {confidence}")
+  if not 0 < delta < 1:
+    raise ConfigError(f"audit delta must be in (0, 1) (jax-privacy's bounds need δ > 0), got {delta}")
+  samples = check_bootstrap_samples(bootstrap_samples)
+  scores = np.where(np.isnan(scores), -np.inf, scores)
+  in_scores, out_scores = scores[included], scores[~included]
+  significance = 1.0 - confidence
+  auditor, one_run, fdp = _library_bounds(in_scores, out_scores, significance, delta)
+  _, one_run_cap, fdp_cap = _library_bounds(np.ones(in_scores.size), np.zeros(out_scores.size), significance, delta)
+  params = (jpa.BootstrapParams.confidence_interval(num_samples=samples, confidence=confidence, seed=bootstrap_seed)
+            if samples else None)
+
+  def interval(fn):  # fn: bootstrap parameters -> the quantiles of a figure
+    return None if params is None else [float(x) for x in fn(params)]
+
+  tprs = [{"fpr": float(f), "tpr": float(auditor.tpr_at_given_fpr(f)),
+           "interval": interval(lambda p, f=f: auditor.tpr_at_given_fpr(f, bootstrap_params=p))} for f in fprs]
+  return ScoreAudit(
+      epsilon_one_run=one_run, epsilon_one_run_cap=one_run_cap, epsilon_one_run_fdp=fdp,
+      epsilon_one_run_fdp_cap=fdp_cap, tpr_at_fpr=tprs, auroc=float(auditor.attack_auroc()),
+      auroc_interval=interval(lambda p: auditor.attack_auroc(bootstrap_params=p)),
+      saturated=bool(in_scores.min() > out_scores.max()), confidence=confidence, delta=delta,
+      num_included=int(in_scores.size), num_held_out=int(out_scores.size), bootstrap_samples=samples,
+      bootstrap_seed=int(bootstrap_seed))
+
+
+def saturation_text(num_included: int, num_held_out: int, cap: float) -> str:
+  """The report's line for a bound at its cap."""
+  m = num_included + num_held_out
+  return (f"all guesses right: the bound is the cap for {m} canaries ({num_included} included, {num_held_out} "
+          f"held out), {cap:.3f}; the model may have memorized more than this bound can show with {m} "
+          "canaries (more canaries raise the cap; the f-DP bound's cap is higher)")
 
 
 def sensitivity_ratios(clipped_sum: Callable[[Dict[str, Any]], Any], batch: Dict[str, Any],

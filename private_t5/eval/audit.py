@@ -1,5 +1,6 @@
 """The one-run privacy audit of a trained model (Steinke, Nasr and Jagielski, "Privacy Auditing
-with One (1) Training Run", 2023).
+with One (1) Training Run", 2023; Mahloujifar, Melis and Chaudhuri, "Auditing f-Differential
+Privacy in One Run", 2025).
 
 Planting (`private-t5 canaries --audit`): m random documents (random words of the corpus, or
 random pieces of a SentencePiece vocabulary); each is included in the training corpus with
@@ -11,9 +12,12 @@ directory: whoever holds it can check the model.
 Auditing (`private-t5 memorization --gin.AUDIT=<record>`): every canary is scored on the trained
 model (its loss: the mean token cross-entropy of its second half given its first half, as the
 prefix-LM objective splits a short document; span-corruption models read `first half
-<extra_id_0>` and predict `<extra_id_0> second half`), the k highest scores (lowest losses) are
-guessed "in" and the k lowest "out", and `dp/auditing.py` turns the number of correct guesses
-into an ε lower bound, reported beside the ledger's ε.
+<extra_id_0>` and predict `<extra_id_0> second half`), and jax-privacy's `CanaryScoreAuditor`
+(`dp/auditing.score_audit`) turns the scores (minus the losses) of the included and held-out
+canaries into ε lower bounds (one run; one-run f-DP), the attack's TPR at FPR 1% and 0.1% and its
+AUROC, reported beside the ledger's ε. The report's bound is the library's one-run bound; the
+package's own bound on k guesses a side (the k lowest losses "in", the k highest "out") is
+reported beside it as a cross-check.
 """
 import dataclasses
 import json
@@ -38,6 +42,7 @@ PREFIX_SCORING, SENTINEL_SCORING = "prefix", "sentinel"
 EOS_ID = 1
 WORD = re.compile(r"[A-Za-z]{3,}")
 MIN_CANARIES = 2  # one guessed in, one guessed out
+BOOTSTRAP_SAMPLES = auditing.BOOTSTRAP_SAMPLES  # of the TPR and AUROC intervals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +144,11 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
     raise ConfigError(f"audit canary repetitions must be a positive integer, got {repetitions!r}")
   check_outside_model_dir(output_path)
   included, seed = auditing.draw_membership(num_canaries, seed)
-  if not included.any():  # an audit needs a canary in (probability 2^-m; refused before anything is written)
-    raise DataError(f"none of the {num_canaries} audit canaries was drawn in; plant more canaries (--num_canaries)")
+  # An audit needs canaries in and out (a draw without both has probability 2^(1-m)): refused before
+  # anything is written.
+  if included.all() or not included.any():
+    raise DataError(f"{'all' if included.all() else 'none'} of the {num_canaries} audit canaries were drawn in; "
+                    "plant more canaries (--num_canaries)")
   docs = documents if callable(documents) else list(documents)  # a function that opens the corpus streams it
   words = corpus_words(d.text for d in (docs() if callable(docs) else docs)) if kind == "words" else ()
   texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab)
@@ -206,6 +214,8 @@ def load_record(path: str) -> AuditRecord:
   if record.repetitions < 1 or not included.any():
     raise DataError(f"{path}: an audit needs at least one included canary, inserted at least once "
                     f"({int(included.sum())} included, {record.repetitions} repetitions)")
+  if included.all():
+    raise DataError(f"{path}: an audit needs at least one held-out canary (all {record.num_canaries} are included)")
   return record
 
 
@@ -272,11 +282,34 @@ def check_guesses(num_canaries: int, guesses_per_side: Optional[int]) -> int:
   return k
 
 
+def check_delta(delta: float) -> float:
+  """δ of the bounds; ConfigError unless 0 < δ < 1 (jax-privacy's bounds need δ > 0)."""
+  if not isinstance(delta, (int, float)) or isinstance(delta, bool) or not 0 < delta < 1:
+    raise ConfigError(f"audit delta must be in (0, 1) (jax-privacy's bounds need δ > 0), got {delta!r}")
+  return float(delta)
+
+
+def check_settings(num_canaries: int, guesses_per_side: Optional[int], delta: Optional[float],
+                   bootstrap_samples: int) -> int:
+  """k (`check_guesses`), after refusing a bad δ (None: the ledger's) or bootstrap count: before any scoring."""
+  if delta is not None:
+    check_delta(delta)
+  auditing.check_bootstrap_samples(bootstrap_samples)
+  return check_guesses(num_canaries, guesses_per_side)
+
+
 def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, privacy_report: Optional[dict],
               confidence: float = 0.95, guesses_per_side: Optional[int] = None, delta: Optional[float] = None,
               default_delta: float = 1e-5, batch_size: int = 256, max_target_tokens: Optional[int] = None,
+              bootstrap_samples: int = BOOTSTRAP_SAMPLES, bootstrap_seed: int = 0,
               log: Callable[[str], None] = print) -> dict:
-  """Scores the recorded canaries, guesses, and returns the report's "audit" entry.
+  """Scores the recorded canaries and returns the report's "audit" entry.
+
+  The entry's `epsilon_lower_bound` (and `max_lower_bound`, its cap) is jax-privacy's one-run
+  bound (`method`); `epsilon_lower_bound_fdp` the one-run f-DP bound; `tpr_at_fpr` and `auroc`
+  the attack's ROC figures with bootstrap intervals; `saturation` a sentence when every guess is
+  right. `guesses`, `correct`, `k_plus` and `k_minus` are the package's k-a-side guesses, whose
+  bound is `steinke["epsilon_lower_bound"]` (the cross-check).
 
   Args:
     score_fn: `(encoder_inputs, targets, weights) -> log p [B]` (memorization.make_scorer).
@@ -284,51 +317,110 @@ def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, pri
     record_path_: the membership record (`*.audit.json`).
     scoring: "prefix" or "sentinel" (span-corruption checkpoints).
     privacy_report: the checkpoint's ledger report (its ε and δ are the claim audited).
-    confidence: 1 - β of the bound.
-    guesses_per_side: k (k+ = k- = k); default m // 4. Fix it before seeing the scores.
-    delta: δ of the bound; default the ledger's δ, or `default_delta` for a non-private run.
+    confidence: 1 - β of the bounds and of the bootstrap intervals.
+    guesses_per_side: k (k+ = k- = k) of the cross-check; default m // 4. Fix it before seeing the scores.
+    delta: δ of the bounds, in (0, 1); default the ledger's δ, or `default_delta` for a non-private run.
     batch_size: canaries scored together.
     max_target_tokens: the training targets length minus EOS (prefix LM: the scored part).
+    bootstrap_samples: resamples of the TPR and AUROC intervals (0: none).
+    bootstrap_seed: the resampling's seed.
   """
   t0 = time.time()
   record = load_record(record_path_)
   m = record.num_canaries
-  k = check_guesses(m, guesses_per_side)
+  k = check_settings(m, guesses_per_side, delta, bootstrap_samples)
   claim_eps, claim_delta, scope = ledger_claim(privacy_report)
-  if delta is None:
-    delta = float(claim_delta) if claim_delta is not None else default_delta
-  if not 0 <= delta < 1:
-    raise ConfigError(f"audit delta must be in [0, 1), got {delta}")
+  delta = check_delta(delta if delta is not None else claim_delta if claim_delta is not None else default_delta)
   losses = canary_losses(score_fn, vocab, record.texts, scoring, batch_size,
                          max_target_tokens if scoring == PREFIX_SCORING else None)
-  result = auditing.audit(-losses, record.included, k, k, delta, confidence)
-  top = auditing.max_lower_bound(result.guesses, delta, confidence, m)
+  lib = auditing.score_audit(-losses, record.included, delta, confidence, bootstrap_samples=bootstrap_samples,
+                             bootstrap_seed=bootstrap_seed)
+  own = auditing.audit(-losses, record.included, k, k, delta, confidence)
+  own_cap = auditing.max_lower_bound(own.guesses, delta, confidence, m)
   # A bound on a group of R copies is not bounded by the per-document ε (group privacy).
   comparable = claim_eps is not None and record.repetitions == 1
-  violated = bool(comparable and result.epsilon_lower_bound > claim_eps)
+  violated = bool(comparable and lib.epsilon_one_run > claim_eps)
+  fdp_above = bool(comparable and lib.epsilon_one_run_fdp > claim_eps)
+  saturation = (auditing.saturation_text(lib.num_included, lib.num_held_out, lib.epsilon_one_run_cap)
+                if lib.saturated else None)
+  own_saturation = (f"all guesses right: the bound is the cap for {own.guesses} guesses on {m} canaries, "
+                    f"{own_cap:.3f}" if own.guesses and own.correct == own.guesses else None)
+  version = auditing.library_version()
   edges = np.histogram_bin_edges(losses[np.isfinite(losses)], bins=30) if np.isfinite(losses).any() else np.arange(2.)
-  out = {"epsilon_lower_bound": result.epsilon_lower_bound, "confidence": confidence, "num_canaries": m,
-         "guesses": result.guesses, "correct": result.correct, "ledger_epsilon": claim_eps,
+  out = {"epsilon_lower_bound": lib.epsilon_one_run, "confidence": confidence, "num_canaries": m,
+         "guesses": own.guesses, "correct": own.correct, "ledger_epsilon": claim_eps,
          "ledger_delta": claim_delta, "ledger_scope": scope, "delta": delta, "k_plus": k, "k_minus": k,
-         "num_included": result.num_included, "repetitions": record.repetitions, "canary_kind": record.kind,
-         "scoring": scoring, "score": "minus the mean token loss of the canary's second half",
-         "max_lower_bound": top, "comparable_with_ledger": comparable, "violation": violated,
-         "mean_loss_included": float(np.mean(losses[record.included])) if record.included.any() else None,
-         "mean_loss_excluded": float(np.mean(losses[~record.included])) if (~record.included).any() else None,
+         "num_included": lib.num_included, "num_held_out": lib.num_held_out, "repetitions": record.repetitions,
+         "canary_kind": record.kind, "scoring": scoring,
+         "score": "minus the mean token loss of the canary's second half",
+         "method": f"{auditing.LIBRARY_AUDITOR}.epsilon_one_run (jax-privacy {version}; Steinke, Nasr and "
+                   "Jagielski 2023): one-sided guesses (\"in\" at or above a threshold), the threshold chosen "
+                   "among the ROC hull's vertices with a Bonferroni correction",
+         "max_lower_bound": lib.epsilon_one_run_cap, "saturated": lib.saturated, "saturation": saturation,
+         "epsilon_lower_bound_fdp": lib.epsilon_one_run_fdp, "max_lower_bound_fdp": lib.epsilon_one_run_fdp_cap,
+         "method_fdp": f"{auditing.LIBRARY_AUDITOR}.epsilon_one_run_fdp (jax-privacy {version}; Mahloujifar, "
+                       "Melis and Chaudhuri 2025): the Gaussian trade-off curve of (ε, δ)",
+         "fdp_exceeds_ledger": fdp_above,
+         "tpr_at_fpr": lib.tpr_at_fpr, "auroc": lib.auroc, "auroc_interval": lib.auroc_interval,
+         "bootstrap": {"samples": lib.bootstrap_samples, "seed": lib.bootstrap_seed, "confidence": confidence,
+                       "method": f"{auditing.LIBRARY_AUDITOR} with BootstrapParams.confidence_interval "
+                                 "(bias-corrected percentiles)"},
+         "steinke": {"epsilon_lower_bound": own.epsilon_lower_bound, "max_lower_bound": own_cap,
+                     "guesses": own.guesses, "correct": own.correct, "k_plus": k, "k_minus": k,
+                     "saturated": own_saturation is not None, "saturation": own_saturation,
+                     "method": "private_t5.dp.auditing.epsilon_lower_bound: k lowest losses guessed in, k highest "
+                               "out (the cross-check)"},
+         "comparable_with_ledger": comparable, "violation": violated,
+         "mean_loss_included": float(np.mean(losses[record.included])),
+         "mean_loss_excluded": float(np.mean(losses[~record.included])),
          "histogram": {"edges": edges.tolist(),
                        "included": np.histogram(losses[record.included], bins=edges)[0].tolist(),
                        "excluded": np.histogram(losses[~record.included], bins=edges)[0].tolist()},
          "record": os.path.abspath(record_path_), "seconds": round(time.time() - t0, 2)}
-  claim = "ε = ∞ (non-private)" if claim_eps is None else f"ε = {claim_eps:.4g} ({scope})"
-  log(f"[memorization] privacy audit: ε ≥ {result.epsilon_lower_bound:.3f} at {100 * confidence:g}% confidence "
-      f"(δ = {delta:.3g}; {result.correct}/{result.guesses} guesses correct, {m} canaries, k = {k} a side; "
-      f"at most {top:.3g} with every guess right); ledger {claim}")
-  if violated:
-    log(f"[memorization] PRIVACY AUDIT FAILED: {audit_failure_text(out)}")
-  elif claim_eps is not None and record.repetitions > 1:
-    log(f"[memorization] note: each included canary was inserted {record.repetitions} times, so the bound "
-        "concerns a group of documents and is not compared with the per-document ledger ε")
+  for line in audit_log_lines(out):
+    log(f"[memorization] {line}")
   return out
+
+
+def _interval(values) -> str:
+  return "" if values is None else f" [{values[0]:.3g}, {values[1]:.3g}]"
+
+
+def audit_log_lines(audit: dict) -> List[str]:
+  """What `memorization` prints of an audit entry (run_audit's): the figures, saturation, notes."""
+  claim = ("ε = ∞ (non-private)" if audit["ledger_epsilon"] is None
+           else f"ε = {audit['ledger_epsilon']:.4g} ({audit['ledger_scope']})")
+  tprs = ", ".join(f"{t['tpr']:.3g}{_interval(t['interval'])} at FPR {100 * t['fpr']:g}%" for t in audit["tpr_at_fpr"])
+  own = audit["steinke"]
+  lines = [
+      f"privacy audit ({auditing.LIBRARY_AUDITOR}; {audit['num_canaries']} canaries: {audit['num_included']} "
+      f"included, {audit['num_held_out']} held out; {100 * audit['confidence']:g}% confidence, "
+      f"δ = {audit['delta']:.3g}): ε ≥ {audit['epsilon_lower_bound']:.3f} (epsilon_one_run; cap "
+      f"{audit['max_lower_bound']:.3f}), ε ≥ {audit['epsilon_lower_bound_fdp']:.3f} (epsilon_one_run_fdp, a "
+      f"Gaussian trade-off; cap {audit['max_lower_bound_fdp']:.3f}); ledger {claim}",
+      f"privacy audit: attack TPR {tprs}; AUROC {audit['auroc']:.3g}{_interval(audit['auroc_interval'])} "
+      f"(bootstrap, {audit['bootstrap']['samples']} resamples)",
+      f"privacy audit cross-check (dp/auditing.epsilon_lower_bound, k = {own['k_plus']} a side): "
+      f"ε ≥ {own['epsilon_lower_bound']:.3f} ({own['correct']}/{own['guesses']} guesses correct; cap "
+      f"{own['max_lower_bound']:.3f})"]
+  if audit["saturation"]:
+    lines.append(f"privacy audit saturated: {audit['saturation']}")
+  if audit["violation"]:
+    lines.append(f"PRIVACY AUDIT FAILED: {audit_failure_text(audit)}")
+  elif audit.get("fdp_exceeds_ledger"):
+    lines.append(f"note: {fdp_note(audit)}")
+  if audit["ledger_epsilon"] is not None and audit["repetitions"] > 1:
+    lines.append(f"note: each included canary was inserted {audit['repetitions']} times, so the bound concerns a "
+                 "group of documents and is not compared with the per-document ledger ε")
+  return lines
+
+
+def fdp_note(audit: dict) -> str:
+  """The line of an f-DP bound above the ledger's ε (with the one-run bound below it)."""
+  return (f"the one-run f-DP bound {audit['epsilon_lower_bound_fdp']:.3f} exceeds the ledger's ε = "
+          f"{audit['ledger_epsilon']:.4g}: training is not μ-GDP for the μ that gives the ledger's (ε, δ) (at "
+          f"{100 * audit['confidence']:g}% confidence); DP-SGD's trade-off is close to Gaussian, so check the "
+          "implementation and accounting, though only the one-run bound refutes the (ε, δ) claim itself")
 
 
 def audit_failure_text(audit: dict) -> str:

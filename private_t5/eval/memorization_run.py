@@ -58,7 +58,8 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                      canaries: Optional[str] = None, canary_scoring: str = AUTO, canary_max_exact: int = 100_000,
                      canary_samples: int = 10_000, canary_batch_size: int = 512, audit: Optional[str] = None,
                      audit_confidence: float = 0.95, audit_guesses: Optional[int] = None,
-                     audit_delta: Optional[float] = None, text_field: str = "text",
+                     audit_delta: Optional[float] = None,
+                     audit_bootstrap_samples: int = audit_lib.BOOTSTRAP_SAMPLES, text_field: str = "text",
                      seed: int = 0, use_cache: bool = True, mesh_shape: Sequence[int] = (-1, 1),
                      parameter_sharding: str = sharding.REPLICATED, log: Callable[[str], None] = print) -> dict:
   """Runs the memorization stage and writes the report; returns the report dict.
@@ -87,6 +88,7 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     audit_guesses: k, the guesses on each side (the k lowest losses "in", the k highest "out");
       default m // 4. Fix it before looking at the results.
     audit_delta: δ of the bound (default: the ledger's δ; 1e-5 for a non-private run).
+    audit_bootstrap_samples: resamples of the audit's TPR and AUROC intervals (0: none).
     text_field: JSONL/TSV field of the text.
     seed: seed of the per-split subsets and of the span-corruption masks.
     use_cache: decode with the KV cache.
@@ -110,8 +112,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if not isinstance(split_config, SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
-  if audit:  # a bad record or guess count is refused before the long passes
-    audit_lib.check_guesses(audit_lib.load_record(audit).num_canaries, audit_guesses)
+  if audit:  # a bad record, k, δ or bootstrap count is refused before the long passes
+    audit_lib.check_settings(audit_lib.load_record(audit).num_canaries, audit_guesses, audit_delta,
+                             audit_bootstrap_samples)
   check_output_file(os.path.join(output_dir, "report.json"), "OUTPUT_DIR")
   rules = sharding.axis_rules(parameter_sharding)
   mesh = sharding.create_mesh(mesh_shape)
@@ -139,9 +142,13 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if audit:
     audit_result = evaluate_audit(model, audit, canary_scoring, confidence=audit_confidence,
                                   guesses_per_side=audit_guesses, delta=audit_delta,
-                                  batch_size=canary_batch_size, log=log)
+                                  batch_size=canary_batch_size, bootstrap_samples=audit_bootstrap_samples, log=log)
     if audit_result["violation"]:
       warnings.append("PRIVACY AUDIT FAILED: " + audit_lib.audit_failure_text(audit_result))
+    elif audit_result["fdp_exceeds_ledger"]:
+      warnings.append("privacy audit: " + audit_lib.fdp_note(audit_result))
+    if audit_result["saturation"]:
+      warnings.append(f"privacy audit saturated: {audit_result['saturation']}")
   if canaries:
     canary_fmt, canary_results = evaluate_canaries(
         model, canaries, canary_scoring, max_exact=canary_max_exact, num_samples=canary_samples,
@@ -416,6 +423,7 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
 
 def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence: float,
                    guesses_per_side: Optional[int], delta: Optional[float], batch_size: int,
+                   bootstrap_samples: int = audit_lib.BOOTSTRAP_SAMPLES,
                    log: Callable[[str], None] = print) -> dict:
   """The one-run privacy audit of the checkpoint on the audit canaries of `record` (eval/audit.py)."""
   targets = (model.info.get("feature_lengths") or {}).get("targets")
@@ -423,7 +431,8 @@ def evaluate_audit(model: LoadedModel, record: str, scoring: str, *, confidence:
                              model.vocab, record,
                              scoring=scoring, privacy_report=model.privacy_report, confidence=confidence,
                              guesses_per_side=guesses_per_side, delta=delta, batch_size=batch_size,
-                             max_target_tokens=int(targets) - 1 if targets else None, log=log)
+                             max_target_tokens=int(targets) - 1 if targets else None,
+                             bootstrap_samples=bootstrap_samples, log=log)
 
 
 def write_report(report: dict, output_dir: str, log: Callable[[str], None] = print) -> dict:
