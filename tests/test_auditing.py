@@ -235,8 +235,17 @@ def test_report_section_is_loud_on_a_violation():
           "guesses": 100, "correct": 99, "k_plus": 50, "ledger_epsilon": 1.0, "ledger_scope": "training + components",
           "max_lower_bound": 3.2, "repetitions": 1, "violation": True}
   text = "\n".join(report.audit_markdown(base))
-  assert "PRIVACY AUDIT FAILED" in text and "| 2.500 | 95% |" in text
+  assert "PRIVACY AUDIT FAILED" in text and "| 2.500 | – | 95% |" in text
   assert "FAILED" not in "\n".join(report.audit_markdown(dict(base, violation=False, epsilon_lower_bound=0.5)))
+  # The library's figures, when the audit has them: f-DP bound, TPR at fixed FPR, AUROC, saturation.
+  full = dict(base, violation=False, epsilon_lower_bound_fdp=4.25, max_lower_bound_fdp=5.0,
+              method="CanaryScoreAuditor.epsilon_one_run", saturation="all guesses right: the bound is the cap",
+              tpr_at_fpr=[{"fpr": 0.01, "tpr": 0.5, "interval": [0.4, 0.6]}, {"fpr": 0.001, "tpr": 0.25, "interval": None}],
+              auroc=0.9, auroc_interval=[0.85, 0.95], steinke={"epsilon_lower_bound": 2.0, "method": "k a side"})
+  text = "\n".join(report.audit_markdown(full))
+  assert "| 2.500 | 4.25 | 95% |" in text and "CanaryScoreAuditor.epsilon_one_run" in text and "(f-DP: 5.000)" in text
+  assert "**saturated**: all guesses right" in text and "TPR at FPR 1%: 0.5 (0.4 to 0.6)" in text
+  assert "TPR at FPR 0.1%: 0.25" in text and "AUROC: 0.9 (0.85 to 0.95)" in text and "99 of 100 guesses right" in text
 
 
 def test_memorization_refuses_a_missing_audit_record_first(tmp_path, capsys):

@@ -112,18 +112,36 @@ def audit_markdown(audit: dict) -> List[str]:
               f"ledger's ε = {audit['ledger_epsilon']:.4g}. The DP implementation or its privacy accounting is "
               f"wrong (or, with probability at most {1 - audit['confidence']:.2g}, this is a false alarm).", ""]
   lines += ["## Privacy audit (one training run)", "",
-            "Steinke, Nasr and Jagielski, \"Privacy Auditing with One (1) Training Run\", 2023: each audit canary "
-            "was included with probability 1/2; the canaries with the lowest losses are guessed in, those with "
-            "the highest out. If training were (ε, δ)-DP for the ε below, this many correct guesses would happen "
-            f"with probability at most {1 - audit['confidence']:.2g}.", "",
-            "| ε lower bound | confidence | δ | canaries (included) | guesses (k a side) | correct | ledger ε |",
-            "|---:|---:|---:|---:|---:|---:|---|",
-            f"| {audit['epsilon_lower_bound']:.3f} | {100 * audit['confidence']:g}% | {audit['delta']:.3g} | "
-            f"{audit['num_canaries']} ({audit.get('num_included', '?')}) | {audit['guesses']} ({audit.get('k_plus', '?')}) | "
-            f"{audit['correct']} | {ledger} |", "",
-            f"- largest bound these guesses could give (all correct): {audit.get('max_lower_bound', float('nan')):.3f}",
-            f"- mean canary loss: included {_num(audit.get('mean_loss_included'))}, excluded "
-            f"{_num(audit.get('mean_loss_excluded'))} nats/token"]
+            "Each audit canary was included with probability 1/2; a canary's score is minus its loss. The ε lower "
+            "bounds come from the scores of the included and the held-out canaries: "
+            f"{audit.get('method') or 'Steinke, Nasr and Jagielski, Privacy Auditing with One (1) Training Run, 2023'}"
+            + (f"; and {audit['method_fdp']}" if audit.get("method_fdp") else "")
+            + f". If training were (ε, δ)-DP for an ε below the bound, scores this separated would occur with "
+            f"probability at most {1 - audit['confidence']:.2g}.", "",
+            "| ε lower bound (one run) | f-DP | confidence | δ | canaries (included) | ledger ε |",
+            "|---:|---:|---:|---:|---:|---|",
+            f"| {audit['epsilon_lower_bound']:.3f} | {_num(audit.get('epsilon_lower_bound_fdp'))} | "
+            f"{100 * audit['confidence']:g}% | {audit['delta']:.3g} | "
+            f"{audit['num_canaries']} ({audit.get('num_included', '?')}) | {ledger} |", "",
+            f"- largest bound these canaries could give (every included canary scored above every held-out one): "
+            f"{audit.get('max_lower_bound', float('nan')):.3f}"
+            + (f" (f-DP: {audit['max_lower_bound_fdp']:.3f})" if audit.get("max_lower_bound_fdp") is not None else "")]
+  if audit.get("saturation"):
+    lines.append(f"- **saturated**: {audit['saturation']}")
+  for t in audit.get("tpr_at_fpr") or []:
+    interval = t.get("interval")
+    lines.append(f"- attack TPR at FPR {100 * t['fpr']:g}%: {t['tpr']:.3g}"
+                 + (f" ({interval[0]:.3g} to {interval[1]:.3g})" if interval else ""))
+  if audit.get("auroc") is not None:
+    interval = audit.get("auroc_interval")
+    lines.append(f"- attack AUROC: {audit['auroc']:.3g}" + (f" ({interval[0]:.3g} to {interval[1]:.3g})" if interval else ""))
+  own = audit.get("steinke") or {}
+  if own:
+    lines.append(f"- cross-check, k a side ({own.get('method', 'private_t5.dp.auditing')}): ε ≥ "
+                 f"{_num(own.get('epsilon_lower_bound'))}, {audit.get('correct', '?')} of {audit.get('guesses', '?')} "
+                 "guesses right")
+  lines.append(f"- mean canary loss: included {_num(audit.get('mean_loss_included'))}, excluded "
+               f"{_num(audit.get('mean_loss_excluded'))} nats/token")
   if audit.get("repetitions", 1) > 1:
     lines.append(f"- each included canary was inserted {audit['repetitions']} times: the bound concerns a group "
                  "of documents, so it is not compared with the per-document ledger ε")
