@@ -2,8 +2,10 @@
 with One (1) Training Run", 2023; Mahloujifar, Melis and Chaudhuri, "Auditing f-Differential
 Privacy in One Run", 2025).
 
-Planting (`private-t5 canaries --audit`): m random documents (random words of the corpus, or
-random pieces of a SentencePiece vocabulary); each is included in the training corpus with
+Planting (`private-t5 canaries --audit`): m random documents (random words of the corpus, random
+pieces of a SentencePiece vocabulary, or random draws from the corpus's rarest pieces or words:
+crafted canaries, after Panda, Tang, Nasr, Choquette-Choo and Mittal, "Privacy Auditing of Large
+Language Models", 2025); each is included in the training corpus with
 probability 1/2 by a secret seed (`dp/auditing.draw_membership`), as documents of the corpus
 (one privacy unit per copy, placed by `canaries.insert_canaries`). The membership record
 (`<corpus>.audit.json`, mode 0600) is written beside the new corpus and never into a model
@@ -19,12 +21,15 @@ AUROC, reported beside the ledger's ε. The report's bound is the library's one-
 package's own bound on k guesses a side (the k lowest losses "in", the k highest "out") is
 reported beside it as a cross-check.
 """
+import collections
 import dataclasses
+import itertools
 import json
+import math
 import os
 import re
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -35,7 +40,11 @@ from private_t5.eval import canaries as canaries_lib
 from private_t5.models import run_dir
 
 AUDIT_SUFFIX = ".audit.json"
-KINDS = ("words", "tokens")
+KINDS = ("words", "tokens", "rare_tokens", "rare_words")
+VOCAB_KINDS = ("tokens", "rare_tokens")  # the kinds drawn from a SentencePiece vocabulary
+RARE_FRACTION = 0.1  # the rare kinds' pool: the rarest tenth of what the corpus uses ...
+MIN_POOL = 100  # ... and at least this many pieces or words (every kind's smallest pool)
+ENCODE_BATCH = 256  # documents encoded together when the corpus's pieces are counted
 RECORD_KIND = "private_t5 audit canaries"
 CONTENT_STREAM = 0x74657874  # the canaries' contents: another stream of the same seed
 PREFIX_SCORING, SENTINEL_SCORING = "prefix", "sentinel"
@@ -97,28 +106,90 @@ def corpus_words(texts: Sequence[str], limit: int = 100_000) -> List[str]:
   return sorted(seen)
 
 
+def word_counts(texts: Iterable[str]) -> collections.Counter:
+  """How often each word (3+ letters, lower-cased) occurs in the corpus, read one document at a time."""
+  counts = collections.Counter()
+  for text in texts:
+    counts.update(w.lower() for w in WORD.findall(text))
+  return counts
+
+
+def piece_counts(texts: Iterable[str], vocab, batch_size: int = ENCODE_BATCH) -> np.ndarray:
+  """[pieces] how often each piece of `vocab` occurs in the corpus encoded with it, in batches of documents."""
+  sp = vocab.tokenizer
+  counts = np.zeros(sp.get_piece_size(), np.int64)
+  texts = iter(texts)
+  while True:
+    batch = list(itertools.islice(texts, batch_size))
+    if not batch:
+      return counts
+    ids = [i for row in sp.encode(batch) for i in row]
+    counts += np.bincount(np.asarray(ids, np.int64), minlength=len(counts))[:len(counts)]
+
+
+def ordinary_pieces(vocab) -> List[int]:
+  """The ids of the pieces that are neither control, unknown, byte nor unused pieces."""
+  sp = vocab.tokenizer
+  return [i for i in range(sp.get_piece_size())
+          if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i))]
+
+
+def _rarest(counts: dict, fraction: float, minimum: int, what: str, kind: str) -> list:
+  """The keys of `counts` (all >= 1) whose count is at most that of the k-th rarest, k = max(minimum,
+  ⌈fraction · len⌉): ties kept together, so the pool is not cut at an arbitrary piece or word."""
+  if len(counts) < minimum:
+    raise DataError(f"the corpus has {len(counts)} distinct {what}; {kind} canaries need at least {minimum}")
+  k = max(minimum, math.ceil(fraction * len(counts)))
+  threshold = sorted(counts.values())[k - 1]
+  return sorted(key for key, c in counts.items() if c <= threshold)
+
+
+def rare_pieces(counts: np.ndarray, vocab, fraction: float = RARE_FRACTION, minimum: int = MIN_POOL) -> List[int]:
+  """The `rare_tokens` pool: the least frequent ordinary pieces that occur in the corpus at least once
+  (`counts` from `piece_counts`), the rarest `fraction` of them and at least `minimum`, sorted by id."""
+  occurring = {i: int(counts[i]) for i in ordinary_pieces(vocab) if counts[i] > 0}
+  return _rarest(occurring, fraction, minimum, "ordinary pieces of the vocabulary", "rare-token")
+
+
+def rare_words(counts: collections.Counter, fraction: float = RARE_FRACTION, minimum: int = MIN_POOL) -> List[str]:
+  """The `rare_words` pool: the corpus's least frequent words (`counts` from `word_counts`), the rarest
+  `fraction` of them and at least `minimum`, sorted."""
+  return _rarest({w: c for w, c in counts.items() if c > 0}, fraction, minimum, "words", "rare-word")
+
+
 def make_texts(kind: str, num_canaries: int, length: int, seed: int, words: Sequence[str] = (),
-               vocab=None) -> List[str]:
-  """m distinct random documents of `length` words (kind "words") or pieces (kind "tokens")."""
+               vocab=None, pieces: Optional[Sequence[int]] = None) -> List[str]:
+  """m distinct random documents of `length` words or pieces.
+
+  Kind "words" draws from `words` (`corpus_words`), "rare_words" from `words` (`rare_words`),
+  "tokens" from the ordinary pieces of `vocab`, "rare_tokens" from `pieces` of `vocab`
+  (`rare_pieces`); every draw uses the seed's content stream.
+  """
   if kind not in KINDS:
     raise ConfigError(f"audit canary kind must be one of {', '.join(KINDS)}, got {kind!r}")
   if not isinstance(length, int) or length < 2:
     raise ConfigError(f"audit canary length must be an integer >= 2, got {length!r}")
   rng = np.random.default_rng([seed, CONTENT_STREAM])
-  if kind == "words":
+  if kind in ("words", "rare_words"):
     pool = list(words)
-    if len(pool) < 100:
-      raise DataError(f"the corpus has {len(pool)} distinct words; random-word canaries need at least 100")
+    if len(pool) < MIN_POOL:
+      raise DataError(f"the corpus gives {len(pool)} {'rare' if kind == 'rare_words' else 'distinct'} words; "
+                      f"{'rare' if kind == 'rare_words' else 'random'}-word canaries need at least {MIN_POOL}")
     draw = lambda: " ".join(pool[i] for i in rng.integers(0, len(pool), size=length))
   else:
     if vocab is None:
-      raise ConfigError("audit canaries of kind 'tokens' need a SentencePiece vocabulary (--vocab_path)")
+      raise ConfigError(f"audit canaries of kind {kind!r} need a SentencePiece vocabulary (--vocab_path)")
     sp = vocab.tokenizer
-    pieces = [i for i in range(sp.get_piece_size())
-              if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i) or sp.is_unused(i))]
-    if len(pieces) < 100:
-      raise DataError(f"the vocabulary has {len(pieces)} ordinary pieces; random-token canaries need at least 100")
-    draw = lambda: sp.decode([pieces[i] for i in rng.integers(0, len(pieces), size=length)]).strip()
+    if kind == "tokens":
+      pool = ordinary_pieces(vocab)
+    elif pieces is None:
+      raise ConfigError("audit canaries of kind 'rare_tokens' need their pool of rare pieces (audit.rare_pieces)")
+    else:
+      pool = list(pieces)
+    if len(pool) < MIN_POOL:
+      raise DataError(f"the {'vocabulary' if kind == 'tokens' else 'pool of rare pieces'} has {len(pool)} ordinary "
+                      f"pieces; {'random' if kind == 'tokens' else 'rare'}-token canaries need at least {MIN_POOL}")
+    draw = lambda: sp.decode([pool[i] for i in rng.integers(0, len(pool), size=length)]).strip()
   texts, seen = [], set()
   for _ in range(100 * num_canaries):
     text = draw()
@@ -128,6 +199,23 @@ def make_texts(kind: str, num_canaries: int, length: int, seed: int, words: Sequ
       if len(texts) == num_canaries:
         return texts
   raise DataError(f"could not draw {num_canaries} distinct audit canaries of length {length}")
+
+
+def canary_pool(kind: str, documents, vocab=None):
+  """(words, pieces): what `make_texts` draws `kind` from, counted over the corpus read once (a sequence
+  of documents, or a function that opens it afresh), never held."""
+  if kind not in KINDS:
+    raise ConfigError(f"audit canary kind must be one of {', '.join(KINDS)}, got {kind!r}")
+  if kind in VOCAB_KINDS and vocab is None:
+    raise ConfigError(f"audit canaries of kind {kind!r} need a SentencePiece vocabulary (--vocab_path)")
+  if kind == "tokens":
+    return (), None
+  texts = (d.text for d in (documents() if callable(documents) else documents))
+  if kind == "words":
+    return corpus_words(texts), None
+  if kind == "rare_words":
+    return rare_words(word_counts(texts)), None
+  return (), rare_pieces(piece_counts(texts, vocab), vocab)
 
 
 def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words", length: int = 8,
@@ -150,8 +238,8 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
     raise DataError(f"{'all' if included.all() else 'none'} of the {num_canaries} audit canaries were drawn in; "
                     "plant more canaries (--num_canaries)")
   docs = documents if callable(documents) else list(documents)  # a function that opens the corpus streams it
-  words = corpus_words(d.text for d in (docs() if callable(docs) else docs)) if kind == "words" else ()
-  texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab)
+  words, pieces = canary_pool(kind, docs, vocab)
+  texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab, pieces=pieces)
   planted = [canaries_lib.Canary(id=f"audit-{k}", secret="", text=t, repetitions=repetitions if inc else 0)
              for k, (t, inc) in enumerate(zip(texts, included))]
   n = 0
@@ -195,6 +283,8 @@ def load_record(path: str) -> AuditRecord:
       checks.boolean(c.get("included"), f"canary {k}'s 'included'")
     for name in ("repetitions", "seed", "length"):
       checks.integer(rec[name], repr(name), minimum=0)
+    if rec["canary_kind"] not in KINDS:
+      raise ValueError(f"'canary_kind' must be one of {', '.join(KINDS)}, got {rec['canary_kind']!r:.80}")
     texts = [c["text"] for c in canaries]
     included = np.array([c["included"] for c in canaries], dtype=bool)
     record = AuditRecord(texts=texts, included=included, repetitions=rec["repetitions"],

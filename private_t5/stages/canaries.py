@@ -11,9 +11,11 @@ Give that record to `private-t5 memorization` (--gin.CANARIES=...) to measure ex
       --num_canaries=1000 --canary_kind=words [--repetitions=1]
 
 plants canaries for the one-run privacy audit (Steinke, Nasr and Jagielski 2023): m random
-documents, each included with probability 1/2 by a secret seed (OS entropy unless --seed), every
-included one --repetitions times; the secret membership record `train_audit.audit.json` (mode
-0600) goes beside the new corpus. Give it to `private-t5 memorization` (--gin.AUDIT=...).
+documents (--canary_kind: `words` of the corpus, `tokens` of --vocab_path, or draws from the
+corpus's rarest pieces of --vocab_path, `rare_tokens`, or its rarest words, `rare_words`), each
+included with probability 1/2 by a secret seed (OS entropy unless --seed), every included one
+--repetitions times; the secret membership record `train_audit.audit.json` (mode 0600) goes
+beside the new corpus. Give it to `private-t5 memorization` (--gin.AUDIT=...).
 """
 import os
 import string
@@ -40,10 +42,12 @@ def _parser():
   p.add_flag("audit", action="store_true", default=False,
              help="plant privacy-audit canaries, each included with probability 1/2 (see above)")
   p.add_flag("num_canaries", type=int, default=1000, help="with --audit: m, the number of canaries")
-  p.add_flag("canary_kind", default="words", help="with --audit: 'words' (random words of the corpus) or "
-             "'tokens' (random pieces of --vocab_path)")
+  p.add_flag("canary_kind", default="words", help="with --audit: 'words' (random words of the corpus), "
+             "'tokens' (random pieces of --vocab_path), 'rare_tokens' (random pieces among the corpus's rarest "
+             "pieces of --vocab_path) or 'rare_words' (random words among the corpus's rarest words)")
   p.add_flag("canary_length", type=int, default=8, help="with --audit: words or pieces in a canary")
-  p.add_flag("vocab_path", default=None, help="with --audit --canary_kind=tokens: the SentencePiece model")
+  p.add_flag("vocab_path", default=None,
+             help="with --audit --canary_kind=tokens or rare_tokens: the SentencePiece model")
   return p
 
 
@@ -99,12 +103,13 @@ def _plant_audit(args) -> int:
   if args.canary_kind not in audit.KINDS:
     raise ConfigError(f"--canary_kind must be one of {', '.join(audit.KINDS)}, got {args.canary_kind!r}")
   vocab = None
-  if args.canary_kind == "tokens":
+  if args.canary_kind in audit.VOCAB_KINDS:
     if not args.vocab_path:
-      raise ConfigError("--canary_kind=tokens needs --vocab_path (a SentencePiece model)")
+      raise ConfigError(f"--canary_kind={args.canary_kind} needs --vocab_path (a SentencePiece model)")
     from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
     vocab = spm.load_vocabulary(args.vocab_path)
-  # The corpus is read, never held: its words (kind "words"), its count, then the copy.
+  # The corpus is read, never held: its words or pieces counted (kinds "words", "rare_words",
+  # "rare_tokens"), its documents counted, then the copy.
   open_docs = lambda: corpora.iter_documents(args.corpus, text_field=args.text_field)
   corpus, record, n, rec = audit.plant(open_docs, args.output, num_canaries=args.num_canaries, kind=args.canary_kind,
                                        length=args.canary_length, repetitions=int(reps), seed=args.seed,
