@@ -340,3 +340,51 @@ def test_memorization_on_two_processes_equals_one(overfit, tmp_path):
   assert [r["devices"] for r in reports.values()] == [4, 4, 4]
   assert [r["mesh_shape"] for r in reports.values()] == [[4, 1], [4, 1], [1, 4]]
   assert two["train_unique"]["n"] == NUM_TRAIN and two["valid_unique"]["n"] == NUM_UNSEEN
+
+
+@pytest.mark.slow
+def test_uniform_training_sample_finds_the_memorized_documents_only(overfit, tmp_path):
+  """configs/runs/memorization_50_50.gin (at P, T of the overfit model): the training sample
+  holds the memorized documents and the unseen ones put in the same corpus; the first are exact
+  and approximate matches, the others are not."""
+  from private_t5.stages import cli
+  o = overfit
+  model_dir = tmp_path / "run"
+  _save_checkpoint(o, model_dir)
+  train_path = tmp_path / "train.jsonl"
+  docs = o["train_docs"] + o["unseen_docs"]
+  train_path.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in docs))
+  valid_path = tmp_path / "valid.jsonl"
+  valid_path.write_text("".join(json.dumps({"id": d.id, "text": d.text}) + "\n" for d in o["unseen_docs"][:4]))
+  out_dir = tmp_path / "memorization"
+  sample = NUM_TRAIN + NUM_UNSEEN - 2
+  args = ["memorization", "--gin_file=configs/runs/memorization_50_50.gin", f"--gin.MODEL_DIR={model_dir}",
+          f"--gin.TRAIN_CORPUS={train_path}", f"--gin.VALID_CORPUS={valid_path}", f"--gin.OUTPUT_DIR={out_dir}",
+          f"--gin.PROMPT_LENGTH={P}", f"--gin.GENERATION_LENGTH={T}", "--gin.BATCH_SIZE=8",
+          f"--gin.TRAIN_SAMPLE_SIZE={sample}", "--gin.APPROXIMATE_THRESHOLD=0.25", "--gin.MAX_EXAMPLES_PER_SPLIT=4",
+          *SPLIT_CONFIG_FLAGS]
+  assert cli.main(args) == 0
+  report = json.loads((out_dir / "report.json").read_text())
+  assert report["settings"]["train_sample_size"] == sample and report["settings"]["approximate_threshold"] == 0.25
+  assert report["train_sample"]["eligible"] == NUM_TRAIN + NUM_UNSEEN
+  assert report["train_sample"]["evaluated"] == sample
+  got = report["extraction"]["greedy"]["train_sample"]
+  per_doc = report["per_document"]["greedy"]["train_sample"]
+  assert got["n"] == sample == len(per_doc["ids"]) and got["skipped"] == 0
+  trained = {d.id for d in o["train_docs"]}
+  order = [d.id for d in docs]
+  assert per_doc["ids"] == sorted(per_doc["ids"], key=order.index)  # in corpus order
+  seen = [(e, a) for i, e, a in zip(per_doc["ids"], per_doc["exact"], per_doc["approximate"]) if i in trained]
+  unseen = [(e, a) for i, e, a in zip(per_doc["ids"], per_doc["exact"], per_doc["approximate"]) if i not in trained]
+  assert seen and unseen and len(seen) + len(unseen) == sample
+  assert all(e == a == 1 for e, a in seen), seen
+  assert sum(e for e, _ in unseen) <= 1 and sum(a for _, a in unseen) <= 1, unseen
+  assert got["exact_matches"] == sum(per_doc["exact"]) and got["approximate_matches"] == sum(per_doc["approximate"])
+  low, high = got["exact_match_ci"]
+  assert low < got["exact_match"] < high
+  assert report["decoding"]["greedy/train_sample"]["prompts"] == sample
+  assert report["decoding"]["greedy/train_sample"]["prompts_per_second"] > 0
+  assert report["extraction"]["greedy"]["overall"]["n"] == sum(
+      report["extraction"]["greedy"][s]["n"] for s in ("train_dup", "train_unique", "valid_in_train", "valid_unique"))
+  md = (out_dir / "report.md").read_text()
+  assert f"| Train sample (uniform) | {sample} | 0 |" in md and "approx. % (≤ 0.25)" in md

@@ -16,7 +16,7 @@ every device (models/mesh_inference.py: prompts over the `data` axis, parameters
 training), and batches are padded to a fixed size so XLA compiles once per decoding method.
 """
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -47,6 +47,9 @@ class ExtractionConfig:
     use_cache: decode with the KV cache (False: the slow reference path).
     noise_density, mean_noise_span_length: span-corruption variant's masking (T5 defaults).
     seed: seed of the span-corruption variant's masks.
+    approximate_threshold: normalized token edit distance (distance / T) up to which a
+      generation is an approximate match (0.1: Carlini et al. 2023).
+    confidence: confidence of the Clopper-Pearson intervals of the match rates.
   """
   prompt_length: int = 512
   generation_length: int = 114
@@ -58,6 +61,8 @@ class ExtractionConfig:
   noise_density: float = 0.15
   mean_noise_span_length: float = 3.0
   seed: int = 0
+  approximate_threshold: float = extraction_metrics.APPROXIMATE_THRESHOLD
+  confidence: float = extraction_metrics.CONFIDENCE
 
   def validate(self) -> "ExtractionConfig":
     for name in ("prompt_length", "generation_length", "batch_size"):
@@ -66,6 +71,12 @@ class ExtractionConfig:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     if self.beam_size < 0:
       raise ConfigError(f"beam_size must be >= 0, got {self.beam_size}")
+    if isinstance(self.approximate_threshold, bool) or not isinstance(self.approximate_threshold, (int, float)) \
+        or not 0 <= self.approximate_threshold < 1:
+      raise ConfigError(f"approximate_threshold must be in [0, 1), got {self.approximate_threshold!r}")
+    if isinstance(self.confidence, bool) or not isinstance(self.confidence, (int, float)) \
+        or not 0 < self.confidence < 1:
+      raise ConfigError(f"the match rates' confidence must be in (0, 1), got {self.confidence!r}")
     return self
 
 
@@ -162,10 +173,25 @@ class DecodeStats:
       return steady_tokens / steady_seconds
     return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
+  @property
+  def prompts_per_second(self) -> float:
+    """Prompts decoded per second of the whole pass (its wall time, compilation included)."""
+    return self.prompts / self.seconds if self.seconds > 0 else 0.0
+
+  def merge(self, other: "DecodeStats") -> "DecodeStats":
+    """This pass followed by `other` (its first batch stays this one's unless this one is empty)."""
+    if not self.generated_tokens:
+      return dataclasses.replace(other, prompts=self.prompts + other.prompts)
+    return DecodeStats(prompts=self.prompts + other.prompts,
+                       generated_tokens=self.generated_tokens + other.generated_tokens,
+                       seconds=self.seconds + other.seconds, first_batch_seconds=self.first_batch_seconds,
+                       first_batch_tokens=self.first_batch_tokens)
+
   def as_dict(self) -> dict:
     return {"prompts": self.prompts, "generated_tokens": self.generated_tokens,
             "seconds": round(self.seconds, 3), "first_batch_seconds": round(self.first_batch_seconds, 3),
-            "tokens_per_second": round(self.tokens_per_second, 1)}
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "prompts_per_second": round(self.prompts_per_second, 2)}
 
 
 def make_inference(params, model_config, mesh=None,
@@ -224,7 +250,8 @@ def evaluate_split(params, model_config, examples: ExtractionExamples, cfg: Extr
   """(SplitMetrics, DecodeStats, predictions) of one split's examples (`generate` decodes them)."""
   n = len(examples.ids)
   if n == 0:
-    return extraction_metrics.aggregate([], [], skipped=examples.skipped), DecodeStats(), []
+    return extraction_metrics.aggregate([], [], skipped=examples.skipped, threshold=cfg.approximate_threshold,
+                                        confidence=cfg.confidence), DecodeStats(), []
   progress = progress_lib.bar(total=n, desc=f"{label} {method}".strip(), unit="prompts") if verbose else None
   try:
     preds, stats = generate(params, model_config, examples.inputs, examples.max_target_length, cfg,
@@ -232,8 +259,42 @@ def evaluate_split(params, model_config, examples: ExtractionExamples, cfg: Extr
   finally:
     if progress is not None:
       progress.close()
-  metrics = extraction_metrics.aggregate(list(preds), examples.targets, skipped=examples.skipped)
+  metrics = extraction_metrics.aggregate(list(preds), examples.targets, skipped=examples.skipped,
+                                         threshold=cfg.approximate_threshold, confidence=cfg.confidence)
   return metrics, stats, preds
+
+
+def evaluate_streaming(params, model_config, chunks: Iterable[ExtractionExamples], cfg: ExtractionConfig,
+                       method: str = GREEDY, label: str = "", total: Optional[int] = None, skipped: int = 0,
+                       verbose: bool = True, inference: Optional[mesh_inference.MeshInference] = None):
+  """`evaluate_split` over examples that arrive in chunks (each decoded by `generate`, in batches
+  of `cfg.batch_size`), holding one chunk's prompts and predictions at a time.
+
+  Returns:
+    (SplitMetrics, DecodeStats, ids, exact, approximate): the example ids in order, and per
+    example whether it is an exact and an approximate match.
+  """
+  scores, lengths, ids, stats = [], [], [], DecodeStats()
+  progress = progress_lib.bar(total=total, desc=f"{label} {method}".strip(), unit="prompts") if verbose else None
+  try:
+    for chunk in chunks:
+      if not chunk.ids:
+        continue
+      preds, chunk_stats = generate(params, model_config, chunk.inputs, chunk.max_target_length, cfg,
+                                    method=method, progress=progress, inference=inference)
+      stats = stats.merge(chunk_stats)
+      scores.extend(extraction_metrics.per_example_scores(p, t, EOS_ID) for p, t in zip(preds, chunk.targets))
+      lengths.extend(len(t) for t in chunk.targets)
+      ids.extend(chunk.ids)
+  finally:
+    if progress is not None:
+      progress.close()
+  metrics = extraction_metrics.aggregate_scores(scores, lengths, skipped=skipped,
+                                                threshold=cfg.approximate_threshold, confidence=cfg.confidence)
+  exact = [bool(s[0]) for s in scores]
+  approximate = [extraction_metrics.is_approximate_match(s[2], t, cfg.approximate_threshold)
+                 for s, t in zip(scores, lengths)]
+  return metrics, stats, ids, exact, approximate
 
 
 def check_model_matches(params, model_config, vocab_size: int) -> None:
@@ -270,6 +331,8 @@ def summarize_decode_stats(stats: Dict[str, DecodeStats]) -> dict:
   tokens = sum(s.generated_tokens for s in stats.values())
   seconds = sum(s.seconds for s in stats.values())
   steady = [s.tokens_per_second for s in stats.values() if s.generated_tokens]
-  return {"generated_tokens": tokens, "seconds": round(seconds, 3),
+  prompts = sum(s.prompts for s in stats.values() if s.generated_tokens)
+  return {"generated_tokens": tokens, "seconds": round(seconds, 3), "prompts": prompts,
+          "prompts_per_second": round(prompts / seconds, 2) if seconds else 0.0,
           "tokens_per_second_overall": round(tokens / seconds, 1) if seconds else 0.0,
           "tokens_per_second_steady": round(float(np.median(steady)), 1) if steady else 0.0}

@@ -3,7 +3,9 @@
 `run_memorization` (the `private-t5 memorization` stage binds it with Gin) builds (or reuses) the four splits of Lee et al. (train dup / train unique / valid in train /
 valid unique), prompts the checkpoint with the first P tokens of up to N documents of each
 split, generates T tokens greedily (and with beam search when BEAM_SIZE > 0), scores EM / TA /
-MED, optionally the span-corruption variant, the exposure of recorded canaries and the one-run
+MED and the exact and approximate match rates with their Clopper-Pearson intervals, optionally
+a uniform sample of the training documents (the "train_sample" group: the 50/50 extraction
+protocol of Carlini et al. 2023), the span-corruption variant, the exposure of recorded canaries and the one-run
 privacy audit (an ε lower bound from audit canaries, beside the ledger's ε), and writes
 report.json, report.md and plots to the output directory.
 """
@@ -13,7 +15,7 @@ import hashlib
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import jax
 from jax.experimental import multihost_utils
@@ -60,6 +62,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                      audit_confidence: float = 0.95, audit_guesses: Optional[int] = None,
                      audit_delta: Optional[float] = None,
                      audit_bootstrap_samples: int = audit_lib.BOOTSTRAP_SAMPLES, text_field: str = "text",
+                     train_sample_size: int = 0,
+                     approximate_threshold: float = extraction_metrics.APPROXIMATE_THRESHOLD,
+                     match_confidence: float = extraction_metrics.CONFIDENCE,
                      seed: int = 0, use_cache: bool = True, mesh_shape: Sequence[int] = (-1, 1),
                      parameter_sharding: str = sharding.REPLICATED, log: Callable[[str], None] = print) -> dict:
   """Runs the memorization stage and writes the report; returns the report dict.
@@ -90,7 +95,13 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     audit_delta: δ of the bound (default: the ledger's δ; 1e-5 for a non-private run).
     audit_bootstrap_samples: resamples of the audit's TPR and AUROC intervals (0: none).
     text_field: JSONL/TSV field of the text.
-    seed: seed of the per-split subsets and of the span-corruption masks.
+    train_sample_size: training documents drawn uniformly (seeded, without replacement) from
+      those with at least P + T tokens and evaluated as the "train_sample" group, streamed in
+      chunks; 0: none.
+    approximate_threshold: normalized token edit distance (distance / T) up to which a
+      generation is an approximate match (0.1: 5 of 50 tokens wrong).
+    match_confidence: confidence of the Clopper-Pearson intervals of the match rates.
+    seed: seed of the per-split subsets, of the training sample and of the span-corruption masks.
     use_cache: decode with the KV cache.
     mesh_shape: (data, model) mesh of the decoding and scoring, as training's; -1 takes the
       remaining devices. Default: every device of every process on `data`. `batch_size` is the
@@ -106,7 +117,10 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       raise ConfigError(f"{macro} is required: pass --gin.{macro}=... (see --help)")
   cfg = memorization.ExtractionConfig(prompt_length=prompt_length, generation_length=generation_length,
                                       batch_size=batch_size, beam_size=beam_size, beam_alpha=beam_alpha,
-                                      use_cache=use_cache, seed=seed).validate()
+                                      use_cache=use_cache, seed=seed, approximate_threshold=approximate_threshold,
+                                      confidence=match_confidence).validate()
+  if isinstance(train_sample_size, bool) or not isinstance(train_sample_size, int) or train_sample_size < 0:
+    raise ConfigError(f"train_sample_size must be an integer >= 0 (0: no training sample), got {train_sample_size!r}")
   if max_examples_per_split is not None and max_examples_per_split < 1:
     raise ConfigError(f"max_examples_per_split must be positive or None, got {max_examples_per_split}")
   if not isinstance(split_config, SplitConfig):
@@ -135,6 +149,11 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   extraction, decode_stats, evaluated, per_document = evaluate_extraction(
       model, data, cfg, max_examples_per_split=max_examples_per_split,
       span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
+  train_sample = None
+  if train_sample_size:
+    train_sample = evaluate_train_sample(model, data, cfg, train_sample_size, extraction, decode_stats,
+                                         per_document, warnings, log)
+    evaluated["train_sample"] = train_sample["evaluated"]
   canary_results, canary_fmt, audit_result = [], None, None
   if canary_scoring == AUTO:
     canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
@@ -155,8 +174,9 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
         batch_size=canary_batch_size, seed=seed, log=log)
 
   throughput = memorization.summarize_decode_stats(decode_stats)
-  log(f"[memorization] decoding: {throughput['tokens_per_second_steady']:.0f} tokens/s "
-      f"({throughput['generated_tokens']} tokens in {throughput['seconds']:.1f} s)")
+  log(f"[memorization] decoding: {throughput['tokens_per_second_steady']:.0f} tokens/s, "
+      f"{throughput['prompts_per_second']:.1f} prompts/s ({throughput['generated_tokens']} tokens in "
+      f"{throughput['seconds']:.1f} s)")
   report = {
       "checkpoint": {"model_dir": model.info.get("model_dir", model_dir), "step": model.info.get("step"),
                      "vocab_path": os.path.abspath(model.vocab_path), "objective": model.objective,
@@ -170,11 +190,14 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
                    "batch_size": batch_size, "global_batch_size": model.inference.global_batch_size(batch_size),
                    "parameter_sharding": parameter_sharding, "beam_size": beam_size, "beam_alpha": beam_alpha,
                    "max_examples_per_split": max_examples_per_split, "seed": seed,
+                   "train_sample_size": train_sample_size, "approximate_threshold": approximate_threshold,
+                   "match_confidence": match_confidence,
                    "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
                    "train_corpus": train_corpus, "valid_corpus": valid_corpus},
       "splits": {"file": data.split_path, "reused": data.reused, "sizes": data.sizes, "evaluated": evaluated,
                  "config": split_config.key_fields(), "stats": data.splits.stats},
       "extraction": extraction,
+      "train_sample": train_sample,
       "per_document": per_document,
       "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
       "throughput": throughput,
@@ -397,12 +420,100 @@ def evaluate_extraction(model: LoadedModel, data: SplitData, cfg, *, max_example
       key = method if variant == "prefix" else f"{variant}_{method}"
       extraction.setdefault(key, {})[name] = metrics.as_dict()
       exact = extraction_metrics.exact_matches(list(preds), examples.targets)
-      per_document.setdefault(key, {})[name] = {"ids": list(examples.ids), "exact": [int(e) for e in exact]}
+      approximate = extraction_metrics.approximate_matches(list(preds), examples.targets, cfg.approximate_threshold)
+      per_document.setdefault(key, {})[name] = {"ids": list(examples.ids), "exact": [int(e) for e in exact],
+                                                "approximate": [int(a) for a in approximate]}
       decode_stats[f"{key}/{name}"] = stats
       log(f"[memorization] {name:<15} {key:<22} n={metrics.n:<5} skipped={metrics.skipped:<5} "
           f"EM={100 * metrics.exact_match:.2f}% TA={100 * metrics.token_accuracy:.2f}% "
-          f"MED={metrics.median_edit_distance:g}  ({model.eps_text})")
+          f"MED={metrics.median_edit_distance:g} approx={100 * metrics.approximate_match:.2f}%  ({model.eps_text})")
+  for key, per_split in extraction.items():
+    per_split["overall"] = extraction_metrics.pool([per_split[name] for name in SPLIT_NAMES if name in per_split],
+                                                   cfg.confidence)
   return extraction, decode_stats, evaluated, per_document
+
+
+TRAIN_SAMPLE = "train_sample"
+_SAMPLE_CHUNK_BATCHES = 16  # global batches of prompts read, tokenized and decoded together
+
+
+def sample_documents(lengths: np.ndarray, min_length: int, size: int, seed: int) -> Tuple[np.ndarray, int]:
+  """(document numbers, in corpus order, of `size` documents drawn uniformly without replacement
+  from those with >= `min_length` tokens; how many have that many): all of them when fewer."""
+  eligible = np.flatnonzero(np.asarray(lengths) >= min_length)
+  if len(eligible) <= size:
+    return eligible, len(eligible)
+  rows = np.random.default_rng([seed, len(SPLIT_NAMES)]).choice(len(eligible), size=size, replace=False)
+  return eligible[np.sort(rows)], len(eligible)
+
+
+def iter_documents_by_number(spec: str, numbers: np.ndarray, text_field: str) -> Iterator[Any]:
+  """The documents of `spec` whose 0-based numbers are `numbers` (sorted), in one streaming pass that
+  stops after the last one (the numbering of `read_documents_by_number`)."""
+  numbers = np.asarray(numbers)
+  if not len(numbers):
+    return
+  k = 0
+  for i, d in enumerate(corpora.iter_documents(spec, text_field=text_field, allow_empty=True)):
+    if i == numbers[k]:
+      yield d
+      k += 1
+      if k == len(numbers):
+        return
+  raise DataError(f"corpus {spec} changed while it was evaluated")
+
+
+def iter_prefix_chunks(vocab, documents: Iterable[Any], cfg, chunk_size: int) -> Iterator[Any]:
+  """`memorization.prefix_examples` of `documents`, `chunk_size` documents at a time."""
+  batch = []
+  for d in documents:
+    batch.append(d)
+    if len(batch) == chunk_size:
+      yield memorization.prefix_examples([x.id for x in batch], memorization.tokenize_documents(
+          vocab, [x.text for x in batch]), cfg)
+      batch = []
+  if batch:
+    yield memorization.prefix_examples([x.id for x in batch], memorization.tokenize_documents(
+        vocab, [x.text for x in batch]), cfg)
+
+
+def evaluate_train_sample(model: LoadedModel, data: SplitData, cfg, size: int, extraction: dict,
+                          decode_stats: dict, per_document: dict, warnings: List[str],
+                          log: Callable[[str], None] = print) -> dict:
+  """Extraction on `size` training documents drawn uniformly (seeded) from those with >= P + T tokens.
+
+  The documents are streamed from the training corpus, tokenized and decoded a chunk of
+  `_SAMPLE_CHUNK_BATCHES` global batches at a time (`memorization.evaluate_streaming`, the
+  splits' decoding path), so neither the corpus nor all prompts are held. Adds the
+  "train_sample" group to `extraction`, `decode_stats` and `per_document` for each prefix
+  decoding method; returns the sample's description.
+  """
+  min_length = cfg.prompt_length + cfg.generation_length
+  lengths = data.lengths["train"]
+  numbers, eligible = sample_documents(lengths, min_length, size, cfg.seed)
+  if eligible < size:
+    warnings.append(f"{TRAIN_SAMPLE}: only {eligible} of the {len(lengths)} training documents have the "
+                    f"{min_length} tokens of prompt + generation (asked {size}); all of them are evaluated")
+    log(f"[memorization] warning: {warnings[-1]}")
+  chunk_size = _SAMPLE_CHUNK_BATCHES * model.inference.global_batch_size(cfg.batch_size)
+  methods = [memorization.GREEDY] + ([memorization.BEAM] if cfg.beam_size > 0 else [])
+  for method in methods:
+    chunks = iter_prefix_chunks(model.vocab, iter_documents_by_number(data.corpora["train"], numbers,
+                                                                      data.text_field), cfg, chunk_size)
+    metrics, stats, ids, exact, approximate = memorization.evaluate_streaming(
+        model.params, model.model_config, chunks, cfg, method=method, label=TRAIN_SAMPLE, total=len(numbers),
+        skipped=len(lengths) - eligible, inference=model.inference)
+    if len(ids) != len(numbers):
+      raise DataError(f"corpus {data.corpora['train']} changed while it was evaluated")
+    extraction.setdefault(method, {})[TRAIN_SAMPLE] = metrics.as_dict()
+    decode_stats[f"{method}/{TRAIN_SAMPLE}"] = stats
+    per_document.setdefault(method, {})[TRAIN_SAMPLE] = {"ids": ids, "exact": [int(e) for e in exact],
+                                                         "approximate": [int(a) for a in approximate]}
+    log(f"[memorization] {TRAIN_SAMPLE:<15} {method:<22} n={metrics.n:<5} EM={100 * metrics.exact_match:.2f}% "
+        f"approx={100 * metrics.approximate_match:.2f}% TA={100 * metrics.token_accuracy:.2f}% "
+        f"{stats.prompts_per_second:.1f} prompts/s  ({model.eps_text})")
+  return {"size": size, "eligible": eligible, "evaluated": len(numbers), "documents": len(lengths),
+          "min_length": min_length, "seed": cfg.seed}
 
 
 def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_exact: int, num_samples: int,

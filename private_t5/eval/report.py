@@ -1,6 +1,9 @@
 """The memorization report: report.json, report.md and PNG plots (matplotlib, Agg backend).
 
-report.json holds, per split, n / skipped / EM / TA / MED for every decoding method; per
+report.json holds, per split, n / skipped / EM / TA / MED and the exact and approximate match
+rates with their Clopper-Pearson intervals for every decoding method (with the training sample
+"train_sample" when one was drawn, and "overall": the four splits pooled), and each pass's
+decoding time and prompts per second ("decoding"); per
 canary its repetitions, rank and exposure; the checkpoint's ε from its privacy ledger; with
 audit canaries, the one-run audit's ε lower bound beside it ("audit"); the split sizes and the
 decoding throughput.
@@ -23,6 +26,10 @@ plt = lazy_module("matplotlib.pyplot", needed_for="the memorization report's plo
 
 SPLIT_TITLES = {"train_dup": "Train dup", "train_unique": "Train unique",
                 "valid_in_train": "Valid in train", "valid_unique": "Valid unique"}
+# The rows of the extraction tables after the four splits: the uniform training sample and the
+# four splits pooled.
+GROUP_TITLES = {**SPLIT_TITLES, "overall": "All four splits", "train_sample": "Train sample (uniform)"}
+TABLE_ROWS = tuple(SPLIT_NAMES) + ("overall", "train_sample")
 
 
 def _clean(x):
@@ -60,6 +67,17 @@ def _num(x) -> str:
   return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:g}"
 
 
+def _interval(ci) -> str:
+  if not ci or any(x is None or (isinstance(x, float) and math.isnan(x)) for x in ci):
+    return "–"
+  return f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}"
+
+
+def _prompts_per_second(report: dict, method: str, name: str) -> str:
+  stats = (report.get("decoding") or {}).get(f"{method}/{name}") or {}
+  return f"{stats['prompts_per_second']:.1f}" if stats.get("prompts") and "prompts_per_second" in stats else "–"
+
+
 def markdown(report: dict) -> str:
   """A Markdown rendering: Table 3 columns per split and method, then the canaries."""
   lines = ["# Memorization report", "",
@@ -67,19 +85,33 @@ def markdown(report: dict) -> str:
            f"{report.get('checkpoint', {}).get('step', '?')}",
            f"- privacy: {report.get('epsilon_text', '')}",
            f"- prompt P = {report['settings']['prompt_length']} tokens, generation T = "
-           f"{report['settings']['generation_length']} tokens", ""]
+           f"{report['settings']['generation_length']} tokens"]
+  sample = report.get("train_sample")
+  if sample:
+    lines.append(f"- training sample: {sample['evaluated']} documents drawn uniformly (seed {sample['seed']}) from "
+                 f"the {sample['eligible']} of {sample['documents']} training documents with at least "
+                 f"{sample['min_length']} tokens")
+  lines.append("")
   if report.get("audit"):
     lines += audit_markdown(report["audit"])
   for method, per_split in report.get("extraction", {}).items():
+    first = next(iter(per_split.values()), {}) or {}
+    threshold, confidence = first.get("approximate_threshold"), first.get("confidence")
     lines += [f"## Extraction ({method})", "",
-              "| split | n | skipped | EM % | TA % | MED |", "|---|---:|---:|---:|---:|---:|"]
-    for name in SPLIT_NAMES:
+              f"| split | n | skipped | EM % | TA % | MED | EM {_num(100 * confidence if confidence else None)}% CI | "
+              f"approx. % (≤ {_num(threshold)}) | approx. CI | prompts/s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in TABLE_ROWS:
       m = per_split.get(name)
       if m is None:
         continue
-      lines.append(f"| {SPLIT_TITLES[name]} | {m['n']} | {m['skipped']} | {_pct(m['exact_match'])} | "
-                   f"{_pct(m['token_accuracy'])} | {_num(m['median_edit_distance'])} |")
-    lines.append("")
+      lines.append(f"| {GROUP_TITLES[name]} | {m['n']} | {m['skipped']} | {_pct(m['exact_match'])} | "
+                   f"{_pct(m['token_accuracy'])} | {_num(m['median_edit_distance'])} | "
+                   f"{_interval(m.get('exact_match_ci'))} | {_pct(m.get('approximate_match'))} | "
+                   f"{_interval(m.get('approximate_match_ci'))} | {_prompts_per_second(report, method, name)} |")
+    lines += ["", "EM and approx.: exact and approximate match rates (approximate: token edit distance / T at "
+              "most the threshold), with Clopper-Pearson intervals; \"All four splits\" pools the splits' "
+              "documents (no pooled median).", ""]
   if report.get("canaries"):
     lines += ["## Canary exposure", "", f"- format: `{report['canary_format']['template']}`, |R| = "
               f"{report['canary_space_size']} (max exposure {math.log2(report['canary_space_size']):.2f} bits)", "",
@@ -96,7 +128,8 @@ def markdown(report: dict) -> str:
     t = report["throughput"]
     lines += ["## Decoding throughput", "",
               f"{t.get('tokens_per_second_steady', 0):.0f} generated tokens/s (steady state), "
-              f"{t.get('generated_tokens', 0)} tokens in {t.get('seconds', 0):.1f} s", ""]
+              f"{t.get('generated_tokens', 0)} tokens in {t.get('seconds', 0):.1f} s"
+              + (f", {t['prompts']} prompts: {t['prompts_per_second']:.1f} prompts/s" if t.get("prompts") else ""), ""]
   if report.get("warnings"):
     lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
   return "\n".join(lines)
