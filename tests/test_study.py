@@ -73,6 +73,8 @@ def test_too_few_documents():
     (["--corpus=/no/such/corpus.jsonl", "--output={out}"], "/no/such/corpus.jsonl"),
     (["--corpus=x", "--output={out}", "--gin.run_study.models=['bogus']"], "models must be"),
     (["--corpus=x", "--output={out}", "--gin.run_study.duplicate_fraction=2.0"], "duplicate fraction"),
+    (["--corpus=x", "--output={out}", "--gin.run_study.audit_canaries=8", "--gin.run_study.audit_canary_kind='tokens'"],
+     "needs a SentencePiece vocabulary"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
   out = tmp_path / "study"
@@ -110,11 +112,12 @@ def test_study_smoke_every_model(shared_data, tmp_path):
     assert m["objective"] == ("span_corruption" if name == "nondp_span" else "prefix_lm")
     assert set(m["splits"]) == {"train_dup", "train_unique", "valid_in_train", "valid_unique"}
     for split in m["splits"].values():
-      assert set(split) == {"em", "ta", "med", "n"}
+      assert {"em", "ta", "med", "n", "am", "em_ci", "am_ci"} <= set(split)
     assert 0.0 <= m["validation_token_accuracy"] <= 1.0
     assert m["privacy_unit"] == "document"
     # The one-run audit of every model (32 canaries, 8 guesses a side): a DP model's bound is at most its ε.
     assert m["audit"]["num_canaries"] == 32 and m["audit"]["guesses"] == 16 and not m["audit"]["violation"]
+    assert m["audit"]["epsilon_lower_bound"] <= m["audit"]["max_lower_bound"] and "auroc" in m["audit"]
     if name.startswith(("dp_", "fulldp_")):
       assert m["private"] and 0 < m["epsilon"] < float("inf") and 0 < m["delta"] < 1
       assert m["audit"]["epsilon_lower_bound"] <= m["audit"]["ledger_epsilon"]
@@ -157,3 +160,79 @@ def test_a_corpus_beyond_the_in_memory_bound_is_refused(tmp_path, monkeypatch, s
   assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
   record = study.prepare_data(src, str(tmp_path / "c"), duplication.DuplicationConfig(max_documents=50))
   assert record["stats"]["train_documents"] + record["stats"]["valid_documents"] == 50
+
+
+def _new_results():
+  """A results dict as `model_result` builds it from a report with today's audit and extraction figures."""
+  from private_t5.experiments import study  # pylint: disable=g-import-not-at-top
+  split = {"exact_match": 0.25, "token_accuracy": 0.5, "median_edit_distance": 3.0, "n": 4, "skipped": 0,
+           "mean_edit_distance": 3.0, "exact_matches": 1, "exact_match_ci": [0.0063, 0.806],
+           "approximate_match": 0.5, "approximate_matches": 2, "approximate_match_ci": [0.0676, 0.932],
+           "approximate_threshold": 0.1, "confidence": 0.95}
+  greedy = {s: split for s in study.SPLIT_NAMES}
+  greedy["train_sample"] = dict(split, approximate_match=0.75, n=8)
+  greedy["overall"] = dict(split, median_edit_distance=float("nan"), n=16)
+  audit = {"epsilon_lower_bound": 0.412, "max_lower_bound": 1.877, "epsilon_lower_bound_fdp": 0.533,
+           "max_lower_bound_fdp": 2.951, "method": "CanaryScoreAuditor.epsilon_one_run",
+           "method_fdp": "CanaryScoreAuditor.epsilon_one_run_fdp",
+           "tpr_at_fpr": [{"fpr": 0.01, "tpr": 0.3, "interval": [0.1, 0.5]}, {"fpr": 0.001, "tpr": 0.2, "interval": None}],
+           "auroc": 0.71, "auroc_interval": [0.6, 0.8], "saturated": True, "saturation": "all guesses right: test",
+           "steinke": {"epsilon_lower_bound": 0.2}, "guesses": 16, "correct": 12, "confidence": 0.95, "delta": 1e-6,
+           "ledger_epsilon": 1.5, "num_canaries": 64, "num_included": 30, "violation": False,
+           "fdp_exceeds_ledger": False, "canary_kind": "rare_words"}
+  report = {"extraction": {"greedy": greedy}, "audit": audit}
+  summary = {"private": True, "validation_not_dp": {"token_accuracy": 0.25, "loss": 4.0},
+             "training_epsilon": 1.5, "training_delta": 1e-6}
+  return {"models": {"dp_prefix": study.model_result("dp_prefix", study.MODELS["dp_prefix"], summary, report, {})}}
+
+
+def _old_results():
+  """A results dict as the study wrote it before the f-DP audit and the approximate-match rates."""
+  split = {"em": 0.0, "ta": 0.5, "med": 3.0, "n": 4}
+  return {"models": {"nondp_prefix": {
+      "objective": "prefix_lm", "private": False, "vocabulary": "spm", "epsilon": None, "delta": None,
+      "validation_token_accuracy": 0.5, "validation_loss": 3.0, "splits": {s: split for s in (
+          "train_dup", "train_unique", "valid_in_train", "valid_unique")},
+      "audit": {"epsilon_lower_bound": 0.9, "confidence": 0.95, "num_canaries": 32, "guesses": 16, "correct": 15,
+                "ledger_epsilon": None, "delta": 1e-5, "violation": False}}}}
+
+
+def test_results_render_the_audit_and_extraction_figures_and_older_results(tmp_path):
+  from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
+  new = _new_results()
+  m = new["models"]["dp_prefix"]
+  assert m["splits"]["train_dup"]["am"] == 0.5 and m["splits"]["train_dup"]["am_ci"] == [0.0676, 0.932]
+  assert m["groups"]["train_sample"]["am"] == 0.75 and m["groups"]["overall"]["med"] is None
+  assert m["audit"]["epsilon_lower_bound_fdp"] == 0.533 and m["audit"]["tpr_at_fpr"][0]["tpr"] == 0.3
+  md = study_report.results_markdown(new)
+  assert "Steinke, Nasr and Jagielski 2023; Mahloujifar, Melis and Chaudhuri 2025" in md
+  assert "CanaryScoreAuditor" in md and "EM % / AM % / TA % / MED (n)" in md and "train sample EM" in md
+  assert "| 25.00 / 50.00 / 50.00 / 3 (4) |" in md and "25.00 / 75.00 / 50.00 / 3 (8)" in md
+  row = next(l for l in md.splitlines() if l.startswith("| dp_prefix | 0.412"))
+  assert "| 1.877 | 0.533 (cap 2.951) | 0.3 [0.1, 0.5] | 0.71 [0.6, 0.8] | yes | 95% | 12 / 16 | 64 | 1.5 |" in row
+  assert "dp_prefix: saturated: all guesses right: test" in md
+  old_md = study_report.results_markdown(_old_results())
+  assert "AM %" not in old_md and "train sample" not in old_md
+  assert "| nondp_prefix | 0.900 | – | – | – | – | – | 95% | 15 / 16 | 32 | ∞ |" in old_md
+  both = {"models": {**_old_results()["models"], **new["models"]}}
+  paths = study_report.write_results(both, str(tmp_path))
+  assert json.loads((tmp_path / "results.json").read_text())["models"]["dp_prefix"]["groups"]["overall"]["n"] == 16
+  for results, name in ((new, "new.png"), (_old_results(), "old.png"), (both, "both.png")):
+    assert study_report.write_figure(results, str(tmp_path / name))
+    assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert len(paths) == 3
+
+
+def test_audit_canary_kind(tmp_path, shared_data):
+  from private_t5.experiments import study  # pylint: disable=g-import-not-at-top
+  assert study.check_audit_canary_kind("rare_words") == "rare_words"
+  for kind, message in (("tokens", "needs a SentencePiece vocabulary"), ("bogus", "must be one of words, rare_words")):
+    with pytest.raises(ConfigError, match=message):
+      study.check_audit_canary_kind(kind)
+  src = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
+  cfg = duplication.DuplicationConfig(max_documents=200)
+  record = study.prepare_data(src, str(tmp_path), cfg, audit_canaries=8, audit_canary_kind="rare_words")
+  assert record["settings"]["audit_canary_kind"] == "rare_words"
+  assert json.loads(open(record["audit_record"]).read())["canary_kind"] == "rare_words"
+  with pytest.raises(ConfigError, match="other data settings"):
+    study.prepare_data(src, str(tmp_path), cfg, audit_canaries=8)

@@ -1,9 +1,12 @@
 """The tables and the figure of `private-t5 study`: results.json, results.md, figure.png.
 
 results.md holds a Table-3-like memorization table (greedy EM / TA / MED per split, as in
-Ponomareva et al. 2022, Table 3) and a Table-2-like utility table (teacher-forced validation
-token accuracy), each row with its ε and δ. figure.png shows EM per split per model and
-validation accuracy against ε (matplotlib; skipped with a warning when it is not installed).
+Ponomareva et al. 2022, Table 3, with the approximate-match rate where the results have it) and
+a Table-2-like utility table (teacher-forced validation token accuracy), each row with its ε and
+δ, and with an audit each model's one-run privacy audit. figure.png shows EM per split per
+model, validation accuracy against ε, and with an audit the one-run and f-DP ε lower bounds
+beside the ledger's ε (matplotlib; skipped with a warning when it is not installed). Results
+written before a figure existed render without it ("–").
 """
 import io
 import logging
@@ -23,6 +26,9 @@ _pyplot = lazy_module("matplotlib.pyplot", needed_for="the study's figure", inst
 SPLITS = ("train_dup", "train_unique", "valid_in_train", "valid_unique")
 SPLIT_TITLES = {"train_dup": "train dup", "train_unique": "train unique", "valid_in_train": "valid in train",
                 "valid_unique": "valid unique"}
+# Extraction groups besides the splits shown in the memorization table when a model has them.
+GROUP_TITLES = {"train_sample": "train sample"}
+AUDIT_FPR = 0.01  # the audit table's TPR column
 
 
 def pct(value: Optional[float]) -> str:
@@ -31,6 +37,24 @@ def pct(value: Optional[float]) -> str:
 
 def num(value: Optional[float]) -> str:
   return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:g}"
+
+
+def finite(value) -> Optional[float]:
+  """`value` as a float when it is a finite number, else None."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    return None
+  return float(value)
+
+
+def bound(value) -> str:
+  return "–" if finite(value) is None else f"{value:.3f}"
+
+
+def interval_text(values) -> str:
+  """" [lo, hi]" of a two-number interval, "" when there is none."""
+  if not values or len(values) != 2 or finite(values[0]) is None or finite(values[1]) is None:
+    return ""
+  return f" [{values[0]:.3g}, {values[1]:.3g}]"
 
 
 def privacy_text(model: dict) -> tuple:
@@ -57,16 +81,30 @@ def windows_text(training_windows: Optional[int], units: List[str]) -> str:
           f"the first, trained on in 1/{training_windows} of a document's draws." + unit)
 
 
+def has_approximate(results: dict) -> bool:
+  """Whether any model's split or group has an approximate-match rate ("am")."""
+  return any(v.get("am") is not None for m in results["models"].values()
+             for v in [*m["splits"].values(), *(m.get("groups") or {}).values()])
+
+
 def memorization_table(results: dict) -> List[str]:
-  """Table-3-like: one row per model; EM % / TA % / MED (n) per split."""
-  header = "| model | objective | ε | δ | " + " | ".join(f"{SPLIT_TITLES[s]} EM % / TA % / MED (n)" for s in SPLITS) + " |"
-  lines = [header, "|" + "---|" * (4 + len(SPLITS))]
+  """Table-3-like: one row per model; EM % / TA % / MED (n) per split (and per group of
+  `GROUP_TITLES` a model has), with AM % (approximate match) after EM where the results have it."""
+  approximate = has_approximate(results)
+  groups = [g for g in GROUP_TITLES if any(g in (m.get("groups") or {}) for m in results["models"].values())]
+  what = "EM % / AM % / TA % / MED (n)" if approximate else "EM % / TA % / MED (n)"
+  titles = [SPLIT_TITLES[s] for s in SPLITS] + [GROUP_TITLES[g] for g in groups]
+  header = "| model | objective | ε | δ | " + " | ".join(f"{t} {what}" for t in titles) + " |"
+  lines = [header, "|" + "---|" * (4 + len(titles))]
   for name, m in results["models"].items():
     eps, delta = privacy_text(m)
     cells = []
-    for s in SPLITS:
-      v = m["splits"][s]
-      cells.append(f"{pct(v['em'])} / {pct(v['ta'])} / {num(v['med'])} ({v['n']})")
+    for v in [m["splits"][s] for s in SPLITS] + [(m.get("groups") or {}).get(g) for g in groups]:
+      if v is None:
+        cells.append("–")
+        continue
+      am = f" / {pct(v.get('am'))}" if approximate else ""
+      cells.append(f"{pct(v['em'])}{am} / {pct(v['ta'])} / {num(v['med'])} ({v['n']})")
     lines.append(f"| {name} | {m['objective']} | {eps} | {delta} | " + " | ".join(cells) + " |")
   return lines
 
@@ -107,20 +145,43 @@ def repetition_table(results: dict) -> List[str]:
   return lines
 
 
+def tpr_at(audit: dict, fpr: float = AUDIT_FPR) -> Optional[dict]:
+  """The audit's {"fpr", "tpr", "interval"} at `fpr`, or None."""
+  for t in audit.get("tpr_at_fpr") or []:
+    if finite(t.get("fpr")) is not None and math.isclose(t["fpr"], fpr):
+      return t
+  return None
+
+
 def audit_table(results: dict) -> List[str]:
-  """The one-run privacy audit of each model: the ε lower bound beside the ledger's ε."""
+  """The one-run privacy audit of each model: the ε lower bounds (one run with its cap, f-DP),
+  the attack's TPR at FPR 1% and AUROC, whether the bound saturated, beside the ledger's ε; then
+  a line for each saturated audit. Keys an older results.json lacks show as "–"."""
   rows = [(name, m) for name, m in results["models"].items() if m.get("audit")]
   if not rows:
     return []
-  lines = ["| model | ε lower bound | confidence | correct / guesses | canaries | ledger ε | |",
-           "|---|---:|---:|---:|---:|---|---|"]
+  lines = [f"| model | ε lower bound (one run) | cap | ε lower bound (f-DP) | TPR at FPR {100 * AUDIT_FPR:g}% | "
+           "AUROC | saturated | confidence | correct / guesses | canaries | ledger ε | |",
+           "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
+  notes = []
   for name, m in rows:
     a = m["audit"]
     ledger = "∞" if a.get("ledger_epsilon") is None else f"{a['ledger_epsilon']:.3g}"
-    lines.append(f"| {name} | {a['epsilon_lower_bound']:.3f} | {100 * a['confidence']:g}% | {a['correct']} / "
-                 f"{a['guesses']} | {a['num_canaries']} | {ledger} | "
-                 f"{'**FAILED: bound > ledger ε**' if a.get('violation') else ''} |")
-  return lines
+    fdp_cap = finite(a.get("max_lower_bound_fdp"))
+    fdp = bound(a.get("epsilon_lower_bound_fdp")) + (f" (cap {fdp_cap:.3f})" if fdp_cap is not None else "")
+    t = tpr_at(a)
+    tpr = "–" if t is None or finite(t.get("tpr")) is None else f"{t['tpr']:.3g}{interval_text(t.get('interval'))}"
+    auroc = "–" if finite(a.get("auroc")) is None else f"{a['auroc']:.3g}{interval_text(a.get('auroc_interval'))}"
+    saturated = {True: "yes", False: "no"}.get(a.get("saturated"), "–")
+    confidence = "–" if finite(a.get("confidence")) is None else f"{100 * a['confidence']:g}%"
+    flag = ("**FAILED: bound > ledger ε**" if a.get("violation")
+            else "f-DP bound > ledger ε" if a.get("fdp_exceeds_ledger") else "")
+    lines.append(f"| {name} | {bound(a.get('epsilon_lower_bound'))} | {bound(a.get('max_lower_bound'))} | {fdp} | "
+                 f"{tpr} | {auroc} | {saturated} | {confidence} | {a.get('correct', '–')} / {a.get('guesses', '–')} | "
+                 f"{a.get('num_canaries', '–')} | {ledger} | {flag} |")
+    if a.get("saturation"):
+      notes.append(f"- {name}: saturated: {a['saturation']}")
+  return lines + ([""] + notes if notes else [])
 
 
 def results_markdown(results: dict) -> str:
@@ -134,8 +195,12 @@ def results_markdown(results: dict) -> str:
            f"documents repeated (total occurrences: {data.get('repeated_by_count')}), "
            f"fraction {dup.get('fraction')}.",
            f"Greedy decoding of T = {settings.get('generation_length')} tokens after a "
-           f"P = {settings.get('prompt_length')}-token prompt; EM exact match, TA token accuracy, MED median "
-           "edit distance (tokens); n documents evaluated per split.",
+           f"P = {settings.get('prompt_length')}-token prompt; EM exact match, "
+           + (f"AM approximate match (normalized token edit distance at most {approximate_threshold(results)}), "
+              if has_approximate(results) else "")
+           + "TA token accuracy, MED median edit distance (tokens); n documents evaluated per split"
+           + ("; train sample: a uniform sample of the training documents." if any(
+               "train_sample" in (m.get("groups") or {}) for m in results["models"].values()) else "."),
            windows_text(settings.get("training_windows"),
                         sorted({m.get("privacy_unit") for m in results["models"].values() if m.get("privacy_unit")})),
            "",
@@ -149,9 +214,14 @@ def results_markdown(results: dict) -> str:
     lines += by_repetitions
   audit = audit_table(results)
   if audit:
-    lines += ["", "## Privacy audit (Steinke, Nasr and Jagielski 2023, one training run)", "",
-              "Audit canaries, each included once with probability 1/2; the lowest-loss canaries guessed in, "
-              "the highest-loss out. A DP model's bound must not exceed its ε.", ""]
+    lines += ["", "## Privacy audit (one training run: Steinke, Nasr and Jagielski 2023; Mahloujifar, Melis and "
+              "Chaudhuri 2025, via jax-privacy's CanaryScoreAuditor)", "",
+              "Audit canaries, each included once with probability 1/2, scored by minus their loss. The one-run "
+              "ε lower bound (Steinke, Nasr and Jagielski 2023) and its cap (the largest bound these canaries "
+              "can give), the one-run f-DP bound (Mahloujifar, Melis and Chaudhuri 2025), the attack's TPR and "
+              "AUROC (bootstrap intervals) come from jax-privacy's CanaryScoreAuditor; correct / guesses is "
+              "the k-a-side cross-check (the lowest-loss canaries guessed in, the highest-loss out). "
+              "A DP model's one-run bound must not exceed its ε.", ""]
     lines += audit
   lines += ["", "## Utility (Table 2 of Ponomareva et al. 2022)", ""]
   lines += utility_table(results)
@@ -166,13 +236,44 @@ def results_markdown(results: dict) -> str:
   return "\n".join(lines)
 
 
+def approximate_threshold(results: dict) -> str:
+  """The approximate-match threshold the models state (the first one that does), as text."""
+  for m in results["models"].values():
+    if finite(m.get("approximate_threshold")) is not None:
+      return f"{m['approximate_threshold']:g}"
+  return "the report's threshold"
+
+
+def audit_panel(ax, results: dict, names: List[str]) -> None:
+  """Bars per audited model: the one-run and f-DP ε lower bounds beside the ledger's ε (∞ written)."""
+  series = (("epsilon_lower_bound", "one-run bound"), ("epsilon_lower_bound_fdp", "f-DP bound"),
+            ("ledger_epsilon", "ledger ε"))
+  width = 0.8 / len(series)
+  for j, (key, label) in enumerate(series):
+    points = [(i + j * width, finite(results["models"][n]["audit"].get(key))) for i, n in enumerate(names)]
+    points = [(x, y) for x, y in points if y is not None]
+    if points:
+      ax.bar([x for x, _ in points], [y for _, y in points], width, label=label)
+  for i, n in enumerate(names):
+    if results["models"][n]["audit"].get("ledger_epsilon") is None:
+      ax.text(i + 2 * width, 0, "ledger ε = ∞", ha="center", va="bottom", rotation=90, fontsize=7)
+  ax.set_xticks([i + width for i in range(len(names))])
+  ax.set_xticklabels(names, rotation=20, fontsize=8)
+  ax.set_ylabel("ε")
+  ax.set_title("Privacy audit: ε lower bounds")
+  ax.legend(fontsize=8)
+
+
 def write_figure(results: dict, path: str) -> Optional[str]:
-  """figure.png: EM per split per model (bars), validation accuracy vs ε (points)."""
+  """figure.png: EM per split per model (bars), validation accuracy vs ε (points), and when a
+  model has an audit its ε lower bounds beside the ledger's ε (bars)."""
   plt = pyplot()
   if plt is None:
     return None
   models = list(results["models"])
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  audited = [n for n in models if results["models"][n].get("audit")]
+  fig, axes = plt.subplots(1, 3 if audited else 2, figsize=(16 if audited else 11, 4))
+  ax1, ax2 = axes[0], axes[1]
   width = 0.8 / max(len(models), 1)
   top = 1.0
   for k, name in enumerate(models):
@@ -199,6 +300,8 @@ def write_figure(results: dict, path: str) -> Optional[str]:
   ax2.set_ylabel("validation token accuracy (%, not DP)")
   ax2.set_title("Utility vs ε")
   ax2.legend(fontsize=8)
+  if audited:
+    audit_panel(axes[2], results, audited)
   return save_figure(plt, fig, path)
 
 

@@ -7,8 +7,8 @@ re-run resumes):
   2. vocabularies: a SentencePiece vocabulary and a DP-SentencePiece one, both of the training corpus;
   3. for each model (`nondp_prefix`, `nondp_span`, `dp_prefix`, `fulldp_prefix`, optionally
      `dp_span`): training with the same model, steps and data (`train_model`), then the
-     memorization stage (the four splits, greedy EM / TA / MED, and with `audit_canaries` > 0
-     the one-run privacy audit) and teacher-forced validation token accuracy;
+     memorization stage (the four splits, greedy EM / TA / MED and the approximate-match rate, and
+     with `audit_canaries` > 0 the one-run privacy audit) and teacher-forced validation token accuracy;
   4. results.json, results.md (Table-3-like and Table-2-like tables) and figure.png.
 
 Each training run is the caller's `train_model(model_dir, gin_bindings) -> summary`
@@ -55,11 +55,22 @@ MODELS = {
 }
 DEFAULT_MODELS = ("nondp_prefix", "nondp_span", "dp_prefix", "fulldp_prefix")
 RESULT_FILE = "result.json"
+# The audit figures a model's entry keeps of its memorization report's "audit" (eval/audit.run_audit).
+AUDIT_RESULT_KEYS = (
+    "epsilon_lower_bound", "max_lower_bound", "epsilon_lower_bound_fdp", "max_lower_bound_fdp", "method",
+    "method_fdp", "tpr_at_fpr", "auroc", "auroc_interval", "saturated", "saturation", "steinke", "confidence",
+    "num_canaries", "num_included", "num_held_out", "guesses", "correct", "ledger_epsilon", "delta", "violation",
+    "fdp_exceeds_ledger", "comparable_with_ledger", "repetitions", "canary_kind")
+# Extraction groups beyond the four splits kept when the report has them: a uniform sample of the
+# training documents (the 50/50 protocol) and the four splits pooled.
+EXTRA_GROUPS = ("train_sample", "overall")
 # A model's result keys computed from the private validation documents without DP.
 NOT_DP_RESULT_KEYS = ("validation_token_accuracy", "validation_loss")
 # The data phase holds its documents in memory (Python objects, ~1 KB a short document: see
 # docs/scaling.md): a study trains several models on a small corpus, and refuses a larger one.
 MAX_DOCUMENTS = 1_000_000
+# The audit canary kinds a study plants (`audit.KINDS` less those drawn from a vocabulary).
+STUDY_CANARY_KINDS = tuple(k for k in audit.KINDS if k not in audit.VOCAB_KINDS)
 
 
 def _nan_to_none(value):
@@ -68,9 +79,21 @@ def _nan_to_none(value):
   return value
 
 
+def _interval(values) -> Optional[List[Optional[float]]]:
+  return None if values is None else [_nan_to_none(float(v)) for v in values]
+
+
 def _split_result(metrics: dict) -> dict:
-  return {"em": _nan_to_none(metrics["exact_match"]), "ta": _nan_to_none(metrics["token_accuracy"]),
-          "med": _nan_to_none(metrics["median_edit_distance"]), "n": int(metrics["n"])}
+  """{"em", "ta", "med", "n"} of a split, and when the report has them the approximate-match rate
+  "am" and the Clopper-Pearson intervals "em_ci" and "am_ci" (None for NaN)."""
+  out = {"em": _nan_to_none(metrics["exact_match"]), "ta": _nan_to_none(metrics["token_accuracy"]),
+         "med": _nan_to_none(metrics["median_edit_distance"]), "n": int(metrics["n"])}
+  if "approximate_match" in metrics:
+    out["am"] = _nan_to_none(metrics["approximate_match"])
+  for key, name in (("exact_match_ci", "em_ci"), ("approximate_match_ci", "am_ci")):
+    if key in metrics:
+      out[name] = _interval(metrics[key])
+  return out
 
 
 def em_by_repetitions(per_document: dict, repeated: Dict[str, int]) -> Dict[str, dict]:
@@ -105,10 +128,14 @@ def model_result(name: str, spec: ModelSpec, summary: dict, report: dict, wall: 
             "final_step": summary.get("final_step"), "wall_seconds": wall,
             # Held-out documents of the private corpus: their metrics are outside any guarantee.
             "not_dp": list(NOT_DP_RESULT_KEYS)}
+  groups = {g: _split_result(greedy[g]) for g in EXTRA_GROUPS if greedy.get(g)}
+  if groups:
+    result["groups"] = groups
+  threshold = greedy[SPLIT_NAMES[0]].get("approximate_threshold")
+  if threshold is not None:
+    result["approximate_threshold"] = threshold
   if report.get("audit"):
-    result["audit"] = {k: report["audit"].get(k) for k in (
-        "epsilon_lower_bound", "confidence", "num_canaries", "guesses", "correct", "ledger_epsilon", "delta",
-        "violation")}
+    result["audit"] = {k: report["audit"].get(k) for k in AUDIT_RESULT_KEYS}
   per_document = report.get("per_document", {}).get("greedy", {}).get("train_dup")
   if per_document is not None and repeated is not None:
     result["train_dup_by_repetitions"] = em_by_repetitions(per_document, repeated)
@@ -159,15 +186,33 @@ def cached_json(path: str, compute: Callable[[], dict], what: str) -> dict:
   return result
 
 
-def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text", audit_canaries: int = 0) -> dict:
+def check_audit_canary_kind(kind) -> str:
+  """The study's audit canary kind: "words" or "rare_words" (ConfigError otherwise).
+
+  The canaries are planted in phase 1, before phase 2 trains the vocabularies on the corpus
+  that holds them, so the kinds drawn from a SentencePiece vocabulary (`audit.VOCAB_KINDS`)
+  have none to draw from.
+  """
+  if kind in audit.VOCAB_KINDS:
+    raise ConfigError(f"audit_canary_kind {kind!r} needs a SentencePiece vocabulary, which the study trains after "
+                      f"planting the canaries; use one of {', '.join(STUDY_CANARY_KINDS)}")
+  if kind not in STUDY_CANARY_KINDS:
+    raise ConfigError(f"audit_canary_kind must be one of {', '.join(STUDY_CANARY_KINDS)}, got {kind!r}")
+  return kind
+
+
+def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text", audit_canaries: int = 0,
+                 audit_canary_kind: str = "words") -> dict:
   """Phase 1: writes data/train.jsonl.gz, data/valid.jsonl.gz and data/duplication.json (reused).
 
   The documents are held in memory: at most `MAX_DOCUMENTS` (`dup_cfg.max_documents` above it,
   or a longer corpus without it, is a ConfigError before anything is written).
 
-  With `audit_canaries` = m > 0, m audit canaries (eval/audit.py) are planted in the training
-  corpus, each once with probability 1/2, and their secret record goes to data/train.audit.json.
+  With `audit_canaries` = m > 0, m audit canaries (eval/audit.py) of `audit_canary_kind` are
+  planted in the training corpus, each once with probability 1/2, and their secret record goes to
+  data/train.audit.json.
   """
+  check_audit_canary_kind(audit_canary_kind)
   if dup_cfg.max_documents is not None and dup_cfg.max_documents > MAX_DOCUMENTS:
     raise ConfigError(f"max_documents must be <= {MAX_DOCUMENTS:,} (a study holds its corpus in memory), "
                       f"got {dup_cfg.max_documents:,}")
@@ -176,6 +221,8 @@ def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text"
   settings = {"corpus": os.path.abspath(corpus) if os.path.exists(corpus) else corpus, **dup_cfg.as_dict()}
   if audit_canaries:
     settings["audit_canaries"] = int(audit_canaries)
+    if audit_canary_kind != "words":  # the default is left out: older studies resume
+      settings["audit_canary_kind"] = audit_canary_kind
   if os.path.isfile(record_path):
     with open(record_path, encoding="utf-8") as f:
       record = json.load(f)
@@ -193,7 +240,7 @@ def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text"
   audit_record = None
   if audit_canaries:
     _, audit_record, _, _ = audit.plant(study.train, train_path, num_canaries=int(audit_canaries),
-                                        source=corpus)
+                                        kind=audit_canary_kind, source=corpus)
   else:
     duplication.write_jsonl(train_path, study.train)
   valid_path = duplication.write_jsonl(os.path.join(data_dir, "valid.jsonl.gz"), study.valid)
@@ -237,7 +284,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
               dp_vocab_max_words: int = 256, prompt_length: int = 32, generation_length: int = 16,
               max_examples_per_split: Optional[int] = 500, memorization_batch_size: int = 64,
               split_config=None, text_field: str = "text", audit_canaries: int = 0,
-              training_windows: Optional[int] = None,
+              audit_canary_kind: str = "words", training_windows: Optional[int] = None,
               train_model: Optional[Callable[[str, List[str]], dict]] = None) -> dict:
   """Runs the study and writes results.json, results.md and figure.png to `output_dir`.
 
@@ -256,6 +303,9 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     text_field: JSONL/TSV field of the text.
     audit_canaries: m > 0 plants m audit canaries in the training corpus (each once, with
       probability 1/2) and reports every model's one-run privacy audit; 0: no audit.
+    audit_canary_kind: the audit canaries' kind, "words" (random words of the corpus) or
+      "rare_words" (random draws from its rarest words); the vocabulary kinds of `audit.KINDS`
+      are refused, as the canaries are planted before the vocabularies are trained.
     training_windows: the training runs' `make_source.max_windows_per_document` (K: a draw
       trains on one of a document's first K grid windows; 1: its opening, the window the
       memorization prompts come from; None: a window anywhere), recorded and stated in results.md.
@@ -275,6 +325,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
   if not isinstance(split_config, SplitConfig):
     raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
   split_config.validate()
+  check_audit_canary_kind(audit_canary_kind)
   for name, value in (("prompt_length", prompt_length), ("generation_length", generation_length),
                       ("vocab_size", vocab_size), ("memorization_batch_size", memorization_batch_size)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -289,7 +340,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
   logger.info("[study] phase %d/%d: data from %s", next(phase), steps, corpus)
   if not isinstance(audit_canaries, int) or isinstance(audit_canaries, bool) or audit_canaries < 0:
     raise ConfigError(f"audit_canaries must be a non-negative integer, got {audit_canaries!r}")
-  data = prepare_data(corpus, output_dir, dup_cfg, text_field, audit_canaries)
+  data = prepare_data(corpus, output_dir, dup_cfg, text_field, audit_canaries, audit_canary_kind)
   logger.info("[study] phase %d/%d: vocabularies", next(phase), steps)
   t_vocab = time.time()
   vocabs = train_vocabularies(data["train"], output_dir, needed={MODELS[m].vocabulary for m in models},
@@ -334,7 +385,9 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
                       "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
                       "prompt_length": prompt_length, "generation_length": generation_length,
                       "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields(),
-                      "training_windows": training_windows},
+                      "training_windows": training_windows,
+                      **({"audit_canaries": audit_canaries, "audit_canary_kind": audit_canary_kind}
+                         if audit_canaries else {})},
          "wall_seconds": {"vocabularies": round(vocab_seconds, 1), "total_this_run": round(time.time() - t_start, 1)}}
   paths = study_report.write_results(out, output_dir)
   logger.info("[study] wrote %s in %.0f s", ", ".join(paths), time.time() - t_start)
