@@ -39,7 +39,8 @@ mode 0700, files mode 0600), never beside the `.model` file a user publishes; th
 names the folder (relative to the vocabulary) and each file's SHA-256, never the key.
 
 Scale: on disk 12 bytes a vocabulary document and 12 bytes a kept shingle (about 6 bytes a word
-of the corpus); while dp-spm sorts them, about twice that in memory. Memory-mapped on lookup, a
+of the corpus). Sorting holds the documents' fingerprints (8 bytes a document) and one of the
+`PARTS` parts of the shingles in memory at a time, the rest spooled on disk. Memory-mapped on lookup, a
 chunk of training documents at a time (`Signatures.count_overlaps`).
 """
 import dataclasses
@@ -205,21 +206,28 @@ def _save(path: str, values: np.ndarray) -> str:
 
 
 class _Spool:
-  """uint64 values appended to a temporary file (never held in memory), read back memory-mapped."""
+  """Values of one dtype appended to a temporary file (never held in memory), read back memory-mapped."""
 
-  def __init__(self, directory: Optional[str]):
+  def __init__(self, directory: Optional[str], dtype="<u8"):
     self.file = tempfile.TemporaryFile(dir=directory)  # pylint: disable=consider-using-with
+    self.dtype = np.dtype(dtype)
     self.count = 0
 
   def add(self, values: np.ndarray) -> None:
-    self.file.write(np.ascontiguousarray(values, dtype="<u8").tobytes())
+    self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
     self.count += len(values)
 
   def array(self) -> np.ndarray:
     self.file.flush()
     if not self.count:
-      return np.zeros(0, np.uint64)
-    return np.memmap(self.file, dtype="<u8", mode="r", shape=(self.count,))
+      return np.zeros(0, self.dtype)
+    return np.memmap(self.file, dtype=self.dtype, mode="r", shape=(self.count,))
+
+
+# The shingles are spooled in this many parts by their top bits, and each part is sorted alone: in
+# order, the parts are the sorted whole, and memory holds one part at a time (1/64 of the shingles).
+PARTS = 64
+_PART_SHIFT = np.uint64(64 - 6)
 
 
 class FingerprintWriter:
@@ -234,8 +242,9 @@ class FingerprintWriter:
 
   def __init__(self, key: bytes, directory: Optional[str] = None):
     self.key = key
-    directory = directory if directory and os.path.isdir(directory) else None
-    self._prints, self._shingles, self._owners = _Spool(directory), _Spool(directory), _Spool(directory)
+    self._directory = directory if directory and os.path.isdir(directory) else None
+    self._prints = _Spool(self._directory)
+    self._parts = [(_Spool(self._directory), _Spool(self._directory)) for _ in range(PARTS)]
 
   @property
   def count(self) -> int:
@@ -246,9 +255,16 @@ class FingerprintWriter:
     """Appends signatures already computed (`signatures` of a chunk, e.g. by a worker)."""
     prints = np.asarray(prints, np.uint64)
     if len(sampled):
+      sampled = np.asarray(sampled, np.uint64)
       # Each shingle's document by its fingerprint (documents are numbered only once sorted).
-      self._owners.add(prints[np.asarray(owners, np.int64)])
-      self._shingles.add(sampled)
+      owner = prints[np.asarray(owners, np.int64)]
+      part = (sampled >> _PART_SHIFT).astype(np.int64)
+      order = np.argsort(part, kind="stable")
+      bounds = np.searchsorted(part[order], np.arange(PARTS + 1))
+      for k in np.flatnonzero(np.diff(bounds)):
+        rows = order[bounds[k]:bounds[k + 1]]
+        self._parts[k][0].add(sampled[rows])
+        self._parts[k][1].add(owner[rows])
     self._prints.add(prints)
 
   def add_texts(self, texts: Sequence[str]) -> None:
@@ -266,24 +282,34 @@ class FingerprintWriter:
     os.chmod(directory, 0o700)
     try:
       documents = np.unique(self._prints.array())
-      shingle, owner = self._shingles.array(), self._owners.array()
-      order = np.lexsort((owner, shingle))
-      shingle, owner = np.asarray(shingle[order]), np.asarray(owner[order])
-      del order
-      if len(shingle):  # a document's shingle once, however often the document occurs
-        first = np.ones(len(shingle), bool)
-        first[1:] = (shingle[1:] != shingle[:-1]) | (owner[1:] != owner[:-1])
-        shingle, owner = shingle[first], owner[first]
-      values, starts, counts = np.unique(shingle, return_index=True, return_counts=True)
-      common = values[counts > COMMON_DOCUMENTS]
-      counted = np.repeat(counts <= COMMON_DOCUMENTS, counts)
-      shingle, owner = shingle[counted], np.searchsorted(documents, owner[counted]).astype(np.uint32)
-      per_document = np.bincount(owner, minlength=len(documents)).astype(np.uint32)
-      del values, starts, counts, counted
-      arrays = {"documents": documents, "document_shingles": per_document, "shingles": shingle,
-                "shingle_documents": owner, "common_shingles": common}
+      per_document = np.zeros(len(documents), np.int64)
+      kept = (_Spool(self._directory), _Spool(self._directory, "<u4"), _Spool(self._directory))
+      for shingles_part, owners_part in self._parts:  # in the order of their top bits
+        shingle, owner = np.asarray(shingles_part.array()), np.asarray(owners_part.array())
+        order = np.lexsort((owner, shingle))
+        shingle, owner = shingle[order], owner[order]
+        del order
+        if len(shingle):  # a document's shingle once, however often the document occurs
+          first = np.ones(len(shingle), bool)
+          first[1:] = (shingle[1:] != shingle[:-1]) | (owner[1:] != owner[:-1])
+          shingle, owner = shingle[first], owner[first]
+        values, counts = np.unique(shingle, return_counts=True)
+        counted = np.repeat(counts <= COMMON_DOCUMENTS, counts)
+        index = np.searchsorted(documents, owner[counted])
+        kept[0].add(shingle[counted])
+        kept[1].add(index)
+        kept[2].add(values[counts > COMMON_DOCUMENTS])
+        per_document += np.bincount(index, minlength=len(documents))
+        shingles_part.file.close()
+        owners_part.file.close()
+      arrays = {"documents": documents, "document_shingles": per_document.astype(np.uint32),
+                "shingles": kept[0].array(), "shingle_documents": kept[1].array(),
+                "common_shingles": kept[2].array()}
       files = {kind: {"file": FILES[kind], "sha256": _save(os.path.join(directory, FILES[kind]), arrays[kind])}
                for kind in FILES}
+      del arrays
+      for spool in kept:
+        spool.file.close()
       write_key(os.path.join(directory, KEY_FILE), self.key)
     finally:
       self.close()
@@ -291,7 +317,7 @@ class FingerprintWriter:
             "scheme": SCHEME, "documents": int(len(documents))}
 
   def close(self) -> None:
-    for spool in (self._prints, self._shingles, self._owners):
+    for spool in (self._prints, *(spool for part in self._parts for spool in part)):
       spool.file.close()
 
 
