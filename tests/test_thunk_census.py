@@ -74,3 +74,13 @@ def test_family_strips_numeric_suffix():
   assert thunk_census.family("loop_add_fusion_161") == "loop_add_fusion"
   assert thunk_census.family("input_reduce_fusion") == "input_reduce_fusion"
   assert thunk_census.bucket("kCuDnnFusion", "cudnn_fusion_1") == "cudnn"
+
+
+def test_cudnn_thunks_are_kernels():
+  text = ("018: kCuDnn          [prev=017 (1)    | next=020 (2)    ] kCuDnn\n"
+          "019: kCublasLtMatmul [prev=018 (1)    | next=020 (1)    ] kCublasLtMatmul\n"
+          "020: kCustomKernel   [prev=019 (1)    | sink            ] loop_add_fusion_3 grid: "
+          "[1024, 1, 1] threads: [128, 1, 1]  shared_memory: 0 bytes\n")
+  result = thunk_census.census(text)
+  assert result["counts"] == {"cudnn": 1, "gemm": 1, "fusion": 1}
+  assert result["kernels_per_step"] == 3
