@@ -19,7 +19,7 @@ Cases:
 * `{h100|h200}_decode_b32`: memorization's greedy decode (`MeshInference.lower_decode`) of 32
   prompts of 512 tokens, 114 generated tokens.
 
-`_cudnn` compiles with `attention="cudnn"` (default "xla"). Each case compiles in a subprocess
+`_cudnn` compiles with `attention="cudnn"` (default: the preset's "einsum", our einsums and softmax). Each case compiles in a subprocess
 and writes `--out/NAME.json`: kernels_per_step, the counts by kind and by fusion family,
 command buffers, while loops, temp/argument/output bytes (`memory_analysis`), compile seconds,
 the top 15 kernel families and the jax/jaxlib/plugin versions. `--keep_dumps` keeps XLA's dump
@@ -175,12 +175,12 @@ def parse_case(name: str) -> dict:
     raise ValueError(name)
   if decode:
     return dict(case=name, target=target, method="decode", batch=32, stacked=False,
-                attention="xla")
+                attention="einsum")
   if stacked_method:
     return dict(case=name, target=target, method=stacked_method, batch=MICROBATCH * STACKED,
-                microbatch=MICROBATCH, stacked=STACKED, attention="cudnn" if cudnn else "xla")
+                microbatch=MICROBATCH, stacked=STACKED, attention="cudnn" if cudnn else "einsum")
   return dict(case=name, target=target, method=method, batch=int(batch), stacked=False,
-              attention="cudnn" if cudnn else "xla")
+              attention="cudnn" if cudnn else "einsum")
 
 
 def plugin_version():
@@ -191,7 +191,7 @@ def plugin_version():
     return None
 
 
-def _lower(case: dict, device):
+def _lower(case: dict, device, fewer_kernels: bool = False):
   """The lowered step of a case for the compile-only `device`."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -199,7 +199,7 @@ def _lower(case: dict, device):
   from private_t5 import models  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case  # pylint: disable=g-import-not-at-top
   from private_t5.models import mesh_inference  # pylint: disable=g-import-not-at-top
-  from private_t5.train import partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
 
   mesh = partitioning.create_mesh((1, 1), [device])
   if case["method"] == "decode":
@@ -208,7 +208,9 @@ def _lower(case: dict, device):
     return inference.lower_decode(case["batch"], INPUTS, TARGETS, use_cache=True)
   _, trainer = benchmark_case.make_trainer(
       PRESET, case["method"], case["batch"], clip_norm=1.0, noise_multiplier=1.0,
-      dropout_rate=None, dtype=DTYPE, attention=case["attention"], devices=[device])
+      dropout_rate=None, dtype=DTYPE, attention=None if case["attention"] == "einsum" else case["attention"],
+      devices=[device], stack_layers=fewer_kernels,
+      optimizer=optimizers.adafactor(learning_rate=1e-3, batched_over_shapes=fewer_kernels))
   state = trainer.abstract_state()
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
@@ -246,7 +248,7 @@ def _dump_module(dump: str) -> str:
   return max(files, key=os.path.getsize)[:-len("thunk_sequence.txt")]
 
 
-def run_case(name: str, out: str, keep_dumps: bool) -> dict:
+def run_case(name: str, out: str, keep_dumps: bool, fewer_kernels: bool = False) -> dict:
   """Compiles one case, counts its kernels and writes `out/NAME.json` (in this process)."""
   case = parse_case(name)
   import jax  # pylint: disable=g-import-not-at-top
@@ -257,7 +259,7 @@ def run_case(name: str, out: str, keep_dumps: bool) -> dict:
   device = topology.devices[0]
   dump = tempfile.mkdtemp(prefix="kernel_census_%s_" % name)
   start = time.perf_counter()
-  compiled = _lower(case, device).compile({"xla_dump_to": dump})
+  compiled = _lower(case, device, fewer_kernels).compile({"xla_dump_to": dump})
   compile_s = time.perf_counter() - start
   prefix = _dump_module(dump)
   names = thunk_census.while_names(_read(prefix + "thunk_metadata.txt"))
@@ -289,7 +291,7 @@ def run_case(name: str, out: str, keep_dumps: bool) -> dict:
       dump_module=os.path.basename(prefix.rstrip(".")),
       versions=dict(jax=jax.__version__, jaxlib=importlib.metadata.version("jaxlib"),
                     plugin=plugin_version(), pjrt=_version("jax-cuda12-pjrt")),
-      xla_flags=os.environ.get("XLA_FLAGS", ""))
+      xla_flags=os.environ.get("XLA_FLAGS", ""), fewer_kernels=bool(fewer_kernels))
   if after is not None:
     row["after_thunk_passes"] = dict(command_buffers=after["command_buffers"],
                                      kernels_per_step=after["kernels_per_step"])
@@ -335,6 +337,10 @@ def _parse_args(argv):
   p.add_argument("--out", default="/tmp/kernel_census", help="folder of the NAME.json results")
   p.add_argument("--keep_dumps", action="store_true", help="keep XLA's dump under OUT/dumps/NAME")
   p.add_argument("--list", action="store_true", help="print the case names and exit")
+  p.add_argument("--fewer_kernels", action="store_true",
+                 help="train steps with Adafactor batched over parameter shapes "
+                      "(optimizers.adafactor(batched_over_shapes=True)) and, for DP-ghost, the layers of one "
+                      "shape stacked (GhostDPAggregator(stack_layers=True))")
   p.add_argument("--run_one", default=None, help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
@@ -356,13 +362,15 @@ def main(argv=None) -> int:
   os.makedirs(args.out, exist_ok=True)
   if args.run_one:
     os.environ.update(_environment())  # before JAX is imported
-    run_case(args.run_one, args.out, args.keep_dumps)
+    run_case(args.run_one, args.out, args.keep_dumps, args.fewer_kernels)
     return 0
   failed = 0
   for name in names:
     cmd = [sys.executable, os.path.abspath(__file__), "--run_one=" + name, "--out=" + args.out]
     if args.keep_dumps:
       cmd.append("--keep_dumps")
+    if args.fewer_kernels:
+      cmd.append("--fewer_kernels")
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=_environment(), capture_output=True, text=True, check=False)
     path = os.path.join(args.out, name + ".json")

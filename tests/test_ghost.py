@@ -131,8 +131,14 @@ def test_second_pass_microbatches_and_instantiation_agree_with_vmap_aggregator()
   # Book-keeping that sums the instantiated per-example kernel gradients.
   instantiated = step(ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), norm_method="instantiate",
                                               reuse_instantiated=True))
+  # The layers of one shape stacked (one batched norm and sum a shape), both norm methods.
+  stacked = step(ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), stack_layers=True))
+  stacked_instantiated = step(ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), norm_method="instantiate",
+                                                      stack_layers=True))
   for variant, (got, got_metrics) in (("second pass in microbatches of 2", micro),
-                                      ("instantiated book-keeping", instantiated)):
+                                      ("instantiated book-keeping", instantiated),
+                                      ("stacked layers", stacked),
+                                      ("stacked layers, instantiated", stacked_instantiated)):
     assert _max_rel_err(got, want) <= 1e-4, variant
     for name, value in want_metrics.items():
       np.testing.assert_allclose(got_metrics[name], value, rtol=1e-4, err_msg=f"{name} {variant}")
@@ -282,12 +288,13 @@ def _dense_loss_fn():
   return loss_fn
 
 
-def test_nonfinite_example_gradient_is_dropped_not_propagated():
+@pytest.mark.parametrize("stack_layers", [False, True])
+def test_nonfinite_example_gradient_is_dropped_not_propagated(stack_layers):
   loss_fn = _dense_loss_fn()
   p = {"kernel": jnp.ones((3, 2))}
   x = np.array([[1, 0, 0], [np.inf, 0, 0], [0, 1, 0], [0, 0, 0]], np.float32)
   batch = {"x": x, "example_weight": np.array([1, 1, 1, 0], np.float32)}
-  agg = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0))
+  agg = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0), stack_layers=stack_layers)
   summed, metrics = jax.jit(agg.clipped_sum)(p, batch)
   assert np.isfinite(summed["kernel"]).all() and np.isfinite(metrics["nondp/grad_norm_mean"])
   without_inf = dict(batch, example_weight=np.array([1, 0, 1, 0], np.float32))

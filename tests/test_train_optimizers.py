@@ -42,18 +42,34 @@ def test_constant_and_linear_warmup_schedules():
     optimizers.linear_warmup_schedule(1.0, warmup_steps=10, decay="linear")
 
 
-def test_adafactor_matches_optax_with_t5_settings():
-  params = {"w": jnp.ones((256, 160)), "b": jnp.ones((7,))}
+@pytest.mark.parametrize("momentum", [None, 0.9])
+def test_adafactor_matches_optax_with_t5_settings(momentum):
+  # Several parameters of one shape: batched over shapes (the default), each is still updated on
+  # its own, with the same state structure and values as optax's per-parameter Adafactor.
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  params = {"w": jnp.ones((256, 160)), "w2": jax.random.normal(keys[0], (256, 160)),
+            "layer": {"w": 3.0 * jax.random.normal(keys[1], (256, 160)), "b": jnp.ones((7,))},
+            "b": jnp.ones((7,)) * 0.5, "v": jax.random.normal(keys[2], (160, 256))}
   grads = jax.tree.map(lambda p: 0.01 * jnp.arange(p.size, dtype=jnp.float32).reshape(p.shape), params)
-  ours = optimizers.adafactor(optimizers.constant_schedule(0.01))
-  reference = optax.adafactor(0.01, decay_rate=0.8, clipping_threshold=1.0, momentum=None, factored=True,
+  grads["w2"] = grads["w2"] * 40.0  # one member's update is clipped, the others' are not
+  ours = optimizers.adafactor(optimizers.constant_schedule(0.01), momentum=momentum, batched_over_shapes=True)
+  assert ours.update is not optax.adafactor(0.01).update
+  reference = optax.adafactor(0.01, decay_rate=0.8, clipping_threshold=1.0, momentum=momentum, factored=True,
                               multiply_by_parameter_scale=True)
-  state_a, state_b = ours.init(params), reference.init(params)
+  per_parameter = optimizers.adafactor(optimizers.constant_schedule(0.01), momentum=momentum,
+                                       batched_over_shapes=False)
+  state_a, state_b, state_c = ours.init(params), reference.init(params), per_parameter.init(params)
+  update = jax.jit(ours.update)
   for _ in range(3):
-    ua, state_a = ours.update(grads, state_a, params)
+    ua, state_a = update(grads, state_a, params)
     ub, state_b = reference.update(grads, state_b, params)
+    uc, state_c = per_parameter.update(grads, state_c, params)
+    assert jax.tree.structure(state_a) == jax.tree.structure(state_c)
+    for a, c in zip(jax.tree.leaves((ua, state_a)), jax.tree.leaves((uc, state_c))):
+      np.testing.assert_allclose(a, c, rtol=2e-5, atol=1e-8)
     for a, b in zip(jax.tree.leaves(ua), jax.tree.leaves(ub)):
-      np.testing.assert_allclose(a, b, rtol=1e-6)
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-8)
+    params = optax.apply_updates(params, ub)
   # Factored second moments for the large matrix (rows + columns), no momentum.
   factored = [x for x in jax.tree.leaves(state_a) if getattr(x, "shape", None) in ((256,), (160,))]
   assert len(factored) >= 2

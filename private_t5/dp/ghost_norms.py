@@ -354,3 +354,20 @@ def linear_weighted_sum(a: jax.Array, g: jax.Array, weights: jax.Array,
     high, middle, low = (contract("bti,bto->io", part, g) for part in bf16_parts(scaled))
     return high + middle + low
   return contract("bti,bto->io", scaled, g)
+
+
+def stacked_linear_weighted_sums(a: Optional[jax.Array], g: Optional[jax.Array], weights: jax.Array,
+                                 per_example: Optional[jax.Array] = None) -> jax.Array:
+  """`linear_weighted_sum` of L layers at once: [L, d_in, d_out] float32 from `a` [L, B, T, d_in]
+  and `g` [L, B, T, d_out], or from their instantiated per-example gradients `per_example`
+  [L, B, d_in, d_out]: one batched product over the layer axis instead of one a layer."""
+  weights = weights.astype(jnp.float32)
+  if per_example is not None:
+    return jnp.einsum("b,lbio->lio", weights, per_example.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST)
+  scaled = a.astype(jnp.float32) * weights[None, :, None, None]
+  if g.dtype == jnp.bfloat16:
+    # The float32 terms in three exact bfloat16 parts (`bf16_parts`), as `linear_weighted_sum`.
+    high, middle, low = (contract("lbti,lbto->lio", part, g) for part in bf16_parts(scaled))
+    return high + middle + low
+  return contract("lbti,lbto->lio", scaled, g)

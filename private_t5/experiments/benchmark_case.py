@@ -88,8 +88,10 @@ def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, se
 
 def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
                  noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None,
-                 attention: Optional[str] = None):
-  """(config, Trainer) of one benchmark case; the step's clipped sum and noise transform come
+                 attention: Optional[str] = None, devices=None, optimizer=None, stack_layers: bool = False):
+  """(config, Trainer) of one benchmark case (on `devices[:1]`, default this process's first
+  device; `optimizer` default `optimizers.adafactor(learning_rate=1e-3)`; `stack_layers`: the
+  ghost option); the step's clipped sum and noise transform come
   from the mechanism builder (`dp.mechanism.step_parts`), with q·N = `batch_size`; `dtype` and
   `attention` override the preset's `T5Config` fields when given."""
   overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
@@ -102,11 +104,11 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   noisy_sum = None if method == NONDP else NoisySum(clip_norm, noise_multiplier, batch_size)
   options = {} if method in (NONDP, VMAP) else dict(
       clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
-      reuse_instantiated=method == GHOST)
+      reuse_instantiated=method == GHOST, stack_layers=stack_layers)
   clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else mechanism.GHOST, loss_fn,
                                             **options)
-  mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
-  optimizer = optimizers.adafactor(learning_rate=1e-3)
+  mesh = partitioning.create_mesh((1, 1), list(devices or jax.devices())[:1])
+  optimizer = optimizer or optimizers.adafactor(learning_rate=1e-3)
   return config, trainer_lib.Trainer(config, clipped_sum, optimizer, mesh, noise=noise)
 
 

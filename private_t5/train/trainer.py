@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from private_t5 import models
+from private_t5 import models, tree_groups
 from private_t5.dp import clipping
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import ConfigError
@@ -264,7 +264,7 @@ class Trainer:
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
-    metrics["grad_norm_after_aggregation"] = optax.tree.norm(grads)
+    metrics["grad_norm_after_aggregation"] = tree_groups.norm(grads)
     if self.learning_rate_fn is not None:
       metrics["learning_rate"] = jnp.asarray(self.learning_rate_fn(state.step), jnp.float32)
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state, noise_state=noise_state), metrics
