@@ -314,7 +314,7 @@ def check_second_pass_dtype(recording: Recording) -> None:
 
 
 def _layer_groups(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array], out_grads: Dict[str, jax.Array],
-                  norm_method: str, stack_layers: bool = True) -> List[Tuple[str, str, List[str]]]:
+                  norm_method: str, stack_layers: bool) -> List[Tuple[str, str, List[str]]]:
   """[(group name, method, use keys)]: the dense kernels and norm scales used once, grouped by
   kind, norm method (SCALE for a scale) and the shapes and dtypes of their inputs and output
   gradients. A group's layers are computed together, stacked on a leading layer axis: one
@@ -334,9 +334,16 @@ def _layer_groups(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array], out_g
   return [(f"layer_group:{i}", key[0], keys) for i, (key, keys) in enumerate(groups.items())]
 
 
-def _stacked(arrays: Dict[str, jax.Array], keys: List[str]) -> jax.Array:
-  """[L, B, T, d]: the keys' arrays as sequences, stacked on a leading layer axis."""
-  return jnp.stack([gn.as_sequence(arrays[k], None) for k in keys])
+def _stacked(arrays: Dict[str, jax.Array], keys: List[str], keep: Optional[jax.Array] = None) -> jax.Array:
+  """[L, B, ...]: the keys' arrays as sequences, stacked on a leading layer axis; with `keep`
+  [B] (bool), the rows of the other examples zeroed (`clipping.zero_dropped`, on the stack)."""
+  stacked = jnp.stack([gn.as_sequence(arrays[k], None) for k in keys])
+  return stacked if keep is None else _keep_rows(stacked, keep)
+
+
+def _keep_rows(x: jax.Array, keep: jax.Array) -> jax.Array:
+  """`x` [L, B, ...] with the rows (axis 1) not kept set to exactly 0 (a NaN row becomes 0)."""
+  return jnp.where(keep.reshape((1, -1) + (1,) * (x.ndim - 2)), x, jnp.zeros((), x.dtype))
 
 
 def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array],
@@ -429,25 +436,16 @@ def weighted_grad_sum(params: PyTree, uses: Dict[str, LayerUse], inputs: Dict[st
   flat = {}
   for name, method, keys in _layer_groups(uses, inputs, out_grads, norm_method, stack_layers):
     if method == SCALE:
-      a, g = _stacked(inputs, keys), _stacked(out_grads, keys)
-      if keep is not None:
-        a = jnp.where(keep[None, :, None, None], a, jnp.zeros((), a.dtype))
-        g = jnp.where(keep[None, :, None, None], g, jnp.zeros((), g.dtype))
+      a, g = _stacked(inputs, keys, keep), _stacked(out_grads, keys, keep)
       per = gn.scale_per_example_grads(a.reshape((-1,) + a.shape[2:]), g.reshape((-1,) + g.shape[2:]))
       per = per.reshape(a.shape[:2] + per.shape[1:])  # [L, B, d]
       # Formed elementwise, as `contract("b,bd->d", ...)` forms a layer's.
       sums = jnp.sum(weights.astype(jnp.float32)[None, :, None] * per.astype(jnp.float32), axis=1)
     elif name in instantiated:
-      per = instantiated[name]
-      if keep is not None:
-        per = jnp.where(keep[None, :, None, None], per, jnp.zeros((), per.dtype))
+      per = instantiated[name] if keep is None else _keep_rows(instantiated[name], keep)
       sums = gn.stacked_linear_weighted_sums(None, None, weights, per)
     else:
-      a, g = _stacked(inputs, keys), _stacked(out_grads, keys)
-      if keep is not None:
-        a = jnp.where(keep[None, :, None, None], a, jnp.zeros((), a.dtype))
-        g = jnp.where(keep[None, :, None, None], g, jnp.zeros((), g.dtype))
-      sums = gn.stacked_linear_weighted_sums(a, g, weights)
+      sums = gn.stacked_linear_weighted_sums(_stacked(inputs, keys, keep), _stacked(out_grads, keys, keep), weights)
     for i, k in enumerate(keys):
       flat[uses[k].param] = sums[i].reshape(flat_params[uses[k].param].shape)
   for param, keys in _group_by_param(uses).items():

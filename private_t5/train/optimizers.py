@@ -116,7 +116,6 @@ def adafactor(learning_rate: Union[float, Schedule, None] = None, decay_rate: fl
   return same_shape_batched(tx) if batched_over_shapes else tx
 
 
-
 # --- one update for every parameter of a shape ---------------------------------------------------
 
 def _slot_runs(inner: optax.GradientTransformation, state, n: int) -> List[Tuple[int, int]]:
