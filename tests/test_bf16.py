@@ -206,15 +206,20 @@ def _scaled(params, factor):
   return out
 
 
-@pytest.mark.parametrize("method", ["vmap", "ghost", "ghost_dot_product_attention"])
+@pytest.mark.parametrize("method", ["vmap", "ghost", "ghost_dot_product_attention", "ghost_stacked_layers"])
 def test_the_audit_measures_max_change_over_c_in_bf16(method, configs, ghost_sums, vmap_bf16_sum, params, batch):
   """max ||S(D) - S(D')|| / C over add/remove neighbours, bfloat16 activations: <= 1 (+ float32
   rounding), on both sides of the clip (tiny gradients kept whole, large ones clipped); also
-  with the attention as one `jax.nn.dot_product_attention` call (`T5Config.attention="xla"`)."""
+  with the attention as one `jax.nn.dot_product_attention` call (`T5Config.attention="xla"`), and
+  with the layers of one shape stacked (`GhostDPAggregator(stack_layers=True)`)."""
   if method == "vmap":
     fn = lambda p, b: vmap_bf16_sum(p, b, DROPOUT_KEY)[0]
   elif method == "ghost":
     fn = lambda p, b: ghost_sums["bfloat16"](p, b)[0]
+  elif method == "ghost_stacked_layers":
+    aggregator = ghost.GhostDPAggregator(_loss_fn(configs["bfloat16"]), NoisySum(CLIP, 0.5, EXPECTED_BATCH),
+                                         stack_layers=True)
+    fn = jax.jit(lambda p, b: aggregator.ghost_clipped_sum(p, b, None)[0])
   else:
     config = configs["bfloat16"].replace(attention="xla", dropout_rate=0.0)
     aggregator = ghost.GhostDPAggregator(_loss_fn(config), NoisySum(CLIP, 0.5, EXPECTED_BATCH))
