@@ -460,8 +460,9 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous(corpus_and_voca
 
 def test_late_storage_callbacks_are_not_printed_by_the_command_line(capfd, monkeypatch):
   """When a checkpoint read or write fails half-way, TensorStore's threads post their late results
-  to the closed asyncio loop and Python reports each "Event loop is closed" as unraisable; the
-  command line drops exactly those (shown with --verbosity=debug) and keeps every other report."""
+  to the closed asyncio loop and Python reports each "Event loop is closed" as unraisable, and the
+  writes still in flight fail unawaited ("Task exception was never retrieved"); the command line
+  drops exactly those (shown with --verbosity=debug) and keeps every other report."""
   import asyncio  # pylint: disable=g-import-not-at-top
   import gc  # pylint: disable=g-import-not-at-top
   import logging  # pylint: disable=g-import-not-at-top
@@ -478,7 +479,22 @@ def test_late_storage_callbacks_are_not_printed_by_the_command_line(capfd, monke
     def __del__(self):
       raise ValueError("a real problem")
 
+  # A checkpoint write still in flight when its save has failed: its task fails, nobody awaits it,
+  # and asyncio logs "Task exception was never retrieved" when the task is collected.
+  namespace = {}
+  exec(compile("async def write_fragment():\n  raise ValueError('NOT_FOUND: the folder is gone')\n",
+               os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py"), "exec"),
+       namespace)
+
+  class LateTask:
+    def __init__(self):
+      loop = asyncio.new_event_loop()
+      loop.create_task(namespace["write_fragment"]())
+      loop.run_until_complete(asyncio.sleep(0))
+      loop.close()
+
   def unraisable(cls) -> str:
+    gc.collect()  # what earlier tests left behind is reported now, not below
     capfd.readouterr()
     obj = cls()
     del obj
@@ -487,7 +503,9 @@ def test_late_storage_callbacks_are_not_printed_by_the_command_line(capfd, monke
 
   flags.configure_logging(logging.INFO)
   assert unraisable(LateCallback) == ""
+  assert unraisable(LateTask) == ""
   assert "ValueError: a real problem" in unraisable(OtherError)
   flags.configure_logging(logging.DEBUG)
   assert "Event loop is closed" in unraisable(LateCallback)
+  assert "Task exception was never retrieved" in unraisable(LateTask)
   flags.configure_logging(logging.INFO)

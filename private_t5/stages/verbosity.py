@@ -96,6 +96,30 @@ def _quiet_unraisablehook(unraisable) -> None:
   sys.__unraisablehook__(unraisable)
 
 
+def is_late_storage_task(record: logging.LogRecord) -> bool:
+  """asyncio's "Task exception was never retrieved" for a checkpoint transfer of the checkpoint library.
+
+  When one write of a checkpoint fails (a disk that fills up half-way), the save ends with that
+  error, the run directory's temporary folder is removed, and the writes still in flight fail on
+  the missing folder; nobody awaits them any more, so asyncio logs each one when its task is
+  collected, at any later time. The real error is the one the stage reports in one line.
+  """
+  if record.name != "asyncio":
+    return False
+  text = record.getMessage()
+  return (text.startswith("Task exception was never retrieved")
+          and os.path.join("orbax", "checkpoint") in text)
+
+
+class _DropLateStorageTasks(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not is_late_storage_task(record)
+
+
+_LATE_STORAGE_TASKS = _DropLateStorageTasks()
+
+
 def stage_print(message: str) -> None:
   """A stage's report line on stdout (`[train] ...`, `[privacy] ...`, progress): what the
   libraries' `log` prints. Dropped under -q and --verbosity=warning or error; errors and warnings
@@ -120,6 +144,11 @@ def configure_logging(level: int = logging.INFO, quiet: bool = False) -> None:
   root.setLevel(level if level <= logging.DEBUG else max(level, logging.WARNING))
   logging.getLogger("private_t5").setLevel(level)
   sys.unraisablehook = sys.__unraisablehook__ if level <= logging.DEBUG else _quiet_unraisablehook
+  asyncio_logger = logging.getLogger("asyncio")
+  if level <= logging.DEBUG:
+    asyncio_logger.removeFilter(_LATE_STORAGE_TASKS)
+  else:
+    asyncio_logger.addFilter(_LATE_STORAGE_TASKS)
   global _SILENT_STDOUT
   _SILENT_STDOUT = level > logging.INFO
   if quiet:
