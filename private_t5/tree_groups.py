@@ -37,3 +37,19 @@ def sum_of_squares(tree) -> jax.Array:
 def norm(tree) -> jax.Array:
   """The L2 norm of all of `tree`'s arrays together (`optax.tree.norm`), one reduction per shape."""
   return jnp.sqrt(sum_of_squares(tree))
+
+
+def stacked(tree) -> List[jax.Array]:
+  """The arrays of `tree` stacked by shape: one `[n, ...]` array a group of `shape_groups`."""
+  leaves = jax.tree.leaves(tree)
+  return [jnp.stack([leaves[m] for m in members]) for members in shape_groups(leaves)]
+
+
+def unstacked(stacks: Sequence[jax.Array], like):
+  """The tree `stacked(like)` came from, its arrays read back from `stacks`."""
+  leaves, treedef = jax.tree.flatten(like)
+  out = [None] * len(leaves)
+  for members, stack in zip(shape_groups(leaves), stacks):
+    for row, m in enumerate(members):
+      out[m] = stack[row]
+  return jax.tree.unflatten(treedef, out)

@@ -162,17 +162,27 @@ def test_the_configuration_refuses_head_dims_cudnn_does_not_take(monkeypatch, d_
   assert "\n" not in str(error.value)
 
 
-def test_per_example_gradients_run_on_xla_and_are_per_example(cudnn_on_host, monkeypatch):
-  """Under `jax.vmap` (per-example gradients: the DP paths) cuDNN would differentiate the bias of
-  all examples at once (zero, or their sum shared by all): the batched attention runs XLA's
-  instead, forward and backward. Lowered for CUDA, no cuDNN call is left; on the host the
+def test_per_example_gradients_run_on_cudnn_with_the_examples_as_heads(cudnn_on_host, monkeypatch):
+  """Under `jax.vmap` (per-example gradients: the DP paths) jax's own batching would hand cuDNN
+  the examples as one batch, whose bias gradient is zero or their sum: the examples become heads
+  of one call instead. Lowered for CUDA, every attention is a cuDNN call, and every bias that
+  carries the relative position bias has batch 1 and examples x heads heads; on the host the
   per-example gradients equal those of `attention="xla"`, the relative position table's included."""
   config, batch = _config(attention="cudnn"), _batch(batch=3)
   one = lambda ex: jax.tree.map(lambda x: x[None], ex)
   per_example = lambda c: jax.vmap(jax.grad(lambda p, ex: example_loss_fn(p, one(ex), c)[0]), in_axes=(None, 0))
   text = jax.jit(per_example(config)).trace(param_shapes(config), batch).lower(
       lowering_platforms=("cuda",)).as_text()
-  assert not _fmha_calls(text)
+  calls = _fmha_calls(text)
+  backward = [shapes for kind, shapes in calls if kind.endswith("Backward")]
+  layers_with_attention = config.num_encoder_layers + 2 * config.num_decoder_layers
+  assert len(calls) == 3 * len(backward) == 3 * layers_with_attention, calls
+  examples, heads = batch["encoder_input_tokens"].shape[0], config.num_heads
+  lq, lt = batch["encoder_input_tokens"].shape[1], batch["decoder_input_tokens"].shape[1]
+  biases = sorted(shapes[5] for shapes in backward)
+  assert biases == sorted([(1, examples * heads, lq, lq)] * config.num_encoder_layers
+                          + [(1, examples * heads, lt, lt)] * config.num_decoder_layers
+                          + [(examples, 1, lt, lq)] * config.num_decoder_layers), biases
   fused = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, "dot_product_attention",
                       lambda *a, implementation=None, **kw: fused(*a, implementation="xla", **kw))
@@ -182,3 +192,29 @@ def test_per_example_gradients_run_on_xla_and_are_per_example(cudnn_on_host, mon
   assert float(jnp.min(jnp.sum(jnp.abs(relpos), axis=(1, 2)))) > 0  # each example's own, not zero
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_ghost_clipping_with_cudnn_attention_gives_the_norms_and_sums_of_xla_attention(monkeypatch):
+  """DP-ghost with `attention="cudnn"` (the examples folded into heads, the kernel replaced by
+  XLA's on this host): the per-example norms (the relative position table's included) and the
+  clipped sum of `attention="xla"`."""
+  from private_t5.dp import ghost
+  from private_t5.dp.accounting import NoisySum
+  from private_t5.train.trainer import make_loss_fn
+  fused = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      lambda *a, implementation=None, **kw: fused(*a, implementation="xla", **kw))
+  batch = dict(_batch(batch=3), example_weight=np.ones(3, np.float32))
+  params = init_params(_config(), jax.random.PRNGKey(0))
+
+  def clipped(config):
+    aggregator = ghost.GhostDPAggregator(make_loss_fn(config), NoisySum(0.05, 0.0, 3))
+    return jax.jit(lambda p, b: aggregator.ghost_clipped_sum(p, b, None))(params, batch)
+
+  (got_sum, got_losses, got_norms, _), (want_sum, want_losses, want_norms, _) = (
+      clipped(_config(attention=a)) for a in ("cudnn", "xla"))
+  np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+  np.testing.assert_allclose(got_norms, want_norms, rtol=1e-5)
+  assert float(jnp.max(jnp.abs(got_sum["encoder"]["relpos_bias"]["rel_embedding"]))) > 0
+  for a, b in zip(jax.tree.leaves(got_sum), jax.tree.leaves(want_sum)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)

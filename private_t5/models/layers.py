@@ -237,33 +237,101 @@ def _attention_vjp(implementation: str, query, key, value, bias, mask, lengths, 
   return jax.vjp(attend, query, key, value, bias)[1](g)
 
 
-def _on_xla_when_batched(fun):
-  """A `custom_vmap` rule: `fun` with implementation "xla", vmapped over the batched arguments."""
-  def rule(axis_size, in_batched, *args):
-    del axis_size
-    axes = tuple(jax.tree.map(lambda batched: 0 if batched else None, in_batched))
-    out = jax.vmap(functools.partial(fun, "xla"), in_axes=axes)(*args)
-    return out, jax.tree.map(lambda _: True, out)
-  return rule
+# A masked logit in cuDNN's additive bias: large but finite in the activations' dtype (jax's value
+# for its own folded masks; cuDNN mishandles the difference of two infinities).
+_CUDNN_MASKED = {jnp.dtype(jnp.bfloat16): -2.0 ** 41, jnp.dtype(jnp.float16): -2.0 ** 15}
+
+
+def _batched(axis_size: int, in_batched, args):
+  """`args` with the vmapped axis made explicit on every array (None stays None)."""
+  return [None if x is None else (x if batched else jnp.broadcast_to(x, (axis_size,) + x.shape))
+          for x, batched in zip(args, in_batched)]
+
+
+def _as_heads(x: jax.Array) -> jax.Array:
+  """[V, b, T, N, H] -> [1, T, V b N, H]: every (example, row, head) one head of a batch of one."""
+  v, b, t, n, h = x.shape
+  return jnp.moveaxis(x, 2, 0).reshape(1, t, v * b * n, h)
+
+
+def _from_heads(x: jax.Array, v: int, b: int) -> jax.Array:
+  """The inverse of `_as_heads`."""
+  _, t, _, h = x.shape
+  return jnp.moveaxis(x.reshape(t, v, b, -1, h), 0, 2)
+
+
+def _folded(query, key, value, bias, mask, lengths):
+  """Batched attention inputs (leading vmapped axis V on each) as the inputs of one unbatched
+  cuDNN call computing the same attention for each example, bias gradient included.
+
+  cuDNN differentiates only a bias of batch 1, summing over the batch. With a bias, the examples
+  therefore become heads: queries, keys and values `[1, T, V b N, H]` and the bias, its masked
+  positions set to a large negative logit (the key lengths and the shared mask folded in),
+  `[1, V b N, T, S]`; the bias gradient cuDNN returns is then each example's own. Without a
+  bias (nothing to differentiate but queries, keys and values) the examples join the batch.
+  """
+  v, b, t, n, h = query.shape
+  s = key.shape[2]
+  if bias is None:
+    merge = lambda x: None if x is None else x.reshape((v * x.shape[1],) + x.shape[2:])
+    mask = None if mask is None else merge(jnp.broadcast_to(mask, (v, b) + mask.shape[2:]))
+    lengths = None if lengths is None else merge(jnp.broadcast_to(lengths, (v, b)))
+    return merge(query), merge(key), merge(value), None, mask, lengths
+  valid = jnp.ones((v, b, 1, t, s), jnp.bool_)
+  if mask is not None:
+    valid = valid & mask  # [V, 1, 1, T, S]: a mask over (query, key) shared by the rows
+  if lengths is not None:
+    valid = valid & (jnp.arange(s) < jnp.broadcast_to(lengths, (v, b))[:, :, None, None, None])
+  masked = jnp.asarray(_CUDNN_MASKED.get(jnp.dtype(bias.dtype), NEG_INF), bias.dtype)
+  bias = jnp.where(valid, jnp.broadcast_to(bias, (v, b, n, t, s)), masked).reshape(1, v * b * n, t, s)
+  return _as_heads(query), _as_heads(key), _as_heads(value), bias, None, None
+
+
+def _unfolded(out: jax.Array, query: jax.Array, bias) -> jax.Array:
+  """The attention output of `_folded`'s call, back in the batched layout of `query`."""
+  v, b = query.shape[:2]
+  return out.reshape(query.shape) if bias is None else _from_heads(out, v, b)
+
+
+def _forward_folded(axis_size, in_batched, query, key, value, bias, mask, lengths):
+  """`custom_vmap` rule of the forward call: one cuDNN call for all the examples."""
+  args = _batched(axis_size, in_batched, (query, key, value, bias, mask, lengths))
+  out = _unfolded(_cudnn_forward(*_folded(*args)), args[0], args[3])
+  return out, True
+
+
+def _backward_folded(axis_size, in_batched, query, key, value, bias, mask, lengths, g):
+  """`custom_vmap` rule of the backward call: one cuDNN call, each example's own cotangents
+  (the transpose of `_folded`, a reshape, moves them back)."""
+  q, k, v, bias, mask, lengths, g = _batched(axis_size, in_batched,
+                                             (query, key, value, bias, mask, lengths, g))
+  fold = lambda *x: _folded(*x, mask, lengths)[:4]
+  folded, transpose = jax.vjp(fold, q, k, v, bias)
+  g_folded = g.reshape(folded[0].shape) if bias is None else _as_heads(g)
+  cotangents = _cudnn_backward(*folded, None, None, g_folded) if bias is not None else \
+      _cudnn_backward(*_folded(q, k, v, None, mask, lengths), g_folded)
+  grads = transpose(tuple(cotangents[:3]) + (None if bias is None else cotangents[3],))
+  return tuple(grads), jax.tree.map(lambda _: True, tuple(grads))
 
 
 _cudnn_forward = jax.custom_batching.custom_vmap(functools.partial(_attention, "cudnn"))
-_cudnn_forward.def_vmap(_on_xla_when_batched(_attention))
+_cudnn_forward.def_vmap(_forward_folded)
 _cudnn_backward = jax.custom_batching.custom_vmap(functools.partial(_attention_vjp, "cudnn"))
-_cudnn_backward.def_vmap(_on_xla_when_batched(_attention_vjp))
+_cudnn_backward.def_vmap(_backward_folded)
 
 
 @jax.custom_vjp
 def cudnn_attention(query, key, value, bias, mask, lengths) -> jax.Array:
   """`_attention` on cuDNN's fused kernel, with inputs from `cudnn_attention_inputs`; under
-  `jax.vmap`, forward and backward, on XLA.
+  `jax.vmap` (per-example gradients, the DP paths) too, forward and backward.
 
-  cuDNN differentiates the bias of the whole batch it is given: under `jax.vmap` (per-example
-  gradients, the DP paths) jax's batching rule hands it the examples as one batch, and the bias
-  gradient comes back zero (a bias that differs by example) or summed over the examples and
-  shared by all of them (one bias for all), not per example. Batched calls therefore run XLA's
-  attention, which batches exactly; unbatched ones keep cuDNN's kernels, the backward pass
-  recomputing the forward one (cuDNN's softmax statistics are not kept across the two).
+  cuDNN differentiates the bias of the whole batch it is given: under `jax.vmap` jax's own
+  batching rule would hand it the examples as one batch, and the bias gradient would come back
+  zero (a bias that differs by example) or summed over the examples and shared by all of them
+  (one bias for all), not per example. Batched calls therefore fold the examples into the heads
+  of one call of batch 1 (`_folded`), whose bias gradient is each example's own; unbatched ones
+  are the plain call. The backward pass recomputes the forward one (cuDNN's softmax statistics
+  are not kept across the two).
   """
   return _cudnn_forward(query, key, value, bias, mask, lengths)
 

@@ -237,11 +237,18 @@ class Trainer:
     dropout_rng = self._dropout(jax.random.fold_in(dropout_base_key, state.step))  # = step_keys(...)[0]
     clipped_sum = self._bound(base)
 
-    def body(i, acc):
-      micro = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False), stacked)
-      return clipped_sum.accumulate(state.params, acc, micro, dropout_rng)
+    # The loop carries the sums stacked by shape (`tree_groups.stacked`): a microbatch adds its
+    # sums into one array a shape, one kernel each instead of one a parameter array.
+    zero = clipped_sum.zero_sum(state.params)
 
-    acc = jax.lax.fori_loop(0, count, body, clipped_sum.zero_sum(state.params))
+    def body(i, carry):
+      micro = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False), stacked)
+      acc = clipped_sum.accumulate(state.params, (tree_groups.unstacked(carry[0], zero[0]), carry[1]),
+                                   micro, dropout_rng)
+      return tree_groups.stacked(acc[0]), acc[1]
+
+    carry = jax.lax.fori_loop(0, count, body, (tree_groups.stacked(zero[0]), zero[1]))
+    acc = tree_groups.unstacked(carry[0], zero[0]), carry[1]
     return self._apply_fn(state, base, acc, noise_base_key)
 
   def _zero_sum_fn(self):
