@@ -13,9 +13,9 @@ Cases:
 
 * `{h100|h200}_{nondp|vmap|ghost}_{b32|b256}[_cudnn]`: the train step
   (`benchmark_case.make_trainer`) on a batch of 32 or 256 rows.
-* `{h100|h200}_{nondp|ghost}_stacked_256x32[_cudnn]`: the stacked-microbatch step
-  (`Trainer._train_step_stacked`): K=8 microbatches of 32 rows, a count of 8 (the loop over the
-  microbatches runs 8 times: its body counts 8 times).
+* `{h100|h200}_{nondp|ghost}_stacked_256x{32|64|128}[_cudnn]`: the stacked-microbatch step
+  (`Trainer._train_step_stacked`): expected 256 rows in K = 8, 4 or 2 microbatches of 32, 64 or
+  128 rows, a count of K (the loop over the microbatches runs K times: its body counts K times).
 * `{h100|h200}_decode_b32`: memorization's greedy decode (`MeshInference.lower_decode`) of 32
   prompts of 512 tokens, 114 generated tokens.
 
@@ -51,7 +51,7 @@ XLA_FLAGS = "--xla_gpu_enable_triton_gemm=false"
 PLUGIN = "jax-cuda12-plugin"
 INSTALL_HINT = "scripts/install_kernel_census.sh"
 TARGETS_ = ("h100", "h200")
-CASE_RE = re.compile(r"^(h100|h200)_(?:(nondp|vmap|ghost)_b(32|256)|(nondp|ghost)_stacked_256x32"
+CASE_RE = re.compile(r"^(h100|h200)_(?:(nondp|vmap|ghost)_b(32|256)|(nondp|ghost)_stacked_256x(32|64|128)"
                      r"|(decode)_b32)(_cudnn)?$")
 
 # -- target descriptions (hardware facts of the cards) -----------------------------------------
@@ -170,7 +170,7 @@ def parse_case(name: str) -> dict:
   m = CASE_RE.match(name)
   if m is None:
     raise ValueError(name)
-  target, method, batch, stacked_method, decode, cudnn = m.groups()
+  target, method, batch, stacked_method, micro, decode, cudnn = m.groups()
   if decode and cudnn:
     raise ValueError(name)
   if decode:
@@ -178,7 +178,8 @@ def parse_case(name: str) -> dict:
                 attention="einsum")
   if stacked_method:
     return dict(case=name, target=target, method=stacked_method, batch=MICROBATCH * STACKED,
-                microbatch=MICROBATCH, stacked=STACKED, attention="cudnn" if cudnn else "einsum")
+                microbatch=int(micro), stacked=MICROBATCH * STACKED // int(micro),
+                attention="cudnn" if cudnn else "einsum")
   return dict(case=name, target=target, method=method, batch=int(batch), stacked=False,
               attention="cudnn" if cudnn else "einsum")
 

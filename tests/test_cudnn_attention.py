@@ -33,6 +33,11 @@ def _batch(batch=2, inputs=12, targets=6, seed=0):
               decoder_loss_weights=(dec > 0).astype(np.float32))
 
 
+def _padded_decoder_length(batch) -> int:
+  """The decoder runs on its positions padded to a multiple of 8 (`network.Decoder`)."""
+  return -(-batch["decoder_input_tokens"].shape[1] // 8) * 8
+
+
 def _config(**changes):
   return load_preset("t5_1_1_tiny", vocab_size=SMALL_VOCAB, dtype="bfloat16", **changes)
 
@@ -68,7 +73,7 @@ def test_the_train_step_lowers_for_cuda_with_cudnn_attention(cudnn_on_host):
   layers_with_attention = config.num_encoder_layers + 2 * config.num_decoder_layers
   # The backward pass recomputes the forward one: two forward calls per attention layer.
   assert len(forward) == 2 * len(backward) == 2 * layers_with_attention, calls
-  heads, (b, lq), lt = config.num_heads, batch["encoder_input_tokens"].shape, batch["decoder_input_tokens"].shape[1]
+  heads, (b, lq), lt = config.num_heads, batch["encoder_input_tokens"].shape, _padded_decoder_length(batch)
   # Backward operands: Q, K, V, softmax statistics, dO, bias, O, [q lengths, kv lengths].
   biases = sorted(shapes[5] for shapes in backward)
   assert biases == sorted([(1, heads, lq, lq)] * config.num_encoder_layers
@@ -178,7 +183,7 @@ def test_per_example_gradients_run_on_cudnn_with_the_examples_as_heads(cudnn_on_
   layers_with_attention = config.num_encoder_layers + 2 * config.num_decoder_layers
   assert len(calls) == 3 * len(backward) == 3 * layers_with_attention, calls
   examples, heads = batch["encoder_input_tokens"].shape[0], config.num_heads
-  lq, lt = batch["encoder_input_tokens"].shape[1], batch["decoder_input_tokens"].shape[1]
+  lq, lt = batch["encoder_input_tokens"].shape[1], _padded_decoder_length(batch)
   biases = sorted(shapes[5] for shapes in backward)
   assert biases == sorted([(1, examples * heads, lq, lq)] * config.num_encoder_layers
                           + [(1, examples * heads, lt, lt)] * config.num_decoder_layers

@@ -200,3 +200,13 @@ def test_every_stage_takes_gin_search_paths_on_its_command_line(tmp_path, capsys
     os.chdir(old)
     gin_utils.set_search_paths(None)
     gin.clear_config()
+
+
+def test_the_fewer_kernels_file_binds_the_two_speed_settings():
+  """configs/runs/fewer_kernels.gin turns on batched Adafactor and stacked ghost layers."""
+  gin_utils.parse(["runs/fewer_kernels.gin"], check_required=False, entry="train")
+  try:
+    assert gin.query_parameter("adafactor.batched_over_shapes") is True
+    assert gin.query_parameter("train.ghost_stack_layers") is True
+  finally:
+    gin.clear_config()

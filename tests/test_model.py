@@ -252,6 +252,11 @@ def test_forward_masks_padding_and_future(name):
   np.testing.assert_allclose(out[:, :4], logits[:, :4], atol=1e-4, rtol=1e-4)
   assert not np.allclose(out[:, 4:], logits[:, 4:])
   assert not np.allclose(apply({"params": params}, enc.at[:, 0].set(5), dec), logits)
+  # The decoder's positions padded to a multiple of 8 (6 -> 8) are invisible too: the logits are
+  # the leading ones of a run on 8 and on 11 positions (padded to 16) with other tokens after.
+  for longer in (8, 11):
+    extended = jnp.concatenate([dec, _random_tokens(3, (2, longer - 6))], axis=1)
+    np.testing.assert_allclose(apply({"params": params}, enc, extended)[:, :6], logits, atol=1e-5, rtol=1e-5)
   # Dropout is active only with a key, and different keys drop differently.
   drop = lambda k: apply({"params": params}, enc, dec, enable_dropout=True,
                                rngs={"dropout": jax.random.PRNGKey(k)})

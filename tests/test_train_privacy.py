@@ -387,6 +387,17 @@ def test_speed_settings_are_apart_from_the_privacy_config():
   assert isinstance(vmap.aggregator, DPAggregator) and type(ghost.aggregator).__name__ == "GhostDPAggregator"
   assert vmap.fingerprint() == ghost.fingerprint()
   assert vmap.ledger.report()["clipping_method"] == "vmap"
+  # Stacking ghost clipping's layers is a speed setting too: same mechanism, ghost only.
+  stacked = privacy.build_mechanism(DPConfig(noise_multiplier=1.0, expected_batch_size=4),
+                                    ExecutionSettings.for_run(None, "ghost", 8, stack_layers=True),
+                                    loss_fn=_loss_fn, num_examples=1000, privacy_unit="document", batch_size=32,
+                                    train_steps=100, sampler_seed=3, log=lambda _: None)
+  assert stacked.aggregator.stack_layers and not ghost.aggregator.stack_layers
+  assert stacked.fingerprint() == ghost.fingerprint()
+  with pytest.raises(ConfigError, match="ghost_stack_layers=True stacks ghost clipping's layers"):
+    ExecutionSettings(method="vmap", stack_layers=True)
+  with pytest.raises(ConfigError, match="ghost_stack_layers must be True or False"):
+    ExecutionSettings(stack_layers="yes")
 
 
 def test_layout_gives_the_rows_of_each_step():

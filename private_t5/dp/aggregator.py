@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from private_t5 import tree_groups
 from private_t5.dp import clipping
 from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.clipping import METRIC_BATCH_SIZE, METRIC_LOSS, Batch, LossFn, PyTree
@@ -114,7 +115,8 @@ class MeanAggregator:
     del params
     grad_sum, sums = acc
     denominator = jnp.maximum(sums["weight_sum"], 1e-12)
-    grads = jax.tree.map(lambda g: g / denominator, grad_sum)
+    # One division a shape (`tree_groups`), not one kernel a parameter array.
+    grads = tree_groups.unstacked([g / denominator for g in tree_groups.stacked(grad_sum)], grad_sum)
     metrics = {METRIC_LOSS: sums["loss_sum"] / denominator, METRIC_BATCH_SIZE: sums["weight_sum"]}
     return grads, metrics
 

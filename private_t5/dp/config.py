@@ -176,9 +176,13 @@ class ExecutionSettings:
     microbatch_size: examples per accumulation step (memory knob); None: the whole batch. A
       step with more rows runs as microbatches of this many rows through the trainer's
       accumulate loop; with untruncated Poisson sampling it always does (default: `batch_size`).
+    stack_layers: "ghost" only: the norms and book-keeping sums of the layers of one shape are
+      computed stacked (`ghost.GhostDPAggregator(stack_layers=True)`): fewer kernel launches on
+      an accelerator, more memory (docs/performance.md). Default False.
   """
   method: str = GHOST
   microbatch_size: Optional[int] = None
+  stack_layers: bool = False
 
   def __post_init__(self):
     if self.method not in DP_METHODS:
@@ -186,11 +190,16 @@ class ExecutionSettings:
     m = self.microbatch_size
     if m is not None and (isinstance(m, bool) or int(m) != m or m < 1):
       raise ConfigError(f"microbatch_size must be an integer >= 1 or None, got {m!r}")
+    if not isinstance(self.stack_layers, bool):
+      raise ConfigError(f"ghost_stack_layers must be True or False, got {self.stack_layers!r}")
+    if self.stack_layers and self.method != GHOST:
+      raise ConfigError(f"ghost_stack_layers=True stacks ghost clipping's layers; the clipped-sum method "
+                        f"is {self.method!r}: set clipping_method='ghost' or drop ghost_stack_layers")
 
   @classmethod
   def for_run(cls, dp: Optional[DPConfig], method: Optional[str] = None,
               microbatch_size: Optional[int] = None,
-              log: Callable[[str], None] = print) -> "ExecutionSettings":
+              log: Callable[[str], None] = print, stack_layers: bool = False) -> "ExecutionSettings":
     """The settings of a run from `train`'s arguments; a deprecated `DPConfig.method` is used
     for `method` (with a warning) and must agree with it when both are set."""
     legacy = dp.method if dp is not None else None
@@ -200,7 +209,7 @@ class ExecutionSettings:
       if method is not None and method != legacy:
         raise ConfigError(f"DPConfig.method={legacy!r} and clipping_method={method!r} disagree; set "
                           "only clipping_method")
-    return cls(method=method or legacy or GHOST, microbatch_size=microbatch_size)
+    return cls(method=method or legacy or GHOST, microbatch_size=microbatch_size, stack_layers=stack_layers)
 
 
 @dataclasses.dataclass(frozen=True)

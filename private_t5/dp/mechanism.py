@@ -148,6 +148,11 @@ def step_parts(noisy_sum: Optional[privacy_params.NoisySum], method: str, loss_f
   return clipped_sum, noise_lib.gaussian_noise(noisy_sum)
 
 
+def _ghost_options(execution: ExecutionSettings) -> Dict[str, Any]:
+  """`ghost.GhostDPAggregator`'s options from the execution settings (none for "vmap")."""
+  return {"stack_layers": True} if execution.stack_layers else {}
+
+
 def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int, train_steps: int,
                               delta: float) -> int:
   """The largest expected batch whose truncation adds at most 10% of δ over the run.
@@ -252,7 +257,8 @@ def build_mechanism(dp: Optional[DPConfig], execution: ExecutionSettings, *, los
                                   noise_secret=noise_secret, population=population)
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus, data_files,
                                unknown_files)
-  clipped_sum, noise = step_parts(noisy_sum, execution.method, loss_fn, spmd_axis_name=spmd_axis_name)
+  clipped_sum, noise = step_parts(noisy_sum, execution.method, loss_fn, spmd_axis_name=spmd_axis_name,
+                                  **_ghost_options(execution))
   rows = BatchLayout.for_run(dp, execution, batch_size).batch_rows
   batching = (f"padded {batch_size}, truncation probability/step {ledger.truncation_probability:.2e}"
               if truncated else f"untruncated, run in microbatches of {rows} rows")
@@ -307,7 +313,7 @@ def _build_correlated(dp: DPConfig, execution: ExecutionSettings, *, loss_fn: Ca
   report = _compose_vocabulary(ledger, vocab_path, dp.vocab_is_public, privacy_unit, log, corpus, data_files,
                                unknown_files)
   clipped_sum, noise = step_parts(noisy_sum, execution.method, loss_fn, spmd_axis_name=spmd_axis_name,
-                                  strategy=strategy)
+                                  strategy=strategy, **_ghost_options(execution))
   rows = BatchLayout.for_run(dp, execution, batch_size).batch_rows
   log(f"[privacy] DP training with {dp.noise} correlated noise: unit={privacy_unit}, N={num_examples}, b={b} "
       f"cyclic Poisson groups, q={q:.4g} within a group (expected batch {expected:.1f}, untruncated, run in "

@@ -101,18 +101,24 @@ class Decoder(nn.Module):
     length = decoder_input_tokens.shape[-1]
     if decode and not max_decode_length:
       raise ValueError("cached decoding needs max_decode_length")
+    # Without a cache the positions are padded to a multiple of 8 (cuBLAS's tensor-core tile; XLA
+    # would pad every attention product's operands instead): with causal self-attention the real
+    # positions never see the padding, whose outputs are cut off before the logits.
+    padded = length if decode else -(-length // 8) * 8
+    if padded != length:
+      decoder_input_tokens = jnp.pad(decoder_input_tokens, ((0, 0), (0, padded - length)))
     # With a cache the bias covers all positions and attention takes the current query's row.
-    bias_length = max_decode_length if decode else length
+    bias_length = max_decode_length if decode else padded
     bias = layers.RelativePositionBias(cfg.relative_attention_num_buckets,
                                        cfg.relative_attention_max_distance, cfg.num_heads, dtype,
                                        name="relpos_bias")(bias_length, bias_length, bidirectional=False)
-    self_mask = jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
+    self_mask = jnp.tril(jnp.ones((padded, padded), jnp.bool_))[None, None]
     cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens.astype(jnp.int32)), enable_dropout)
     for i in range(cfg.num_decoder_layers):
       x = DecoderLayer(cfg, self.lora, name=f"layers_{i}")(x, encoded, self_mask, cross_mask, bias,
                                                 enable_dropout, decode)
-    x = layers.RMSNorm(dtype=dtype, name="decoder_norm")(x)
+    x = layers.RMSNorm(dtype=dtype, name="decoder_norm")(x[:, :length])
     x = _dropout(cfg, x, enable_dropout)
     if cfg.tie_embeddings:
       # T5 v1.0: tied output layer with logits scaled by d_model**-0.5 (Mesh TF T5).

@@ -305,7 +305,7 @@ def describe_run(model_config, mesh, parameter_sharding: str, train_data, batch_
 def train(*, model_config, train_data: ExampleSource, validation_data: Optional[ExampleSource] = None,
           model_dir: str, train_steps: int,
           batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
-          optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None,
+          ghost_stack_layers: bool = False, optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None,
           vocab_public_unchecked: bool = False, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = partitioning.REPLICATED,
@@ -330,6 +330,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     microbatch_size: examples per accumulation step (memory knob; the trainer's accumulate loop).
     clipping_method: how the DP clipped sum is computed, "ghost" (default) or "vmap" (speed
       only: the same mechanism and ledger; `dp.mechanism.ExecutionSettings`).
+    ghost_stack_layers: ghost clipping with the layers of one shape stacked (fewer kernel
+      launches on an accelerator, more memory; `ExecutionSettings.stack_layers`).
     optimizer: optax GradientTransformation; default Adafactor with `learning_rate`.
     learning_rate: schedule or float for the default Adafactor; default T5X rsqrt with base 0.5, 1000 warm-up steps.
     dp: `DPConfig` for DP-Adafactor, or None for the non-private baseline.
@@ -377,7 +379,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                       log_every=log_every, prefetch_depth=prefetch_depth, data_workers=data_workers)
   rules = partitioning.axis_rules(parameter_sharding)
   base = build_lora(lora, initial_checkpoint, model_config)
-  execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log)
+  execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
+                                                      stack_layers=ghost_stack_layers)
   layout = mechanism_lib.BatchLayout.for_run(dp, execution, batch_size)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
