@@ -1,10 +1,17 @@
 """Benchmarks the data layer: corpus reading, tokenization / store build, batch fetch latency.
 
   .venv/bin/python benchmarks/bench_data.py [--corpus=../shared/data/pretrain/linux_docs.jsonl.gz]
-      [--vocab=PATH.model] [--batch_size=128] [--repeats=20] [--output=bench.json]
+      [--vocab=PATH.model] [--batch_size=128] [--repeats=20] [--output=bench.json] [--examples_only]
 
 Without --vocab, an 8k unigram vocabulary is trained first on the corpus (timed apart).
 Prints one JSON object (also written to --output).
+
+`examples` compares, on the store built here (document unit, inputs 512 / targets 114, one
+thread), the examples a second and the examples per CPU-second (`time.process_time`) of
+`CorpusSource.get_batch`, which builds a batch's examples at once (`objective.batch`), with one
+example per Python call (a `np.random.Generator` per example, the window drawn and the objective
+run one row at a time, as `objective.__call__`). `--examples_only` measures only that (after the
+vocabulary and the store).
 """
 import argparse
 import json
@@ -39,6 +46,46 @@ def _fetch_latency(src, batch_size, repeats, seed=0):
   times = np.asarray(times) * 1000
   return {"median_ms": round(float(np.median(times)), 2), "p90_ms": round(float(np.percentile(times, 90)), 2),
           "batches": repeats, "batch_size": batch_size}
+
+
+def _one_example_per_call(src, indices, seed):
+  """The batch of `indices` (document unit) built one example per call: a Generator per example."""
+  raw = src.objective.raw_length
+  offsets = src.store.offsets
+  enc = np.zeros((len(indices), src.objective.inputs_length), np.int32)
+  tgt = np.zeros((len(indices), src.objective.targets_length), np.int32)
+  for row, doc in enumerate(indices):
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(doc)])
+    doc_len = int(offsets[doc + 1] - offsets[doc])
+    start = int(rng.integers(doc_len - raw + 1)) if doc_len > raw else 0
+    tokens = src.store.document_tokens(int(doc))[start:start + min(raw, doc_len)]
+    inputs, targets = src.objective(np.asarray(tokens, dtype=np.int32), rng)
+    enc[row, :len(inputs)] = inputs
+    tgt[row, :len(targets)] = targets
+  return source_lib.assemble_batch(enc, tgt, indices)
+
+
+def _examples_rate(src, batch_size, repeats, seed=0):
+  """Examples a second and per CPU-second of both paths over the same random batches."""
+  rng = np.random.default_rng(seed)
+  batches = [np.sort(rng.choice(src.num_examples, size=min(batch_size, src.num_examples), replace=False))
+             for _ in range(repeats)]
+  lengths = src.store.lengths()[np.concatenate(batches)]
+  result = {"batch_size": batch_size, "batches": repeats,
+            "full_windows_fraction": round(float((lengths >= src.objective.raw_length).mean()), 3)}
+  for name, build in (("per_example", lambda b, s: _one_example_per_call(src, b, s)),
+                      ("batch", lambda b, s: src.get_batch(b, s, batch_size))):
+    build(batches[0], 0)  # warm (files mapped, caches filled)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for step, indices in enumerate(batches):
+      build(indices, step)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    n = sum(len(b) for b in batches)
+    result[name] = {"examples_per_s": round(n / wall), "examples_per_cpu_s": round(n / cpu),
+                    "ms_per_batch": round(wall / repeats * 1000, 2)}
+  result["speedup_per_cpu_s"] = round(result["batch"]["examples_per_cpu_s"] /
+                                      result["per_example"]["examples_per_cpu_s"], 2)
+  return result
 
 
 def _t5_span_corruption_ms(src, batch_size, repeats):
@@ -77,6 +124,8 @@ def main(argv=None):
   p.add_argument("--batch_size", type=int, default=128)
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--output", default=None)
+  p.add_argument("--examples_only", action="store_true",
+                 help="measure only the examples a second of the two ways of building a batch")
   args = p.parse_args(argv)
   result = {"corpus": os.path.abspath(args.corpus), "cpu_count": os.cpu_count()}
   with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
@@ -105,6 +154,13 @@ def main(argv=None):
         "seconds": round(build, 2), "documents": m["num_documents"], "tokens": m["num_tokens"],
         "documents_per_s": round(m["num_documents"] / build, 1), "tokens_per_s": round(m["num_tokens"] / build),
         "bytes_on_disk": sum(os.path.getsize(os.path.join(store.path, f)) for f in os.listdir(store.path))}
+    result["examples"] = {}
+    for objective in ("span_corruption", "prefix_lm"):
+      src = source_lib.make_source(args.corpus, vocab, objective=objective, cache_dir=cache, split="all")
+      _log(f"examples a second, {objective}: one per call and a batch at once ...")
+      result["examples"][objective] = _examples_rate(src, args.batch_size, args.repeats)
+    if args.examples_only:
+      return _emit(result, args.output)
     start = time.perf_counter()
     store_lib.build_store(args.corpus, vocab, cache_dir=cache)
     result["store_reopen_seconds"] = round(time.perf_counter() - start, 3)
@@ -120,13 +176,17 @@ def main(argv=None):
     _log("t5 preprocessors in a tf.function, for comparison ...")
     result["t5_tf_function_span_corruption_ms_per_batch"] = _t5_span_corruption_ms(src, args.batch_size,
                                                                                   max(3, args.repeats // 4))
+  return _emit(result, args.output)
+
+
+def _emit(result, output):
   text = json.dumps(result, indent=2)
   print(text)
-  if args.output:
-    tmp_out = args.output + ".tmp"
+  if output:
+    tmp_out = output + ".tmp"
     with open(tmp_out, "w") as f:
       f.write(text + "\n")
-    os.replace(tmp_out, args.output)
+    os.replace(tmp_out, output)
   return 0
 
 

@@ -33,6 +33,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from private_t5.data import objectives as objectives_lib
+from private_t5.data import row_random
 from private_t5.data import store as store_lib
 from private_t5.data import store_index
 from private_t5.errors import ConfigError, DataError
@@ -173,7 +174,10 @@ class CorpusSource:
       order = np.argsort(inverse, kind="stable")
       counts = np.bincount(inverse, minlength=len(users))
       self._user_index = users  # example i is the store's user users[i]
-      self._user_docs = np.split(order, np.cumsum(counts)[:-1])  # positions into self._docs
+      # User i's documents: positions into self._docs, _user_order[_user_first[i]:][:_user_count[i]].
+      self._user_order = order.astype(np.int64)
+      self._user_count = counts.astype(np.int64)
+      self._user_first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
       self._num_examples = len(users)
 
   @property
@@ -217,61 +221,77 @@ class CorpusSource:
 
   def document_ids(self, indices: Sequence[int], seed: int) -> list:
     """The id of the document each example index draws from under `seed`."""
-    return [self.store.ids[self._docs[self._draw_window(int(i), self._rng(seed, int(i)))[0]]] for i in indices]
-
-  def _rng(self, seed: int, index: int) -> np.random.Generator:
-    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, index])
+    indices = np.asarray(list(indices), dtype=np.int64).reshape(-1)
+    indices = batch_indices(indices, len(indices), self._num_examples)
+    pos, _, _ = self._draw_windows(indices, row_random.row_keys(seed, indices))
+    return [self.store.ids[int(d)] for d in self._docs[pos]]
 
   def _check_index(self, index: int) -> None:
     if not 0 <= index < self._num_examples:
       raise IndexError(f"example index {index} out of range [0, {self._num_examples})")
 
-  def _draw_window(self, index: int, rng: np.random.Generator):
-    """(document position, start, length) of the raw window for one draw of `index`."""
+  def _draw_windows(self, indices: np.ndarray, keys: np.ndarray):
+    """(document positions, starts, lengths), int64 [n]: the raw window of each draw.
+
+    Draw 0 of a row's key picks a user's document, draw 1 the window's start (`row_random`).
+    """
     raw = self.objective.raw_length
+    offsets = self.store.offsets
     if self._privacy_unit == "example":
-      pos = int(self._chunk_doc[index])
-      start = int(self._chunk_start[index])
-      doc_len = int(self.store.offsets[self._docs[pos] + 1] - self.store.offsets[self._docs[pos]])
-      return pos, start, min(raw, doc_len - start)
+      pos = self._chunk_doc[indices]
+      start = self._chunk_start[indices]
+      doc = self._docs[pos]
+      doc_len = np.asarray(offsets[doc + 1] - offsets[doc], dtype=np.int64)
+      return pos, start, np.minimum(raw, doc_len - start)
     if self._privacy_unit == "user":
-      choices = self._user_docs[index]
-      pos = int(choices[rng.integers(len(choices))]) if len(choices) > 1 else int(choices[0])
+      first, count = self._user_first[indices], self._user_count[indices]
+      pos = self._user_order[first + row_random.below(row_random.bits(keys, 0), count)]
     else:
-      pos = index
+      pos = indices
     doc = self._docs[pos]
-    doc_len = int(self.store.offsets[doc + 1] - self.store.offsets[doc])
-    if doc_len <= raw:
-      return pos, 0, doc_len
+    doc_len = np.asarray(offsets[doc + 1] - offsets[doc], dtype=np.int64)
+    draw = row_random.bits(keys, 1)
     if self.max_windows_per_document is not None:  # one of the first K full windows of the grid
-      return pos, raw * int(rng.integers(min(self.max_windows_per_document, doc_len // raw))), raw
-    return pos, int(rng.integers(doc_len - raw + 1)), raw
+      start = raw * row_random.below(draw, np.minimum(self.max_windows_per_document, doc_len // raw))
+    else:
+      start = row_random.below(draw, doc_len - raw + 1)
+    longer = doc_len > raw
+    return pos, np.where(longer, start, 0), np.where(longer, raw, doc_len)
+
+  def _examples(self, indices: np.ndarray, seed: int):
+    """`objective.batch` of the draws of `indices` under `seed` (indices already checked)."""
+    keys = row_random.row_keys(seed, indices)
+    pos, start, length = self._draw_windows(indices, keys)
+    windows = self.store.windows(self._docs[pos], start, length, self.objective.raw_length)
+    # The objective's own draws come from draw 2 of the row's key.
+    return self.objective.batch(windows, length, row_random.bits(keys, 2))
 
   def example(self, index: int, seed: int):
-    """(inputs, targets) int32 arrays (with EOS, unpadded) of one draw of example `index`."""
+    """(inputs, targets) int32 arrays (with EOS, unpadded) of one draw of example `index`: row
+    `index` of any `get_batch` under `seed` that holds it."""
     self._check_index(index)
-    rng = self._rng(seed, index)
-    pos, start, length = self._draw_window(index, rng)
-    tokens = self.store.document_tokens(self._docs[pos])[start:start + length]
-    return self.objective(np.asarray(tokens, dtype=np.int32), rng)
+    inputs, targets, li, lt = self._examples(np.array([index], np.int64), seed)
+    return inputs[0, :li[0]], targets[0, :lt[0]]
 
   def get_batch(self, indices: Sequence[int], seed: int, batch_size: int) -> Dict[str, np.ndarray]:
     """The batch dict of the trainer contract for `indices`, padded to `batch_size` rows.
+
+    The examples are built for all rows at once (`objective.batch`); a row depends on (seed,
+    its index) only.
 
     Raises:
       ValueError: more indices than `batch_size`.
       IndexError: an index outside [0, num_examples).
     """
-    indices = batch_indices(indices, batch_size)  # each index is checked by `example`
+    indices = batch_indices(indices, batch_size, self._num_examples)
     li, lt = self.objective.inputs_length, self.objective.targets_length
     enc = np.zeros((batch_size, li), np.int32)
     tgt = np.zeros((batch_size, lt), np.int32)
-    for row, index in enumerate(indices):
-      inputs, targets = self.example(int(index), seed)
+    n = len(indices)
+    if n:
       # Only a document shorter than the window's context can overflow (prefix LM keeps the
-      # split within bounds; span corruption fits by construction): truncate defensively.
-      enc[row, :min(len(inputs), li)] = inputs[:li]
-      tgt[row, :min(len(targets), lt)] = targets[:lt]
+      # split within bounds; span corruption fits by construction): `batch` truncates defensively.
+      enc[:n], tgt[:n], _, _ = self._examples(indices, seed)
     return assemble_batch(enc, tgt, indices)
 
   def describe(self) -> Dict[str, object]:

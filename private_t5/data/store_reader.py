@@ -202,6 +202,33 @@ class DocumentStore:
     offsets, tokens = self._checked(k)
     return tokens[offsets[j]:offsets[j + 1]]
 
+  def windows(self, docs, starts, lengths, width: int) -> np.ndarray:
+    """int32 [n, width]: row r holds tokens [starts[r], starts[r] + lengths[r]) of global
+    document docs[r] (each piece within its document, lengths <= width), then zeros.
+
+    One gather per shard read, its files size-checked once, instead of a `document_tokens` call a row.
+    """
+    docs = np.asarray(docs, dtype=np.int64).reshape(-1)
+    starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    out = np.zeros((len(docs), width), np.int32)
+    if not len(docs):
+      return out
+    if docs.min() < 0 or docs.max() >= len(self.ids):
+      raise IndexError(f"document index out of range [0, {len(self.ids)})")
+    shard_starts = np.asarray(self._starts, dtype=np.int64)
+    shards = np.searchsorted(shard_starts, docs, side="right") - 1
+    column = np.arange(width)[None, :]
+    for k in np.unique(shards).tolist():
+      rows = np.flatnonzero(shards == k) if self.num_shards > 1 else np.arange(len(docs))
+      offsets, tokens = self._checked(k)
+      inside = column < lengths[rows, None]
+      if not tokens.size:
+        continue  # only empty pieces
+      first = np.asarray(offsets[docs[rows] - shard_starts[k]], dtype=np.int64) + starts[rows]
+      out[rows] = np.where(inside, tokens[np.where(inside, first[:, None] + column, 0)], 0)
+    return out
+
   def document_length(self, i: int) -> int:
     k, j = self.shard_of(int(i))
     offsets = self._offsets_file(k)
