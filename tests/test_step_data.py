@@ -98,7 +98,7 @@ def test_prefetched_batches_equal_the_batches_built_in_line(trainer):
 def test_a_failing_worker_stops_the_run_with_one_line_naming_the_step(trainer):
   builder = _builder(trainer, _Source(fail_at_seed=None))
   seeds = RunSeeds.create(insecure_deterministic_seed=5)
-  builder._source.fail_at_seed = seeds.data_seed(4)  # pylint: disable=protected-access
+  builder._host.source.fail_at_seed = seeds.data_seed(4)  # pylint: disable=protected-access
   with step_data.Prefetcher(builder, 0, 10, depth=3, workers=2) as ahead:
     for t in range(4):
       ahead.get(t)

@@ -54,6 +54,7 @@ from private_t5.models import run_dir
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning
 from private_t5.train import step_data
+from private_t5.train import step_rows
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, summarize_eval
 
@@ -72,7 +73,7 @@ class LoopConfig:
   eval_examples: int = 256
   log_every: int = 50
   prefetch_depth: int = step_data.DEFAULT_PREFETCH_DEPTH  # steps whose batches are built ahead (0: in line)
-  data_workers: int = step_data.DEFAULT_DATA_WORKERS  # threads building them
+  data_workers: int = step_data.DEFAULT_DATA_WORKERS  # processes building them (0: a thread of this one)
 
 
 def _validation_batches(source, batch_size: int, eval_examples: int,
@@ -89,7 +90,7 @@ def _validation_batches(source, batch_size: int, eval_examples: int,
 
 
 # Where they were first defined (tests and tools import them from here).
-sample_positions = step_data.sample_positions
+sample_positions = step_rows.sample_positions
 local_batch = step_data.local_batch
 
 
@@ -226,9 +227,9 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   first_step_time = None
   shapes_compiled = set()  # the compiled train-step shapes of this session (`StepBatch.shape`)
   # The batches of the next steps are built and placed while the device runs this one.
-  builder = step_data.StepBatchBuilder(privacy=privacy, layout=layout, source=source, seeds=seeds, trainer=trainer)
-  prefetcher = step_data.Prefetcher(builder, start_step, config.train_steps, config.prefetch_depth,
-                                    config.data_workers)
+  builder = step_data.StepBatchBuilder(privacy=privacy, layout=layout, source=source, seeds=seeds, trainer=trainer,
+                                       processes=config.data_workers)
+  prefetcher = step_data.Prefetcher(builder, start_step, config.train_steps, config.prefetch_depth)
   try:
     while step < config.train_steps:
       if first_step_time is None:

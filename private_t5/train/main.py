@@ -117,7 +117,7 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
                                ("checkpoint_every", checkpoint_every, 1), ("log_every", log_every, 1),
                                ("keep_checkpoints", keep_checkpoints, 1),
                                ("eval_every", eval_every, 0), ("eval_examples", eval_examples, 0),
-                               ("prefetch_depth", prefetch_depth, 0), ("data_workers", data_workers, 1)):
+                               ("prefetch_depth", prefetch_depth, 0), ("data_workers", data_workers, 0)):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
       raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
   vocab_size = train_data.vocab_size
@@ -370,7 +370,9 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       their optimizer state; the base is referenced by path and SHA-256 (`build_lora`).
     prefetch_depth: steps whose batches are built and placed on the devices ahead, while the
       device runs the current step (0: each built in line); speed only (`train.step_data`).
-    data_workers: threads building them.
+    data_workers: worker processes building the batches' host rows (`train.worker_pool`: whole
+      steps each, without JAX, handed back in shared memory; the batches do not change with
+      their number); 0: built by a thread of this process. Speed only.
   """
 
   validate_train_args(model_config=model_config, train_data=train_data, train_steps=train_steps,

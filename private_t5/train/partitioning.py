@@ -35,7 +35,7 @@ import atexit
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -222,18 +222,6 @@ def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
   """A step's microbatches stacked on a leading axis [K, rows, ...]: each microbatch's rows split
   over the `data` axis as `batch_sharding`, the microbatch axis whole on every device."""
   return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
-
-
-def spread_over_data(indices: np.ndarray, data_size: int) -> List[np.ndarray]:
-  """The example indices of each `data`-axis position: the k-th index goes to position k mod D.
-
-  A Poisson-sampled batch has fewer real rows than its padded size; spread round-robin, the
-  real rows (and the corpus reads) are balanced over the data axis and so over the processes,
-  instead of filling the first positions and leaving the padding to the last ones. Each
-  position's rows are its real rows, then its padding.
-  """
-  indices = np.asarray(indices)
-  return [indices[p::data_size] for p in range(data_size)]
 
 
 def shard_batch(batch: Dict[str, np.ndarray], mesh: Mesh,
