@@ -6,12 +6,13 @@
 Without --vocab, an 8k unigram vocabulary is trained first on the corpus (timed apart).
 Prints one JSON object (also written to --output).
 
-`examples` compares, on the store built here (document unit, inputs 512 / targets 114, one
+`examples` compares (batches of `--example_batch_sizes` rows), on the store built here (document unit, inputs 512 / targets 114, one
 thread), the examples a second and the examples per CPU-second (`time.process_time`) of
 `CorpusSource.get_batch`, which builds a batch's examples at once (`objective.batch`), with one
 example per Python call (a `np.random.Generator` per example, the window drawn and the objective
-run one row at a time, as `objective.__call__`). `--examples_only` measures only that (after the
-vocabulary and the store).
+run one row at a time, as `objective.__call__`). `worker_processes`: whole steps of 256 rows (span
+corruption) built in this process and by 1, 2, 4 data worker processes (`train.data_workers`).
+`--examples_only` measures only these two (after the vocabulary and the store).
 """
 import argparse
 import json
@@ -29,6 +30,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from private_t5.data import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
 from private_t5.data import source as source_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from private_t5.data import store as store_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.dp.config import BatchLayout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.dp.sampling import ShuffledBatchSampler  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.train import step_rows, worker_pool  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _log(msg):
@@ -88,6 +92,47 @@ def _examples_rate(src, batch_size, repeats, seed=0):
   return result
 
 
+def _processes_rate(src, batch_size, workers_list, steps):
+  """Examples a second of whole steps' host rows (`step_rows.HostStepBuilder`: a shuffled fixed
+  batch, the batch path) built in this process, then by 1, 2, 4 data worker processes
+  (`worker_pool.WorkerPool`, as `train.data_workers`), the arrays handed back in shared memory and
+  copied out here; the processes' start (spawn, imports) is timed apart."""
+  build = step_rows.HostStepBuilder(ShuffledBatchSampler(src.num_examples, batch_size, 0), BatchLayout(batch_size),
+                                    src, 1, (0, 1), "row_id")
+  build(0, 0)
+  wall, cpu = time.perf_counter(), time.process_time()
+  for step in range(steps):
+    build(step, step)
+  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  out = {"batch_size": batch_size, "steps": steps,
+         "in_process": {"examples_per_s": round(steps * batch_size / wall),
+                        "examples_per_cpu_s": round(steps * batch_size / cpu)}}
+  for workers in workers_list:
+    started = time.perf_counter()
+    pool = worker_pool.WorkerPool(build, workers)
+    try:
+      for step in range(workers):  # started and warm
+        pool.submit(step, step)
+      for step in range(workers):
+        pool.result(step)
+      start_s = time.perf_counter() - started
+      wall, cpu = time.perf_counter(), time.process_time()
+      for step in range(steps):
+        for ahead in range(step, min(step + 2 * workers, steps)):
+          pool.submit(workers + ahead, ahead)
+        pool.result(workers + step)
+      wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+      pool.close()
+    out[f"processes_{workers}"] = {"examples_per_s": round(steps * batch_size / wall),
+                                   "main_process_cpu_s_per_1000_examples": round(cpu / steps / batch_size * 1000, 4),
+                                   "start_s": round(start_s, 2)}
+  base = out["in_process"]["examples_per_s"]
+  for workers in workers_list:
+    out[f"processes_{workers}"]["over_in_process"] = round(out[f"processes_{workers}"]["examples_per_s"] / base, 2)
+  return out
+
+
 def _t5_span_corruption_ms(src, batch_size, repeats):
   """The same objective through t5.data.preprocessors in a tf.function (for the comparison)."""
   from private_t5 import quiet_tf  # pylint: disable=g-import-not-at-top
@@ -124,6 +169,10 @@ def main(argv=None):
   p.add_argument("--batch_size", type=int, default=128)
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--output", default=None)
+  p.add_argument("--example_batch_sizes", default="32,128,256",
+                 help="batch sizes of the examples-a-second comparison")
+  p.add_argument("--workers", default="1,2,4", help="data worker processes of the step-building comparison")
+  p.add_argument("--worker_steps", type=int, default=40)
   p.add_argument("--examples_only", action="store_true",
                  help="measure only the examples a second of the two ways of building a batch")
   args = p.parse_args(argv)
@@ -157,8 +206,13 @@ def main(argv=None):
     result["examples"] = {}
     for objective in ("span_corruption", "prefix_lm"):
       src = source_lib.make_source(args.corpus, vocab, objective=objective, cache_dir=cache, split="all")
-      _log(f"examples a second, {objective}: one per call and a batch at once ...")
-      result["examples"][objective] = _examples_rate(src, args.batch_size, args.repeats)
+      for batch in (int(b) for b in args.example_batch_sizes.split(",")):
+        _log(f"examples a second, {objective}, batch {batch}: one per call and a batch at once ...")
+        result["examples"][f"{objective}/{batch}"] = _examples_rate(src, batch, args.repeats)
+    src = source_lib.make_source(args.corpus, vocab, cache_dir=cache, split="all")
+    _log("whole steps by data worker processes ...")
+    result["worker_processes"] = _processes_rate(src, 256, [int(w) for w in args.workers.split(",")],
+                                                 args.worker_steps)
     if args.examples_only:
       return _emit(result, args.output)
     start = time.perf_counter()

@@ -152,7 +152,7 @@ def small_corpus_and_vocab(shared_data, tmp_path_factory):
   return fortunes_corpus_and_vocab(shared_data, str(tmp_path_factory.mktemp("vocab")))
 
 
-def _command(model_dir, corpus, vocab, steps):
+def _command(model_dir, corpus, vocab, steps, *extra):
   return [sys.executable, "-m", "private_t5.stages.cli", "train",
           "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
           f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", f"--gin.TRAIN_STEPS={steps}",
@@ -164,7 +164,7 @@ def _command(model_dir, corpus, vocab, steps):
           "--gin.make_source.max_documents=300", "--gin.train.eval_examples=8",
           "--gin.train.insecure_deterministic_seed=99", "--gin.DPConfig.target_epsilon=None",
           "--gin.DPConfig.noise_multiplier=1.0", "--gin.DPConfig.expected_batch_size=0.5",
-          "--gin.train.checkpoint_every=2", "--gin.train.keep_checkpoints=2", "--gin.train.log_every=1"]
+          "--gin.train.checkpoint_every=2", "--gin.train.keep_checkpoints=2", "--gin.train.log_every=1", *extra]
 
 
 def _env():
@@ -208,10 +208,13 @@ def test_kill_9_then_rerun_resumes_without_lost_or_repeated_steps(small_corpus_a
                         capture_output=True, text=True, timeout=900)
   assert done.returncode == 0, done.stderr[-3000:]
 
-  how = _kill_during_save_or_after(killed_dir, _command(killed_dir, corpus, vocab, steps), min_step=4)
+  # The killed run and its rerun build their batches in two data worker processes, the reference in
+  # its own thread: the same parameters bit for bit.
+  workers = "--gin.train.data_workers=2"
+  how = _kill_during_save_or_after(killed_dir, _command(killed_dir, corpus, vocab, steps, workers), min_step=4)
   killed_at = checkpoints.CheckpointManager(killed_dir).latest_step()
   assert killed_at is not None and killed_at < steps, how
-  rerun = subprocess.run(_command(killed_dir, corpus, vocab, steps), cwd=PROJECT_ROOT, env=_env(),
+  rerun = subprocess.run(_command(killed_dir, corpus, vocab, steps, workers), cwd=PROJECT_ROOT, env=_env(),
                          capture_output=True, text=True, timeout=900)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert f"resuming from checkpoint step {killed_at}" in rerun.stdout
