@@ -184,3 +184,24 @@ def test_the_loops_batches_are_the_same_with_worker_processes(host_builder):
     assert (g.step, g.num_sampled, g.rows, g.count, g.shape) == (w.step, w.num_sampled, w.rows, w.count, w.shape)
     for name in w.placed:
       np.testing.assert_array_equal(np.asarray(g.placed[name]), np.asarray(w.placed[name]), err_msg=name)
+
+
+def test_a_source_sent_to_workers_shares_its_per_document_arrays(host_builder, monkeypatch):
+  """Pickled for a spawned worker, the source's arrays as long as its documents travel as shared
+  memory (one copy on the machine) and the store is opened again from its files."""
+  from private_t5.data import shared_arrays  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(shared_arrays, "_MIN_BYTES", 0)
+  source = host_builder.source
+  docs = np.array(source._docs)  # pylint: disable=protected-access
+  plain = pickle.loads(pickle.dumps(source))  # outside a process start: copies, the same rows
+  np.testing.assert_array_equal(plain._docs, docs)  # pylint: disable=protected-access
+  pool = worker_pool.WorkerPool(host_builder, 1)
+  try:
+    assert not source._docs.flags.writeable  # the parent reads the shared copy now  # pylint: disable=protected-access
+    np.testing.assert_array_equal(source._docs, docs)  # pylint: disable=protected-access
+    pool.submit(0, 7)
+    got = pool.result(0)
+  finally:
+    pool.close()
+  assert _rows(got) == _rows(host_builder(0, 7))

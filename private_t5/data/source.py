@@ -34,6 +34,7 @@ import numpy as np
 
 from private_t5.data import objectives as objectives_lib
 from private_t5.data import row_random
+from private_t5.data import shared_arrays
 from private_t5.data import store as store_lib
 from private_t5.data import store_index
 from private_t5.errors import ConfigError, DataError
@@ -126,6 +127,11 @@ def gather_batch(inputs: np.ndarray, targets: np.ndarray, indices: Sequence[int]
   return assemble_batch(enc, tgt, indices)
 
 
+# The arrays of a CorpusSource as long as its documents, chunks or users.
+_PER_DOCUMENT_ARRAYS = ("_docs", "_chunk_doc", "_chunk_start", "_user_index", "_user_order", "_user_count",
+                        "_user_first")
+
+
 class CorpusSource:
   """Examples of one objective over one store, addressed by index in [0, num_examples).
 
@@ -179,6 +185,13 @@ class CorpusSource:
       self._user_count = counts.astype(np.int64)
       self._user_first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
       self._num_examples = len(users)
+
+  def __getstate__(self):
+    # To a data worker process: the per-document arrays as shared memory, not copies.
+    return shared_arrays.pickled_state(self, _PER_DOCUMENT_ARRAYS)
+
+  def __setstate__(self, state):
+    self.__dict__.update(shared_arrays.unpickled_state(state))
 
   @property
   def num_examples(self) -> int:

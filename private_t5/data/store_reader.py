@@ -82,6 +82,11 @@ class DocumentStore:
     self._shard_tokens: Dict[int, MappedFile] = {}
     self._global_offsets: Optional[np.ndarray] = None
 
+  def __reduce__(self):
+    # Pickled (to a data worker process): opened again there from its files, sizes checked, so
+    # nothing as long as the corpus (offsets, ids, id hashes) is copied into the pickle.
+    return DocumentStore, (self.path, False, False)
+
   def _open_json_index(self, version: int) -> None:
     """An older store's index: every id and user from documents.json, held in memory."""
     try:
