@@ -4,6 +4,7 @@ dies stops the run with one line naming the step; none is left after `close()` o
 parent is killed with SIGKILL."""
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -14,10 +15,11 @@ import jax
 import numpy as np
 import pytest
 
+from private_t5.data import shared_arrays
 from private_t5.data import source as source_lib
 from private_t5.dp.config import BatchLayout
 from private_t5.dp.sampling import PoissonSampler
-from private_t5.errors import DataError
+from private_t5.errors import ConfigError, DataError
 from private_t5 import models
 from private_t5.dp.aggregator import MeanAggregator
 from private_t5.train import optimizers, partitioning, step_data, step_rows, worker_pool
@@ -189,8 +191,6 @@ def test_the_loops_batches_are_the_same_with_worker_processes(host_builder):
 def test_a_source_sent_to_workers_shares_its_per_document_arrays(host_builder, monkeypatch):
   """Pickled for a spawned worker, the source's arrays as long as its documents travel as shared
   memory (one copy on the machine) and the store is opened again from its files."""
-  from private_t5.data import shared_arrays  # pylint: disable=g-import-not-at-top
-  import pickle  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(shared_arrays, "_MIN_BYTES", 0)
   source = host_builder.source
   docs = np.array(source._docs)  # pylint: disable=protected-access
@@ -205,3 +205,9 @@ def test_a_source_sent_to_workers_shares_its_per_document_arrays(host_builder, m
   finally:
     pool.close()
   assert _rows(got) == _rows(host_builder(0, 7))
+
+
+def test_a_builder_that_cannot_be_sent_to_a_worker_is_one_config_line():
+  with pytest.raises(ConfigError, match=r"^train.data_workers=2: what builds the batches cannot be sent to a worker "
+                                        r"process \(.*\); set train.data_workers=0$"):
+    worker_pool.WorkerPool(lambda step, seed: None, 2)

@@ -247,10 +247,11 @@ class WorkerPool:
         self._tasks.put_nowait(None)
       except Exception:  # pylint: disable=broad-except
         pass
+    started = [process for process in self.processes if process.pid is not None]
     deadline = time.time() + 2.0
-    for process in self.processes:
+    for process in started:
       process.join(max(deadline - time.time(), 0.05))
-    for process in self.processes:
+    for process in started:
       if process.is_alive():
         process.terminate()
         process.join(1.0)
