@@ -228,16 +228,23 @@ def test_a_row_depends_on_its_key_only(name):
       np.testing.assert_array_equal(a[r], b[0])
 
 
+def write_word_corpus(path, documents: int, max_words: int, users: int = 0) -> str:
+  """A JSON-lines corpus of `documents` documents of 1..max_words random words (an "author" of
+  `users` when given), for tests that need many documents of many lengths."""
+  rng = np.random.default_rng(0)
+  with open(path, "w") as f:
+    for i in range(documents):
+      words = " ".join(f"word{w}" for w in rng.integers(0, 400, int(rng.integers(1, max_words))))
+      f.write(json.dumps({"id": f"d{i}", **({"author": f"u{i % users}"} if users else {}),
+                          "text": f"Message {i}: {words}"}) + "\n")
+  return str(path)
+
+
 @pytest.fixture(scope="module")
 def user_corpus(tmp_path_factory, shared_data):
   folder = tmp_path_factory.mktemp("batch_users")
-  corpus = folder / "users.jsonl"
-  rng = np.random.default_rng(0)
-  with open(corpus, "w") as f:
-    for i in range(80):
-      words = " ".join(f"word{w}" for w in rng.integers(0, 400, int(rng.integers(1, 700))))
-      f.write(json.dumps({"id": f"d{i}", "author": f"u{i % 9}", "text": f"Message {i}: {words}"}) + "\n")
-  return str(corpus), small_vocab_path(tmp_path_factory, shared_data), str(folder / "cache")
+  corpus = write_word_corpus(folder / "users.jsonl", 80, 700, users=9)
+  return corpus, small_vocab_path(tmp_path_factory, shared_data), str(folder / "cache")
 
 
 @pytest.mark.parametrize("objective", ["span_corruption", "prefix_lm"])

@@ -2,7 +2,6 @@
 same for 0, 1 and 2 processes and in any order; workers never import JAX; a worker that raises or
 dies stops the run with one line naming the step; none is left after `close()` or after its
 parent is killed with SIGKILL."""
-import json
 import os
 import pickle
 import signal
@@ -25,6 +24,7 @@ from private_t5.dp.aggregator import MeanAggregator
 from private_t5.train import optimizers, partitioning, step_data, step_rows, worker_pool
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
+from test_batch_objectives import write_word_corpus
 from test_data_vocab import small_vocab_path
 from worker_probe import Probe
 
@@ -49,12 +49,7 @@ def _wait_gone(pids, seconds=10.0):
 @pytest.fixture(scope="module")
 def host_builder(tmp_path_factory, shared_data):
   folder = tmp_path_factory.mktemp("worker_pool")
-  corpus = folder / "docs.jsonl"
-  rng = np.random.default_rng(0)
-  with open(corpus, "w") as f:
-    for i in range(120):
-      words = " ".join(f"word{w}" for w in rng.integers(0, 300, int(rng.integers(1, 400))))
-      f.write(json.dumps({"id": f"d{i}", "text": f"Document {i}: {words}"}) + "\n")
+  corpus = write_word_corpus(folder / "docs.jsonl", 120, 400)
   source = source_lib.make_source(str(corpus), small_vocab_path(tmp_path_factory, shared_data),
                                   feature_lengths={"inputs": 64, "targets": 16}, cache_dir=str(folder / "cache"),
                                   split="all", progress=False)
