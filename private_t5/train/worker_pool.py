@@ -181,6 +181,8 @@ class WorkerPool:
         try:
           process.start()
         except (pickle.PicklingError, TypeError, AttributeError) as e:
+          for end in theirs:
+            end.close()
           self.close()
           raise ConfigError(f"train.data_workers={len(self.processes)}: what builds the batches cannot be sent to a "
                             f"worker process ({type(e).__name__}: {e}); set train.data_workers=0") from None
