@@ -95,10 +95,9 @@ def random_spans_noise_mask(length: int, noise_density: float, rng: np.random.Ge
                             mean_noise_span_length: float = 3.0) -> np.ndarray:
   """Boolean noise mask of `length` made of random spans (T5's definition, see module doc)."""
   orig_length = length
-  length = max(length, 2)  # t5 avoids degeneracy the same way
-  num_noise_tokens = int(np.round(np.float32(length) * np.float32(noise_density)))
-  num_noise_tokens = min(max(num_noise_tokens, 1), length - 1)
-  num_noise_spans = max(int(np.round(np.float32(num_noise_tokens) / np.float32(mean_noise_span_length))), 1)
+  # t5 avoids degeneracy the same way: at least 2 positions, 1..length-1 noise tokens, >= 1 span.
+  length, num_noise_tokens, num_noise_spans = (int(x[0]) for x in _span_counts(
+      np.array([length], np.int64), noise_density, mean_noise_span_length))
   num_nonnoise_tokens = length - num_noise_tokens
   # t5 can ask for more non-noise spans than non-noise tokens only when length is tiny; its
   # segment_sum then yields empty segments. Clamp like that: at most one span per token.
@@ -128,7 +127,7 @@ def nonnoise_span_to_unique_sentinel(tokens: np.ndarray, noise_mask: np.ndarray,
 
 
 def _span_counts(lengths: np.ndarray, noise_density: float, mean_noise_span_length: float):
-  """(padded lengths, noise tokens, noise spans) of each row, as `random_spans_noise_mask` counts them."""
+  """(padded lengths, noise tokens, noise spans) of each row: T5's counts, for one row and for a batch."""
   padded = np.maximum(lengths, 2)
   noise = np.round(padded.astype(np.float32) * np.float32(noise_density)).astype(np.int64)
   noise = np.minimum(np.maximum(noise, 1), padded - 1)
@@ -186,7 +185,7 @@ def _random_segmentations(num_items: np.ndarray, num_segments: np.ndarray, keys:
 
 
 def _noise_spans(lengths: np.ndarray, noise_density: float, keys: np.ndarray, mean_noise_span_length: float):
-  """(starts, ends, real, padded): the noise spans of each row's `random_spans_noise_mask`.
+  """(starts, ends, real): the noise spans of each row's `random_spans_noise_mask`.
 
   starts, ends: int64 [rows, max spans], span i of row r covers [starts, ends) of its padded
   length (`padded[r]` = max(length, 2)); real: bool, which of them row r has.
@@ -206,7 +205,7 @@ def _noise_spans(lengths: np.ndarray, noise_density: float, keys: np.ndarray, me
   starts = nonnoise_bounds[:, 1:s + 1] + noise_bounds[:, :s]
   ends = nonnoise_bounds[:, 1:s + 1] + noise_bounds[:, 1:s + 1]
   ends = np.where(span[None, :] == num_spans[:, None] - 1, padded[:, None], ends)
-  return starts, ends, span[None, :] < num_spans[:, None], padded
+  return starts, ends, span[None, :] < num_spans[:, None]
 
 
 def _mask_of_spans(starts, ends, real, width: int, lengths: np.ndarray) -> np.ndarray:
@@ -232,7 +231,7 @@ def random_spans_noise_masks(lengths, noise_density: float, keys: np.ndarray, me
   lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
   keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
   width = max(int(width), int(lengths.max()) if len(lengths) else 0)
-  starts, ends, real, _ = _noise_spans(lengths, noise_density, keys, mean_noise_span_length)
+  starts, ends, real = _noise_spans(lengths, noise_density, keys, mean_noise_span_length)
   return _mask_of_spans(starts, ends, real, width, lengths)
 
 
@@ -323,7 +322,7 @@ class SpanCorruption:
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     rows, width = windows.shape
-    starts, ends, real, _ = _noise_spans(lengths, self.noise_density, keys, self.mean_noise_span_length)
+    starts, ends, real = _noise_spans(lengths, self.noise_density, keys, self.mean_noise_span_length)
     mask = _mask_of_spans(starts, ends, real, width, lengths)
     valid = np.arange(width)[None, :] < lengths[:, None]
     # Inputs drop the noise tokens after a span's first, targets the clean ones after a span's first.
