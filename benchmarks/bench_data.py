@@ -11,11 +11,14 @@ thread), the examples a second and the examples per CPU-second (`time.process_ti
 `CorpusSource.get_batch`, which builds a batch's examples at once (`objective.batch`), with one
 example per Python call (a `np.random.Generator` per example, the window drawn and the objective
 run one row at a time, as `objective.__call__`). `worker_processes`: whole steps of 256 rows (span
-corruption) built in this process and by 1, 2, 4 data worker processes (`train.data_workers`).
+corruption) built in this process and by 1, 2, 4 data worker processes (`train.data_workers`),
+in interleaved rounds (medians, and each round's rate), beside 2 processes that build steps on
+their own with nothing handed back (`independent_2`, what the cores allow).
 `--examples_only` measures only these two (after the vocabulary and the store).
 """
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -92,44 +95,91 @@ def _examples_rate(src, batch_size, repeats, seed=0):
   return result
 
 
-def _processes_rate(src, batch_size, workers_list, steps):
-  """Examples a second of whole steps' host rows (`step_rows.HostStepBuilder`: a shuffled fixed
-  batch, the batch path) built in this process, then by 1, 2, 4 data worker processes
-  (`worker_pool.WorkerPool`, as `train.data_workers`), the arrays handed back in shared memory and
-  copied out here; the processes' start (spawn, imports) is timed apart."""
-  build = step_rows.HostStepBuilder(ShuffledBatchSampler(src.num_examples, batch_size, 0), BatchLayout(batch_size),
-                                    src, 1, (0, 1), "row_id")
-  build(0, 0)
+_DIGITS = {"start_s": 2, "main_process_cpu_s_per_1000_examples": 4}  # else whole numbers
+
+
+def _in_process_rate(build, steps):
   wall, cpu = time.perf_counter(), time.process_time()
   for step in range(steps):
     build(step, step)
   wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-  out = {"batch_size": batch_size, "steps": steps,
-         "in_process": {"examples_per_s": round(steps * batch_size / wall),
-                        "examples_per_cpu_s": round(steps * batch_size / cpu)}}
-  for workers in workers_list:
-    started = time.perf_counter()
-    pool = worker_pool.WorkerPool(build, workers)
-    try:
-      for step in range(workers):  # started and warm
-        pool.submit(step, step)
-      for step in range(workers):
-        pool.result(step)
-      start_s = time.perf_counter() - started
-      wall, cpu = time.perf_counter(), time.process_time()
-      for step in range(steps):
-        for ahead in range(step, min(step + 2 * workers, steps)):
-          pool.submit(workers + ahead, ahead)
-        pool.result(workers + step)
-      wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    finally:
-      pool.close()
-    out[f"processes_{workers}"] = {"examples_per_s": round(steps * batch_size / wall),
-                                   "main_process_cpu_s_per_1000_examples": round(cpu / steps / batch_size * 1000, 4),
-                                   "start_s": round(start_s, 2)}
+  return {"examples_per_s": steps * build.layout.batch_rows / wall,
+          "examples_per_cpu_s": steps * build.layout.batch_rows / cpu}
+
+
+def _pool_rate(build, workers, steps):
+  started = time.perf_counter()
+  pool = worker_pool.WorkerPool(build, workers)
+  try:
+    for step in range(workers):  # started and warm
+      pool.submit(step, step)
+    for step in range(workers):
+      pool.result(step)
+    start_s = time.perf_counter() - started
+    wall, cpu = time.perf_counter(), time.process_time()
+    for step in range(steps):
+      for ahead in range(step, min(step + 2 * workers, steps)):
+        pool.submit(workers + ahead, ahead)
+      pool.result(workers + step)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  finally:
+    pool.close()
+  rows = steps * build.layout.batch_rows
+  return {"examples_per_s": rows / wall, "main_process_cpu_s_per_1000_examples": cpu / rows * 1000,
+          "start_s": start_s}
+
+
+def _independent_build(build, steps, barrier, results):
+  worker_pool._tune_allocator()  # as a worker does
+  build(0, 0)
+  barrier.wait()
+  results.put(_in_process_rate(build, steps)["examples_per_s"])
+
+
+def _independent_rate(build, processes, steps):
+  """Examples a second of `processes` processes each building steps on its own, nothing handed
+  back: what the machine's cores allow, the ceiling of a pool of that many workers."""
+  context = multiprocessing.get_context("spawn")
+  barrier, results = context.Barrier(processes), context.Queue()
+  started = [context.Process(target=_independent_build, args=(build, steps, barrier, results))
+             for _ in range(processes)]
+  for process in started:
+    process.start()
+  rates = [results.get() for _ in started]
+  for process in started:
+    process.join()
+  return {"examples_per_s": sum(rates)}
+
+
+def _processes_rate(src, batch_size, workers_list, steps, rounds):
+  """Examples a second of whole steps' host rows (`step_rows.HostStepBuilder`: a shuffled fixed
+  batch, the batch path) built in this process, then by 1, 2, 4 data worker processes
+  (`worker_pool.WorkerPool`, as `train.data_workers`; the arrays handed back in shared memory and
+  mapped here), and by 2 processes building on their own (`independent_2`: the cores' ceiling), in
+  `rounds` interleaved rounds (each way once a round), with the median of each; the processes'
+  start (spawn, imports) is timed apart."""
+  build = step_rows.HostStepBuilder(ShuffledBatchSampler(src.num_examples, batch_size, 0), BatchLayout(batch_size),
+                                    src, 1, (0, 1), "row_id")
+  build(0, 0)
+  runs = {"in_process": []}
+  runs.update({f"processes_{w}": [] for w in workers_list})
+  for _ in range(rounds):
+    runs["in_process"].append(_in_process_rate(build, steps))
+    for workers in workers_list:
+      runs[f"processes_{workers}"].append(_pool_rate(build, workers, steps))
+    runs.setdefault("independent_2", []).append(_independent_rate(build, 2, steps))
+  out = {"batch_size": batch_size, "steps": steps, "rounds": rounds}
+  for name, rows in runs.items():
+    out[name] = {key: round(float(np.median([r[key] for r in rows])), _DIGITS.get(key)) for key in rows[0]}
+    out[name]["examples_per_s_each_round"] = [round(r["examples_per_s"]) for r in rows]
   base = out["in_process"]["examples_per_s"]
+  one = out.get("processes_1", {}).get("examples_per_s")
+  out["independent_2"]["over_in_process"] = round(out["independent_2"]["examples_per_s"] / base, 2)
   for workers in workers_list:
-    out[f"processes_{workers}"]["over_in_process"] = round(out[f"processes_{workers}"]["examples_per_s"] / base, 2)
+    entry = out[f"processes_{workers}"]
+    entry["over_in_process"] = round(entry["examples_per_s"] / base, 2)
+    if one:
+      entry["over_one_process"] = round(entry["examples_per_s"] / one, 2)
   return out
 
 
@@ -172,7 +222,8 @@ def main(argv=None):
   p.add_argument("--example_batch_sizes", default="32,128,256",
                  help="batch sizes of the examples-a-second comparison")
   p.add_argument("--workers", default="1,2,4", help="data worker processes of the step-building comparison")
-  p.add_argument("--worker_steps", type=int, default=40)
+  p.add_argument("--worker_steps", type=int, default=200)
+  p.add_argument("--worker_rounds", type=int, default=3, help="interleaved rounds of the step-building comparison")
   p.add_argument("--examples_only", action="store_true",
                  help="measure only the examples a second of the two ways of building a batch")
   args = p.parse_args(argv)
@@ -212,7 +263,7 @@ def main(argv=None):
     src = source_lib.make_source(args.corpus, vocab, cache_dir=cache, split="all")
     _log("whole steps by data worker processes ...")
     result["worker_processes"] = _processes_rate(src, 256, [int(w) for w in args.workers.split(",")],
-                                                 args.worker_steps)
+                                                 args.worker_steps, args.worker_rounds)
     if args.examples_only:
       return _emit(result, args.output)
     start = time.perf_counter()

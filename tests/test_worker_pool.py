@@ -81,6 +81,31 @@ def test_steps_are_the_same_for_any_number_of_worker_processes(host_builder):
     assert not _wait_gone([p.pid for p in pool.processes], 5)
 
 
+def test_a_held_step_is_never_written_over_and_a_released_file_is_written_again(host_builder, monkeypatch):
+  files = []  # the shared-memory file (inode) each step came in
+  unpack = worker_pool._unpack
+
+  def recording_unpack(fd, *args, **kwargs):
+    files.append(os.fstat(fd).st_ino)
+    return unpack(fd, *args, **kwargs)
+
+  monkeypatch.setattr(worker_pool, "_unpack", recording_unpack)
+  steps = list(range(12))
+  want = [_rows(host_builder(t, 7 + t)) for t in steps]
+  pool = worker_pool.WorkerPool(host_builder, 1)
+  try:
+    pool.submit(0, 7)
+    held = pool.result(0)  # kept while the worker builds every later step
+    for t in steps[1:]:
+      pool.submit(t, 7 + t)
+      assert _rows(pool.result(t)) == want[t]  # and dropped at once: its file is released
+    assert _rows(held) == want[0]
+  finally:
+    pool.close()
+  assert files[0] not in files[1:]
+  assert len(set(files[1:])) == 1, files  # released, then written again
+
+
 def test_workers_import_neither_jax_nor_tensorflow_and_share_the_work():
   pool = worker_pool.WorkerPool(Probe(slow_at=None), 2)
   try:

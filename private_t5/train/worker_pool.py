@@ -3,13 +3,15 @@
 `WorkerPool(build, workers)` starts `workers` processes (the "spawn" start method: a fresh
 interpreter that imports only this module, NumPy and what `build` pickles to, never JAX or
 TensorFlow) and gives each a copy of `build`, a `train.step_rows.HostStepBuilder`. `submit(step,
-seed)` queues a step; a free worker builds the step's `HostStep` whole, writes its arrays into one
-anonymous shared-memory file (`memfd_create`; an unlinked temporary file elsewhere) and passes its
-descriptor back over its own pipe; `result(step)` maps it (copy-on-write) and the arrays read it
-in place. The memory has no name: it goes with the last array that reads it, and nothing is left
-in /dev/shm whoever is killed. A step
-is built by one worker from (step, seed) alone, so the batch of step t does not depend on the number
-of workers, the order they finish in or a restart (seqio, grain and PyTorch's DataLoader feed from
+seed)` sends the step over its own pipe to the worker with the fewest steps waiting; the worker
+builds the step's `HostStep` whole, writes its arrays into one of its anonymous shared-memory files
+(`memfd_create`; an unlinked temporary file elsewhere) and passes the file's descriptor back;
+`result(step)` maps it (copy-on-write) and the arrays read it in place. When the last of them is
+gone, the parent tells the worker, which writes a later step into the same file (a fresh file's
+first touch costs a fifth of a step's build). The memory has no name: it goes with the worker and
+the last array that reads it, and nothing is left in /dev/shm whoever is killed. A step is built
+by one worker from (step, seed) alone, so the batch of step t does not depend on the number of
+workers, the order they finish in or a restart (seqio, grain and PyTorch's DataLoader feed from
 worker processes in the same way; here the unit of work is a step, not a record, because the
 step's sample, a Poisson draw of variable size, is what the privacy accounting fixes).
 
@@ -23,6 +25,7 @@ killed with SIGKILL leaves none behind. Workers ignore SIGINT: Ctrl-C reaches th
 process group, and the parent's `close()` stops them.
 """
 import ctypes
+import functools
 import mmap
 import multiprocessing
 import os
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from multiprocessing import connection, reduction
 from typing import Dict, List, Optional
 
@@ -43,6 +47,7 @@ from private_t5.train.step_rows import HostStep
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5  # how often a waiting parent checks its workers, and a worker its parent
 _ALIGN = 64
+_KEEP_FREE = 2  # a worker's released files kept to write again
 # glibc's mallopt: a fresh process serves every allocation over 128 KiB (a batch's temporaries) with
 # its own mmap, zero-filled page by page, until frees raise that threshold: it made a worker's
 # steps 2.3x slower than the same build in a process that had allocated before. Fixed thresholds
@@ -86,9 +91,48 @@ def _anonymous_file(size: int) -> int:
   return fd
 
 
-def _pack(host_step: HostStep):
-  """(descriptor or None, layout, size, meta): the arrays of a HostStep written into one anonymous
-  shared-memory file."""
+class _Buffers:
+  """A worker's shared-memory files: one a step in the parent's hands, the rest free to write again.
+
+  Writing a fresh file costs its pages' first touch (zero-filled by the kernel: 0.7 ms for the
+  0.9 MB of a 256-row span-corruption step on the 2-core machine of docs/performance.md, a fifth
+  of the step's build); a file the parent has released is written again at memory speed. The
+  parent releases a file when the last array reading it is gone (`WorkerPool`), never before.
+  """
+
+  def __init__(self):
+    self._free: Dict[int, tuple] = {}  # id -> (fd, mapping, size)
+    self._held: Dict[int, tuple] = {}
+    self._next = 0
+
+  def take(self, size: int):
+    """(id, fd, mapping) of a file of at least `size` bytes, free to write."""
+    fitting = [key for key, (_, _, have) in self._free.items() if have >= size]
+    if fitting:
+      key = min(fitting, key=lambda k: self._free[k][2])
+      entry = self._free.pop(key)
+    else:
+      size = -(-(size + size // 8) // mmap.PAGESIZE) * mmap.PAGESIZE  # room for the next step's sample
+      fd = _anonymous_file(size)
+      entry, key = (fd, mmap.mmap(fd, size), size), self._next
+      self._next += 1
+    self._held[key] = entry
+    return key, entry[0], entry[1]
+
+  def release(self, key: int) -> None:
+    entry = self._held.pop(key, None)
+    if entry is None:
+      return
+    self._free[key] = entry
+    while len(self._free) > _KEEP_FREE:
+      fd, mapping, _ = self._free.pop(min(self._free))
+      mapping.close()
+      os.close(fd)
+
+
+def _pack(host_step: HostStep, buffers: _Buffers):
+  """(file id or None, descriptor or None, layout, size, meta): the arrays of a HostStep written into
+  one of the worker's shared-memory files."""
   chunks = list(host_step.host) + ([host_step.empty] if host_step.empty is not None else [])
   layout, size = [], 0
   for chunk in chunks:
@@ -98,26 +142,28 @@ def _pack(host_step: HostStep):
       entry.append((key, array.dtype.str, array.shape, size))
       size += -(-array.nbytes // _ALIGN) * _ALIGN
     layout.append(entry)
-  fd = None
+  key = fd = None
   if size:
-    fd = _anonymous_file(size)
-    with mmap.mmap(fd, size) as block:
-      for chunk, entry in zip(chunks, layout):
-        for key, dtype, shape, start in entry:
-          np.ndarray(shape, dtype, block, start)[...] = chunk[key]
+    key, fd, block = buffers.take(size)
+    for chunk, entry in zip(chunks, layout):
+      for name, dtype, shape, start in entry:
+        np.ndarray(shape, dtype, block, start)[...] = chunk[name]
   meta = (host_step.step, host_step.num_sampled, host_step.rows, host_step.count, len(host_step.host))
-  return fd, layout, size, meta
+  return key, fd, layout, size, meta
 
 
-def _unpack(fd: Optional[int], layout: list, size: int, meta) -> HostStep:
+def _unpack(fd: Optional[int], layout: list, size: int, meta, on_release=None) -> HostStep:
   """The HostStep whose arrays read the file of `fd` in place (a private copy-on-write mapping,
-  so writing to them changes nothing the worker sees); closes `fd`."""
+  so writing to them changes nothing the worker sees); closes `fd`. `on_release()` is called
+  once the last of the arrays is gone (the file may be written again then)."""
   mapped = None
   if fd is not None:
     try:
       mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
     finally:
       os.close(fd)
+    if on_release is not None:
+      weakref.finalize(mapped, on_release).atexit = False
   chunks: List[Dict[str, np.ndarray]] = []
   for entry in layout:
     chunks.append({key: (np.frombuffer(mapped, dtype, int(np.prod(shape, dtype=np.int64)), start).reshape(shape)
@@ -127,27 +173,34 @@ def _unpack(fd: Optional[int], layout: list, size: int, meta) -> HostStep:
   return HostStep(step, num_sampled, rows, count, chunks[:n_host], chunks[n_host] if len(chunks) > n_host else None)
 
 
-def _worker_main(build, tasks, pipe, parent: int) -> None:
+def _worker_main(build, pipe, parent: int) -> None:
+  """A worker: reads (step, seed) tasks and released file ids from its pipe until None or EOF."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   _die_with_parent(parent)
   _tune_allocator()
+  buffers = _Buffers()
   while True:
-    task = tasks.get()
+    try:
+      task = pipe.recv()
+    except (EOFError, OSError):
+      return
     if task is None:
       return
+    if isinstance(task, int):  # a file the parent has released
+      buffers.release(task)
+      continue
     step, seed = task
     try:
-      fd, layout, size, meta = _pack(build(step, seed))
+      key, fd, layout, size, meta = _pack(build(step, seed), buffers)
     except PrivateT5Error as e:
       pipe.send(("raise", step, e))
       continue
     except BaseException as e:  # pylint: disable=broad-except
       pipe.send(("error", step, f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__))
       continue
-    pipe.send(("ok", step, (fd is not None, layout, size, meta)))
+    pipe.send(("ok", step, (key, layout, size, meta)))
     if fd is not None:
       reduction.send_handle(pipe, fd, parent)
-      os.close(fd)
 
 
 class WorkerPool:
@@ -157,18 +210,19 @@ class WorkerPool:
     if int(workers) < 1:
       raise ValueError(f"workers must be >= 1, got {workers}")
     context = multiprocessing.get_context("spawn")
-    self._tasks = context.Queue()
     self._done: Dict[int, tuple] = {}
     self._submitted = set()
     self._lock = threading.Lock()  # the books
     self._receiving = threading.Lock()  # one reader of the pipes at a time
     self._closed = False
     self._pipes, self.processes, theirs = [], [], []
+    self._sending = [threading.Lock() for _ in range(int(workers))]  # a pipe's writers
+    self._queued = [0] * int(workers)  # steps sent to each worker and not yet back
     for k in range(int(workers)):
       ours, end = context.Pipe(duplex=True)
       self._pipes.append(ours)
       theirs.append(end)
-      self.processes.append(context.Process(target=_worker_main, args=(build, self._tasks, end, os.getpid()),
+      self.processes.append(context.Process(target=_worker_main, args=(build, end, os.getpid()),
                                             name=f"private_t5-data-{k}", daemon=True))
     main = sys.modules.get("__main__")
     hidden = {name: getattr(main, name) for name in ("__spec__", "__file__") if getattr(main, name, None) is not None}
@@ -193,12 +247,14 @@ class WorkerPool:
       end.close()
 
   def submit(self, step: int, seed: int) -> None:
-    """Queues step `step` (once; later calls for the same step do nothing)."""
+    """Sends step `step` to a worker (once; later calls for the same step do nothing)."""
     with self._lock:
       if step in self._submitted or self._closed:
         return
       self._submitted.add(step)
-    self._tasks.put((int(step), int(seed)))
+      worker = min(range(len(self._pipes)), key=self._queued.__getitem__)  # the least busy
+      self._queued[worker] += 1
+    self._send(worker, (int(step), int(seed)))
 
   def _receive(self, waiting_for: int) -> None:
     """Reads what the workers sent (waiting up to `_POLL_S`); a worker gone is a DataError."""
@@ -207,8 +263,9 @@ class WorkerPool:
       try:
         kind, step, payload = pipe.recv()
         if kind == "ok":
-          has_fd, layout, size, meta = payload
-          payload = (reduction.recv_handle(pipe) if has_fd else None, layout, size, meta)
+          key, layout, size, meta = payload
+          fd = reduction.recv_handle(pipe) if key is not None else None
+          payload = (fd, layout, size, meta, self._pipes.index(pipe), key)
       except (EOFError, OSError):
         process = self.processes[self._pipes.index(pipe)]
         process.join(1.0)
@@ -216,6 +273,7 @@ class WorkerPool:
                         f"{waiting_for} was being built") from None
       with self._lock:
         self._done[step] = (kind, payload)
+        self._queued[self._pipes.index(pipe)] -= 1
 
   def result(self, step: int) -> HostStep:
     """The `HostStep` of a submitted step, waiting for it; raises as the module says."""
@@ -233,10 +291,23 @@ class WorkerPool:
             continue
         self._receive(step)
     if kind == "ok":
-      return _unpack(*payload)
+      fd, layout, size, meta, worker, key = payload
+      return _unpack(fd, layout, size, meta, None if key is None else functools.partial(self._send, worker, key))
     if kind == "raise":
       raise payload
     raise DataError(f"building the batch of step {step} failed in a data worker process: {payload}")
+
+  def _send(self, worker: int, message) -> None:
+    """Sends worker `worker` a task, a released file's id (from whichever thread dropped the
+    last array reading it) or None (stop); a worker that has ended is found by `_receive`."""
+    with self._sending[worker]:
+      pipe = self._pipes[worker]
+      if pipe.closed:
+        return
+      try:
+        pipe.send(message)
+      except (OSError, ValueError):
+        pass
 
   def close(self) -> None:
     """Stops the workers and closes what they built that was not taken."""
@@ -244,11 +315,8 @@ class WorkerPool:
       if self._closed:
         return
       self._closed = True
-    for _ in self.processes:
-      try:
-        self._tasks.put_nowait(None)
-      except Exception:  # pylint: disable=broad-except
-        pass
+    for worker in range(len(self._pipes)):
+      self._send(worker, None)
     started = [process for process in self.processes if process.pid is not None]
     deadline = time.time() + 2.0
     for process in started:
@@ -265,7 +333,6 @@ class WorkerPool:
         if kind == "ok" and payload[0] is not None:
           os.close(payload[0])
       self._done.clear()
-    for pipe in self._pipes:
-      pipe.close()
-    self._tasks.close()
-    self._tasks.cancel_join_thread()
+    for pipe, sending in zip(self._pipes, self._sending):
+      with sending:
+        pipe.close()
