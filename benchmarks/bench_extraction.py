@@ -11,9 +11,10 @@ the stage's default `(-1, 1)` mesh), and `eval.memorization.generate` (greedy, K
 `--batches` x `--batch_size` random prompts of `--prompt_length` tokens followed by EOS, as
 `prefix_examples` builds them. One call compiles (its batches are not counted); a second call on
 the same prompts is timed: prompts/s and generated tokens/s of its whole wall time, and the
-steady-state figures `DecodeStats` reports (after its first batch). Tokens count every one of the
-T positions of every row, as the stage counts them; `rows_ended_early` says how many rows emitted
-EOS before T tokens (the decode loop stops when every row of a batch has ended).
+steady-state figures `DecodeStats` reports (after its first batch). Tokens count what each row
+generated, through its first EOS (`memorization.generated_lengths`), as the stage counts them;
+`rows_ended_early` says how many rows emitted EOS before T tokens (the decode loop stops when
+every row of a batch has ended).
 
 Fills the decode table of docs/memorization.md, "The 50/50 extraction protocol". Results are
 printed and written as JSON to `--out`.
@@ -51,7 +52,8 @@ def run_preset(args, preset: str) -> dict:
   assert (first == out).all()
   ended_early = int(((out == memorization.EOS_ID).any(axis=1)
                      & ((out == memorization.EOS_ID).argmax(axis=1) < args.generation_length - 1)).sum())
-  tokens = rows * args.generation_length
+  tokens = stats.generated_tokens
+  steady_rows, steady_seconds = rows - min(rows, cfg.batch_size), stats.seconds - stats.first_batch_seconds
   return {"preset": preset, "parameters": num_params, "vocab_size": args.vocab_size, "dtype": config.dtype,
           "devices": jax.device_count(), "batch_size": args.batch_size, "prompt_length": args.prompt_length,
           "generation_length": args.generation_length, "prompts": rows, "tokens": tokens,
@@ -59,7 +61,8 @@ def run_preset(args, preset: str) -> dict:
           "cpu_seconds": round(cpu, 2), "prompts_per_second": round(rows / wall, 2),
           "tokens_per_second": round(tokens / wall, 1),
           "steady_tokens_per_second": round(stats.tokens_per_second, 1),
-          "steady_prompts_per_second": round(stats.tokens_per_second / args.generation_length, 2),
+          "steady_prompts_per_second": round(steady_rows / steady_seconds, 2) if steady_rows and steady_seconds > 0
+                                       else None,
           "rows_ended_early": ended_early}
 
 

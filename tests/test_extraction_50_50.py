@@ -139,6 +139,24 @@ def test_streaming_evaluation_equals_one_pass():
   assert dstats.prompts_per_second == pytest.approx(6.0)
 
 
+def test_generated_tokens_count_what_each_row_generated_through_its_eos():
+  eos = memorization.EOS_ID
+  predictions = np.array([[5, eos, 0, 0], [5, 6, 7, 8], [eos, 0, 0, 0]], np.int32)
+
+  class Inference:  # two batches of 2 rows, as the mesh decodes them
+    def decode(self, inputs, max_decode_length, *, batch_size, method, on_batch, **options):
+      on_batch(2, 0.5)
+      on_batch(1, 0.25)
+      return predictions
+
+  cfg = memorization.ExtractionConfig(prompt_length=3, generation_length=4, batch_size=2)
+  out, dstats = memorization.generate(None, None, np.zeros((3, 4), np.int32), 4, cfg, inference=Inference())
+  assert memorization.generated_lengths(out).tolist() == [2, 4, 1]
+  assert (dstats.generated_tokens, dstats.first_batch_tokens) == (7, 6)  # not 3 rows x 4
+  assert dstats.tokens_per_second == pytest.approx(1 / 0.25)  # after the first batch
+  assert dstats.prompts_per_second == pytest.approx(3 / 0.75)
+
+
 def test_bad_match_settings_are_config_errors():
   with pytest.raises(ConfigError, match="approximate_threshold must be in"):
     memorization.ExtractionConfig(approximate_threshold=1.5).validate()

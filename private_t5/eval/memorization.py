@@ -155,9 +155,19 @@ def subsample(examples: ExtractionExamples, k: Optional[int], seed: int) -> Extr
                             max_target_length=examples.max_target_length)
 
 
+def generated_lengths(tokens: np.ndarray, eos_id: int = EOS_ID) -> np.ndarray:
+  """Tokens each row of a decode's output `[n, L]` (zeros after the first EOS) generated: up to and
+  including its first EOS, or all L without one (greedy decoding stops a batch once every row has
+  ended, so L a row over-counts the rows that end early)."""
+  tokens = np.asarray(tokens)
+  ended = tokens == eos_id
+  return np.where(ended.any(axis=1), ended.argmax(axis=1) + 1, tokens.shape[1]).astype(np.int64)
+
+
 @dataclasses.dataclass
 class DecodeStats:
-  """Timing of one decoding pass."""
+  """Timing of one decoding pass; `generated_tokens` counts what the rows generated
+  (`generated_lengths`), not rows × the length asked for."""
   prompts: int = 0
   generated_tokens: int = 0
   seconds: float = 0.0
@@ -166,7 +176,7 @@ class DecodeStats:
 
   @property
   def tokens_per_second(self) -> float:
-    """Steady-state throughput: generated positions per second after the first batch."""
+    """Steady-state throughput: generated tokens per second after the first batch."""
     steady_tokens = self.generated_tokens - self.first_batch_tokens
     steady_seconds = self.seconds - self.first_batch_seconds
     if steady_tokens > 0 and steady_seconds > 0:
@@ -229,18 +239,22 @@ def generate(params, model_config, inputs: np.ndarray, max_decode_length: int, c
   if method == BEAM:
     options.update(beam_size=cfg.beam_size, alpha=cfg.beam_alpha)
 
+  batch_rows = []
+
   def on_batch(rows: int, seconds: float) -> None:
-    if not stats.generated_tokens:
+    if not batch_rows:
       stats.first_batch_seconds = seconds
-      stats.first_batch_tokens = rows * max_decode_length
-    stats.generated_tokens += rows * max_decode_length
+    batch_rows.append(rows)
     stats.seconds += seconds
     if progress:
-      progress.set_postfix_str(f"{stats.generated_tokens / max(stats.seconds, 1e-9):.0f} tok/s", refresh=False)
+      progress.set_postfix_str(f"{sum(batch_rows) / max(stats.seconds, 1e-9):.1f} prompts/s", refresh=False)
       progress.update(rows)
 
   out = inference.decode(inputs, max_decode_length, batch_size=cfg.batch_size, method=method,
                          on_batch=on_batch, **options)
+  lengths = generated_lengths(out)
+  stats.generated_tokens = int(lengths.sum())
+  stats.first_batch_tokens = int(lengths[:batch_rows[0]].sum()) if batch_rows else 0
   return out, stats
 
 
