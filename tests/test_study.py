@@ -103,7 +103,8 @@ def test_validation_metrics_of_private_documents_are_labelled_not_dp():
 def test_study_smoke_every_model(shared_data, tmp_path):
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   out = tmp_path / "study"
-  argv = ["study", f"--corpus={corpus}", f"--output={out}", *MICRO_STUDY_ARGS, "--gin.run_study.audit_canaries=32"]
+  argv = ["study", f"--corpus={corpus}", f"--output={out}", *MICRO_STUDY_ARGS, "--gin.run_study.audit_canaries=32",
+          "--gin.run_study.train_sample_size=24"]
   assert cli.main(argv) == 0
   results = json.loads((out / "results.json").read_text())
   models = results["models"]
@@ -115,6 +116,7 @@ def test_study_smoke_every_model(shared_data, tmp_path):
       assert {"em", "ta", "med", "n", "am", "em_ci", "am_ci"} <= set(split)
     assert 0.0 <= m["validation_token_accuracy"] <= 1.0
     assert m["privacy_unit"] == "document"
+    assert m["groups"]["train_sample"]["n"] == 24 and {"em", "am", "em_ci", "am_ci"} <= set(m["groups"]["train_sample"])
     # The one-run audit of every model (32 canaries, 8 guesses a side): a DP model's bound is at most its ε.
     assert m["audit"]["num_canaries"] == 32 and m["audit"]["guesses"] == 16 and not m["audit"]["violation"]
     assert m["audit"]["epsilon_lower_bound"] <= m["audit"]["max_lower_bound"] and "auroc" in m["audit"]
@@ -131,13 +133,15 @@ def test_study_smoke_every_model(shared_data, tmp_path):
     # Per-document outcomes agree with the split's EM, and the breakdown covers only train dup.
     report = json.loads((out / "models" / name / "memorization" / "report.json").read_text())
     for split, outcome in report["per_document"]["greedy"].items():
-      assert len(outcome["ids"]) == len(outcome["exact"]) == m["splits"][split]["n"]
+      figures = m["splits"][split] if split in m["splits"] else m["groups"][split]
+      assert len(outcome["ids"]) == len(outcome["exact"]) == figures["n"]
       if outcome["exact"]:
-        assert sum(outcome["exact"]) / len(outcome["exact"]) == pytest.approx(m["splits"][split]["em"])
+        assert sum(outcome["exact"]) / len(outcome["exact"]) == pytest.approx(figures["em"])
     by = m["train_dup_by_repetitions"]
     assert set(by) <= {"2", "5", "10", "natural"} and sum(g["n"] for g in by.values()) <= m["splits"]["train_dup"]["n"]
   # Training drew each document's opening window, the one the prompts come from (study.gin).
   assert results["settings"]["training_windows"] == 1
+  assert results["settings"]["train_sample_size"] == 24 and "train sample" in (out / "results.md").read_text()
   assert "each document's opening window" in (out / "results.md").read_text()
   assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert "Table 3" in (out / "results.md").read_text()

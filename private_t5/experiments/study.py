@@ -283,7 +283,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
               vocab_size: int = 2000, dp_vocab_epsilon: float = 3.37, dp_vocab_delta: float = 1e-8,
               dp_vocab_max_words: int = 256, prompt_length: int = 32, generation_length: int = 16,
               max_examples_per_split: Optional[int] = 500, memorization_batch_size: int = 64,
-              split_config=None, text_field: str = "text", audit_canaries: int = 0,
+              train_sample_size: int = 0, split_config=None, text_field: str = "text", audit_canaries: int = 0,
               audit_canary_kind: str = "words", training_windows: Optional[int] = None,
               train_model: Optional[Callable[[str, List[str]], dict]] = None) -> dict:
   """Runs the study and writes results.json, results.md and figure.png to `output_dir`.
@@ -299,6 +299,9 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
     prompt_length, generation_length: memorization prompt P and generated length T.
     max_examples_per_split: documents evaluated per memorization split.
     memorization_batch_size: prompts decoded together.
+    train_sample_size: N > 0 also evaluates each model on N training documents drawn uniformly
+      (seeded) from those with P + T tokens, streamed (the "train sample" group of the 50/50
+      protocol, Carlini et al. 2023); 0: the four splits only.
     split_config: the near-duplicate settings (`SplitConfig`).
     text_field: JSONL/TSV field of the text.
     audit_canaries: m > 0 plants m audit canaries in the training corpus (each once, with
@@ -330,6 +333,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
                       ("vocab_size", vocab_size), ("memorization_batch_size", memorization_batch_size)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+  if not isinstance(train_sample_size, int) or isinstance(train_sample_size, bool) or train_sample_size < 0:
+    raise ConfigError(f"train_sample_size must be an integer >= 0 (0: no training sample), got {train_sample_size!r}")
   dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=duplicate_fraction,
                                           repetitions=tuple(repetitions), seed=seed,
                                           max_documents=max_documents).validate()
@@ -371,7 +376,8 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
         model_dir=run_dir, train_corpus=data["train"], valid_corpus=data["valid"],
         output_dir=os.path.join(model_root, "memorization"), prompt_length=prompt_length,
         generation_length=generation_length, batch_size=memorization_batch_size,
-        max_examples_per_split=max_examples_per_split, span_corruption_variant=False,
+        max_examples_per_split=max_examples_per_split, train_sample_size=train_sample_size,
+        span_corruption_variant=False,
         split_config=split_config, text_field=text_field, seed=seed, audit=data.get("audit_record"),
         log=logger.info)
     wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
@@ -386,6 +392,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
                       "prompt_length": prompt_length, "generation_length": generation_length,
                       "max_examples_per_split": max_examples_per_split, "split_config": split_config.key_fields(),
                       "training_windows": training_windows,
+                      **({"train_sample_size": train_sample_size} if train_sample_size else {}),
                       **({"audit_canaries": audit_canaries, "audit_canary_kind": audit_canary_kind}
                          if audit_canaries else {})},
          "wall_seconds": {"vocabularies": round(vocab_seconds, 1), "total_this_run": round(time.time() - t_start, 1)}}
