@@ -5,12 +5,13 @@ The tests run on the 8 fake CPU devices of conftest.py, with one tiny random mod
 prompts compiled once per mesh (module-scoped fixtures).
 """
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from private_t5 import models
 from private_t5.eval import memorization
-from private_t5.models import decoding, mesh_inference, sharding
+from private_t5.models import decoding, layers, mesh_inference, sharding
 
 VOCAB, WIDTH, LENGTH, ROWS, BEAM = 256, 9, 6, 11, 3
 # Meshes (data, model) against the one-device decode; 11 prompts in batches of 4 make a padded
@@ -184,3 +185,23 @@ def test_glue_evaluation_on_the_mesh_equals_one_device(shared_data, tmp_path):
     task, reference = results["tasks"]["rotten_tomatoes"], runs[(1, 1)]["tasks"]["rotten_tomatoes"]
     assert task["examples"] == reference["examples"] and task["metrics"] == reference["metrics"]
   assert len({e["prediction"] for e in runs[(1, 1)]["tasks"]["rotten_tomatoes"]["examples"]}) > 1
+
+
+def test_parameters_cast_once_give_the_same_logits_and_tokens_in_bfloat16():
+  """`layers.cast_at_use` (the decode program casts kernels and embeddings to the activation
+  dtype once, outside its loop): bit for bit the model's own casts, layer-norm scales kept."""
+  config = models.load_preset("t5_1_1_tiny", vocab_size=VOCAB, dtype="bfloat16")
+  params = models.init_params(config, jax.random.PRNGKey(1))
+  cast = layers.cast_at_use(params, config.dtype)
+  kinds = {jax.tree_util.keystr(k).split("'")[-2]: v.dtype for k, v in jax.tree_util.tree_leaves_with_path(cast)}
+  assert kinds == {"kernel": jnp.bfloat16, "embedding": jnp.bfloat16, "rel_embedding": jnp.bfloat16,
+                   "scale": jnp.float32}
+  assert layers.cast_at_use(params, "float32") is params
+  inputs = np.random.default_rng(1).integers(3, VOCAB, size=(ROWS, WIDTH)).astype(np.int32)
+  model = models.model.EncoderDecoderModel(config)
+  batch = {"encoder_input_tokens": inputs, "decoder_target_tokens": inputs[:, :LENGTH],
+           "decoder_loss_weights": np.ones((ROWS, LENGTH), np.float32)}
+  np.testing.assert_array_equal(np.asarray(model.score_batch(cast, batch)), np.asarray(model.score_batch(params, batch)))
+  want = np.asarray(decoding.greedy_decode(params, config, inputs, max_decode_length=LENGTH))
+  inference = memorization.make_inference(params, config, sharding.create_mesh((1, 1), jax.devices()[:1]))
+  np.testing.assert_array_equal(inference.decode(inputs, LENGTH, batch_size=4), want)

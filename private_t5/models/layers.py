@@ -60,6 +60,25 @@ def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int]
   return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
+# Parameters every layer casts to its compute dtype where it reads them (Dense, Embed,
+# RelativePositionBias); RMSNorm's `scale` multiplies in float32 and is not one of them.
+CAST_AT_USE = ("kernel", "embedding", "rel_embedding")
+
+
+def cast_at_use(params, dtype):
+  """`params` with the `CAST_AT_USE` leaves cast to `dtype` once: the model computes the same
+  values from them (each layer's cast becomes a no-op), without a cast on every use, e.g. on
+  every step of a decode loop, where XLA does not hoist the casts out of the loop."""
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.float32:
+    return params
+
+  def cast(path, leaf):
+    name = getattr(path[-1], "key", None) if path else None
+    return leaf.astype(dtype) if name in CAST_AT_USE and jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+  return jax.tree_util.tree_map_with_path(cast, params)
+
+
 class Dense(nn.Module):
   """`y = x @ kernel` without bias; kernel `[in, out]` named by `kernel_axes`.
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from private_t5.models import sharding
+from private_t5.models import layers, sharding
 from private_t5.models.config import T5Config
 from private_t5.models.model import GREEDY, EncoderDecoderModel
 from private_t5.models.network import param_logical_axes, param_shapes
@@ -97,6 +97,8 @@ class MeshInference:
     key = ("decode", int(max_decode_length), method, tuple(sorted(options.items())))
     if key not in self._programs:
       def decode(params, tokens, active):
+        # Cast once, not on each generated token inside the loop (the same tokens).
+        params = layers.cast_at_use(params, self.config.dtype)
         return self.model.predict_batch(params, tokens, max_decode_length=max_decode_length, method=method,
                                         active=active, **options)
       rows = sharding.batch_sharding(self.mesh)
