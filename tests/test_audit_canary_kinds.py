@@ -155,6 +155,35 @@ def test_plant_records_the_kind_and_load_record_accepts_it(tmp_path, spm_vocab, 
     audit.plant(open_docs, str(tmp_path / "x.jsonl"), num_canaries=40, kind="rare_tokens", seed=3)
 
 
+def test_several_kinds_share_one_record_each_with_canaries_in_and_out(tmp_path, spm_vocab, small_corpus):
+  _, vocab = spm_vocab
+  open_docs = lambda: corpora.iter_documents(small_corpus)
+  out = str(tmp_path / "two.jsonl")
+  _, path, _, rec = audit.plant(open_docs, out, num_canaries=40, kind="words,rare_tokens", length=6, seed=3,
+                                vocab=vocab)
+  again = audit.load_record(path)
+  assert again.kind == rec.kind == "words,rare_tokens" and again.kinds == ("words", "rare_tokens")
+  assert again.canary_kinds == rec.canary_kinds == ("words", "rare_tokens") * 20  # in turn
+  assert again.texts == rec.texts and len(set(rec.texts)) == 40
+  kinds = np.asarray(rec.canary_kinds)
+  for name in rec.kinds:
+    bits = rec.included[kinds == name]
+    assert 0 < bits.sum() < len(bits)
+  # The words canaries are those a words-only record of the same seed draws first.
+  _, _, _, words_only = audit.plant(open_docs, str(tmp_path / "w.jsonl"), num_canaries=20, kind="words", length=6,
+                                    seed=3)
+  assert [t for t, k in zip(rec.texts, rec.canary_kinds) if k == "words"] == words_only.texts
+  with open(path, encoding="utf-8") as f:
+    stored = json.load(f)
+  stored["canaries"][1]["canary_kind"] = "tokens"
+  (tmp_path / "bad.audit.json").write_text(json.dumps(stored))
+  with pytest.raises(DataError, match="each canary needs a 'canary_kind' among words, rare_tokens"):
+    audit.load_record(str(tmp_path / "bad.audit.json"))
+  for bad in ("words,words", "words,", "words,chars"):
+    with pytest.raises(ConfigError, match="or several of them distinct"):
+      audit.plant(open_docs, str(tmp_path / "x.jsonl"), num_canaries=40, kind=bad, seed=3)
+
+
 def test_canaries_cli_rare_kinds(tmp_path, spm_vocab, small_corpus, capsys):
   vocab_path, _ = spm_vocab
   out = tmp_path / "audit.jsonl"

@@ -436,6 +436,40 @@ def test_run_audit_compares_the_librarys_bound_with_the_ledger(tmp_path):
     _audit_run(tmp_path, separated, included, delta=0.0)
 
 
+def test_run_audit_reports_each_kind_of_a_record_of_several(tmp_path):
+  from private_t5.eval import audit, report
+  included, _ = auditing.draw_membership(128, seed=2)
+  kinds = ("words", "rare_words") * 64
+  # The rare-word canaries are memorized (separated), the words canaries are not (noise).
+  rng = np.random.default_rng(0)
+  losses = np.where(np.asarray(kinds) == "rare_words", np.where(included, 1.0, 3.0), rng.normal(3.0, 0.1, 128))
+  texts = [f"canary {i}" for i in range(128)]
+  record = audit.AuditRecord(texts=texts, included=included, repetitions=1, seed=1, kind="words,rare_words",
+                             length=2, source="", corpus="", canary_kinds=kinds)
+  path = audit.write_record(record, str(tmp_path / "r.audit.json"), documents=0)
+  score = lambda enc, tgt, w: -losses[enc[:, 0] - 2] * w.sum(axis=1)
+  lines = []
+  out = audit.run_audit(score, _Vocab(texts), path, scoring="prefix", privacy_report={"epsilon": 1.0, "delta": 1e-5},
+                        bootstrap_samples=0, log=lines.append)
+  json.dumps(out)
+  by = out["by_kind"]
+  assert list(by) == ["words", "rare_words"] and by["words"]["num_canaries"] == by["rare_words"]["num_canaries"] == 64
+  for name in by:  # each kind is the library's audit of its own canaries
+    rows = np.asarray(kinds) == name
+    alone = auditing.score_audit(-losses[rows], included[rows], out["delta"], 0.95, bootstrap_samples=0)
+    assert by[name]["epsilon_lower_bound"] == alone.epsilon_one_run and by[name]["auroc"] == alone.auroc
+  assert by["rare_words"]["epsilon_lower_bound"] > 1.0 > by["words"]["epsilon_lower_bound"]
+  assert by["rare_words"]["tpr_at_fpr"][0]["tpr"] > by["words"]["tpr_at_fpr"][0]["tpr"]
+  assert by["rare_words"]["exceeds_ledger"] and not by["words"]["exceeds_ledger"]
+  log = "\n".join(lines)
+  assert "privacy audit, rare_words canaries alone (64:" in log and "PRIVACY AUDIT FAILED for the rare_words" in log
+  md = "\n".join(report.audit_markdown(out))
+  assert "Each kind of canary alone" in md and "| rare_words | 64 (" in md and "above the ledger's ε" in md
+  # A record of one kind has no per-kind section.
+  single, _ = _audit_run(tmp_path, losses, included, bootstrap_samples=0)
+  assert "by_kind" not in single and "Each kind" not in "\n".join(report.audit_markdown(single))
+
+
 def test_an_audit_record_needs_a_held_out_canary(tmp_path):
   from private_t5.eval import audit
   record = audit.AuditRecord(texts=["a b", "c d"], included=np.array([True, True]), repetitions=1, seed=1,

@@ -29,7 +29,7 @@ import math
 import os
 import re
 import time
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,14 +61,29 @@ class AuditRecord:
   included: np.ndarray  # bool [m]
   repetitions: int
   seed: int
-  kind: str
+  kind: str  # one of KINDS, or several joined by commas (`canary_kinds` says each canary's)
   length: int
   source: str
   corpus: str
+  canary_kinds: Tuple[str, ...] = ()  # each canary's kind when `kind` names several; else empty
 
   @property
   def num_canaries(self) -> int:
     return len(self.texts)
+
+  @property
+  def kinds(self) -> Tuple[str, ...]:
+    return parse_kinds(self.kind)
+
+
+def parse_kinds(kind) -> Tuple[str, ...]:
+  """The distinct kinds of `kind` ("words", or several: "words,rare_tokens", or a sequence)."""
+  parts = tuple(p.strip() for p in kind.split(",")) if isinstance(kind, str) else tuple(kind)
+  bad = [p for p in parts if p not in KINDS]
+  if not parts or bad or len(set(parts)) != len(parts):
+    raise ConfigError(f"audit canary kind must be one of {', '.join(KINDS)}, or several of them distinct and joined "
+                      f"by commas, got {kind!r}")
+  return parts
 
 
 def _is_model_dir(folder: str) -> bool:
@@ -237,9 +252,22 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
   if included.all() or not included.any():
     raise DataError(f"{'all' if included.all() else 'none'} of the {num_canaries} audit canaries were drawn in; "
                     "plant more canaries (--num_canaries)")
+  kinds = parse_kinds(kind)
+  # Several kinds: canary k is of kind k mod K, so each kind's canaries are in with probability 1/2 too.
+  of_kind = [kinds[k % len(kinds)] for k in range(num_canaries)]
+  for name in kinds:
+    bits = included[[k for k, kk in enumerate(of_kind) if kk == name]]
+    if len(kinds) > 1 and (bits.all() or not bits.any()):
+      raise DataError(f"{'all' if bits.all() else 'none'} of the {len(bits)} audit canaries of kind {name!r} were "
+                      "drawn in; plant more canaries (--num_canaries)")
   docs = documents if callable(documents) else list(documents)  # a function that opens the corpus streams it
-  words, pieces = canary_pool(kind, docs, vocab)
-  texts = make_texts(kind, num_canaries, length, seed, words=words, vocab=vocab, pieces=pieces)
+  drawn = {}
+  for name in kinds:
+    words, pieces = canary_pool(name, docs, vocab)
+    drawn[name] = iter(make_texts(name, of_kind.count(name), length, seed, words=words, vocab=vocab, pieces=pieces))
+  texts = [next(drawn[name]) for name in of_kind]
+  if len(set(texts)) != len(texts):
+    raise DataError(f"two audit canaries of different kinds drew the same text; plant with another seed")
   planted = [canaries_lib.Canary(id=f"audit-{k}", secret="", text=t, repetitions=repetitions if inc else 0)
              for k, (t, inc) in enumerate(zip(texts, included))]
   n = 0
@@ -247,8 +275,9 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
     for row in canaries_lib.insert_canaries(docs, planted, seed):
       f.write(json.dumps(row, ensure_ascii=False) + "\n")
       n += 1
-  record = AuditRecord(texts=texts, included=included, repetitions=repetitions, seed=seed, kind=kind,
-                       length=length, source=source, corpus=os.path.abspath(output_path))
+  record = AuditRecord(texts=texts, included=included, repetitions=repetitions, seed=seed, kind=",".join(kinds),
+                       length=length, source=source, corpus=os.path.abspath(output_path),
+                       canary_kinds=tuple(of_kind) if len(kinds) > 1 else ())
   path = write_record(record, record_path(output_path), documents=n)
   return output_path, path, n, record
 
@@ -258,7 +287,8 @@ def write_record(record: AuditRecord, path: str, documents: int) -> str:
   rec = {"kind": RECORD_KIND, "canary_kind": record.kind, "length": record.length, "seed": record.seed,
          "repetitions": record.repetitions, "source": record.source, "corpus": record.corpus,
          "documents": documents, "num_canaries": record.num_canaries, "num_included": int(record.included.sum()),
-         "canaries": [{"id": f"audit-{k}", "text": t, "included": bool(inc)}
+         "canaries": [{"id": f"audit-{k}", "text": t, "included": bool(inc),
+                       **({"canary_kind": record.canary_kinds[k]} if record.canary_kinds else {})}
                       for k, (t, inc) in enumerate(zip(record.texts, record.included))]}
   with io.atomic_open(path, "w", encoding="utf-8") as f:
     os.fchmod(f.fileno(), 0o600)
@@ -283,13 +313,24 @@ def load_record(path: str) -> AuditRecord:
       checks.boolean(c.get("included"), f"canary {k}'s 'included'")
     for name in ("repetitions", "seed", "length"):
       checks.integer(rec[name], repr(name), minimum=0)
-    if rec["canary_kind"] not in KINDS:
-      raise ValueError(f"'canary_kind' must be one of {', '.join(KINDS)}, got {rec['canary_kind']!r:.80}")
+    if not isinstance(rec["canary_kind"], str):
+      raise ValueError(f"'canary_kind' must be a string, got {rec['canary_kind']!r:.80}")
+    try:
+      kinds = parse_kinds(rec["canary_kind"])
+    except ConfigError:
+      raise ValueError(f"'canary_kind' must be one of {', '.join(KINDS)} (or several joined by commas), got "
+                       f"{rec['canary_kind']!r:.80}") from None
+    per_canary = ()
+    if len(kinds) > 1:
+      per_canary = tuple(c.get("canary_kind") for c in canaries)
+      if any(k not in kinds for k in per_canary):
+        raise ValueError(f"each canary needs a 'canary_kind' among {', '.join(kinds)}")
     texts = [c["text"] for c in canaries]
     included = np.array([c["included"] for c in canaries], dtype=bool)
     record = AuditRecord(texts=texts, included=included, repetitions=rec["repetitions"],
-                         seed=rec["seed"], kind=str(rec["canary_kind"]), length=rec["length"],
-                         source=str(rec.get("source", "")), corpus=str(rec.get("corpus", "")))
+                         seed=rec["seed"], kind=",".join(kinds), length=rec["length"],
+                         source=str(rec.get("source", "")), corpus=str(rec.get("corpus", "")),
+                         canary_kinds=per_canary)
   except FileNotFoundError:
     raise DataError(f"audit record not found: {path}") from None
   except IsADirectoryError:
@@ -467,8 +508,31 @@ def run_audit(score_fn: Callable, vocab, record_path_: str, *, scoring: str, pri
                        "included": np.histogram(losses[record.included], bins=edges)[0].tolist(),
                        "excluded": np.histogram(losses[~record.included], bins=edges)[0].tolist()},
          "record": os.path.abspath(record_path_), "seconds": round(time.time() - t0, 2)}
+  if record.canary_kinds:
+    out["by_kind"] = by_kind(-losses, record, delta, confidence, claim_eps if comparable else None,
+                             bootstrap_samples, bootstrap_seed)
   for line in audit_log_lines(out):
     log(f"[memorization] {line}")
+  return out
+
+
+def by_kind(scores: np.ndarray, record: AuditRecord, delta: float, confidence: float,
+            ledger_epsilon: Optional[float], bootstrap_samples: int, bootstrap_seed: int) -> dict:
+  """The audit's figures of each kind's canaries alone (a record of several kinds: one training
+  run, so the kinds are compared on the same model). `exceeds_ledger`: that kind's one-run bound is
+  above the ledger's ε (each kind's bound holds at `confidence` on its own; K kinds make K tests)."""
+  kinds = np.asarray(record.canary_kinds)
+  out = {}
+  for name in record.kinds:
+    rows = kinds == name
+    lib = auditing.score_audit(scores[rows], record.included[rows], delta, confidence,
+                               bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed)
+    out[name] = {"num_canaries": int(rows.sum()), "num_included": lib.num_included, "num_held_out": lib.num_held_out,
+                 "epsilon_lower_bound": lib.epsilon_one_run, "max_lower_bound": lib.epsilon_one_run_cap,
+                 "epsilon_lower_bound_fdp": lib.epsilon_one_run_fdp, "max_lower_bound_fdp": lib.epsilon_one_run_fdp_cap,
+                 "saturated": lib.saturated, "tpr_at_fpr": lib.tpr_at_fpr, "auroc": lib.auroc,
+                 "auroc_interval": lib.auroc_interval,
+                 "exceeds_ledger": bool(ledger_epsilon is not None and lib.epsilon_one_run > ledger_epsilon)}
   return out
 
 
@@ -493,6 +557,16 @@ def audit_log_lines(audit: dict) -> List[str]:
       f"privacy audit cross-check (dp/auditing.epsilon_lower_bound, k = {own['k_plus']} a side): "
       f"ε ≥ {own['epsilon_lower_bound']:.3f} ({own['correct']}/{own['guesses']} guesses correct; cap "
       f"{own['max_lower_bound']:.3f})"]
+  for name, kind in (audit.get("by_kind") or {}).items():
+    tprs = ", ".join(f"{t['tpr']:.3g}{_interval(t['interval'])} at FPR {100 * t['fpr']:g}%" for t in kind["tpr_at_fpr"])
+    lines.append(f"privacy audit, {name} canaries alone ({kind['num_canaries']}: {kind['num_included']} included): "
+                 f"ε ≥ {kind['epsilon_lower_bound']:.3f} (cap {kind['max_lower_bound']:.3f}), f-DP ε ≥ "
+                 f"{kind['epsilon_lower_bound_fdp']:.3f}; TPR {tprs}; AUROC {kind['auroc']:.3g}"
+                 f"{_interval(kind['auroc_interval'])}" + (" (saturated)" if kind["saturated"] else ""))
+    if kind["exceeds_ledger"]:
+      lines.append(f"PRIVACY AUDIT FAILED for the {name} canaries: their ε lower bound "
+                   f"{kind['epsilon_lower_bound']:.3f} exceeds the ledger's ε = {audit['ledger_epsilon']:.4g} (one of "
+                   f"{len(audit['by_kind'])} tests at {100 * audit['confidence']:g}% confidence each)")
   if audit["saturation"]:
     lines.append(f"privacy audit saturated: {audit['saturation']}")
   if audit["violation"]:

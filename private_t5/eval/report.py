@@ -178,6 +178,18 @@ def audit_markdown(audit: dict) -> List[str]:
   if audit.get("repetitions", 1) > 1:
     lines.append(f"- each included canary was inserted {audit['repetitions']} times: the bound concerns a group "
                  "of documents, so it is not compared with the per-document ledger ε")
+  if audit.get("by_kind"):
+    fprs = [t["fpr"] for t in next(iter(audit["by_kind"].values()))["tpr_at_fpr"]]
+    lines += ["", "Each kind of canary alone (the same training run):", "",
+              "| kind | canaries (included) | ε lower bound (cap) | f-DP | "
+              + " | ".join(f"TPR at FPR {100 * f:g}%" for f in fprs) + " | AUROC |",
+              "|---|---:|---:|---:|" + "---:|" * len(fprs) + "---:|"]
+    for name, kind in audit["by_kind"].items():
+      lines.append(f"| {name} | {kind['num_canaries']} ({kind['num_included']}) | "
+                   f"{kind['epsilon_lower_bound']:.3f} ({kind['max_lower_bound']:.3f})"
+                   + (" **above the ledger's ε**" if kind.get("exceeds_ledger") else "")
+                   + f" | {_num(kind.get('epsilon_lower_bound_fdp'))} | "
+                   + " | ".join(f"{t['tpr']:.3g}" for t in kind["tpr_at_fpr"]) + f" | {kind['auroc']:.3g} |")
   return lines + [""]
 
 

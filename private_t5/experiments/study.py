@@ -60,7 +60,7 @@ AUDIT_RESULT_KEYS = (
     "epsilon_lower_bound", "max_lower_bound", "epsilon_lower_bound_fdp", "max_lower_bound_fdp", "method",
     "method_fdp", "tpr_at_fpr", "auroc", "auroc_interval", "saturated", "saturation", "steinke", "confidence",
     "num_canaries", "num_included", "num_held_out", "guesses", "correct", "ledger_epsilon", "delta", "violation",
-    "fdp_exceeds_ledger", "comparable_with_ledger", "repetitions", "canary_kind")
+    "fdp_exceeds_ledger", "comparable_with_ledger", "repetitions", "canary_kind", "by_kind")
 # Extraction groups beyond the four splits kept when the report has them: a uniform sample of the
 # training documents (the 50/50 protocol) and the four splits pooled.
 EXTRA_GROUPS = ("train_sample", "overall")
@@ -187,18 +187,22 @@ def cached_json(path: str, compute: Callable[[], dict], what: str) -> dict:
 
 
 def check_audit_canary_kind(kind) -> str:
-  """The study's audit canary kind: "words" or "rare_words" (ConfigError otherwise).
+  """The study's audit canary kind: "words", "rare_words" or both, "words,rare_words" (each kind
+  audited alone too); ConfigError otherwise.
 
   The canaries are planted in phase 1, before phase 2 trains the vocabularies on the corpus
   that holds them, so the kinds drawn from a SentencePiece vocabulary (`audit.VOCAB_KINDS`)
   have none to draw from.
   """
-  if kind in audit.VOCAB_KINDS:
-    raise ConfigError(f"audit_canary_kind {kind!r} needs a SentencePiece vocabulary, which the study trains after "
-                      f"planting the canaries; use one of {', '.join(STUDY_CANARY_KINDS)}")
-  if kind not in STUDY_CANARY_KINDS:
-    raise ConfigError(f"audit_canary_kind must be one of {', '.join(STUDY_CANARY_KINDS)}, got {kind!r}")
-  return kind
+  parts = tuple(p.strip() for p in kind.split(",")) if isinstance(kind, str) else (kind,)
+  vocabulary = [p for p in parts if p in audit.VOCAB_KINDS]
+  if vocabulary:
+    raise ConfigError(f"audit_canary_kind {vocabulary[0]!r} needs a SentencePiece vocabulary, which the study trains "
+                      f"after planting the canaries; use one of {', '.join(STUDY_CANARY_KINDS)}")
+  if any(p not in STUDY_CANARY_KINDS for p in parts) or len(set(parts)) != len(parts):
+    raise ConfigError(f"audit_canary_kind must be one of {', '.join(STUDY_CANARY_KINDS)} (or both, joined by a "
+                      f"comma), got {kind!r}")
+  return ",".join(parts)
 
 
 def prepare_data(corpus: str, output_dir: str, dup_cfg, text_field: str = "text", audit_canaries: int = 0,

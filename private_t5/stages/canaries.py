@@ -12,7 +12,9 @@ Give that record to `private-t5 memorization` (--gin.CANARIES=...) to measure ex
 
 plants canaries for the one-run privacy audit (Steinke, Nasr and Jagielski 2023): m random
 documents (--canary_kind: `words` of the corpus, `tokens` of --vocab_path, or draws from the
-corpus's rarest pieces of --vocab_path, `rare_tokens`, or its rarest words, `rare_words`), each
+corpus's rarest pieces of --vocab_path, `rare_tokens`, or its rarest words, `rare_words`; several
+kinds joined by commas, `words,rare_tokens`, share the m canaries in turn and the audit reports
+each kind alone as well, on the same training run), each
 included with probability 1/2 by a secret seed (OS entropy unless --seed), every included one
 --repetitions times; the secret membership record `train_audit.audit.json` (mode 0600) goes
 beside the new corpus. Give it to `private-t5 memorization` (--gin.AUDIT=...).
@@ -44,7 +46,8 @@ def _parser():
   p.add_flag("num_canaries", type=int, default=1000, help="with --audit: m, the number of canaries")
   p.add_flag("canary_kind", default="words", help="with --audit: 'words' (random words of the corpus), "
              "'tokens' (random pieces of --vocab_path), 'rare_tokens' (random pieces among the corpus's rarest "
-             "pieces of --vocab_path) or 'rare_words' (random words among the corpus's rarest words)")
+             "pieces of --vocab_path) or 'rare_words' (random words among the corpus's rarest words); several "
+             "joined by commas (words,rare_tokens) split the m canaries between them, each kind audited alone too")
   p.add_flag("canary_length", type=int, default=8, help="with --audit: words or pieces in a canary")
   p.add_flag("vocab_path", default=None,
              help="with --audit --canary_kind=tokens or rare_tokens: the SentencePiece model")
@@ -100,10 +103,13 @@ def _plant_audit(args) -> int:
   if not reps.isdigit() or int(reps) < 1:
     raise ConfigError(f"with --audit, --repetitions is one positive integer (copies of each included canary), "
                       f"got {args.repetitions!r}")
-  if args.canary_kind not in audit.KINDS:
-    raise ConfigError(f"--canary_kind must be one of {', '.join(audit.KINDS)}, got {args.canary_kind!r}")
+  try:
+    kinds = audit.parse_kinds(args.canary_kind)
+  except ConfigError:
+    raise ConfigError(f"--canary_kind must be one of {', '.join(audit.KINDS)}, or several joined by commas "
+                      f"(words,rare_tokens), got {args.canary_kind!r}") from None
   vocab = None
-  if args.canary_kind in audit.VOCAB_KINDS:
+  if set(kinds) & set(audit.VOCAB_KINDS):
     if not args.vocab_path:
       raise ConfigError(f"--canary_kind={args.canary_kind} needs --vocab_path (a SentencePiece model)")
     from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
