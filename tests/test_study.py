@@ -1,6 +1,7 @@
 """`private-t5 study`: the planted duplicates, bad input, and a smoke run of every model."""
 import json
 import os
+import shutil
 
 import pytest
 
@@ -8,6 +9,7 @@ from private_t5.stages import cli
 from private_t5.data import duplication
 from private_t5.documents import Document
 from private_t5.errors import ConfigError, DataError
+from private_t5.experiments import study
 
 # A micro T5 (one layer each side, d_model 32) and a handful of steps: the smoke run checks
 # the plumbing and the output shape, not the numbers.
@@ -151,6 +153,15 @@ def test_study_smoke_every_model(shared_data, tmp_path):
   # A second run reuses every model's result.
   assert cli.main(argv) == 0
   assert json.loads((out / "results.json").read_text())["models"] == models
+  # An evaluation interrupted before its result was written (dp_prefix's): the next run evaluates that
+  # model again from its finished checkpoint, and the results keep every field and figure.
+  os.remove(out / "models" / "dp_prefix" / study.RESULT_FILE)
+  shutil.rmtree(out / "models" / "dp_prefix" / "memorization")
+  assert cli.main(argv) == 0
+  again = json.loads((out / "results.json").read_text())["models"]
+  strip = lambda m: {k: v for k, v in m.items() if k != "wall_seconds"}
+  assert {n: strip(m) for n, m in again.items()} == {n: strip(m) for n, m in models.items()}
+  assert set(again["dp_prefix"]["wall_seconds"]) == set(models["dp_prefix"]["wall_seconds"])
 
 
 def test_a_corpus_beyond_the_in_memory_bound_is_refused(tmp_path, monkeypatch, shared_data):

@@ -295,6 +295,9 @@ def test_resume_with_another_length_under_target_epsilon_says_how_to_extend_and_
   files = sorted(os.path.join(d, f) for d, _, fs in os.walk(model_dir) for f in fs)
   again = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.noise_multiplier={sigma!r}"))
   assert again["steps_this_run"] == 0 and open(os.path.join(model_dir, "summary.json")).read() == before
+  recorded = json.loads(before)  # what it returns keeps the validation figures it recorded, too
+  key = next(k for k in ("validation", "validation_not_dp") if recorded.get(k))
+  assert again[key] == recorded[key]
   # ... and writes nothing: config.gin is not rewritten, no TensorBoard file is added.
   assert os.path.getmtime(config_gin) == 1
   assert sorted(os.path.join(d, f) for d, _, fs in os.walk(model_dir) for f in fs) == files
