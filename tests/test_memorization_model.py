@@ -282,6 +282,9 @@ def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
   exposures = {c["repetitions"]: c for c in report["canaries"]}
   assert exposures[20]["exposure"] == pytest.approx(math.log2(1000))
   assert exposures[0]["exposure"] < math.log2(1000) - 3
+  # Greedy decoding of the prefix gives the inserted canary's secret, not the reference's.
+  assert exposures[20]["extracted"] is True and exposures[0]["extracted"] is False
+  assert "| extracted |" in (out_dir / "report.md").read_text()
   assert report["throughput"]["generated_tokens"] == (NUM_TRAIN + NUM_UNSEEN) * T
   import jax
   assert report["devices"] == jax.device_count() and report["mesh_shape"] == [jax.device_count(), 1]

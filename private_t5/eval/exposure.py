@@ -115,6 +115,17 @@ class CandidateEncoder:
     enc = np.broadcast_to(self.encoder_input, (len(secrets), self.encoder_input.shape[0]))
     return enc, targets, weights
 
+  def extracted(self, generated: np.ndarray, secrets: Sequence[str]) -> List[bool]:
+    """Whether `generated` (the greedy decode of `encoder_input`: int32 [L], zeros after the first
+    EOS) is each secret's target, through its EOS: the secret is extracted from the prefix alone."""
+    targets, weights = self.encode(secrets, max(len(generated), 1))[1:]
+    generated = np.asarray(generated)
+    out = []
+    for target, weight in zip(targets, weights):
+      n = int(weight.sum())
+      out.append(bool(n <= len(generated) and target[n - 1] == EOS_ID and (generated[:n] == target[:n]).all()))
+    return out
+
   def target_width(self) -> int:
     """Enough decoder positions for any secret of the format (measured on extreme secrets)."""
     probes = [self.fmt.alphabet[0] * self.fmt.length, self.fmt.alphabet[-1] * self.fmt.length]

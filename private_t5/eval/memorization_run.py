@@ -526,9 +526,15 @@ def evaluate_canaries(model: LoadedModel, canaries: str, scoring: str, *, max_ex
       max_exact=max_exact, num_samples=num_samples, seed=seed,
       progress=progress_lib.callback("canary candidates", "candidates"))
   results = [r.as_dict() for r in evaluator.evaluate(canary_list)]
+  # Extraction (Carlini et al. 2019): the model's greedy continuation of the canaries' common prefix,
+  # decoded once on the mesh; a canary whose secret it is was extracted from the prefix alone.
+  generated = model.inference.decode(encoder.encoder_input[None], encoder.target_width(), batch_size=1)[0]
+  for r, extracted in zip(results, encoder.extracted(generated, [c.secret for c in canary_list])):
+    r["extracted"] = extracted
   for r in results:
     log(f"[memorization] canary {r['id']} x{r['repetitions']}: rank {r['rank']:.4g}, exposure "
-        f"{r['exposure']:.2f} / {r['max_exposure']:.2f} bits ({r['method']})")
+        f"{r['exposure']:.2f} / {r['max_exposure']:.2f} bits ({r['method']})"
+        + ("; extracted by greedy decoding of the prefix" if r["extracted"] else ""))
   return canary_fmt, results
 
 

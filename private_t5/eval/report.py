@@ -115,10 +115,12 @@ def markdown(report: dict) -> str:
   if report.get("canaries"):
     lines += ["## Canary exposure", "", f"- format: `{report['canary_format']['template']}`, |R| = "
               f"{report['canary_space_size']} (max exposure {math.log2(report['canary_space_size']):.2f} bits)", "",
-              "| canary | repetitions | rank | exposure (bits) | method |", "|---|---:|---:|---:|---|"]
+              "| canary | repetitions | rank | exposure (bits) | method | extracted |", "|---|---:|---:|---:|---|---|"]
     for c in report["canaries"]:
-      lines.append(f"| {c['id']} | {c['repetitions']} | {c['rank']:.4g} | {c['exposure']:.2f} | {c['method']} |")
-    lines.append("")
+      extracted = {True: "yes", False: "no"}.get(c.get("extracted"), "–")
+      lines.append(f"| {c['id']} | {c['repetitions']} | {c['rank']:.4g} | {c['exposure']:.2f} | {c['method']} | "
+                   f"{extracted} |")
+    lines += ["", "Extracted: the model's greedy continuation of the canaries' prefix is the canary's secret.", ""]
   sizes = report.get("splits", {}).get("sizes")
   if sizes:
     lines += ["## Splits", "", "| split | documents |", "|---|---:|"]
