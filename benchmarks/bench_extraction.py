@@ -50,8 +50,7 @@ def run_preset(args, preset: str) -> dict:
   out, stats = memorization.generate(params, config, inputs, args.generation_length, cfg, inference=inference)
   wall, cpu = time.time() - t0, time.process_time() - cpu0
   assert (first == out).all()
-  ended_early = int(((out == memorization.EOS_ID).any(axis=1)
-                     & ((out == memorization.EOS_ID).argmax(axis=1) < args.generation_length - 1)).sum())
+  ended_early = int((memorization.generated_lengths(out) < args.generation_length).sum())
   tokens = stats.generated_tokens
   steady_rows, steady_seconds = rows - min(rows, cfg.batch_size), stats.seconds - stats.first_batch_seconds
   return {"preset": preset, "parameters": num_params, "vocab_size": args.vocab_size, "dtype": config.dtype,

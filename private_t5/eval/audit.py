@@ -256,7 +256,7 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
   # Several kinds: canary k is of kind k mod K, so each kind's canaries are in with probability 1/2 too.
   of_kind = [kinds[k % len(kinds)] for k in range(num_canaries)]
   for name in kinds:
-    bits = included[[k for k, kk in enumerate(of_kind) if kk == name]]
+    bits = included[np.asarray(of_kind) == name]
     if len(kinds) > 1 and (bits.all() or not bits.any()):
       raise DataError(f"{'all' if bits.all() else 'none'} of the {len(bits)} audit canaries of kind {name!r} were "
                       "drawn in; plant more canaries (--num_canaries)")
@@ -267,7 +267,7 @@ def plant(documents, output_path: str, *, num_canaries: int, kind: str = "words"
     drawn[name] = iter(make_texts(name, of_kind.count(name), length, seed, words=words, vocab=vocab, pieces=pieces))
   texts = [next(drawn[name]) for name in of_kind]
   if len(set(texts)) != len(texts):
-    raise DataError(f"two audit canaries of different kinds drew the same text; plant with another seed")
+    raise DataError("two audit canaries of different kinds drew the same text; plant with another seed")
   planted = [canaries_lib.Canary(id=f"audit-{k}", secret="", text=t, repetitions=repetitions if inc else 0)
              for k, (t, inc) in enumerate(zip(texts, included))]
   n = 0

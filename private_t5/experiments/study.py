@@ -194,12 +194,15 @@ def check_audit_canary_kind(kind) -> str:
   that holds them, so the kinds drawn from a SentencePiece vocabulary (`audit.VOCAB_KINDS`)
   have none to draw from.
   """
-  parts = tuple(p.strip() for p in kind.split(",")) if isinstance(kind, str) else (kind,)
+  try:
+    parts = audit.parse_kinds(kind)
+  except ConfigError:
+    parts = ()
   vocabulary = [p for p in parts if p in audit.VOCAB_KINDS]
   if vocabulary:
     raise ConfigError(f"audit_canary_kind {vocabulary[0]!r} needs a SentencePiece vocabulary, which the study trains "
                       f"after planting the canaries; use one of {', '.join(STUDY_CANARY_KINDS)}")
-  if any(p not in STUDY_CANARY_KINDS for p in parts) or len(set(parts)) != len(parts):
+  if not parts or any(p not in STUDY_CANARY_KINDS for p in parts):
     raise ConfigError(f"audit_canary_kind must be one of {', '.join(STUDY_CANARY_KINDS)} (or both, joined by a "
                       f"comma), got {kind!r}")
   return ",".join(parts)

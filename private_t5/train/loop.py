@@ -37,7 +37,6 @@ and the global batch is assembled on the devices; the run's files
 together; the caller writes the summary the loop returns (`dp.ledger.write_summary`).
 """
 import dataclasses
-import json
 import math
 import os
 import time
@@ -146,17 +145,6 @@ def privacy_so_far(ledger: PrivacyLedger) -> Dict[str, Any]:
   return {"epsilon": ledger.total_epsilon(), "delta": ledger.total_delta(),
           "training_epsilon": ledger.training_epsilon(), "training_delta": ledger.training_delta(),
           "vocabulary": ledger.vocabulary_status()}
-
-
-def _recorded_evaluation(model_dir: str, step: int, key: str) -> Optional[Dict[str, float]]:
-  """The validation figures this run's summary.json recorded at `step` (None if it recorded none
-  there, or cannot be read): a finished run started again keeps them in its new summary."""
-  try:
-    with open(ledger_lib.summary_path(model_dir), encoding="utf-8") as f:
-      recorded = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return recorded.get(key) if isinstance(recorded, dict) and recorded.get("final_step") == step else None
 
 
 def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seeds: RunSeeds,
@@ -311,10 +299,8 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   if step == start_step and manager.latest_step() is None:  # nothing trained, nothing saved yet
     save(step, state)
   manager.wait()
-  if validation_batches and step > start_step:
+  if validation_batches and step > start_step:  # (a finished run started again evaluates nothing)
     last_eval = run_eval(step, state.params)
-  elif validation_batches and last_eval is None:  # a finished run started again evaluates nothing...
-    last_eval = _recorded_evaluation(model_dir, step, metrics_lib.validation_key(not_dp))  # ...and keeps its figures
   writer.close()
   steps_run = step - start_step
   real_fraction = examples_seen / rows_run if rows_run else None

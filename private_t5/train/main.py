@@ -11,6 +11,7 @@ checkpoint in MODEL_DIR.
 """
 import dataclasses
 import inspect
+import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protocol, Sequence, Tuple
 
@@ -20,6 +21,7 @@ from private_t5 import io as io_lib
 from private_t5 import models
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp import mechanism as mechanism_lib
+from private_t5.dp import privacy_report
 from private_t5.dp.mechanism import DPConfig
 from private_t5.errors import CheckpointError, ConfigError
 from private_t5.models import checkpoints, run_dir
@@ -302,6 +304,20 @@ def describe_run(model_config, mesh, parameter_sharding: str, train_data, batch_
           f"examples ({train_data.privacy_unit} unit), batch {batch_size}; {optimizer_name}")
 
 
+def _kept_validation(kept_path: str, summary: Dict[str, Any]) -> Dict[str, Any]:
+  """The validation figures the kept summary.json of a finished run recorded at its final step, for
+  the summary returned when it is started again (which evaluates nothing)."""
+  try:
+    with open(kept_path, encoding="utf-8") as f:
+      kept = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  if not isinstance(kept, dict) or kept.get("final_step") != summary["final_step"]:
+    return {}
+  keys = (metrics.validation_key(private) for private in (False, True))
+  return {k: kept[k] for k in keys if k in summary and summary[k] is None and kept.get(k) is not None}
+
+
 def train(*, model_config, train_data: ExampleSource, validation_data: Optional[ExampleSource] = None,
           model_dir: str, train_steps: int,
           batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
@@ -451,10 +467,11 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     summary["lora"] = base.record
   if override.summarize is not None:
     summary.update(override.summarize(summary))
-  finished = summary["steps_this_run"] == 0 and os.path.isfile(ledger_lib.summary_path(model_dir))
+  kept_path = privacy_report.summary_path(model_dir)
+  finished = summary["steps_this_run"] == 0 and os.path.isfile(kept_path)
   if finished:  # a finished run started again: its summary (throughput, metrics) is kept
-    log(f"[train] the run was already at step {summary['final_step']}: nothing trained, "
-        f"{ledger_lib.summary_path(model_dir)} kept")
+    log(f"[train] the run was already at step {summary['final_step']}: nothing trained, {kept_path} kept")
+    summary.update(_kept_validation(kept_path, summary))
   elif partitioning.is_primary():
     ledger_lib.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))

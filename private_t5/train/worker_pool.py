@@ -260,20 +260,21 @@ class WorkerPool:
     """Reads what the workers sent (waiting up to `_POLL_S`); a worker gone is a DataError."""
     live = [pipe for pipe in self._pipes if not pipe.closed]
     for pipe in connection.wait(live, timeout=_POLL_S):
+      worker = self._pipes.index(pipe)
       try:
         kind, step, payload = pipe.recv()
         if kind == "ok":
           key, layout, size, meta = payload
           fd = reduction.recv_handle(pipe) if key is not None else None
-          payload = (fd, layout, size, meta, self._pipes.index(pipe), key)
+          payload = (fd, layout, size, meta, worker, key)
       except (EOFError, OSError):
-        process = self.processes[self._pipes.index(pipe)]
+        process = self.processes[worker]
         process.join(1.0)
         raise DataError(f"a data worker process ended (exit code {process.exitcode}) while the batch of step "
                         f"{waiting_for} was being built") from None
       with self._lock:
         self._done[step] = (kind, payload)
-        self._queued[self._pipes.index(pipe)] -= 1
+        self._queued[worker] -= 1
 
   def result(self, step: int) -> HostStep:
     """The `HostStep` of a submitted step, waiting for it; raises as the module says."""
