@@ -451,15 +451,28 @@ def test_quiet_run_prints_nothing_but_keeps_everything(corpus_and_vocab, tmp_pat
   assert "[train]" in capsys.readouterr().out
 
 
-def test_a_run_resumes_with_another_attention_implementation(corpus_and_vocab, tmp_path):
-  """How attention is computed is not the model: it stays out of the run's fingerprint, and a
-  checkpoint read for inference takes the default, whatever the run that wrote it used."""
+def test_a_run_resumes_with_another_attention_and_layer_layout(corpus_and_vocab, tmp_path, capsys):
+  """How attention and the layers are computed is not the model: it stays out of the run's
+  fingerprint, a run resumes with other settings (a checkpoint of unrolled layers read into a
+  scanned, rematerialised network, and back), and a checkpoint read for inference takes the
+  defaults, whatever the run that wrote it used. The run ends where an unrolled run ends."""
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
   no_dropout = "--gin.T5Config.dropout_rate=0.0"
   train_stage.run_from_args(_args(model_dir, corpus, vocab, 1, no_dropout))
-  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, no_dropout,
-                                            "--gin.T5Config.attention='xla'"))
+  capsys.readouterr()
+  summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, no_dropout, "--gin.T5Config.attention='xla'",
+                                            "--gin.T5Config.scan_layers=True", "--gin.T5Config.remat_policy='full'"))
   assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
-  _, config, _ = checkpoints.restore_for_inference(model_dir)
-  assert config.attention == "einsum" and config.dropout_rate == 0.0
+  said = capsys.readouterr().out
+  assert "converted to the scanned layout" in said and "computed by 'vmap'" in said
+  params, config, _ = checkpoints.restore_for_inference(model_dir)
+  assert config.attention == "einsum" and config.dropout_rate == 0.0 and not config.scan_layers
+  assert "layers_0" in params["encoder"]
+  train_stage.run_from_args(_args(model_dir, corpus, vocab, 3, no_dropout))
+  assert "converted to the unrolled layout" in capsys.readouterr().out
+  straight = str(tmp_path / "straight")
+  train_stage.run_from_args(_args(straight, corpus, vocab, 3, no_dropout))
+  for a, b in zip(jax.tree.leaves(checkpoints.restore_for_inference(model_dir)[0]),
+                  jax.tree.leaves(checkpoints.restore_for_inference(straight)[0])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

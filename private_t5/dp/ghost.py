@@ -185,6 +185,11 @@ def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax
       return clipping.single_example_loss(loss_fn, p, ex, k)
 
   closed = jax.make_jaxpr(run)(params, example, key)  # params may be ShapeDtypeStructs
+  inside = _transform_around_recorded_layers(closed.jaxpr)
+  if inside is not None:
+    raise ConfigError(f"ghost clipping records each layer's inputs and output gradients outside the layer; this "
+                      f"loss computes its layers inside `{inside}` (T5Config.scan_layers or remat_policy): use "
+                      "train.clipping_method='vmap' with them")
   paths = [tuple(_key_name(k) for k in path)
            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   param_vars = dict(zip(closed.jaxpr.invars[:len(paths)], paths))
@@ -197,6 +202,23 @@ def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax
   keep = lambda table: {k: v for k, v in table.items() if k in trained}
   return Recording(keep(recorder.uses), keep(recorder.output_shapes), keep(recorder.input_shapes),
                    unrecorded)
+
+
+# Transforms whose bodies are traced apart: a layer recorded inside one leaves its values there.
+_ENCLOSING = ("scan", "checkpoint", "remat", "remat2", "while", "custom_vjp_call")
+
+
+def _transform_around_recorded_layers(jaxpr, enclosing: Optional[str] = None) -> Optional[str]:
+  """The first `_ENCLOSING` primitive whose body holds a recorded layer call, or None."""
+  for eqn in jaxpr.eqns:
+    if enclosing is not None and _SCOPE_PREFIX in str(eqn.source_info.name_stack):
+      return enclosing
+    name = str(eqn.primitive)
+    for sub in _sub_jaxprs(eqn):
+      found = _transform_around_recorded_layers(sub, name if name in _ENCLOSING else enclosing)
+      if found is not None:
+        return found
+  return None
 
 
 def _key_name(key) -> str:

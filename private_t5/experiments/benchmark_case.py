@@ -5,11 +5,12 @@
 accelerator check's building blocks.
 """
 import logging
+import math
 import os
 import resource
 import statistics
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import numpy as np
@@ -88,13 +89,17 @@ def random_batch(vocab_size: int, batch_size: int, inputs: int, targets: int, se
 
 def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
                  noise_multiplier: float, dropout_rate: Optional[float], dtype: Optional[str] = None,
-                 attention: Optional[str] = None, devices=None, optimizer=None, stack_layers: bool = False):
+                 attention: Optional[str] = None, devices=None, optimizer=None, stack_layers: bool = False,
+                 overrides: Optional[Dict[str, Any]] = None, mesh_shape: Tuple[int, int] = (1, 1)):
   """(config, Trainer) of one benchmark case (on `devices[:1]`, default this process's first
   device; `optimizer` default `optimizers.adafactor(learning_rate=1e-3)`; `stack_layers`: the
   ghost option); the step's clipped sum and noise transform come
   from the mechanism builder (`dp.mechanism.step_parts`), with q·N = `batch_size`; `dtype` and
-  `attention` override the preset's `T5Config` fields when given."""
-  overrides = {} if dropout_rate is None else {"dropout_rate": dropout_rate}
+  `attention` override the preset's `T5Config` fields when given, and so do `overrides`
+  (e.g. `scan_layers`, `remat_policy`); `mesh_shape` (data, model) takes the first devices."""
+  overrides = dict(overrides or {})
+  if dropout_rate is not None:
+    overrides["dropout_rate"] = dropout_rate
   if dtype is not None:
     overrides["dtype"] = dtype
   if attention is not None:
@@ -107,7 +112,7 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
       reuse_instantiated=method == GHOST, stack_layers=stack_layers)
   clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else mechanism.GHOST, loss_fn,
                                             **options)
-  mesh = partitioning.create_mesh((1, 1), list(devices or jax.devices())[:1])
+  mesh = partitioning.create_mesh(tuple(mesh_shape), list(devices or jax.devices())[:math.prod(mesh_shape)])
   optimizer = optimizer or optimizers.adafactor(learning_rate=1e-3)
   return config, trainer_lib.Trainer(config, clipped_sum, optimizer, mesh, noise=noise)
 

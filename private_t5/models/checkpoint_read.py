@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from private_t5.errors import CheckpointError, ConfigError
-from private_t5.models import hf_convert, run_dir
+from private_t5.models import hf_convert, network, run_dir
 from private_t5.models import config as config_lib
 from private_t5.models import lora as lora_lib
 from private_t5.models.checkpoint_orbax import METADATA_ITEM, STATE_ITEM, cause, ocp
@@ -130,7 +130,8 @@ def _read_for_inference(model_dir: str, step: Optional[int]):
     raise CheckpointError(f"cannot read checkpoint {step} in {directory}: {cause(e)}") from e
   finally:
     manager.close()
-  params = jax.tree.map(np.asarray, restored["params"])
+  # Read as the unrolled network (the layout of `from_saved`'s config), whichever layout was trained.
+  params = network.to_layout(jax.tree.map(np.asarray, restored["params"]), False)
   model_config = config_lib.from_saved(metadata["model_config"])
   info = {
       "step": int(step),

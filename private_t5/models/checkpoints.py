@@ -40,7 +40,7 @@ import numpy as np
 
 from private_t5.errors import CheckpointError
 from private_t5.io import atomic_open, json_default
-from private_t5.models import run_dir, run_lock
+from private_t5.models import network, run_dir, run_lock
 from private_t5.models.checkpoint_orbax import METADATA_ITEM, STATE_ITEM, cause, ocp
 # Reading parameters for inference has its own module; its names are also read from here.
 from private_t5.models.checkpoint_read import (  # pylint: disable=unused-import
@@ -308,6 +308,17 @@ class CheckpointManager:
       raise CheckpointError(f"checkpoint {step} in {self.directory} is unreadable or does not match "
                             f"this model: {cause(e)}") from e
     return restored[STATE_ITEM], metadata
+
+  def params_scanned(self, step: int) -> Optional[bool]:
+    """Whether checkpoint `step` holds its parameters in the scanned layout (`T5Config.scan_layers`,
+    `network.to_layout`), read from its tree metadata; None when that cannot be read (the restore
+    that follows then says why)."""
+    try:
+      tree = ocp.PyTreeCheckpointer().metadata(os.path.join(self.directory, str(step), STATE_ITEM))
+      tree = getattr(getattr(tree, "item_metadata", tree), "tree", getattr(tree, "item_metadata", tree))
+      return network.is_scanned(tree["params"])
+    except Exception:  # pylint: disable=broad-except
+      return None
 
   def set_aside(self, step: int) -> str:
     """Moves unreadable checkpoint `step` out of the step sequence (kept for inspection).

@@ -9,10 +9,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 # How attention weights are computed: our einsums and softmax, or `jax.nn.dot_product_attention`
 # with that implementation ("cudnn": the fused kernel of NVIDIA GPUs).
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn")
+# What the backward pass recomputes instead of keeping (T5X's names): "none" keeps every
+# activation; "minimal" keeps the outputs of matmuls without batch dimensions (the dense layers')
+# and recomputes the rest of each layer; "full" keeps only each layer's input.
+REMAT_POLICIES = ("none", "minimal", "full")
 # Fields that choose how the network is computed, not what it computes: left out of a run's
 # fingerprint (a run resumes with another value, and runs saved before a field existed still
 # match) and not taken from a checkpoint (the run that loads it chooses; the default otherwise).
-EXECUTION_FIELDS = ("attention",)
+EXECUTION_FIELDS = ("attention", "scan_layers", "remat_policy")
 
 # T5's SentencePiece vocabulary (32000 pieces + 100 sentinels, padded to a multiple of 128).
 T5_VOCAB_SIZE = 32128
@@ -55,6 +59,15 @@ class T5Config:
       attention kernel, for bfloat16/float16 activations on a GPU). The fused call has no
       dropout on the weights, so both need `dropout_rate=0` (T5 v1.1's pretraining setting).
       Cached decoding always uses "einsum" (one query position at a time).
+    scan_layers: False (default): each layer is its own piece of the compiled program and
+      its parameters their own arrays (`encoder/layers_0/...`). True: the layers of each stack
+      are one `nn.scan` over a stacked parameter axis (`encoder/layers/...`, leading logical axis
+      `layers`, never sharded), as T5X's `scalable_t5`: one compiled layer body looped by XLA,
+      so compile time and program size do not grow with depth. The same function of the same
+      parameters in another layout (`network.to_layout` converts; checkpoints and exports
+      convert as they are read).
+    remat_policy: `REMAT_POLICIES`; what the backward pass recomputes (`jax.checkpoint` on
+      each layer). The same values, less activation memory, more compute.
   """
   vocab_size: int
   d_model: int
@@ -70,6 +83,8 @@ class T5Config:
   relative_attention_max_distance: int = 128
   dtype: str = "float32"
   attention: str = "einsum"
+  scan_layers: bool = False
+  remat_policy: str = "none"
 
   def __post_init__(self):
     if self.d_kv is None and _is_positive_int(self.num_heads) and _is_positive_int(self.d_model):
@@ -104,6 +119,10 @@ class T5Config:
     if self.attention == "cudnn" and self.dtype == "float32":
       raise ConfigError("T5Config.attention='cudnn' needs bfloat16 or float16 activations (cuDNN's fused "
                         "attention); set dtype='bfloat16' or attention='xla'")
+    if not isinstance(self.scan_layers, bool):
+      raise ConfigError(f"T5Config.scan_layers must be True or False, got {self.scan_layers!r}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ConfigError(f"T5Config.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
     buckets = self.relative_attention_num_buckets
     # The bidirectional encoder splits the buckets by sign, then keeps half of each side
     # for exact offsets (T5's `_relative_position_bucket`); both halves must be non-empty.

@@ -155,12 +155,16 @@ def beam_search(params: Params, config: T5Config, encoder_input_tokens: jax.Arra
     index = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
     return jnp.take_along_axis(x, index, axis=1)
 
+  # A scanned network's cache entries are stacked on a leading layer axis (`scan_layers`).
+  rows_axis = 1 if config.scan_layers else 0
+
   def gather_cache(cache, indices):
     def pick(x):
-      if x.ndim == 0:
+      if x.ndim <= rows_axis:  # the cache index
         return x
-      shaped = x.reshape((batch, k) + x.shape[1:])
-      return gather(shaped, indices).reshape(x.shape)
+      shaped = jnp.moveaxis(x, rows_axis, 0)
+      shaped = shaped.reshape((batch, k) + shaped.shape[1:])
+      return jnp.moveaxis(gather(shaped, indices).reshape((batch * k,) + shaped.shape[2:]), 0, rows_axis)
     return jax.tree_util.tree_map(pick, cache)
 
   state = dict(

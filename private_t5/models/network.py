@@ -3,6 +3,10 @@
 Pre-norm residual blocks, RMSNorm without bias, relative position bias shared across the
 layers of each stack, attention without 1/sqrt(d) scaling, dropout (Raffel et al. 2020).
 Parameter names follow T5X (`token_embedder`, `encoder/layers_0/attention/query/kernel`, ...).
+With `T5Config.scan_layers` the layers of a stack are one `nn.scan` and their parameters one
+stacked array each (`encoder/layers/attention/query/kernel` `[layers, d_model, joined_kv]`);
+`to_layout` converts any tree of the parameters' structure between the two layouts.
+`T5Config.remat_policy` wraps each layer in `nn.remat` (`jax.checkpoint`).
 """
 import functools
 from typing import Any, Dict, Optional, Tuple
@@ -11,12 +15,18 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from private_t5.models import layers
 from private_t5.models import lora as lora_lib
 from private_t5.models.config import T5Config
 
 Params = Dict[str, Any]
+# The scanned stack's name in `encoder/` and `decoder/`, and its parameters' leading logical axis
+# (never sharded: no rule of `models.sharding` names it).
+STACK, LAYERS_AXIS = "layers", "layers"
+_REMAT_POLICIES = {"minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                   "full": jax.checkpoint_policies.nothing_saveable}
 
 
 def _dropout(config: T5Config, x: jax.Array, enable_dropout: bool) -> jax.Array:
@@ -41,7 +51,29 @@ class EncoderLayer(nn.Module):
     y = layers.RMSNorm(dtype=dtype, name="pre_mlp_layer_norm")(x)
     y = layers.MlpBlock(cfg.d_ff, cfg.feed_forward, cfg.dropout_rate, dtype, lora=self.lora, name="mlp")(
         y, enable_dropout=enable_dropout)
-    return x + _dropout(cfg, y, enable_dropout)
+    return _layer_output(cfg, x + _dropout(cfg, y, enable_dropout))
+
+
+def _layer_output(cfg: T5Config, x):
+  """A layer's output; `(x, None)` (the carry and no per-layer output) for `nn.scan`."""
+  return (x, None) if cfg.scan_layers else x
+
+
+def _run_stack(cfg: T5Config, layer_cls, lora, count: int, static_argnums: Tuple[int, ...], x, *args):
+  """`x` through `count` layers of `layer_cls`, each called with `(x, *args)`: unrolled (`layers_i`)
+  or one `nn.scan` (`layers`, `scan_layers`), each layer under `nn.remat` if `remat_policy` says.
+  `static_argnums` (counting the module as 0) are the Python arguments (dropout, decode)."""
+  if cfg.remat_policy != "none":
+    layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=static_argnums,
+                         prevent_cse=not cfg.scan_layers)  # scan already keeps XLA from merging
+  if not cfg.scan_layers:
+    for i in range(count):
+      x = layer_cls(cfg, lora, name=f"layers_{i}")(x, *args)
+    return x
+  stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
+                  split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,) * len(args),
+                  length=count, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+  return stack(cfg, lora, name=STACK)(x, *args)[0]
 
 
 class DecoderLayer(nn.Module):
@@ -65,7 +97,7 @@ class DecoderLayer(nn.Module):
     y = layers.RMSNorm(dtype=dtype, name="pre_mlp_layer_norm")(x)
     y = layers.MlpBlock(cfg.d_ff, cfg.feed_forward, cfg.dropout_rate, dtype, lora=self.lora, name="mlp")(
         y, enable_dropout=enable_dropout)
-    return x + _dropout(cfg, y, enable_dropout)
+    return _layer_output(cfg, x + _dropout(cfg, y, enable_dropout))
 
 
 class Encoder(nn.Module):
@@ -83,8 +115,7 @@ class Encoder(nn.Module):
     # Padding tokens (id 0) are never attended to.
     mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(encoder_input_tokens.astype(jnp.int32)), enable_dropout)
-    for i in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, self.lora, name=f"layers_{i}")(x, mask, bias, enable_dropout)
+    x = _run_stack(cfg, EncoderLayer, self.lora, cfg.num_encoder_layers, (4,), x, mask, bias, enable_dropout)
     x = layers.RMSNorm(dtype=dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, enable_dropout)
 
@@ -115,9 +146,8 @@ class Decoder(nn.Module):
     self_mask = jnp.tril(jnp.ones((padded, padded), jnp.bool_))[None, None]
     cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens.astype(jnp.int32)), enable_dropout)
-    for i in range(cfg.num_decoder_layers):
-      x = DecoderLayer(cfg, self.lora, name=f"layers_{i}")(x, encoded, self_mask, cross_mask, bias,
-                                                enable_dropout, decode)
+    x = _run_stack(cfg, DecoderLayer, self.lora, cfg.num_decoder_layers, (6, 7), x, encoded, self_mask,
+                   cross_mask, bias, enable_dropout, decode)
     x = layers.RMSNorm(dtype=dtype, name="decoder_norm")(x[:, :length])
     x = _dropout(cfg, x, enable_dropout)
     if cfg.tie_embeddings:
@@ -178,9 +208,12 @@ def init_params(config: T5Config, rng: jax.Array) -> Params:
   Flax's `init` does. The values have the same distribution; the program has one random-number
   kernel per group (about ten for T5 v1.1) instead of one per parameter (148), which is most
   of what compiling the initialisation cost (measured in docs/ghost_clipping.md). The result
-  does not depend on the device mesh it is sharded over (partitionable threefry).
+  does not depend on the device mesh it is sharded over (partitionable threefry). A scanned
+  network (`scan_layers`) gets the same values, stacked (`to_layout`).
   """
-  return jax.jit(functools.partial(_draw_grouped, _initializer_groups(config)))(rng)
+  unrolled = config.replace(scan_layers=False, remat_policy="none")
+  draw = functools.partial(_draw_grouped, _initializer_groups(unrolled))
+  return jax.jit(lambda key: to_layout(draw(key), config.scan_layers))(rng)
 
 
 @functools.lru_cache(maxsize=None)
@@ -235,3 +268,83 @@ def adapter_logical_axes(config: T5Config, lora: lora_lib.LoraConfig) -> Params:
   axes = jax.tree_util.tree_map(lambda p: tuple(p.names), boxed,
                                 is_leaf=lambda p: isinstance(p, nn.Partitioned))
   return lora_lib.adapters_of(axes)
+
+
+def is_scanned(tree: Params) -> bool:
+  """Whether a tree of the parameters' structure is in the scanned layout (`encoder/layers`)."""
+  return isinstance(tree, dict) and STACK in tree.get("encoder", {})
+
+
+def to_layout(tree: Any, scanned: bool) -> Any:
+  """`tree` (the parameters, or any tree holding trees of their structure: optimizer state, logical
+  axes, `jax.ShapeDtypeStruct`s) with the layers of `encoder/` and `decoder/` in the scanned
+  layout (`layers/...`, each leaf the stack of the `layers_i` leaves on a new axis 0) or the
+  unrolled one (`layers_0/...`, `layers_1/...`). A tree already in that layout is returned as it
+  is; the conversion moves no value (stacking and slicing), so a round trip is bit-identical.
+  Logical-axis tuples gain (lose) the leading `layers` axis."""
+  if isinstance(tree, dict):
+    if ("layers_0" in tree and scanned) or (STACK in tree and not scanned and _is_stack(tree[STACK])):
+      return _stacked(tree) if scanned else _unstacked(tree)
+    return {k: to_layout(v, scanned) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)) and not _is_axes(tree):
+    converted = [to_layout(v, scanned) for v in tree]
+    return type(tree)(*converted) if hasattr(tree, "_fields") else type(tree)(converted)
+  return tree
+
+
+def _is_axes(node) -> bool:
+  return isinstance(node, tuple) and all(isinstance(a, (str, type(None))) for a in node) and len(node) > 0
+
+
+def _is_stack(node) -> bool:
+  """A scanned stack's subtree (dict of layer modules), not a leaf named `layers`."""
+  return isinstance(node, dict)
+
+
+def _stacked(stack_parent: dict) -> dict:
+  count = sum(1 for k in stack_parent if k.startswith("layers_"))
+  names = [f"layers_{i}" for i in range(count)]
+  if set(names) != {k for k in stack_parent if k.startswith("layers_")}:
+    raise ValueError(f"layers are not numbered 0..{count - 1}: {sorted(stack_parent)}")
+  out = {k: v for k, v in stack_parent.items() if not k.startswith("layers_")}
+  out[STACK] = jax.tree.map(lambda *xs: _stack_leaves(xs), *[stack_parent[n] for n in names], is_leaf=_is_axes)
+  return out
+
+
+def _unstacked(stack_parent: dict) -> dict:
+  out = {k: v for k, v in stack_parent.items() if k != STACK}
+  stack = stack_parent[STACK]
+  first = jax.tree.leaves(stack, is_leaf=_is_axes)[0]
+  count = None if _is_axes(first) else first.shape[0]
+  if count is None:
+    raise ValueError("the number of layers of logical axes alone is unknown; convert shapes instead")
+  for i in range(count):
+    out[f"layers_{i}"] = jax.tree.map(lambda x, i=i: _layer_of(x, i), stack, is_leaf=_is_axes)
+  return out
+
+
+def _stack_leaves(leaves):
+  first = leaves[0]
+  if _is_axes(first):
+    return (LAYERS_AXIS,) + first
+  if isinstance(first, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(leaves),) + tuple(first.shape), first.dtype,
+                                sharding=_moved_sharding(first.sharding, +1))
+  if isinstance(first, np.ndarray):
+    return np.stack(leaves)
+  return jnp.stack(leaves)
+
+
+def _layer_of(leaf, i: int):
+  if isinstance(leaf, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(tuple(leaf.shape[1:]), leaf.dtype, sharding=_moved_sharding(leaf.sharding, -1))
+  return leaf[i]
+
+
+def _moved_sharding(sharding, change: int):
+  """A `NamedSharding` with an unsharded leading layer axis added (+1) or removed (-1)."""
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return None
+  spec = tuple(sharding.spec)
+  spec = (None,) + spec if change > 0 else spec[1:]
+  return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))

@@ -50,7 +50,7 @@ from private_t5.dp import ledger as ledger_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.dp.mechanism import BatchLayout, Mechanism
 from private_t5.models import checkpoints as checkpoints_lib
-from private_t5.models import run_dir
+from private_t5.models import network, run_dir
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning
 from private_t5.train import step_data
@@ -122,7 +122,7 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
   errors: Dict[int, checkpoints_lib.CheckpointError] = {}
   for step in reversed(manager.all_steps()):
     try:
-      state, saved = manager.restore(abstract_state, step)
+      state, saved = _restore_in_layout(manager, abstract_state, step, log)
     except checkpoints_lib.CheckpointError as e:
       errors[step] = e
       continue
@@ -134,6 +134,26 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
   if errors:
     raise errors[max(errors)]
   return None, None, None
+
+
+def _restore_in_layout(manager: checkpoints_lib.CheckpointManager, abstract_state, step: int, log):
+  """`manager.restore(abstract_state, step)`; a checkpoint of the other parameter layout (a run
+  resumed with another `T5Config.scan_layers`) is read in its own layout and converted."""
+  wanted = network.is_scanned(abstract_state.params)
+  stored = manager.params_scanned(step)
+  if stored is None or stored == wanted:
+    return manager.restore(abstract_state, step)
+  state, saved = manager.restore(_in_layout(abstract_state, stored), step)
+  log(f"[train] checkpoint {step} holds {'scanned' if stored else 'unrolled'} layers; converted to the "
+      f"{'scanned' if wanted else 'unrolled'} layout of this run")
+  shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
+  return jax.device_put(_in_layout(state, wanted), shardings), saved
+
+
+def _in_layout(state, scanned: bool):
+  """A train state (or its abstract shapes) with its parameter-shaped parts in a layout."""
+  return state.replace(**{name: network.to_layout(getattr(state, name), scanned)
+                          for name in ("params", "opt_state", "noise_state")})
 
 
 def privacy_so_far(ledger: PrivacyLedger) -> Dict[str, Any]:

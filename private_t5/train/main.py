@@ -19,6 +19,7 @@ import jax
 
 from private_t5 import io as io_lib
 from private_t5 import models
+from private_t5.dp import config as dp_config
 from private_t5.dp import ledger as ledger_lib
 from private_t5.dp import mechanism as mechanism_lib
 from private_t5.dp import privacy_report
@@ -288,6 +289,24 @@ def build_lora(lora, initial_checkpoint: Optional[str], model_config) -> Optiona
   return LoraBase(params, record)
 
 
+def clipping_method_for(model_config, dp, clipping_method: Optional[str], log) -> Optional[str]:
+  """`clipping_method`, or "vmap" for a DP run of a scanned or rematerialised network that names
+  none: ghost clipping records each layer's inputs and output gradients outside the layer, which
+  `scan_layers` and `remat_policy` keep inside it (refused when asked for by name)."""
+  inside = model_config.scan_layers or model_config.remat_policy != "none"
+  if dp is None or not inside:
+    return clipping_method
+  chosen = clipping_method or dp.method
+  if chosen == dp_config.GHOST:
+    raise ConfigError(f"clipping_method='ghost' does not run inside scan_layers={model_config.scan_layers} / "
+                      f"remat_policy={model_config.remat_policy!r}; use clipping_method='vmap' with them")
+  if chosen is None:
+    log("[train] scan_layers / remat_policy: the DP clipped sum is computed by 'vmap' (per-example "
+        "gradients); ghost clipping does not run inside them")
+    return "vmap"
+  return clipping_method
+
+
 def initial_params_loader(initial_checkpoint: Optional[str], model_config) -> Optional[Callable]:
   """A function returning the fine-tuning start parameters, or None (random init)."""
   if not initial_checkpoint:
@@ -397,6 +416,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                       log_every=log_every, prefetch_depth=prefetch_depth, data_workers=data_workers)
   rules = partitioning.axis_rules(parameter_sharding)
   base = build_lora(lora, initial_checkpoint, model_config)
+  clipping_method = clipping_method_for(model_config, dp, clipping_method, log)
   execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
                                                       stack_layers=ghost_stack_layers)
   layout = mechanism_lib.BatchLayout.for_run(dp, execution, batch_size)

@@ -21,6 +21,7 @@ import optax
 
 from private_t5 import tree_groups
 from private_t5.errors import ConfigError
+from private_t5.models import network
 
 Schedule = Callable[[jnp.ndarray], jnp.ndarray]
 DECAYS = ("constant", "rsqrt", "linear")
@@ -201,3 +202,24 @@ def same_shape_batched(inner: optax.GradientTransformation) -> optax.GradientTra
     return treedef.unflatten(new_updates), state_def.unflatten(new_state)
 
   return optax.GradientTransformation(inner.init, update)
+
+
+def per_layer(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """`inner` (Adafactor, or the DP noise transform) for a scanned network's parameters
+  (`T5Config.scan_layers`), as for the unrolled network's: each layer's slice of a stacked leaf is
+  its own parameter (Adafactor's update clipping and parameter-scale RMS are per layer, not over
+  the stack; the noise is drawn leaf by leaf of the unrolled tree), so a scanned run takes the
+  unrolled run's steps. The state is `inner`'s, in the scanned layout (`network.to_layout`: what a
+  checkpoint of either layout converts to). With `same_shape_batched` inside, the layers' slices
+  of one shape are again one batched update."""
+
+  def init(params):
+    return network.to_layout(inner.init(network.to_layout(params, False)), True)
+
+  def update(updates, state, params=None, **extra):
+    unrolled = None if params is None else network.to_layout(params, False)
+    new_updates, new_state = inner.update(network.to_layout(updates, False), network.to_layout(state, False),
+                                          unrolled, **extra)
+    return network.to_layout(new_updates, True), network.to_layout(new_state, True)
+
+  return optax.GradientTransformationExtraArgs(init, update)

@@ -57,7 +57,8 @@ from private_t5.dp import clipping
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import ConfigError
 from private_t5.models import lora as lora_lib
-from private_t5.train import partitioning
+from private_t5.models import network
+from private_t5.train import optimizers, partitioning
 from private_t5.train.state import TrainState, step_keys
 
 PyTree = Any
@@ -129,7 +130,9 @@ class Trainer:
     self.model = models.EncoderDecoderModel(model_config, lora=lora)
     self.aggregator = aggregator
     self.noise = noise if noise is not None else noise_lib.transform_for(aggregator)
-    self.optimizer = optimizer
+    if model_config.scan_layers:  # (the noise and updates of the unrolled network: the same run)
+      self.noise = optimizers.per_layer(self.noise)
+    self.optimizer = optimizers.per_layer(optimizer) if model_config.scan_layers else optimizer
     self.mesh = mesh
     self.learning_rate_fn = learning_rate_fn
     self.use_dropout = model_config.dropout_rate > 0 or (lora is not None and lora.dropout > 0)
@@ -147,14 +150,14 @@ class Trainer:
       self._base_shardings = base_shardings
       with self._mesh_context():
         self._base = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s),
-                                  base_params, base_shardings)
+                                  network.to_layout(base_params, model_config.scan_layers), base_shardings)
     self._batch_sharding = partitioning.batch_sharding(mesh)
     abstract = jax.eval_shape(self._init_fn, jax.random.PRNGKey(0))
     # Each moment is sharded like its parameter (Adafactor's factored ones like the kept dimensions).
     # The noise transform's state likewise (each array like the parameter it belongs to).
     self.state_shardings = TrainState(
         step=self._replicated, params=self.param_shardings,
-        opt_state=partitioning.optimizer_state_shardings(optimizer, abstract.opt_state, abstract.params,
+        opt_state=partitioning.optimizer_state_shardings(self.optimizer, abstract.opt_state, abstract.params,
                                                          self.param_shardings, mesh),
         noise_state=partitioning.noise_state_shardings(abstract.noise_state, abstract.params,
                                                        self.param_shardings, mesh))
@@ -295,7 +298,7 @@ class Trainer:
       if initial_params is None:
         return self._init(rng)
       params = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s),
-                            initial_params, self.param_shardings)
+                            network.to_layout(initial_params, self.model_config.scan_layers), self.param_shardings)
       return self._init_from(params)
 
   def num_trainable_params(self) -> int:

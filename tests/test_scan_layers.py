@@ -1,0 +1,171 @@
+"""`T5Config.scan_layers` and `T5Config.remat_policy`: the same network in another layout.
+
+A scanned network (each stack one `nn.scan` over stacked parameters) and a rematerialised one
+(each layer under `jax.checkpoint`) compute the function of the unrolled network on the same
+parameters (`network.to_layout`): logits, losses, gradients, DP-vmap per-example norms and clipped
+sums, Adafactor's steps and cached decoding agree to float32 rounding; the layout conversion is
+bit-identical both ways; a tiny run trains scanned, checkpoints, is resumed unrolled from that
+checkpoint and ends where an unrolled run of the same steps ends.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from private_t5.dp import ghost
+from private_t5.dp.aggregator import DPAggregator
+from private_t5.dp.privacy_params import NoisySum
+from private_t5.errors import ConfigError
+from private_t5.models import checkpoint_read, network
+from private_t5.models.config import REMAT_POLICIES, load_preset
+from private_t5.models.model import EncoderDecoderModel
+from private_t5.train import main as train_main
+from private_t5.train import optimizers
+from private_t5.train.trainer import make_loss_fn
+
+BATCH, INPUTS, TARGETS = 4, 12, 7
+RTOL = 2e-5
+
+
+def _close(a, b, rtol=RTOL):
+  """Leaf by leaf, to `rtol` of each element and of the leaf's largest magnitude (float32 sums in
+  another order)."""
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    y = np.asarray(y)
+    np.testing.assert_allclose(np.asarray(x), y, rtol=rtol, atol=rtol * float(np.max(np.abs(y), initial=0.0)))
+
+
+@pytest.fixture(scope="module", params=["t5_1_1_tiny", "t5_1_0_tiny"])
+def config(request):
+  """v1.1 (gated GELU, untied) and v1.0 (ReLU, tied), 2 layers a stack, no dropout."""
+  return load_preset(request.param, dropout_rate=0.0, num_encoder_layers=2, num_decoder_layers=3, vocab_size=512,
+                     d_model=64, num_heads=2, d_kv=16, d_ff=128)
+
+
+@pytest.fixture(scope="module")
+def params(config):
+  return network.init_params(config, jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def batch():
+  rng = np.random.default_rng(0)
+  enc = rng.integers(2, 500, (BATCH, INPUTS)).astype(np.int32)
+  enc[1, 9:] = 0  # padding
+  tgt = rng.integers(2, 500, (BATCH, TARGETS)).astype(np.int32)
+  dec = np.concatenate([np.zeros((BATCH, 1), np.int32), tgt[:, :-1]], axis=1)
+  return dict(encoder_input_tokens=enc, decoder_input_tokens=dec, decoder_target_tokens=tgt,
+              decoder_loss_weights=np.ones((BATCH, TARGETS), np.float32),
+              example_weight=np.ones((BATCH,), np.float32))
+
+
+def test_layout_conversion_is_bit_identical_both_ways(config, params):
+  scanned_config = config.replace(scan_layers=True)
+  scanned = network.to_layout(params, True)
+  assert network.is_scanned(scanned) and not network.is_scanned(params)
+  assert set(scanned["encoder"]) == {"layers", "relpos_bias", "encoder_norm"}
+  assert scanned["encoder"]["layers"]["mlp"]["wo"]["kernel"].shape[0] == 2
+  assert scanned["decoder"]["layers"]["mlp"]["wo"]["kernel"].shape[0] == 3
+  back = network.to_layout(scanned, False)
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))
+  # Host arrays and shapes convert the same way; a tree already in the layout is unchanged.
+  host = network.to_layout(jax.tree.map(np.asarray, params), True)
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host))
+  assert jax.tree.map(np.shape, host) == jax.tree.map(np.shape, scanned)
+  assert network.to_layout(scanned, True) is not None
+  assert jax.tree.map(lambda s: s.shape, network.param_shapes(scanned_config)) == jax.tree.map(np.shape, scanned)
+  # Fresh parameters of the scanned network are the unrolled network's, stacked.
+  fresh = network.init_params(scanned_config, jax.random.PRNGKey(0))
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(scanned)))
+  axes = network.param_logical_axes(scanned_config)
+  assert axes["encoder"]["layers"]["attention"]["query"]["kernel"] == ("layers", "embed", "joined_kv")
+  assert axes["encoder"]["relpos_bias"]["rel_embedding"] == ("heads", "relpos_buckets")
+
+
+def test_scan_and_remat_compute_the_unrolled_logits_and_gradients(config, params, batch):
+  def loss_and_grads(cfg, p):
+    loss = make_loss_fn(cfg)
+    return jax.jit(jax.value_and_grad(lambda q: jnp.sum(loss(q, batch, None))))(p)
+
+  logits = EncoderDecoderModel(config).compute_logits(params, batch)
+  value, grads = loss_and_grads(config, params)
+  scanned_params = network.to_layout(params, True)
+  for scan, policy in [(False, "full")] + [(True, policy) for policy in REMAT_POLICIES]:
+    cfg = config.replace(scan_layers=scan, remat_policy=policy)
+    p = scanned_params if scan else params
+    _close(EncoderDecoderModel(cfg).compute_logits(p, batch), logits)
+    v, g = loss_and_grads(cfg, p)
+    np.testing.assert_allclose(v, value, rtol=RTOL)
+    _close(network.to_layout(g, False), grads, rtol=1e-4)
+
+
+def test_dp_vmap_norms_and_clipped_sums_are_the_unrolled_ones(config, params, batch):
+  def clipped(cfg, p):
+    aggregator = DPAggregator(make_loss_fn(cfg), NoisySum(0.5, 1.0, float(BATCH)))
+    _, grads = jax.jit(aggregator.per_example_grads)(p, batch, jnp.arange(BATCH), None)
+    norms = jnp.sqrt(sum(jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim))) for g in jax.tree.leaves(grads)))
+    total, _ = jax.jit(aggregator.clipped_sum)(p, batch)
+    return norms, total
+
+  norms, total = clipped(config, params)
+  assert float(jnp.min(norms)) > 0.5  # every example is clipped: the sums test the clip factors too
+  n, t = clipped(config.replace(scan_layers=True, remat_policy="full"), network.to_layout(params, True))
+  np.testing.assert_allclose(n, norms, rtol=1e-4)
+  _close(network.to_layout(t, False), total, rtol=1e-4)
+
+
+def test_per_layer_adafactor_takes_the_unrolled_steps(config, params):
+  inner = optimizers.adafactor(learning_rate=0.1)
+  grads = jax.tree.map(lambda p: jnp.sin(p * 3.0 + 1.0) * 0.01, params)
+  state = inner.init(params)
+  updates, state = inner.update(grads, state, params)
+  updates, state = inner.update(grads, state, params)
+  tx = optimizers.per_layer(inner)
+  scanned = network.to_layout(params, True)
+  s_state = tx.init(scanned)
+  # The state is the unrolled state in the scanned layout (what checkpoints convert between).
+  assert jax.tree.structure(s_state) == jax.tree.structure(network.to_layout(inner.init(params), True))
+  s_grads = network.to_layout(grads, True)
+  s_updates, s_state = tx.update(s_grads, s_state, scanned)
+  s_updates, s_state = tx.update(s_grads, s_state, scanned)
+  _close(network.to_layout(s_updates, False), updates, rtol=1e-6)
+  _close(network.to_layout(s_state, False), state, rtol=1e-6)
+
+
+def test_cached_decoding_of_the_scanned_network_matches(config, params):
+  params = jax.tree.map(lambda x: x * 2.0, params)  # a fresh network's greedy outputs are flat
+  enc = np.random.default_rng(1).integers(2, 500, (2, INPUTS)).astype(np.int32)
+  reference = EncoderDecoderModel(config)
+  scanned = EncoderDecoderModel(config.replace(scan_layers=True, remat_policy="full"))
+  scanned_params = network.to_layout(params, True)
+  for method in ("greedy", "beam"):
+    expected = np.asarray(reference.predict_batch(params, enc, max_decode_length=6, method=method))
+    assert len(np.unique(expected)) >= 3
+    for use_cache in (True, False):
+      got = scanned.predict_batch(scanned_params, enc, max_decode_length=6, method=method, use_cache=use_cache)
+      np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def test_bad_settings_and_ghost_inside_scan_are_refused_in_one_line(config):
+  with pytest.raises(ConfigError, match="remat_policy must be one of"):
+    config.replace(remat_policy="everything")
+  with pytest.raises(ConfigError, match="scan_layers must be True or False"):
+    config.replace(scan_layers=1)
+  scanned = config.replace(scan_layers=True)
+  dp = train_main.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
+  with pytest.raises(ConfigError, match="clipping_method='ghost' does not run inside scan_layers"):
+    train_main.clipping_method_for(scanned, dp, "ghost", print)
+  said = []
+  assert train_main.clipping_method_for(scanned, dp, None, said.append) == "vmap" and len(said) == 1
+  assert train_main.clipping_method_for(config, dp, None, said.append) is None
+  assert train_main.clipping_method_for(scanned, None, None, said.append) is None and len(said) == 1
+
+
+def test_ghost_clipping_of_a_scanned_or_rematerialised_network_is_one_clear_error(config, params, batch):
+  example = jax.tree.map(lambda x: x[0], batch)
+  for cfg, p in ((config.replace(scan_layers=True), network.to_layout(params, True)),
+                 (config.replace(remat_policy="minimal"), params)):
+    with pytest.raises(ConfigError, match="clipping_method='vmap'"):
+      ghost.record_layer_uses(make_loss_fn(cfg), p, example, None)
+  assert ghost.record_layer_uses(make_loss_fn(config), params, example, None).uses
