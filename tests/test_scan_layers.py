@@ -147,25 +147,41 @@ def test_cached_decoding_of_the_scanned_network_matches(config, params):
       np.testing.assert_array_equal(np.asarray(got), expected)
 
 
-def test_bad_settings_and_ghost_inside_scan_are_refused_in_one_line(config):
+def test_ghost_clipping_inside_the_scanned_stacks_gives_the_unrolled_norms_and_sums(config, params, batch):
+  """Ghost norms and book-keeping sums (and the second pass) of the scanned network, with and
+  without remat, equal ghost clipping's of the unrolled network: each stack's layers hand their
+  recorded inputs out of the scan, stacked, and their norms are computed a stack at a time."""
+  def ghost_sum(cfg, p, **options):
+    aggregator = ghost.GhostDPAggregator(make_loss_fn(cfg), NoisySum(0.5, 1.0, float(BATCH)), **options)
+    total, _, norms, _ = jax.jit(lambda q: aggregator.ghost_clipped_sum(q, batch, None))(p)
+    return norms, total
+
+  norms, total = ghost_sum(config, params)
+  scanned = network.to_layout(params, True)
+  for policy, options in (("none", {}), ("full", dict(clipped_sum_method=ghost.SECOND_PASS))):
+    n, t = ghost_sum(config.replace(scan_layers=True, remat_policy=policy), scanned, **options)
+    np.testing.assert_allclose(n, norms, rtol=1e-5)
+    _close(network.to_layout(t, False), total, rtol=1e-5)
+  recording = ghost.record_layer_uses(make_loss_fn(config.replace(scan_layers=True)), scanned,
+                                      jax.tree.map(lambda x: x[0], batch), None)
+  stacked = {k: use for k, use in recording.uses.items() if use.stacked}
+  assert len(stacked) == len(jax.tree.leaves(scanned["encoder"]["layers"])) + len(
+      jax.tree.leaves(scanned["decoder"]["layers"]))
+  assert recording.output_shapes["encoder/layers/mlp/wo:dense0"].shape[0] == 2
+
+
+def test_bad_settings_and_ghost_inside_unrolled_remat_are_refused_in_one_line(config, params, batch):
   with pytest.raises(ConfigError, match="remat_policy must be one of"):
     config.replace(remat_policy="everything")
   with pytest.raises(ConfigError, match="scan_layers must be True or False"):
     config.replace(scan_layers=1)
-  scanned = config.replace(scan_layers=True)
+  rematerialised = config.replace(remat_policy="minimal")
+  with pytest.raises(ConfigError, match="scan_layers=True with it, or train.clipping_method='vmap'"):
+    ghost.record_layer_uses(make_loss_fn(rematerialised), params, jax.tree.map(lambda x: x[0], batch), None)
   dp = train_main.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
-  with pytest.raises(ConfigError, match="clipping_method='ghost' does not run inside scan_layers"):
-    train_main.clipping_method_for(scanned, dp, "ghost", print)
+  with pytest.raises(ConfigError, match="clipping_method='ghost' does not run inside remat_policy"):
+    train_main.clipping_method_for(rematerialised, dp, "ghost", print)
   said = []
-  assert train_main.clipping_method_for(scanned, dp, None, said.append) == "vmap" and len(said) == 1
-  assert train_main.clipping_method_for(config, dp, None, said.append) is None
-  assert train_main.clipping_method_for(scanned, None, None, said.append) is None and len(said) == 1
-
-
-def test_ghost_clipping_of_a_scanned_or_rematerialised_network_is_one_clear_error(config, params, batch):
-  example = jax.tree.map(lambda x: x[0], batch)
-  for cfg, p in ((config.replace(scan_layers=True), network.to_layout(params, True)),
-                 (config.replace(remat_policy="minimal"), params)):
-    with pytest.raises(ConfigError, match="clipping_method='vmap'"):
-      ghost.record_layer_uses(make_loss_fn(cfg), p, example, None)
-  assert ghost.record_layer_uses(make_loss_fn(config), params, example, None).uses
+  assert train_main.clipping_method_for(rematerialised, dp, None, said.append) == "vmap" and len(said) == 1
+  assert train_main.clipping_method_for(rematerialised.replace(scan_layers=True), dp, None, said.append) is None
+  assert train_main.clipping_method_for(rematerialised, None, None, said.append) is None and len(said) == 1

@@ -465,7 +465,7 @@ def test_a_run_resumes_with_another_attention_and_layer_layout(corpus_and_vocab,
                                             "--gin.T5Config.scan_layers=True", "--gin.T5Config.remat_policy='full'"))
   assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
   said = capsys.readouterr().out
-  assert "converted to the scanned layout" in said and "computed by 'vmap'" in said
+  assert "converted to the scanned layout" in said and "clipped sum by ghost" in said
   params, config, _ = checkpoints.restore_for_inference(model_dir)
   assert config.attention == "einsum" and config.dropout_rate == 0.0 and not config.scan_layers
   assert "layers_0" in params["encoder"]

@@ -17,7 +17,10 @@ Flax method interceptor (`flax.linen.intercept_methods`) wraps the calls of the 
 parameterised layer types of `private_t5.models.layers` (`Dense`, `Embed` lookups and
 `attend`, `RMSNorm`, `RelativePositionBias`): it records the inputs and adds a zero
 "tap" `delta` to the output; the gradient with respect to `delta` is the output gradient.
-Outside the ghost aggregator nothing is intercepted and the model runs unchanged. Every
+Outside the ghost aggregator nothing is intercepted and the model runs unchanged. A scanned
+network (`T5Config.scan_layers`) is recorded through its scan hook (`layers.scan_hook`): each
+stack takes its layers' taps as per-layer inputs and returns their recorded inputs stacked, and a
+scanned layer's norms and sums are computed for its whole stack at once. Every
 parameter's gradient must come entirely from recorded layers, otherwise the norms would not
 bound what is summed: the abstract trace of one example's loss (its jaxpr) is searched for
 every operation that reads a parameter, and a parameter read anywhere but inside a recorded
@@ -55,7 +58,7 @@ from private_t5.dp import clipping, schedule
 from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
-from private_t5.models import layers
+from private_t5.models import layers, network
 
 PyTree = Any
 Batch = Dict[str, jax.Array]
@@ -77,6 +80,17 @@ class LayerUse(NamedTuple):
   param: Tuple[str, ...]  # path of the parameter in the params tree
   buckets: Optional[np.ndarray] = None  # RELPOS: int [q + k - 1], the bucket of each offset k - q
   num_buckets: int = 0  # RELPOS: columns of the table
+  # A layer of a scanned stack (`T5Config.scan_layers`): its parameter, recorded inputs and output
+  # gradients have a leading layer axis (the inputs and gradients after the examples' axis).
+  stacked: bool = False
+
+
+class _Frame(NamedTuple):
+  """One traced body of a scanned stack: its layer's taps (this layer's slice of the stacked
+  deltas) and what the body returns to the stack, stacked by the scan (`layers.stack_outputs`)."""
+  taps: Dict[str, jax.Array]
+  inputs: Dict[str, jax.Array]
+  outputs: Dict[str, jax.Array]
 
 
 class _Recorder:
@@ -85,6 +99,12 @@ class _Recorder:
   With `deltas=None` it only records the output shapes (to build the zero taps); otherwise
   it adds `deltas[key]` (zeros) to each output so that `d loss / d delta` is the output
   gradient. Keys are `"<module path>:<kind><call index>"`.
+
+  Inside a scanned stack (`T5Config.scan_layers`) the values of a layer live in the scan's body: the
+  recorder is also the network's scan hook (`layers.scan_hook`), which hands each stack the taps of
+  its layers as per-layer inputs (stacked deltas, sliced by the scan) and takes the layers' inputs
+  (and, for the shapes, their outputs) back as the stack's per-layer outputs, stacked: one key a
+  layer of the body, its arrays with a leading layer axis (`LayerUse.stacked`).
   """
 
   def __init__(self, deltas: Optional[Dict[str, jax.Array]] = None):
@@ -95,6 +115,41 @@ class _Recorder:
     self.uses: Dict[str, LayerUse] = {}
     self.scopes: Dict[str, str] = {}  # named scope of each recorded call -> its use key
     self._calls = collections.Counter()
+    self._frame: Optional[_Frame] = None  # while a scanned stack's body is traced
+    self._stack_calls: Dict[Tuple[str, ...], collections.Counter] = {}  # call counts at a body's start
+
+  # -- the scan hook (`layers.scan_hook`) --
+
+  def stack_inputs(self, path: Tuple[str, ...]) -> Dict[str, jax.Array]:
+    prefix = "/".join(path) + "/"
+    return {} if self.deltas is None else {k: d for k, d in self.deltas.items() if k.startswith(prefix)}
+
+  def stack_outputs(self, path: Tuple[str, ...], outputs) -> None:
+    for key, x in outputs["inputs"].items():
+      self.inputs[key] = x
+      self.input_shapes[key] = tuple(x.shape[1:])
+    for key, y in outputs["outputs"].items():
+      self.output_shapes[key] = jax.ShapeDtypeStruct(y.shape, y.dtype)
+
+  def _body(self, module: nn.Module, next_fun, args, kwargs, per_layer) -> Tuple[jax.Array, Dict[str, Any]]:
+    """A scanned stack's layer: its recorded values go out with the residual stream. The body may be
+    traced more than once: each trace numbers its calls from the same start."""
+    start = self._stack_calls.setdefault(tuple(module.path), collections.Counter(self._calls))
+    self._calls = collections.Counter(start)
+    frame, outer = _Frame(per_layer or {}, {}, {}), self._frame
+    self._frame = frame
+    try:
+      x, _ = next_fun(*args, **kwargs)
+    finally:
+      self._frame = outer
+    return x, {"inputs": frame.inputs, "outputs": frame.outputs}
+
+  def _record(self, key: str, x: Optional[jax.Array], use: LayerUse) -> None:
+    if self._frame is not None:
+      use = use._replace(stacked=True)
+    self.uses[key] = use
+    if x is not None:
+      (self.inputs if self._frame is None else self._frame.inputs)[key] = x
 
   def _key(self, module: nn.Module, kind: str) -> str:
     path = "/".join(module.path)
@@ -110,6 +165,15 @@ class _Recorder:
       return next_fun(*args, **kwargs)
 
   def _tap(self, key: str, y: jax.Array) -> jax.Array:
+    frame = self._frame
+    if frame is not None:
+      if self.deltas is None:
+        frame.outputs[key] = y
+        return y
+      if key not in frame.taps:
+        frame.inputs.pop(key, None)
+        return y
+      return y + frame.taps[key].astype(y.dtype)
     if key in self.inputs:
       self.input_shapes[key] = tuple(self.inputs[key].shape)
     if self.deltas is None:
@@ -122,38 +186,37 @@ class _Recorder:
 
   def __call__(self, next_fun, args, kwargs, context):
     module, method = context.module, context.method_name
+    if method == "__call__" and tuple(module.path)[-1:] == (network.STACK,):
+      bound = _bind(context, args, kwargs)
+      if "per_layer" in bound:
+        return self._body(module, next_fun, args, kwargs, bound["per_layer"])
     if isinstance(module, layers.Dense) and method == "__call__":
       x = _bind(context, args, kwargs)["x"]
       key = self._key(module, DENSE)
-      self.inputs[key] = x.astype(module.dtype)
-      self.uses[key] = LayerUse(DENSE, tuple(module.path) + ("kernel",))
+      self._record(key, x.astype(module.dtype), LayerUse(DENSE, tuple(module.path) + ("kernel",)))
       return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.Embed) and method in ("__call__", "attend"):
       bound = _bind(context, args, kwargs)
       if method == "__call__":
         key = self._key(module, LOOKUP)
-        self.inputs[key] = bound["ids"].astype(jnp.int32)
-        self.uses[key] = LayerUse(LOOKUP, tuple(module.path) + ("embedding",))
+        self._record(key, bound["ids"].astype(jnp.int32), LayerUse(LOOKUP, tuple(module.path) + ("embedding",)))
       else:
         key = self._key(module, ATTEND)
-        self.inputs[key] = bound["query"].astype(module.dtype)
-        self.uses[key] = LayerUse(ATTEND, tuple(module.path) + ("embedding",))
+        self._record(key, bound["query"].astype(module.dtype), LayerUse(ATTEND, tuple(module.path) + ("embedding",)))
       return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.RMSNorm) and method == "__call__":
       x = _bind(context, args, kwargs)["x"].astype(jnp.float32)
       key = self._key(module, SCALE)
       # x_hat exactly as RMSNorm computes it before the scale (identical ops, shared by XLA).
       variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-      self.inputs[key] = x * jax.lax.rsqrt(variance + module.epsilon)
-      self.uses[key] = LayerUse(SCALE, tuple(module.path) + ("scale",))
+      self._record(key, x * jax.lax.rsqrt(variance + module.epsilon), LayerUse(SCALE, tuple(module.path) + ("scale",)))
       return self._tap(key, self._run(key, next_fun, args, kwargs))
     if isinstance(module, layers.RelativePositionBias) and method == "__call__":
       bound = _bind(context, args, kwargs)
       buckets = layers.offset_buckets(int(bound["q_len"]), int(bound["k_len"]), bool(bound["bidirectional"]),
                                       module.num_buckets, module.max_distance)
       key = self._key(module, RELPOS)
-      self.uses[key] = LayerUse(RELPOS, tuple(module.path) + ("rel_embedding",), buckets,
-                                module.num_buckets)
+      self._record(key, None, LayerUse(RELPOS, tuple(module.path) + ("rel_embedding",), buckets, module.num_buckets))
       return self._tap(key, self._run(key, next_fun, args, kwargs))
     return next_fun(*args, **kwargs)
 
@@ -181,15 +244,15 @@ def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax
   recorder = _Recorder()
 
   def run(p, ex, k):
-    with nn.intercept_methods(recorder):
+    with nn.intercept_methods(recorder), layers.scan_hook(recorder):
       return clipping.single_example_loss(loss_fn, p, ex, k)
 
   closed = jax.make_jaxpr(run)(params, example, key)  # params may be ShapeDtypeStructs
   inside = _transform_around_recorded_layers(closed.jaxpr)
   if inside is not None:
     raise ConfigError(f"ghost clipping records each layer's inputs and output gradients outside the layer; this "
-                      f"loss computes its layers inside `{inside}` (T5Config.scan_layers or remat_policy): use "
-                      "train.clipping_method='vmap' with them")
+                      f"loss computes its layers inside `{inside}` (T5Config.remat_policy of an unrolled network): "
+                      "use T5Config.scan_layers=True with it, or train.clipping_method='vmap'")
   paths = [tuple(_key_name(k) for k in path)
            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   param_vars = dict(zip(closed.jaxpr.invars[:len(paths)], paths))
@@ -205,7 +268,8 @@ def record_layer_uses(loss_fn, params: PyTree, example: Batch, key: Optional[jax
 
 
 # Transforms whose bodies are traced apart: a layer recorded inside one leaves its values there.
-_ENCLOSING = ("scan", "checkpoint", "remat", "remat2", "while", "custom_vjp_call")
+# (A scanned stack's layers hand theirs out through the scan hook; the scan is not one of them.)
+_ENCLOSING = ("checkpoint", "remat", "remat2", "while", "custom_vjp_call")
 
 
 def _transform_around_recorded_layers(jaxpr, enclosing: Optional[str] = None) -> Optional[str]:
@@ -214,6 +278,8 @@ def _transform_around_recorded_layers(jaxpr, enclosing: Optional[str] = None) ->
     if enclosing is not None and _SCOPE_PREFIX in str(eqn.source_info.name_stack):
       return enclosing
     name = str(eqn.primitive)
+    if name == "scan":
+      continue
     for sub in _sub_jaxprs(eqn):
       found = _transform_around_recorded_layers(sub, name if name in _ENCLOSING else enclosing)
       if found is not None:
@@ -284,7 +350,7 @@ def per_example_forward(loss_fn, params: PyTree, batch: Batch, keys: Optional[ja
   """Per-example losses [B] and recorded layer inputs (leading [B]) with output taps `deltas`."""
   def one(delta, example, key):
     recorder = _Recorder(delta)
-    with nn.intercept_methods(recorder):
+    with nn.intercept_methods(recorder), layers.scan_hook(recorder):
       loss = clipping.single_example_loss(loss_fn, params, example, key)
     return loss, recorder.inputs
 
@@ -349,18 +415,33 @@ def _layer_groups(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array], out_g
     use = uses[key]
     if use.kind not in (DENSE, SCALE) or counts[use.param] != 1:
       continue
-    a, g = gn.as_sequence(inputs[key], None), gn.as_sequence(out_grads[key], None)
+    # (A scanned stack's layer is a group by itself: its arrays are its stack's layers already.)
+    a, g = (x[:, 0] if use.stacked else x for x in (inputs[key], out_grads[key]))
+    a, g = gn.as_sequence(a, None), gn.as_sequence(g, None)
     method = SCALE if use.kind == SCALE else gn.resolve_method(norm_method, a.shape[1], a.shape[2], g.shape[2])
-    group = (method, a.shape, a.dtype.name, g.shape, g.dtype.name) if stack_layers else (method, key)
+    group = ((method, a.shape, a.dtype.name, g.shape, g.dtype.name) if stack_layers and not use.stacked
+             else (method, key))
     groups.setdefault(group, []).append(key)
   return [(f"layer_group:{i}", key[0], keys) for i, (key, keys) in enumerate(groups.items())]
 
 
-def _stacked(arrays: Dict[str, jax.Array], keys: List[str], keep: Optional[jax.Array] = None) -> jax.Array:
-  """[L, B, ...]: the keys' arrays as sequences, stacked on a leading layer axis; with `keep`
-  [B] (bool), the rows of the other examples zeroed (`clipping.zero_dropped`, on the stack)."""
-  stacked = jnp.stack([gn.as_sequence(arrays[k], None) for k in keys])
+def _stacked(arrays: Dict[str, jax.Array], keys: List[str], keep: Optional[jax.Array] = None,
+             scanned: bool = False) -> jax.Array:
+  """[L, B, ...]: the keys' arrays as sequences, stacked on a leading layer axis (`scanned`: the one
+  key's own layer axis, after the examples'); with `keep` [B] (bool), the rows of the other
+  examples zeroed (`clipping.zero_dropped`, on the stack)."""
+  if scanned:
+    (key,) = keys
+    x = jnp.moveaxis(arrays[key], 1, 0)
+    stacked = x.reshape(x.shape[:2] + (-1, x.shape[-1]))
+  else:
+    stacked = jnp.stack([gn.as_sequence(arrays[k], None) for k in keys])
   return stacked if keep is None else _keep_rows(stacked, keep)
+
+
+def _scanned(uses: Dict[str, LayerUse], keys: List[str]) -> bool:
+  """Whether a group of `_layer_groups` is a scanned stack's layer."""
+  return uses[keys[0]].stacked
 
 
 def _keep_rows(x: jax.Array, keep: jax.Array) -> jax.Array:
@@ -387,18 +468,19 @@ def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array]
   # the backward pass and reduced at once, not formed in the forward pass and kept
   # (`schedule.after`).
   groups = _layer_groups(uses, inputs, out_grads, norm_method, stack_layers)
-  grouped = {k for _, _, keys in groups for k in keys} if stack_layers else set()
+  grouped = {k for _, _, keys in groups for k in keys if not uses[k].stacked} if stack_layers else set()
   raw_inputs = inputs
   inputs = {k: x if k in grouped else schedule.after(x, out_grads[k]) for k, x in inputs.items()}
   norms = {}
   for name, method, keys in groups:
-    g = _stacked(out_grads, keys)
-    if stack_layers:
+    scanned = _scanned(uses, keys)
+    g = _stacked(out_grads, keys, scanned=scanned)
+    if stack_layers and not scanned:
       # A stacked group's inputs wait for all of its output gradients: one sum of the stack
       # (`schedule.after` reduces its value) for the group, not one a layer.
       a = _stacked({k: schedule.after(raw_inputs[k], g) for k in keys}, keys)
     else:
-      a = _stacked(inputs, keys)
+      a = _stacked(inputs, keys, scanned=scanned)
     layers_, rows = a.shape[:2]
     flat_a, flat_g = a.reshape((-1,) + a.shape[2:]), g.reshape((-1,) + g.shape[2:])
     if method == SCALE:
@@ -411,6 +493,9 @@ def per_example_sq_norms(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array]
     else:
       sq = gn.linear_sq_norms(flat_a, flat_g, method)
     sq = sq.reshape(layers_, rows)
+    if scanned:  # one parameter, its layers' slices: their squares add up
+      norms[uses[keys[0]].param] = jnp.sum(sq, axis=0)
+      continue
     for i, k in enumerate(keys):
       norms[uses[k].param] = sq[i]
   for param, keys in _group_by_param(uses).items():
@@ -457,8 +542,9 @@ def weighted_grad_sum(params: PyTree, uses: Dict[str, LayerUse], inputs: Dict[st
   flat_params = traverse_util.flatten_dict(params)
   flat = {}
   for name, method, keys in _layer_groups(uses, inputs, out_grads, norm_method, stack_layers):
+    scanned = _scanned(uses, keys)
     if method == SCALE:
-      a, g = _stacked(inputs, keys, keep), _stacked(out_grads, keys, keep)
+      a, g = _stacked(inputs, keys, keep, scanned), _stacked(out_grads, keys, keep, scanned)
       per = gn.scale_per_example_grads(a.reshape((-1,) + a.shape[2:]), g.reshape((-1,) + g.shape[2:]))
       per = per.reshape(a.shape[:2] + per.shape[1:])  # [L, B, d]
       # Formed elementwise, as `contract("b,bd->d", ...)` forms a layer's.
@@ -467,7 +553,11 @@ def weighted_grad_sum(params: PyTree, uses: Dict[str, LayerUse], inputs: Dict[st
       per = instantiated[name] if keep is None else _keep_rows(instantiated[name], keep)
       sums = gn.stacked_linear_weighted_sums(None, None, weights, per)
     else:
-      sums = gn.stacked_linear_weighted_sums(_stacked(inputs, keys, keep), _stacked(out_grads, keys, keep), weights)
+      sums = gn.stacked_linear_weighted_sums(_stacked(inputs, keys, keep, scanned),
+                                             _stacked(out_grads, keys, keep, scanned), weights)
+    if scanned:
+      flat[uses[keys[0]].param] = sums.reshape(flat_params[uses[keys[0]].param].shape)
+      continue
     for i, k in enumerate(keys):
       flat[uses[k].param] = sums[i].reshape(flat_params[uses[k].param].shape)
   for param, keys in _group_by_param(uses).items():

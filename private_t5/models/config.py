@@ -65,9 +65,10 @@ class T5Config:
       `layers`, never sharded), as T5X's `scalable_t5`: one compiled layer body looped by XLA,
       so compile time and program size do not grow with depth. The same function of the same
       parameters in another layout (`network.to_layout` converts; checkpoints and exports
-      convert as they are read).
+      convert as they are read). DP-vmap and DP-ghost clipping run inside the scan.
     remat_policy: `REMAT_POLICIES`; what the backward pass recomputes (`jax.checkpoint` on
-      each layer). The same values, less activation memory, more compute.
+      each layer). The same values, less activation memory, more compute. Ghost clipping needs
+      `scan_layers` with it (docs/model.md, "Scanned layers and rematerialisation").
   """
   vocab_size: int
   d_model: int

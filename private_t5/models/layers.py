@@ -60,6 +60,36 @@ def _param(module: nn.Module, name: str, init: Initializer, shape: Sequence[int]
   return module.param(name, nn.with_logical_partitioning(init, axes), tuple(shape), jnp.float32)
 
 
+# Set by `scan_hook`: an object with `stack_inputs(path) -> pytree` (per-layer inputs of the scanned
+# stack at `path`, each leaf with a leading layer axis) and `stack_outputs(path, outputs)` (what the
+# stack's layers returned beside the residual stream, stacked), e.g. ghost clipping's recorder.
+_SCAN_HOOK: contextvars.ContextVar = contextvars.ContextVar("scan_hook", default=None)
+
+
+@contextlib.contextmanager
+def scan_hook(hook) -> Iterator[None]:
+  """Lets `hook` feed each scanned stack (`T5Config.scan_layers`) per-layer inputs and read its
+  per-layer outputs while the network is traced inside (see `_SCAN_HOOK`)."""
+  token = _SCAN_HOOK.set(hook)
+  try:
+    yield
+  finally:
+    _SCAN_HOOK.reset(token)
+
+
+def stack_inputs(path: Tuple[str, ...]):
+  """The hook's per-layer inputs of the stack at `path` ({} without a hook)."""
+  hook = _SCAN_HOOK.get()
+  return {} if hook is None else hook.stack_inputs(path)
+
+
+def stack_outputs(path: Tuple[str, ...], outputs) -> None:
+  """Hands the stack's stacked per-layer outputs to the hook (dropped without one)."""
+  hook = _SCAN_HOOK.get()
+  if hook is not None:
+    hook.stack_outputs(path, outputs)
+
+
 # Parameters every layer casts to its compute dtype where it reads them (Dense, Embed,
 # RelativePositionBias); RMSNorm's `scale` multiplies in float32 and is not one of them.
 CAST_AT_USE = ("kernel", "embedding", "rel_embedding")

@@ -41,7 +41,8 @@ class EncoderLayer(nn.Module):
   lora: Optional[lora_lib.LoraConfig] = None
 
   @nn.compact
-  def __call__(self, x, mask, bias, enable_dropout=False):
+  def __call__(self, x, mask, bias, enable_dropout=False, per_layer=None):
+    """`per_layer`: a scanned stack's per-layer inputs (`layers.stack_inputs`), unused here."""
     cfg, dtype = self.config, jnp.dtype(self.config.dtype)
     y = layers.RMSNorm(dtype=dtype, name="pre_attention_layer_norm")(x)
     y = layers.MultiHeadAttention(cfg.num_heads, cfg.d_kv, cfg.dropout_rate, dtype, lora=self.lora,
@@ -59,10 +60,13 @@ def _layer_output(cfg: T5Config, x):
   return (x, None) if cfg.scan_layers else x
 
 
-def _run_stack(cfg: T5Config, layer_cls, lora, count: int, static_argnums: Tuple[int, ...], x, *args):
+def _run_stack(parent: nn.Module, layer_cls, count: int, static_argnums: Tuple[int, ...], x, *args):
   """`x` through `count` layers of `layer_cls`, each called with `(x, *args)`: unrolled (`layers_i`)
   or one `nn.scan` (`layers`, `scan_layers`), each layer under `nn.remat` if `remat_policy` says.
-  `static_argnums` (counting the module as 0) are the Python arguments (dropout, decode)."""
+  `static_argnums` (counting the module as 0) are the Python arguments (dropout, decode). A scanned
+  stack also scans over the per-layer inputs of `layers.stack_inputs` (a last argument of each
+  layer) and hands what its layers return beside the residual stream to `layers.stack_outputs`."""
+  cfg, lora = parent.config, parent.lora
   if cfg.remat_policy != "none":
     layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=static_argnums,
                          prevent_cse=not cfg.scan_layers)  # scan already keeps XLA from merging
@@ -71,9 +75,12 @@ def _run_stack(cfg: T5Config, layer_cls, lora, count: int, static_argnums: Tuple
       x = layer_cls(cfg, lora, name=f"layers_{i}")(x, *args)
     return x
   stack = nn.scan(layer_cls, variable_axes={"params": 0, "cache": 0},
-                  split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,) * len(args),
+                  split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,) * len(args) + (0,),
                   length=count, metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
-  return stack(cfg, lora, name=STACK)(x, *args)[0]
+  path = tuple(parent.path) + (STACK,)
+  x, outputs = stack(cfg, lora, name=STACK)(x, *args, layers.stack_inputs(path))
+  layers.stack_outputs(path, outputs)
+  return x
 
 
 class DecoderLayer(nn.Module):
@@ -82,7 +89,8 @@ class DecoderLayer(nn.Module):
   lora: Optional[lora_lib.LoraConfig] = None
 
   @nn.compact
-  def __call__(self, x, encoded, self_mask, cross_mask, bias, enable_dropout=False, decode=False):
+  def __call__(self, x, encoded, self_mask, cross_mask, bias, enable_dropout=False, decode=False,
+               per_layer=None):
     cfg, dtype = self.config, jnp.dtype(self.config.dtype)
     attention = functools.partial(layers.MultiHeadAttention, cfg.num_heads, cfg.d_kv,
                                   cfg.dropout_rate, dtype, lora=self.lora, implementation=cfg.attention)
@@ -115,7 +123,7 @@ class Encoder(nn.Module):
     # Padding tokens (id 0) are never attended to.
     mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(encoder_input_tokens.astype(jnp.int32)), enable_dropout)
-    x = _run_stack(cfg, EncoderLayer, self.lora, cfg.num_encoder_layers, (4,), x, mask, bias, enable_dropout)
+    x = _run_stack(self, EncoderLayer, cfg.num_encoder_layers, (4,), x, mask, bias, enable_dropout)
     x = layers.RMSNorm(dtype=dtype, name="encoder_norm")(x)
     return _dropout(cfg, x, enable_dropout)
 
@@ -146,8 +154,8 @@ class Decoder(nn.Module):
     self_mask = jnp.tril(jnp.ones((padded, padded), jnp.bool_))[None, None]
     cross_mask = (encoder_input_tokens > 0)[:, None, None, :]
     x = _dropout(cfg, self.shared_embedding(decoder_input_tokens.astype(jnp.int32)), enable_dropout)
-    x = _run_stack(cfg, DecoderLayer, self.lora, cfg.num_decoder_layers, (6, 7), x, encoded, self_mask,
-                   cross_mask, bias, enable_dropout, decode)
+    x = _run_stack(self, DecoderLayer, cfg.num_decoder_layers, (6, 7), x, encoded, self_mask, cross_mask, bias,
+                   enable_dropout, decode)
     x = layers.RMSNorm(dtype=dtype, name="decoder_norm")(x[:, :length])
     x = _dropout(cfg, x, enable_dropout)
     if cfg.tie_embeddings:

@@ -290,19 +290,19 @@ def build_lora(lora, initial_checkpoint: Optional[str], model_config) -> Optiona
 
 
 def clipping_method_for(model_config, dp, clipping_method: Optional[str], log) -> Optional[str]:
-  """`clipping_method`, or "vmap" for a DP run of a scanned or rematerialised network that names
-  none: ghost clipping records each layer's inputs and output gradients outside the layer, which
-  `scan_layers` and `remat_policy` keep inside it (refused when asked for by name)."""
-  inside = model_config.scan_layers or model_config.remat_policy != "none"
-  if dp is None or not inside:
+  """`clipping_method`, or "vmap" for a DP run of a rematerialised unrolled network that names none:
+  ghost clipping records each layer's inputs and output gradients outside the layer, which
+  `remat_policy` keeps inside it unless the layers are scanned (`scan_layers`, whose stacks hand
+  them out); refused when asked for by name."""
+  if dp is None or model_config.remat_policy == "none" or model_config.scan_layers:
     return clipping_method
   chosen = clipping_method or dp.method
   if chosen == dp_config.GHOST:
-    raise ConfigError(f"clipping_method='ghost' does not run inside scan_layers={model_config.scan_layers} / "
-                      f"remat_policy={model_config.remat_policy!r}; use clipping_method='vmap' with them")
+    raise ConfigError(f"clipping_method='ghost' does not run inside remat_policy={model_config.remat_policy!r} "
+                      "of an unrolled network; set T5Config.scan_layers=True with it, or clipping_method='vmap'")
   if chosen is None:
-    log("[train] scan_layers / remat_policy: the DP clipped sum is computed by 'vmap' (per-example "
-        "gradients); ghost clipping does not run inside them")
+    log(f"[train] remat_policy={model_config.remat_policy!r} without scan_layers: the DP clipped sum is computed "
+        "by 'vmap' (per-example gradients); ghost clipping runs inside remat with scan_layers=True")
     return "vmap"
   return clipping_method
 
