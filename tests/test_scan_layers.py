@@ -35,11 +35,15 @@ def _close(a, b, rtol=RTOL):
     np.testing.assert_allclose(np.asarray(x), y, rtol=rtol, atol=rtol * float(np.max(np.abs(y), initial=0.0)))
 
 
-@pytest.fixture(scope="module", params=["t5_1_1_tiny", "t5_1_0_tiny"])
-def config(request):
-  """v1.1 (gated GELU, untied) and v1.0 (ReLU, tied), 2 layers a stack, no dropout."""
-  return load_preset(request.param, dropout_rate=0.0, num_encoder_layers=2, num_decoder_layers=3, vocab_size=512,
+def _tiny(preset: str):
+  return load_preset(preset, dropout_rate=0.0, num_encoder_layers=2, num_decoder_layers=3, vocab_size=512,
                      d_model=64, num_heads=2, d_kv=16, d_ff=128)
+
+
+@pytest.fixture(scope="module")
+def config():
+  """T5 v1.1 (gated GELU, untied logits), 2 + 3 layers, no dropout."""
+  return _tiny("t5_1_1_tiny")
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +119,11 @@ def test_dp_vmap_norms_and_clipped_sums_are_the_unrolled_ones(config, params, ba
   _close(network.to_layout(t, False), total, rtol=1e-4)
 
 
-def test_per_layer_adafactor_takes_the_unrolled_steps(config, params):
-  inner = optimizers.adafactor(learning_rate=0.1)
+@pytest.mark.parametrize("batched", [False, True])
+def test_per_layer_adafactor_takes_the_unrolled_steps(config, params, batched):
+  """Each stacked leaf's layers updated as separate parameters (vmapped over the layer axis), also
+  with `batched_over_shapes`; the state is the unrolled state in the scanned layout."""
+  inner = optimizers.adafactor(learning_rate=0.1, batched_over_shapes=batched)
   grads = jax.tree.map(lambda p: jnp.sin(p * 3.0 + 1.0) * 0.01, params)
   state = inner.init(params)
   updates, state = inner.update(grads, state, params)
@@ -124,17 +131,20 @@ def test_per_layer_adafactor_takes_the_unrolled_steps(config, params):
   tx = optimizers.per_layer(inner)
   scanned = network.to_layout(params, True)
   s_state = tx.init(scanned)
-  # The state is the unrolled state in the scanned layout (what checkpoints convert between).
-  assert jax.tree.structure(s_state) == jax.tree.structure(network.to_layout(inner.init(params), True))
+  _close(network.to_layout(s_state, False), inner.init(params), rtol=0)
   s_grads = network.to_layout(grads, True)
-  s_updates, s_state = tx.update(s_grads, s_state, scanned)
-  s_updates, s_state = tx.update(s_grads, s_state, scanned)
+  s_updates, s_state = jax.jit(tx.update)(s_grads, s_state, scanned)
+  s_updates, s_state = jax.jit(tx.update)(s_grads, s_state, scanned)
+  assert jax.tree.structure(s_state) == jax.tree.structure(network.to_layout(state, True))
   _close(network.to_layout(s_updates, False), updates, rtol=1e-6)
   _close(network.to_layout(s_state, False), state, rtol=1e-6)
 
 
-def test_cached_decoding_of_the_scanned_network_matches(config, params):
-  params = jax.tree.map(lambda x: x * 2.0, params)  # a fresh network's greedy outputs are flat
+@pytest.mark.parametrize("preset", ["t5_1_1_tiny", "t5_1_0_tiny"])
+def test_cached_decoding_of_the_scanned_network_matches(preset):
+  """v1.1 and v1.0 (ReLU, tied embedding: the logits through `Embed.attend`)."""
+  config = _tiny(preset)
+  params = jax.tree.map(lambda x: x * 2.0, network.init_params(config, jax.random.PRNGKey(0)))  # not flat
   enc = np.random.default_rng(1).integers(2, 500, (2, INPUTS)).astype(np.int32)
   reference = EncoderDecoderModel(config)
   scanned = EncoderDecoderModel(config.replace(scan_layers=True, remat_policy="full"))

@@ -205,21 +205,118 @@ def same_shape_batched(inner: optax.GradientTransformation) -> optax.GradientTra
 
 
 def per_layer(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
-  """`inner` (Adafactor, or the DP noise transform) for a scanned network's parameters
-  (`T5Config.scan_layers`), as for the unrolled network's: each layer's slice of a stacked leaf is
-  its own parameter (Adafactor's update clipping and parameter-scale RMS are per layer, not over
-  the stack; the noise is drawn leaf by leaf of the unrolled tree), so a scanned run takes the
-  unrolled run's steps. The state is `inner`'s, in the scanned layout (`network.to_layout`: what a
-  checkpoint of either layout converts to). With `same_shape_batched` inside, the layers' slices
-  of one shape are again one batched update."""
+  """`inner` (a chain of per-parameter transforms: Adafactor) for a scanned network's parameters
+  (`T5Config.scan_layers`), as for the unrolled network's: each layer's slice of a stacked leaf
+  (`encoder/layers/...`) is its own parameter, so Adafactor's update clipping and parameter-scale
+  RMS are per layer, not over the stack, and a scanned run takes the unrolled run's steps. Each
+  stacked leaf is one update vmapped over its layer axis (the program does not grow with depth);
+  the other leaves go through `inner` together. The state is `inner`'s state of the unrolled
+  network in the scanned layout (`network.to_layout` converts it, as checkpoints of the other
+  layout are)."""
+
+  def stacked_leaves(tree) -> List[int]:
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [i for i, path in enumerate(paths) if any(getattr(k, "key", None) == network.STACK for k in path)]
+
+  def init(params):
+    leaves, treedef = jax.tree.flatten(params)
+    stacked = stacked_leaves(params)
+    state = inner.init(treedef.unflatten([x[0] if i in stacked else x for i, x in enumerate(leaves)]))
+    state_leaves, state_def = jax.tree.flatten(state)
+    runs = _slot_runs(inner, state, len(leaves))
+    for m in stacked:
+      one = jax.vmap(lambda p: [jax.tree.leaves(inner.init((p,)))[i] for i in _one_runs(inner, p)])(leaves[m])
+      for (start, _), entry in zip(runs, one):
+        state_leaves[start + m] = entry
+    return state_def.unflatten(state_leaves)
+
+  def update(updates, state, params=None, **extra):
+    if params is None:
+      raise ValueError("per_layer needs the parameters")
+    leaves, treedef = jax.tree.flatten(updates)
+    param_leaves = treedef.flatten_up_to(params)
+    state_leaves, state_def = jax.tree.flatten(state)
+    runs = _slot_runs(inner, state, len(leaves))
+    stacked = stacked_leaves(updates)
+    new_updates, new_state = list(leaves), list(state_leaves)
+    rest = [i for i in range(len(leaves)) if i not in stacked]
+    groups = [(rest, False)] + [([m], True) for m in stacked]
+    for members, vmapped in groups:
+      if not members:
+        continue
+      sub, axes = _member_state(state_leaves, runs, members, 0 if vmapped else None)
+      one_def = jax.tree.structure(jax.eval_shape(inner.init, tuple(param_leaves[m][0] if vmapped else param_leaves[m]
+                                                                      for m in members)))
+
+      def member_update(u, p, s, one_def=one_def):
+        out_u, out_s = inner.update(tuple(u), one_def.unflatten(s), tuple(p), **extra)
+        return list(out_u), jax.tree.leaves(out_s)
+
+      u_in, p_in = [leaves[m] for m in members], [param_leaves[m] for m in members]
+      if vmapped:
+        u_out, s_out = jax.vmap(member_update, in_axes=(0, 0, axes), out_axes=(0, axes))(u_in, p_in, sub)
+      else:
+        u_out, s_out = member_update(u_in, p_in, sub)
+      for m, u in zip(members, u_out):
+        new_updates[m] = u
+      _write_member_state(new_state, s_out, runs, members, shared=not vmapped or not rest)
+    return treedef.unflatten(new_updates), state_def.unflatten(new_state)
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _one_runs(inner: optax.GradientTransformation, param) -> List[int]:
+  """Positions of the per-parameter entries in the flat state of `inner` over `(param,)`."""
+  state = jax.eval_shape(inner.init, (param,))
+  return [start for start, _ in _slot_runs(inner, state, 1)]
+
+
+def _member_state(state_leaves, runs, members: List[int], axis) -> Tuple[List[Any], List[Any]]:
+  """The flat state of `inner` over the parameters `members` (its shared leaves, then each run's
+  entries of the members), and the vmap axes of its leaves (`axis` for the entries)."""
+  flat, axes, cut = [], [], 0
+  for start, end in runs:
+    flat += state_leaves[cut:start]
+    axes += [None] * (start - cut)
+    flat += [state_leaves[start + m] for m in members]
+    axes += [axis] * len(members)
+    cut = end
+  flat += state_leaves[cut:]
+  axes += [None] * (len(state_leaves) - cut)
+  return flat, axes
+
+
+def _write_member_state(new_state: List[Any], member_flat: List[Any], runs, members: List[int], shared: bool):
+  """Writes `_member_state`'s layout back into the full flat state (`shared`: its shared leaves too)."""
+  cut, out = 0, 0
+  for start, end in runs:
+    for j in range(cut, start):
+      if shared:
+        new_state[j] = member_flat[out]
+      out += 1
+    for m in members:
+      new_state[start + m] = member_flat[out]
+      out += 1
+    cut = end
+  for j in range(cut, len(new_state)):
+    if shared:
+      new_state[j] = member_flat[out]
+    out += 1
+
+
+def unrolled(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """`inner` run on the unrolled layout of a scanned network's tree (`network.to_layout`: slicing in,
+  stacking out), its state kept in the scanned layout: for a transform whose values depend on the
+  tree's leaves as such, as the DP noise does (each leaf's normals from its place in the tree), so
+  a scanned run draws the unrolled run's noise."""
 
   def init(params):
     return network.to_layout(inner.init(network.to_layout(params, False)), True)
 
   def update(updates, state, params=None, **extra):
-    unrolled = None if params is None else network.to_layout(params, False)
-    new_updates, new_state = inner.update(network.to_layout(updates, False), network.to_layout(state, False),
-                                          unrolled, **extra)
+    out = None if params is None else network.to_layout(params, False)
+    new_updates, new_state = inner.update(network.to_layout(updates, False), network.to_layout(state, False), out,
+                                          **extra)
     return network.to_layout(new_updates, True), network.to_layout(new_state, True)
 
   return optax.GradientTransformationExtraArgs(init, update)

@@ -130,8 +130,8 @@ class Trainer:
     self.model = models.EncoderDecoderModel(model_config, lora=lora)
     self.aggregator = aggregator
     self.noise = noise if noise is not None else noise_lib.transform_for(aggregator)
-    if model_config.scan_layers:  # (the noise and updates of the unrolled network: the same run)
-      self.noise = optimizers.per_layer(self.noise)
+    if model_config.scan_layers:  # the noise of the unrolled network, drawn leaf by leaf (the same run)
+      self.noise = optimizers.unrolled(self.noise)
     self.optimizer = optimizers.per_layer(optimizer) if model_config.scan_layers else optimizer
     self.mesh = mesh
     self.learning_rate_fn = learning_rate_fn
