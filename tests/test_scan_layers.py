@@ -7,16 +7,20 @@ sums, Adafactor's steps and cached decoding agree to float32 rounding; the layou
 bit-identical both ways; a tiny run trains scanned, checkpoints, is resumed unrolled from that
 checkpoint and ends where an unrolled run of the same steps ends.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from private_t5.dp import ghost
+from private_t5.dp import clipping, ghost
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.dp.privacy_params import NoisySum
 from private_t5.errors import ConfigError
-from private_t5.models import checkpoint_read, network
+from private_t5.models import hf_convert
+from private_t5.models import lora as lora_lib
+from private_t5.models import network
 from private_t5.models.config import REMAT_POLICIES, load_preset
 from private_t5.models.model import EncoderDecoderModel
 from private_t5.train import main as train_main
@@ -82,6 +86,9 @@ def test_layout_conversion_is_bit_identical_both_ways(config, params):
   # Fresh parameters of the scanned network are the unrolled network's, stacked.
   fresh = network.init_params(scanned_config, jax.random.PRNGKey(0))
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(scanned)))
+  # Imported or fine-tuning weights (unrolled) are accepted for a scanned network, and a scanned tree too.
+  hf_convert.check_param_shapes(params, scanned_config)
+  hf_convert.check_param_shapes(scanned, config)
   axes = network.param_logical_axes(scanned_config)
   assert axes["encoder"]["layers"]["attention"]["query"]["kernel"] == ("layers", "embed", "joined_kv")
   assert axes["encoder"]["relpos_bias"]["rel_embedding"] == ("heads", "relpos_buckets")
@@ -195,3 +202,47 @@ def test_bad_settings_and_ghost_inside_unrolled_remat_are_refused_in_one_line(co
   assert train_main.clipping_method_for(rematerialised, dp, None, said.append) == "vmap" and len(said) == 1
   assert train_main.clipping_method_for(rematerialised.replace(scan_layers=True), dp, None, said.append) is None
   assert train_main.clipping_method_for(rematerialised, None, None, said.append) is None and len(said) == 1
+
+
+def test_ghost_clipping_inside_the_scan_moves_the_sum_by_at_most_c_per_example(config, params, batch):
+  """The sensitivity property on the scanned, fully rematerialised network: removing any one
+  example (its weight zeroed) moves the noiseless clipped sum by at most C, tightly when clipped."""
+  clip = 1.0
+  aggregator = ghost.GhostDPAggregator(make_loss_fn(config.replace(scan_layers=True, remat_policy="full")),
+                                       NoisySum(clip, 1.0, float(BATCH)))
+  fn = jax.jit(lambda p, b: aggregator.clipped_sum(p, b)[0])
+  flat = lambda tree: np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+  largest, smallest = 0.0, np.inf
+  for factor in (1e-3, 1.0, 1e3):
+    scaled = network.to_layout(params, True)
+    scaled["decoder"]["decoder_norm"] = {"scale": scaled["decoder"]["decoder_norm"]["scale"] * factor}
+    full = flat(fn(scaled, batch))
+    for row in range(BATCH):
+      weights = batch["example_weight"].copy()
+      weights[row] = 0.0
+      change = np.linalg.norm(full - flat(fn(scaled, dict(batch, example_weight=weights))))
+      assert change <= clip * (1 + 1e-5), (factor, row, change)
+      largest, smallest = max(largest, change), min(smallest, change)
+  assert largest > 0.99 * clip and smallest < 0.9 * clip  # both sides of C were exercised
+
+
+def test_dp_lora_inside_the_scan_gives_the_unrolled_norms(config, params, batch):
+  """LoRA adapters of a scanned network (stacked like the layers): ghost and vmap norms of the
+  adapters' gradients, the base weights closed over, equal the unrolled network's."""
+  lora = lora_lib.LoraConfig(rank=2, alpha=4.0, targets=("query", "value", "wo"))
+  adapters = network.init_adapters(config, lora, jax.random.PRNGKey(5))
+  adapters = jax.tree.map(lambda a: a + 0.05, adapters)  # B is zero at init: give it a gradient path
+
+  def norms(cfg, base, adapters_):
+    loss = functools.partial(make_loss_fn(cfg, lora=lora), base=base)
+    out = []
+    for aggregator in (ghost.GhostDPAggregator(loss, NoisySum(1.0, 1.0, float(BATCH))),
+                       DPAggregator(loss, NoisySum(1.0, 1.0, float(BATCH)))):
+      _, metrics = jax.jit(aggregator.clipped_sum)(adapters_, batch)
+      out.append(float(metrics[clipping.METRIC_GRAD_NORM]))
+    return out
+
+  expected = norms(config, params, adapters)
+  got = norms(config.replace(scan_layers=True), network.to_layout(params, True), network.to_layout(adapters, True))
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  np.testing.assert_allclose(expected[0], expected[1], rtol=1e-5)

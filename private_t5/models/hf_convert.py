@@ -33,6 +33,7 @@ from safetensors import numpy as st_numpy
 
 from private_t5.errors import CheckpointError
 from private_t5.models.config import T5Config
+from private_t5.models import network
 from private_t5.models.network import param_shapes
 
 Params = Dict[str, Any]
@@ -240,11 +241,13 @@ def _check_unused(r: _Reader, config: T5Config) -> None:
 
 
 def check_param_shapes(params: Params, config: T5Config, source: str = "checkpoint") -> None:
-  """Raises CheckpointError unless `params` has exactly the tree and shapes of `config`."""
+  """Raises CheckpointError unless `params` has exactly the tree and shapes of `config`'s network,
+  in either layer layout (`T5Config.scan_layers`: compared unrolled, `network.to_layout`)."""
+  unrolled = config.replace(scan_layers=False)
   expected = {jax.tree_util.keystr(k): tuple(v.shape)
-              for k, v in jax.tree_util.tree_flatten_with_path(param_shapes(config))[0]}
+              for k, v in jax.tree_util.tree_flatten_with_path(param_shapes(unrolled))[0]}
   got = {jax.tree_util.keystr(k): tuple(np.shape(v))
-         for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+         for k, v in jax.tree_util.tree_flatten_with_path(network.to_layout(params, False))[0]}
   missing = sorted(set(expected) - set(got))
   extra = sorted(set(got) - set(expected))
   if missing or extra:
