@@ -246,8 +246,8 @@ def test_audit_canary_kind(tmp_path, shared_data):
       study.check_audit_canary_kind(kind)
   src = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   cfg = duplication.DuplicationConfig(max_documents=200)
-  record = study.prepare_data(src, str(tmp_path), cfg, audit_canaries=8, audit_canary_kind="rare_words")
+  record = study.prepare_data(src, str(tmp_path), cfg, audit_canaries=32, audit_canary_kind="rare_words")
   assert record["settings"]["audit_canary_kind"] == "rare_words"
   assert json.loads(open(record["audit_record"]).read())["canary_kind"] == "rare_words"
   with pytest.raises(ConfigError, match="other data settings"):
-    study.prepare_data(src, str(tmp_path), cfg, audit_canaries=8)
+    study.prepare_data(src, str(tmp_path), cfg, audit_canaries=32)

@@ -291,7 +291,8 @@ def to_layout(tree: Any, scanned: bool) -> Any:
   is; the conversion moves no value (stacking and slicing), so a round trip is bit-identical.
   Logical-axis tuples gain (lose) the leading `layers` axis."""
   if isinstance(tree, dict):
-    if ("layers_0" in tree and scanned) or (STACK in tree and not scanned and _is_stack(tree[STACK])):
+    # (`layers` is a stack's subtree, a dict of layer modules, never a leaf of that name.)
+    if ("layers_0" in tree and scanned) or (not scanned and isinstance(tree.get(STACK), dict)):
       return _stacked(tree) if scanned else _unstacked(tree)
     return {k: to_layout(v, scanned) for k, v in tree.items()}
   if isinstance(tree, (list, tuple)) and not _is_axes(tree):
@@ -302,11 +303,6 @@ def to_layout(tree: Any, scanned: bool) -> Any:
 
 def _is_axes(node) -> bool:
   return isinstance(node, tuple) and all(isinstance(a, (str, type(None))) for a in node) and len(node) > 0
-
-
-def _is_stack(node) -> bool:
-  """A scanned stack's subtree (dict of layer modules), not a leaf named `layers`."""
-  return isinstance(node, dict)
 
 
 def _stacked(stack_parent: dict) -> dict:

@@ -139,8 +139,9 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
 def _restore_in_layout(manager: checkpoints_lib.CheckpointManager, abstract_state, step: int, log):
   """`manager.restore(abstract_state, step)`; a checkpoint of the other parameter layout (a run
   resumed with another `T5Config.scan_layers`) is read in its own layout and converted."""
-  wanted = network.is_scanned(abstract_state.params)
-  stored = manager.params_scanned(step)
+  params = getattr(abstract_state, "params", None)  # (a train state; other trees are read as they are)
+  wanted = params is not None and network.is_scanned(params)
+  stored = None if params is None else manager.params_scanned(step)
   if stored is None or stored == wanted:
     return manager.restore(abstract_state, step)
   state, saved = manager.restore(_in_layout(abstract_state, stored), step)
