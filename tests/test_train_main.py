@@ -462,7 +462,7 @@ def test_a_run_resumes_with_another_attention_and_layer_layout(corpus_and_vocab,
   train_stage.run_from_args(_args(model_dir, corpus, vocab, 1, no_dropout))
   capsys.readouterr()
   summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, no_dropout, "--gin.T5Config.attention='xla'",
-                                            "--gin.T5Config.scan_layers=True", "--gin.T5Config.remat_policy='full'"))
+                                            "--gin.SCAN_LAYERS=True", "--gin.REMAT_POLICY='full'"))
   assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
   said = capsys.readouterr().out
   assert "converted to the scanned layout" in said and "clipped sum by ghost" in said
