@@ -166,15 +166,7 @@ def same_shape_batched(inner: optax.GradientTransformation) -> optax.GradientTra
       one_def = jax.tree.structure(jax.eval_shape(inner.init, one))
       # The flat state of `inner` over the one-parameter tree `one`: each run becomes one leaf,
       # the group's entries stacked; the other leaves (step counts) are shared.
-      flat, axes, cut = [], [], 0
-      for start, end in runs:
-        flat += state_leaves[cut:start]
-        axes += [None] * (start - cut)
-        flat.append(jnp.stack([state_leaves[start + m] for m in members]))
-        axes.append(0)
-        cut = end
-      flat += state_leaves[cut:]
-      axes += [None] * (len(state_leaves) - cut)
+      flat, axes = _member_state(state_leaves, runs, members, 0, stacked=True)
       if one_def.num_leaves != len(flat):
         raise ValueError("same_shape_batched: the optimizer state is not one entry per parameter")
 
@@ -186,19 +178,8 @@ def same_shape_batched(inner: optax.GradientTransformation) -> optax.GradientTra
           jnp.stack([leaves[m] for m in members]), jnp.stack([param_leaves[m] for m in members]), flat)
       for pos, m in enumerate(members):
         new_updates[m] = u_g[pos]
-      # Write the group's new state back: shared leaves from the group's result, runs unstacked.
-      cut, out = 0, 0
-      for start, end in runs:
-        for j in range(cut, start):
-          new_state[j] = s_g[out]
-          out += 1
-        for pos, m in enumerate(members):
-          new_state[start + m] = s_g[out][pos]
-        out += 1
-        cut = end
-      for j in range(cut, len(state_leaves)):
-        new_state[j] = s_g[out]
-        out += 1
+      # The group's new state back: shared leaves from the group's result, runs unstacked.
+      _write_member_state(new_state, s_g, runs, members, shared=True, stacked=True)
     return treedef.unflatten(new_updates), state_def.unflatten(new_state)
 
   return optax.GradientTransformation(inner.init, update)
@@ -271,32 +252,38 @@ def _one_runs(inner: optax.GradientTransformation, param) -> List[int]:
   return [start for start, _ in _slot_runs(inner, state, 1)]
 
 
-def _member_state(state_leaves, runs, members: List[int], axis) -> Tuple[List[Any], List[Any]]:
+def _member_state(state_leaves, runs, members: List[int], axis, stacked: bool = False
+                  ) -> Tuple[List[Any], List[Any]]:
   """The flat state of `inner` over the parameters `members` (its shared leaves, then each run's
-  entries of the members), and the vmap axes of its leaves (`axis` for the entries)."""
+  entries of the members; `stacked`: the entries of a run stacked into one leaf, as for one
+  parameter), and the vmap axes of its leaves (`axis` for the entries)."""
   flat, axes, cut = [], [], 0
   for start, end in runs:
     flat += state_leaves[cut:start]
     axes += [None] * (start - cut)
-    flat += [state_leaves[start + m] for m in members]
-    axes += [axis] * len(members)
+    entries = [state_leaves[start + m] for m in members]
+    added = [jnp.stack(entries)] if stacked else entries
+    flat += added
+    axes += [axis] * len(added)
     cut = end
   flat += state_leaves[cut:]
   axes += [None] * (len(state_leaves) - cut)
   return flat, axes
 
 
-def _write_member_state(new_state: List[Any], member_flat: List[Any], runs, members: List[int], shared: bool):
-  """Writes `_member_state`'s layout back into the full flat state (`shared`: its shared leaves too)."""
+def _write_member_state(new_state: List[Any], member_flat: List[Any], runs, members: List[int], shared: bool,
+                        stacked: bool = False):
+  """Writes `_member_state`'s layout back into the full flat state (`shared`: its shared leaves too;
+  `stacked`: each run one stacked leaf)."""
   cut, out = 0, 0
   for start, end in runs:
     for j in range(cut, start):
       if shared:
         new_state[j] = member_flat[out]
       out += 1
-    for m in members:
-      new_state[start + m] = member_flat[out]
-      out += 1
+    for pos, m in enumerate(members):
+      new_state[start + m] = member_flat[out][pos] if stacked else member_flat[out + pos]
+    out += 1 if stacked else len(members)
     cut = end
   for j in range(cut, len(new_state)):
     if shared:
