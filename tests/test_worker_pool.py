@@ -82,12 +82,12 @@ def test_steps_are_the_same_for_any_number_of_worker_processes(host_builder):
 
 
 def test_a_held_step_is_never_written_over_and_a_released_file_is_written_again(host_builder, monkeypatch):
-  files = []  # the shared-memory file (inode) each step came in
+  files = []  # the shared-memory file (the parent's mapping of it) each step came in
   unpack = worker_pool._unpack
 
-  def recording_unpack(fd, *args, **kwargs):
-    files.append(os.fstat(fd).st_ino)
-    return unpack(fd, *args, **kwargs)
+  def recording_unpack(block, *args, **kwargs):
+    files.append(id(block))
+    return unpack(block, *args, **kwargs)
 
   monkeypatch.setattr(worker_pool, "_unpack", recording_unpack)
   steps = list(range(12))

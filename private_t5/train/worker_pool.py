@@ -4,12 +4,13 @@
 interpreter that imports only this module, NumPy and what `build` pickles to, never JAX or
 TensorFlow) and gives each a copy of `build`, a `train.step_rows.HostStepBuilder`. `submit(step,
 seed)` sends the step over its own pipe to the worker with the fewest steps waiting; the worker
-builds the step's `HostStep` whole, writes its arrays into one of its anonymous shared-memory files
-(`memfd_create`; an unlinked temporary file elsewhere) and passes the file's descriptor back;
-`result(step)` maps it (copy-on-write) and the arrays read it in place. When the last of them is
-gone, the parent tells the worker, which writes a later step into the same file (a fresh file's
-first touch costs a fifth of a step's build). The memory has no name: it goes with the worker and
-the last array that reads it, and nothing is left in /dev/shm whoever is killed. A step is built
+builds the step's `HostStep` whole and writes its arrays into one of its anonymous shared-memory
+files (`memfd_create`; an unlinked temporary file elsewhere); a new file's descriptor is passed back
+once, and the parent keeps its mapping of the file for as long as the worker keeps the file, so a
+step costs the parent one small message and no mapping or page fault. `result(step)` gives arrays
+that read the file in place. When the last of them is gone, the parent tells the worker, which
+writes a later step into the same file (a fresh file's first touch costs a fifth of a step's
+build). The memory has no name: it goes with the worker and the last array that reads it, and nothing is left in /dev/shm whoever is killed. A step is built
 by one worker from (step, seed) alone, so the batch of step t does not depend on the number of
 workers, the order they finish in or a restart (seqio, grain and PyTorch's DataLoader feed from
 worker processes in the same way; here the unit of work is a step, not a record, because the
@@ -36,7 +37,7 @@ import tempfile
 import threading
 import time
 import weakref
-from multiprocessing import connection, reduction
+from multiprocessing import reduction
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -104,10 +105,13 @@ class _Buffers:
     self._free: Dict[int, tuple] = {}  # id -> (fd, mapping, size)
     self._held: Dict[int, tuple] = {}
     self._next = 0
+    self.dropped: List[int] = []
 
   def take(self, size: int):
-    """(id, fd, mapping) of a file of at least `size` bytes, free to write."""
+    """(id, fd or None, mapping) of a file of at least `size` bytes, free to write; the descriptor
+    only for a new file (the parent keeps its mapping of a file it has seen)."""
     fitting = [key for key, (_, _, have) in self._free.items() if have >= size]
+    fd = None
     if fitting:
       key = min(fitting, key=lambda k: self._free[k][2])
       entry = self._free.pop(key)
@@ -117,7 +121,7 @@ class _Buffers:
       entry, key = (fd, mmap.mmap(fd, size), size), self._next
       self._next += 1
     self._held[key] = entry
-    return key, entry[0], entry[1]
+    return key, fd, entry[1]
 
   def release(self, key: int) -> None:
     entry = self._held.pop(key, None)
@@ -125,9 +129,16 @@ class _Buffers:
       return
     self._free[key] = entry
     while len(self._free) > _KEEP_FREE:
-      fd, mapping, _ = self._free.pop(min(self._free))
+      dropped = min(self._free)
+      fd, mapping, _ = self._free.pop(dropped)
       mapping.close()
       os.close(fd)
+      self.dropped.append(dropped)
+
+  def take_dropped(self) -> List[int]:
+    """The ids of the files closed since the last call (the parent forgets its mappings of them)."""
+    dropped, self.dropped = self.dropped, []
+    return dropped
 
 
 def _pack(host_step: HostStep, buffers: _Buffers):
@@ -152,22 +163,18 @@ def _pack(host_step: HostStep, buffers: _Buffers):
   return key, fd, layout, size, meta
 
 
-def _unpack(fd: Optional[int], layout: list, size: int, meta, on_release=None) -> HostStep:
-  """The HostStep whose arrays read the file of `fd` in place (a private copy-on-write mapping,
-  so writing to them changes nothing the worker sees); closes `fd`. `on_release()` is called
-  once the last of the arrays is gone (the file may be written again then)."""
-  mapped = None
-  if fd is not None:
-    try:
-      mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-    finally:
-      os.close(fd)
+def _unpack(block: Optional[mmap.mmap], layout: list, size: int, meta, on_release=None) -> HostStep:
+  """The HostStep whose arrays read `block` (the parent's mapping of a worker's file) in place.
+  `on_release()` is called once the last of the arrays is gone (the file may be written again then)."""
+  base = None
+  if block is not None:
+    base = np.frombuffer(block, np.uint8, size)  # this step's view: every array below is a view of it
     if on_release is not None:
-      weakref.finalize(mapped, on_release).atexit = False
+      weakref.finalize(base, on_release).atexit = False
   chunks: List[Dict[str, np.ndarray]] = []
   for entry in layout:
-    chunks.append({key: (np.frombuffer(mapped, dtype, int(np.prod(shape, dtype=np.int64)), start).reshape(shape)
-                         if mapped is not None else np.zeros(shape, dtype))
+    chunks.append({key: (base[start:start + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))]
+                         .view(dtype).reshape(shape) if base is not None else np.zeros(shape, dtype))
                    for key, dtype, shape, start in entry})
   step, num_sampled, rows, count, n_host = meta
   return HostStep(step, num_sampled, rows, count, chunks[:n_host], chunks[n_host] if len(chunks) > n_host else None)
@@ -198,8 +205,8 @@ def _worker_main(build, pipe, parent: int) -> None:
     except BaseException as e:  # pylint: disable=broad-except
       pipe.send(("error", step, f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__))
       continue
-    pipe.send(("ok", step, (key, layout, size, meta)))
-    if fd is not None:
+    pipe.send(("ok", step, (key, fd is not None, layout, size, meta, buffers.take_dropped())))
+    if fd is not None:  # a new file: its descriptor goes once, the parent maps it for good
       reduction.send_handle(pipe, fd, parent)
 
 
@@ -211,13 +218,14 @@ class WorkerPool:
       raise ValueError(f"workers must be >= 1, got {workers}")
     context = multiprocessing.get_context("spawn")
     self._done: Dict[int, tuple] = {}
-    self._submitted = set()
+    self._files: Dict[tuple, mmap.mmap] = {}  # (worker, file id) -> the parent's mapping of it
+    self._submitted: Dict[int, int] = {}  # step -> the worker building it, until `result` takes it
     self._lock = threading.Lock()  # the books
     self._receiving = threading.Lock()  # one reader of the pipes at a time
     self._closed = False
     self._pipes, self.processes, theirs = [], [], []
     self._sending = [threading.Lock() for _ in range(int(workers))]  # a pipe's writers
-    self._queued = [0] * int(workers)  # steps sent to each worker and not yet back
+    self._queued = [0] * int(workers)  # steps sent to each worker and not yet taken
     for k in range(int(workers)):
       ours, end = context.Pipe(duplex=True)
       self._pipes.append(ours)
@@ -251,30 +259,33 @@ class WorkerPool:
     with self._lock:
       if step in self._submitted or self._closed:
         return
-      self._submitted.add(step)
       worker = min(range(len(self._pipes)), key=self._queued.__getitem__)  # the least busy
+      self._submitted[step] = worker
       self._queued[worker] += 1
     self._send(worker, (int(step), int(seed)))
 
-  def _receive(self, waiting_for: int) -> None:
-    """Reads what the workers sent (waiting up to `_POLL_S`); a worker gone is a DataError."""
-    live = [pipe for pipe in self._pipes if not pipe.closed]
-    for pipe in connection.wait(live, timeout=_POLL_S):
-      worker = self._pipes.index(pipe)
-      try:
-        kind, step, payload = pipe.recv()
-        if kind == "ok":
-          key, layout, size, meta = payload
-          fd = reduction.recv_handle(pipe) if key is not None else None
-          payload = (fd, layout, size, meta, worker, key)
-      except (EOFError, OSError):
-        process = self.processes[worker]
-        process.join(1.0)
-        raise DataError(f"a data worker process ended (exit code {process.exitcode}) while the batch of step "
-                        f"{waiting_for} was being built") from None
-      with self._lock:
-        self._done[step] = (kind, payload)
-        self._queued[worker] -= 1
+  def _receive(self, worker: int, waiting_for: int) -> None:
+    """Reads one message of `worker`, the one building step `waiting_for` (waiting up to `_POLL_S`;
+    a worker answers its steps in order, so only its pipe is watched); a worker gone is a DataError."""
+    pipe = self._pipes[worker]
+    try:
+      if not pipe.poll(_POLL_S):
+        return
+      kind, step, payload = pipe.recv()
+      if kind == "ok":
+        key, new, layout, size, meta, dropped = payload
+        if new:
+          self._map(worker, key, reduction.recv_handle(pipe))
+        for gone in dropped:  # closed by the worker: mapped here until its last array is gone
+          self._files.pop((worker, gone), None)
+        payload = (None if key is None else self._files[(worker, key)], layout, size, meta, worker, key)
+    except (EOFError, OSError):
+      process = self.processes[worker]
+      process.join(1.0)
+      raise DataError(f"a data worker process ended (exit code {process.exitcode}) while the batch of step "
+                      f"{waiting_for} was being built") from None
+    with self._lock:
+      self._done[step] = (kind, payload)
 
   def result(self, step: int) -> HostStep:
     """The `HostStep` of a submitted step, waiting for it; raises as the module says."""
@@ -282,21 +293,32 @@ class WorkerPool:
       with self._lock:
         if step in self._done:
           kind, payload = self._done.pop(step)
-          self._submitted.discard(step)
+          worker = self._submitted.pop(step)
+          self._queued[worker] -= 1
           break
         if self._closed:
           raise DataError(f"the data workers were stopped before the batch of step {step} was built")
+        if step not in self._submitted:
+          raise ValueError(f"step {step} was not submitted")
+        worker = self._submitted[step]
       with self._receiving:
         with self._lock:
           if step in self._done:
             continue
-        self._receive(step)
+        self._receive(worker, step)
     if kind == "ok":
-      fd, layout, size, meta, worker, key = payload
-      return _unpack(fd, layout, size, meta, None if key is None else functools.partial(self._send, worker, key))
+      block, layout, size, meta, worker, key = payload
+      return _unpack(block, layout, size, meta, None if key is None else functools.partial(self._send, worker, key))
     if kind == "raise":
       raise payload
     raise DataError(f"building the batch of step {step} failed in a data worker process: {payload}")
+
+  def _map(self, worker: int, key: int, fd: int) -> None:
+    """Maps a worker's new file (shared, for as long as the worker keeps it) and closes `fd`."""
+    try:
+      self._files[(worker, key)] = mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+      os.close(fd)
 
   def _send(self, worker: int, message) -> None:
     """Sends worker `worker` a task, a released file's id (from whichever thread dropped the
@@ -330,10 +352,8 @@ class WorkerPool:
         process.kill()
         process.join(1.0)
     with self._lock:
-      for kind, payload in self._done.values():
-        if kind == "ok" and payload[0] is not None:
-          os.close(payload[0])
       self._done.clear()
+      self._files.clear()  # each mapping goes with the last array that reads it
     for pipe, sending in zip(self._pipes, self._sending):
       with sending:
         pipe.close()
