@@ -173,8 +173,7 @@ def _unpack(block: Optional[mmap.mmap], layout: list, size: int, meta, on_releas
       weakref.finalize(base, on_release).atexit = False
   chunks: List[Dict[str, np.ndarray]] = []
   for entry in layout:
-    chunks.append({key: (base[start:start + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))]
-                         .view(dtype).reshape(shape) if base is not None else np.zeros(shape, dtype))
+    chunks.append({key: np.ndarray(shape, dtype, base, start) if base is not None else np.zeros(shape, dtype)
                    for key, dtype, shape, start in entry})
   step, num_sampled, rows, count, n_host = meta
   return HostStep(step, num_sampled, rows, count, chunks[:n_host], chunks[n_host] if len(chunks) > n_host else None)
