@@ -25,6 +25,7 @@ it when its parent dies (`PR_SET_PDEATHSIG`) and watches its parent's pid otherw
 killed with SIGKILL leaves none behind. Workers ignore SIGINT: Ctrl-C reaches the parent's
 process group, and the parent's `close()` stops them.
 """
+import collections
 import ctypes
 import functools
 import mmap
@@ -179,6 +180,15 @@ def _unpack(block: Optional[mmap.mmap], layout: list, size: int, meta, on_releas
   return HostStep(step, num_sampled, rows, count, chunks[:n_host], chunks[n_host] if len(chunks) > n_host else None)
 
 
+def _drain(queue: collections.deque) -> List[int]:
+  out = []
+  while True:
+    try:
+      out.append(queue.popleft())
+    except IndexError:
+      return out
+
+
 def _worker_main(build, pipe, parent: int) -> None:
   """A worker: reads (step, seed) tasks and released file ids from its pipe until None or EOF."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -195,7 +205,9 @@ def _worker_main(build, pipe, parent: int) -> None:
     if isinstance(task, int):  # a file the parent has released
       buffers.release(task)
       continue
-    step, seed = task
+    step, seed, released = task  # a task carries the files released since the last one
+    for key in released:
+      buffers.release(key)
     try:
       key, fd, layout, size, meta = _pack(build(step, seed), buffers)
     except PrivateT5Error as e:
@@ -224,6 +236,7 @@ class WorkerPool:
     self._closed = False
     self._pipes, self.processes, theirs = [], [], []
     self._sending = [threading.Lock() for _ in range(int(workers))]  # a pipe's writers
+    self._released = [collections.deque() for _ in range(int(workers))]  # file ids not yet told
     self._queued = [0] * int(workers)  # steps sent to each worker and not yet taken
     for k in range(int(workers)):
       ours, end = context.Pipe(duplex=True)
@@ -261,7 +274,7 @@ class WorkerPool:
       worker = min(range(len(self._pipes)), key=self._queued.__getitem__)  # the least busy
       self._submitted[step] = worker
       self._queued[worker] += 1
-    self._send(worker, (int(step), int(seed)))
+    self._send(worker, (int(step), int(seed), _drain(self._released[worker])))
 
   def _receive(self, worker: int, waiting_for: int) -> None:
     """Reads one message of `worker`, the one building step `waiting_for` (waiting up to `_POLL_S`;
@@ -307,7 +320,7 @@ class WorkerPool:
         self._receive(worker, step)
     if kind == "ok":
       block, layout, size, meta, worker, key = payload
-      return _unpack(block, layout, size, meta, None if key is None else functools.partial(self._send, worker, key))
+      return _unpack(block, layout, size, meta, None if key is None else functools.partial(self._release, worker, key))
     if kind == "raise":
       raise payload
     raise DataError(f"building the batch of step {step} failed in a data worker process: {payload}")
@@ -318,6 +331,14 @@ class WorkerPool:
       self._files[(worker, key)] = mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
       os.close(fd)
+
+  def _release(self, worker: int, key: int) -> None:
+    """The last array reading a file is gone (from whichever thread dropped it): the id goes to the
+    worker with its next task, or at once when the worker would otherwise run out of files."""
+    self._released[worker].append(key)  # (a deque: no lock, a finalizer may run in any thread at any time)
+    if len(self._released[worker]) > _KEEP_FREE:
+      for one in _drain(self._released[worker]):
+        self._send(worker, one)
 
   def _send(self, worker: int, message) -> None:
     """Sends worker `worker` a task, a released file's id (from whichever thread dropped the
