@@ -62,7 +62,7 @@ def throughput(args, vocab_path: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, partitioning  # pylint: disable=g-import-not-at-top
+  from private_t5.train import host_microbatches, optimizers, partitioning  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   source = glue_tasks.GlueSource(args.task, "train", vocab_path, lengths)
@@ -90,10 +90,10 @@ def throughput(args, vocab_path: str) -> dict:
       micro = args.microbatch_size if args.microbatch_size and args.microbatch_size < args.batch_size else None
 
       def step(state, batch):
-        """One step: fused, or in microbatches through the trainer's accumulate loop."""
+        """One step: fused, or in microbatches through the host-dispatched accumulate loop."""
         if micro is None:
           return trainer.train_step(state, batch, *keys)
-        return trainer.train_step_microbatched(state, batch, micro, *keys)
+        return host_microbatches.train_step_microbatched(trainer, state, batch, micro, *keys)
 
       start = time.perf_counter()
       state, metrics = step(state, batches[0])

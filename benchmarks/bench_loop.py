@@ -31,6 +31,7 @@ import numpy as np
 
 from private_t5.data import source as source_lib
 from private_t5.stages import train as train_stage
+from private_t5.train import host_microbatches
 from private_t5.train import loop as loop_lib
 from private_t5.train import step_data
 from private_t5.train.trainer import Trainer
@@ -113,11 +114,11 @@ def loop_and_bare(train_args, steps: int, skip: int, bare_steps: int):
   if batches[0].count is not None:  # the same microbatches dispatched one by one from the host
     placed = [[trainer.place_batch(micro) for micro in data.host] for data in batches]
     for micro in placed[:2]:
-      state, _ = trainer.train_step_on_microbatches(state, micro, *keys)
+      state, _ = host_microbatches.train_step_on_microbatches(trainer, state, micro, *keys)
     jax.block_until_ready(state)
     t, c = time.perf_counter(), _cpu()
     for micro in placed:
-      state, metrics = trainer.train_step_on_microbatches(state, micro, *keys)
+      state, metrics = host_microbatches.train_step_on_microbatches(trainer, state, micro, *keys)
     jax.block_until_ready((state, metrics))
     host_s, host_cpu = (time.perf_counter() - t) / len(batches), (_cpu() - c) / len(batches)
   info = {"bare_host_dispatched_step_s": host_s, "bare_host_dispatched_cpu_s_per_step": host_cpu,

@@ -143,7 +143,7 @@ def _lowered(args, given):
   if args.program == "step":
     batch = benchmark_case.random_batch(config.vocab_size, args.batch, args.inputs, args.targets, 0)
     return trainer.lower_train_step(state, batch, key, key)
-  acc = jax.eval_shape(trainer._zero_sum_fn)  # pylint: disable=protected-access
+  acc = jax.eval_shape(trainer.aggregator.zero_sum, state.params)
   leaves = jax.tree.leaves(state.params)
   if args.variant == "input":
     noise = [jax.ShapeDtypeStruct(l.shape, jnp.float32) for l in leaves]

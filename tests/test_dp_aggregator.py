@@ -24,7 +24,7 @@ from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.errors import PrivacyError
 from private_t5.models import example_loss_fn, init_params, load_preset
 from private_t5.tokenizer.spm import train_from_sentences
-from private_t5.train.trainer import split_microbatches
+from private_t5.train.host_microbatches import split_microbatches
 
 VOCAB_PIECES = 256
 MODEL_VOCAB = 384  # 256 pieces + 100 sentinels, padded to a multiple of 128
@@ -166,7 +166,7 @@ def reference_clipped_sum(grads, weights, clip):
 
 def accumulate_microbatches(aggregator, params, batch, microbatch_size, dropout_rng):
   """The accumulator of `batch` run as microbatches of `microbatch_size` rows through
-  `zero_sum` / `accumulate`, as `Trainer.accumulate_microbatches` does."""
+  `zero_sum` / `accumulate`, as `train.host_microbatches.accumulate_microbatches` does."""
   accumulate = jax.jit(aggregator.accumulate)
   acc = aggregator.zero_sum(params)
   for micro in split_microbatches({k: np.asarray(v) for k, v in batch.items()}, microbatch_size):

@@ -17,7 +17,7 @@ from private_t5.dp.accounting import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
-from private_t5.train.trainer import split_microbatches
+from private_t5.train.host_microbatches import split_microbatches
 
 NORM_RTOL = 1e-4
 CLIP = 0.5  # well below the tiny models' gradient norms: every real example is clipped

@@ -20,7 +20,7 @@ from private_t5.dp.accounting import NoisySum
 from private_t5.dp.aggregator import MeanAggregator
 from private_t5.dp.mechanism import AGGREGATORS
 from private_t5.selective import adaptive
-from private_t5.train import optimizers, partitioning
+from private_t5.train import host_microbatches, optimizers, partitioning
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -110,8 +110,8 @@ def test_noise_is_drawn_once_per_step_on_every_path(monkeypatch):
     state, _ = trainer.train_step(state, batch, seeds.dropout_base_key, seeds.noise_base_key)
     assert len(calls) == 1  # traced once: one draw in the fused step
     calls.clear()
-    state, metrics = trainer.train_step_microbatched(state, batch, 2, seeds.dropout_base_key,
-                                                     seeds.noise_base_key)
+    state, metrics = host_microbatches.train_step_microbatched(trainer, state, batch, 2, seeds.dropout_base_key,
+                                                               seeds.noise_base_key)
     assert len(calls) == 1  # two microbatches accumulated, one draw in the finalize step
   assert float(metrics[adaptive.METRIC_PRIVACY_WEIGHT]) == pytest.approx(0.5)
 

@@ -26,7 +26,7 @@ from private_t5.dp.aggregator import DPAggregator
 from private_t5.models import checkpoints
 from private_t5.models import lora as lora_lib
 from private_t5.stages import train as train_stage
-from private_t5.train import optimizers, partitioning
+from private_t5.train import host_microbatches, optimizers, partitioning
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -119,7 +119,7 @@ def test_state_is_made_once_threaded_through_every_step_and_checkpointed(tmp_pat
   assert all(x.dtype == jnp.float32 and not np.any(np.asarray(x)) for x in jax.tree.leaves(previous))
   # A fused step, then a step in two microbatches: each continues the state with its own key.
   state, _ = trainer.train_step(state, _batch(seed=0), *_keys())
-  state, _ = trainer.train_step_microbatched(state, _batch(seed=1), 4, *_keys())
+  state, _ = host_microbatches.train_step_microbatched(trainer, state, _batch(seed=1), 4, *_keys())
   assert int(state.noise_state["steps"]) == 2
   expected = _expected_noise(state.params, 2)
   for got, want in zip(jax.tree.leaves(state.noise_state["previous"]), jax.tree.leaves(expected)):
@@ -235,7 +235,7 @@ def test_lora_noise_state_covers_the_adapters_only():
   base = models.init_params(CONFIG, jax.random.PRNGKey(1))
   trainer = _trainer(noise=history_noise(), lora=lora, base_params=base)
   state = trainer.init_state(SEEDS.init_key)
-  state, _ = trainer.train_step_microbatched(state, _batch(), 4, *_keys())
+  state, _ = host_microbatches.train_step_microbatched(trainer, state, _batch(), 4, *_keys())
   previous = state.noise_state["previous"]
   assert jax.tree.structure(previous) == jax.tree.structure(state.params)
   assert sum(x.size for x in jax.tree.leaves(previous)) == trainer.num_trainable_params()

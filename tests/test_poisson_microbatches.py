@@ -17,6 +17,8 @@ from private_t5.dp.mechanism import AGGREGATORS
 from private_t5.dp.aggregator import MeanAggregator
 from private_t5.dp import noise as noise_lib
 from private_t5.train import optimizers, partitioning
+from private_t5.train.host_microbatches import (accumulate_microbatches, split_microbatches,
+                                               train_step_microbatched, train_step_on_microbatches)
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -73,8 +75,8 @@ def test_step_does_not_depend_on_microbatch_size(trainer, seeds):
   results = {}
   for m in (2, 8):  # 3 microbatches (the last one part padding) against one
     state = trainer.init_state(seeds.init_key)
-    state, metrics = trainer.train_step_microbatched(state, _batch(examples, sample, _padded(5, m)), m,
-                                                     seeds.dropout_base_key, seeds.noise_base_key)
+    state, metrics = train_step_microbatched(trainer, state, _batch(examples, sample, _padded(5, m)), m,
+                                             seeds.dropout_base_key, seeds.noise_base_key)
     assert int(state.step) == 1 and float(metrics["nondp/batch_size"]) == 5.0
     results[m] = (_flat(state.params), {k: float(v) for k, v in jax.device_get(metrics).items()})
   # The fixed-batch step on the same 5 rows padded to 8 is the same computation.
@@ -93,18 +95,18 @@ def test_accumulated_sum_does_not_depend_on_m_and_noise_is_added_once(trainer, s
   examples = _examples()
   state = trainer.init_state(seeds.init_key)
   sample = list(range(7))
-  sums = {m: trainer.accumulate_microbatches(state.params, _batch(examples, sample, _padded(7, m)), m,
-                                             seeds.dropout_base_key, state.step) for m in (2, 3, 7)}
+  sums = {m: accumulate_microbatches(trainer, state.params, _batch(examples, sample, _padded(7, m)), m,
+                                     seeds.dropout_base_key, state.step) for m in (2, 3, 7)}
   for m in (2, 3):
     np.testing.assert_allclose(_flat(sums[m][0]), _flat(sums[7][0]), rtol=1e-5, atol=1e-7)
   # An empty sample: no microbatch runs; the step still adds the noise (once) and updates.
-  empty = trainer.accumulate_microbatches(state.params, _batch(examples, [], 0), 2, seeds.dropout_base_key,
-                                          state.step)
+  empty = accumulate_microbatches(trainer, state.params, _batch(examples, [], 0), 2, seeds.dropout_base_key,
+                                  state.step)
   assert not np.any(_flat(empty[0]))
   grads_std = []
   for m in (2, 7):  # the finalized (noisy) step differs from the noiseless sum by sigma C noise once
-    acc = trainer.accumulate_microbatches(state.params, _batch(examples, sample, _padded(7, m)), m,
-                                          seeds.dropout_base_key, state.step)
+    acc = accumulate_microbatches(trainer, state.params, _batch(examples, sample, _padded(7, m)), m,
+                                  seeds.dropout_base_key, state.step)
     noise_rng = jax.random.fold_in(seeds.noise_base_key, 0)
     grads, _ = trainer.aggregator.finish(state.params, acc)
     grads = noise_lib.apply(trainer.noise, grads, {}, state.params, noise_rng)
@@ -123,8 +125,8 @@ def test_adding_or_removing_one_example_moves_the_sum_by_at_most_c(trainer, seed
   grown = base + [8]  # one more example (the neighbour with n + 1)
 
   def clipped_sum(indices):
-    acc = trainer.accumulate_microbatches(state.params, _batch(examples, indices, _padded(len(indices), m)), m,
-                                          seeds.dropout_base_key, state.step)
+    acc = accumulate_microbatches(trainer, state.params, _batch(examples, indices, _padded(len(indices), m)), m,
+                                  seeds.dropout_base_key, state.step)
     return _flat(acc[0])
 
   moved = np.linalg.norm(clipped_sum(grown) - clipped_sum(base))
@@ -143,8 +145,8 @@ def test_a_non_private_fixed_batch_in_microbatches_equals_the_fused_step(seeds):
   fused, fused_metrics = trainer.train_step(state, batch, seeds.dropout_base_key, seeds.noise_base_key)
   for m in (2, 4):
     state = trainer.init_state(seeds.init_key)
-    micro, metrics = trainer.train_step_microbatched(state, batch, m, seeds.dropout_base_key,
-                                                     seeds.noise_base_key)
+    micro, metrics = train_step_microbatched(trainer, state, batch, m, seeds.dropout_base_key,
+                                             seeds.noise_base_key)
     np.testing.assert_allclose(_flat(micro.params), _flat(fused.params), rtol=1e-5, atol=1e-7, err_msg=str(m))
     for name in ("nondp/loss", "nondp/batch_size"):
       assert float(metrics[name]) == pytest.approx(float(fused_metrics[name]), rel=1e-5), (m, name)
@@ -178,8 +180,8 @@ def test_microbatched_step_equals_the_spread_whole_batch_step(seeds):
   source = _ExamplesSource(_examples())
   sample = np.array([8, 0, 5, 3, 2, 6], np.int64)  # 6 rows: 2 microbatches of 4, or spread over 4 x 4
   state = trainer.init_state(seeds.init_key)
-  micro, micro_metrics = trainer.train_step_microbatched(state, source.get_batch(sample, 0, 8), 4,
-                                                         seeds.dropout_base_key, seeds.noise_base_key)
+  micro, micro_metrics = train_step_microbatched(trainer, state, source.get_batch(sample, 0, 8), 4,
+                                                 seeds.dropout_base_key, seeds.noise_base_key)
   state = trainer.init_state(seeds.init_key)
   spread = loop.local_batch(source, sample, 0, 16, 4, range(16))
   assert spread["example_index"].tolist()[:4] == [8, 2, -1, -1]  # not the sample's order
@@ -190,7 +192,8 @@ def test_microbatched_step_equals_the_spread_whole_batch_step(seeds):
 
 
 def test_every_donated_buffer_is_used(seeds):
-  """The compiled steps donate only buffers an output can reuse: compiling them warns of none."""
+  """The compiled steps donate only buffers an output can reuse: compiling them warns of none.
+  (The host-dispatched step runs through `Trainer.train_step_microbatched`, its deprecated alias.)"""
   import warnings  # pylint: disable=g-import-not-at-top
   aggregator = AGGREGATORS["vmap"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED))
   mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
@@ -204,12 +207,12 @@ def test_every_donated_buffer_is_used(seeds):
     state, _ = trainer.train_step(state, _batch(examples, [3, 4], 4), seeds.dropout_base_key, seeds.noise_base_key)
     jax.block_until_ready(state)
   assert not [str(w.message) for w in caught if "donated" in str(w.message)]
+  assert [w for w in caught if issubclass(w.category, DeprecationWarning) and "host_microbatches" in str(w.message)]
 
 
 def _stacked_step(trainer, state, batch, m, seeds, bucket=None):
   """`Trainer.train_step_stacked` on `batch`'s microbatches of m rows (one padding microbatch
   and count 0 for an empty batch)."""
-  from private_t5.train.trainer import split_microbatches  # pylint: disable=g-import-not-at-top
   micro = split_microbatches(batch, m)
   stack = micro or split_microbatches(_batch(_examples(), [], m), m)
   placed = trainer.place_stacked(stack, bucket)
@@ -237,12 +240,12 @@ def test_one_dispatch_step_equals_the_host_dispatched_microbatches(trainer, seed
   bit for bit on this backend (the same order of summation)."""
   m = 2
   batch = _batch(_examples(), sample, _padded(len(sample), m))
-  host = trainer.train_step_microbatched(trainer.init_state(seeds.init_key), batch, m, seeds.dropout_base_key,
-                                         seeds.noise_base_key)
+  host = train_step_microbatched(trainer, trainer.init_state(seeds.init_key), batch, m, seeds.dropout_base_key,
+                                 seeds.noise_base_key)
   one = _stacked_step(trainer, trainer.init_state(seeds.init_key), batch, m, seeds, bucket)
   _same_step(one, host, exact=jax.default_backend() == "cpu")
   # A second step from there: the keys follow the state's step.
-  host2 = trainer.train_step_microbatched(host[0], batch, m, seeds.dropout_base_key, seeds.noise_base_key)
+  host2 = train_step_microbatched(trainer, host[0], batch, m, seeds.dropout_base_key, seeds.noise_base_key)
   one2 = _stacked_step(trainer, one[0], batch, m, seeds, bucket)
   _same_step(one2, host2, exact=jax.default_backend() == "cpu")
 
@@ -256,8 +259,8 @@ def test_one_dispatch_non_private_and_spread_steps_equal_the_host_dispatched_one
                  optimizers.adafactor(optimizers.constant_schedule(0.01)),
                  partitioning.create_mesh((1, 1), devices=jax.devices()[:1]))
   batch = _batch(_examples(), [1, 4, 0, 7, 2, 6], 8)
-  host = mean.train_step_microbatched(mean.init_state(seeds.init_key), batch, 4, seeds.dropout_base_key,
-                                      seeds.noise_base_key)
+  host = train_step_microbatched(mean, mean.init_state(seeds.init_key), batch, 4, seeds.dropout_base_key,
+                                 seeds.noise_base_key)
   _same_step(_stacked_step(mean, mean.init_state(seeds.init_key), batch, 4, seeds, 4), host, exact=False)
 
   aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
@@ -267,8 +270,8 @@ def test_one_dispatch_non_private_and_spread_steps_equal_the_host_dispatched_one
   source = _ExamplesSource(_examples())
   sample = np.array([8, 0, 5, 3, 2, 6, 1, 4, 7], np.int64)  # 9 rows: 3 microbatches of 4 rows (1 per device)
   micro = [loop.local_batch(source, sample[s:s + 4], 0, 4, 4, range(4), row_offset=s) for s in range(0, 12, 4)]
-  host = spread.train_step_on_microbatches(spread.init_state(seeds.init_key), micro, seeds.dropout_base_key,
-                                           seeds.noise_base_key)
+  host = train_step_on_microbatches(spread, spread.init_state(seeds.init_key), micro, seeds.dropout_base_key,
+                                    seeds.noise_base_key)
   one = spread.train_step_stacked(spread.init_state(seeds.init_key), spread.place_stacked(micro, 4), 3,
                                   seeds.dropout_base_key, seeds.noise_base_key)
   _same_step(one, host, exact=False)

@@ -95,7 +95,7 @@ class MeanAggregator:
     grad_sum, loss_sum, weight_sum = self.weighted_sum(params, batch, dropout_rng)
     return self.finish(params, (grad_sum, {"loss_sum": loss_sum, "weight_sum": weight_sum}))
 
-  # -- a step's batch in several microbatches (`Trainer.train_step_microbatched`) ---------------
+  # -- a step's batch in several microbatches (`Trainer.train_step_stacked`) -------------------
 
   def zero_sum(self, params: PyTree) -> Accumulator:
     """The accumulator before a step's first microbatch: float32 zeros and zero sums."""
@@ -203,7 +203,7 @@ class DPAggregator:
     grad_sum, metrics = self.clipped_sum(params, batch, dropout_rng)
     return self.finalize(params, grad_sum), metrics
 
-  # -- a step's sample in several microbatches (`Trainer.train_step_microbatched`) -------------
+  # -- a step's sample in several microbatches (`Trainer.train_step_stacked`) -----------------
 
   def zero_sum(self, params: PyTree) -> Accumulator:
     """The accumulator before a step's first microbatch: float32 zeros shaped like `params`

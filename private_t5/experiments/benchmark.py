@@ -147,7 +147,7 @@ def benchmark(*, presets: Sequence[str], shapes: Sequence[Sequence[int]], output
     dropout_rate: overrides the preset's dropout (None keeps it).
     microbatch_size: examples per accumulation step of every method (None: the whole batch
       in one fused step); it must divide every batch size measured. A microbatched step runs
-      through the trainer's accumulate loop; memory and flops are those of one microbatch's
+      through the host-dispatched accumulate loop; memory and flops are those of one microbatch's
       compiled call, and the max-batch search then finds the largest microbatch that fits.
     memory_budget_gb: when set, also searches the largest batch whose compiled peak memory
       fits this budget (compilations only).

@@ -27,11 +27,11 @@ rows. The training loop runs them in ONE compiled call, `train_step_stacked` (as
 `accumulate_grads_microbatched`): the microbatches stacked on a leading axis padded to a bucket
 of K >= k (`microbatch_bucket`: a power of two, so a run compiles a few shapes), a device loop
 over the first k of them (the padding microbatches are never computed), then finish, the noise
-once with the step's key, Adafactor. `train_step_microbatched` / `train_step_on_microbatches` run
-the same functions as k host-dispatched calls of a compiled accumulate step and one finalize
-call: the reference the one-dispatch step is tested against (same order of summation), and what
-the benchmarks time microbatch by microbatch. Without microbatching, `train_step` is one fused
-compiled call of the same functions.
+once with the step's key, Adafactor. `train.host_microbatches` runs the same functions as k
+host-dispatched calls of a compiled accumulate step and one finalize call: the reference the
+one-dispatch step is tested against (same order of summation), and what the benchmarks time
+microbatch by microbatch. Without microbatching, `train_step` is one fused compiled call of the
+same functions.
 
 LoRA (`models.lora`): with `lora` set the state's params are the adapters only (what the
 optimizer updates, the clipped sum clips, the noise and its state cover, and checkpoints
@@ -45,7 +45,8 @@ derived inside the compiled step, so a resumed run continues the key sequence.
 import contextlib
 import copy
 import functools
-from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+import warnings
+from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -53,12 +54,11 @@ import numpy as np
 import optax
 
 from private_t5 import models, tree_groups
-from private_t5.dp import clipping
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import ConfigError
 from private_t5.models import lora as lora_lib
 from private_t5.models import network
-from private_t5.train import optimizers, partitioning
+from private_t5.train import host_microbatches, optimizers, partitioning
 from private_t5.train.state import TrainState, step_keys
 
 PyTree = Any
@@ -171,21 +171,6 @@ class Trainer:
         in_shardings=(self.state_shardings, base, self._batch_sharding, self._replicated, self._replicated),
         out_shardings=(self.state_shardings, self._replicated),
         donate_argnums=(0,))
-    # A step in microbatches: accumulate them, then (noise and) update once.
-    self._zero_sum = jax.jit(self._zero_sum_fn, out_shardings=(self.param_shardings, self._replicated))
-    self._accumulate = jax.jit(
-        self._accumulate_fn,
-        in_shardings=(self.param_shardings, base, (self.param_shardings, self._replicated), self._batch_sharding,
-                      self._replicated, self._replicated),
-        out_shardings=(self.param_shardings, self._replicated),
-        donate_argnums=(2,))
-    # Only the state is donated: the outputs of the accumulator's shapes already reuse the donated
-    # state's buffers, so none is left for the accumulator's (JAX would warn they were not usable).
-    self._finalize = jax.jit(
-        self._apply_fn,
-        in_shardings=(self.state_shardings, base, (self.param_shardings, self._replicated), self._replicated),
-        out_shardings=(self.state_shardings, self._replicated),
-        donate_argnums=(0,))
     # A step's microbatches in one program: stacked [K, m, ...], a device loop over the first `count`.
     self._stacked_sharding = partitioning.stacked_batch_sharding(mesh)
     self._train_step_stacked = jax.jit(
@@ -236,7 +221,7 @@ class Trainer:
 
   def _stacked_step_fn(self, state: TrainState, base, stacked, count, dropout_base_key, noise_base_key):
     """The step of `count` microbatches stacked in `stacked` ([K, m, ...], K >= count): each
-    accumulated in turn as `_accumulate_fn` does (same order of summation), then `_apply_fn`."""
+    accumulated in turn (the order of summation of `train.host_microbatches`), then `_apply_fn`."""
     dropout_rng = self._dropout(jax.random.fold_in(dropout_base_key, state.step))  # = step_keys(...)[0]
     clipped_sum = self._bound(base)
 
@@ -253,15 +238,6 @@ class Trainer:
     carry = jax.lax.fori_loop(0, count, body, (tree_groups.stacked(zero[0]), zero[1]))
     acc = tree_groups.unstacked(carry[0], zero[0]), carry[1]
     return self._apply_fn(state, base, acc, noise_base_key)
-
-  def _zero_sum_fn(self):
-    return self.aggregator.zero_sum(self._abstract.params)
-
-  def _accumulate_fn(self, params, base, acc, micro, dropout_base_key, step):
-    """acc + the (clipped) sum of one microbatch (its `ROW_ID` column: the rows' positions in
-    the step's sample)."""
-    dropout_rng = jax.random.fold_in(dropout_base_key, step)  # = step_keys(...)[0]
-    return self._bound(base).accumulate(params, acc, micro, self._dropout(dropout_rng))
 
   def _apply_fn(self, state: TrainState, base, acc, noise_base_key):
     """finish, noise (once, with the step's key), Adafactor."""
@@ -364,50 +340,21 @@ class Trainer:
                          noise_base_key: jax.Array) -> Tuple[TrainState, Dict[str, jax.Array]]:
     """One optimizer step, one dispatch: the first `count` microbatches of `stacked` (from
     `place_stacked`) accumulated inside the compiled step, then (for DP) the noise added once
-    and the update applied; equal to `train_step_on_microbatches` on them. `state` is donated."""
+    and the update applied; equal to `host_microbatches.train_step_on_microbatches` on them. `state` is
+    donated."""
     if isinstance(next(iter(stacked.values())), np.ndarray):
       raise ValueError("train_step_stacked takes placed microbatches (Trainer.place_stacked)")
     with self._mesh_context():
       return self._train_step_stacked(state, self._base, stacked, np.int32(count), dropout_base_key,
                                       noise_base_key)
 
-  def train_step_microbatched(self, state: TrainState, batch: Dict[str, np.ndarray], microbatch_size: int,
-                              dropout_base_key: jax.Array, noise_base_key: jax.Array
-                              ) -> Tuple[TrainState, Dict[str, jax.Array]]:
-    """One optimizer step on all of a step's rows: `batch` (host arrays, a multiple of
-    `microbatch_size` rows, possibly 0) runs as consecutive microbatches (`split_microbatches`)
-    through the compiled accumulate step, then (for DP) the noise is added once and the update
-    applied. `state` is donated."""
-    return self.train_step_on_microbatches(state, split_microbatches(batch, microbatch_size),
-                                           dropout_base_key, noise_base_key)
-
-  def train_step_on_microbatches(self, state: TrainState, microbatches: Iterable[Dict[str, np.ndarray]],
-                                 dropout_base_key: jax.Array, noise_base_key: jax.Array
-                                 ) -> Tuple[TrainState, Dict[str, jax.Array]]:
-    """One optimizer step on a step's microbatches (host arrays of one shape, each with its
-    `dp.clipping.ROW_ID` column; with several processes each process's own rows of every global
-    microbatch, `train.loop.local_batch`): accumulated one compiled call at a time, then (for DP)
-    the noise is added once and the update applied. `state` is donated."""
-    acc = self.accumulate(state.params, microbatches, dropout_base_key, state.step)
-    with self._mesh_context():
-      return self._finalize(state, self._base, acc, noise_base_key)
-
-  def accumulate(self, params: PyTree, microbatches: Iterable[Dict[str, np.ndarray]],
-                 dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    """(noiseless float32 (clipped) sum over every row of `microbatches`, its non-DP sums),
-    computed microbatch by microbatch; a row's dropout key is
-    `fold_in(fold_in(dropout_base_key, step), its ROW_ID)`, whatever the microbatch size."""
-    with self._mesh_context():
-      acc = self._zero_sum()
-      for micro in microbatches:
-        acc = self._accumulate(params, self._base, acc, self.place_batch(micro), dropout_base_key, step)
-      return acc
-
-  def accumulate_microbatches(self, params: PyTree, batch: Dict[str, np.ndarray], microbatch_size: int,
-                              dropout_base_key: jax.Array, step) -> Tuple[PyTree, Dict[str, jax.Array]]:
-    """`accumulate` over `split_microbatches(batch, microbatch_size)`: row r of `batch` is row r
-    of the step's sample."""
-    return self.accumulate(params, split_microbatches(batch, microbatch_size), dropout_base_key, step)
+  def train_step_microbatched(self, state: TrainState, batch, microbatch_size: int, dropout_base_key,
+                              noise_base_key) -> Tuple[TrainState, Dict[str, jax.Array]]:
+    """Deprecated: `train.host_microbatches.train_step_microbatched(trainer, ...)`."""
+    warnings.warn("Trainer.train_step_microbatched is deprecated: use "
+                  "private_t5.train.host_microbatches.train_step_microbatched(trainer, ...)", DeprecationWarning, 2)
+    return host_microbatches.train_step_microbatched(self, state, batch, microbatch_size, dropout_base_key,
+                                                     noise_base_key)
 
   def eval_batch(self, params: PyTree, batch) -> Dict[str, float]:
     """Teacher-forced sums over the real rows: loss, examples, correct and target tokens."""
@@ -485,15 +432,8 @@ def microbatch_bucket(count: int, base: int = 1) -> int:
   return base
 
 
-def split_microbatches(batch: Dict[str, np.ndarray], microbatch_size: int) -> List[Dict[str, np.ndarray]]:
-  """The consecutive microbatches of `microbatch_size` rows of a whole host batch (a multiple of
-  it, possibly 0 rows); each carries its rows' positions in `batch` as `dp.clipping.ROW_ID`."""
-  rows = len(batch["example_weight"])
-  if rows % microbatch_size:
-    raise ValueError(f"a batch of {rows} rows is not a multiple of microbatch_size={microbatch_size}")
-  return [dict({k: v[start:start + microbatch_size] for k, v in batch.items()},
-               **{clipping.ROW_ID: np.arange(start, start + microbatch_size, dtype=np.int32)})
-          for start in range(0, rows, microbatch_size)]
+# Its former address (`train.host_microbatches` holds the host-dispatched microbatch path).
+split_microbatches = host_microbatches.split_microbatches
 
 
 def summarize_eval(sums: Dict[str, float]) -> Dict[str, float]:
