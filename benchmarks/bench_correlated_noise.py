@@ -77,9 +77,10 @@ def _noise_state_ratio(dp, model_config, num_examples, batch_size, steps):
   """Bytes of the noise transform's state ÷ bytes of the parameters (shapes only, nothing run)."""
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as mechanism_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config  # pylint: disable=g-import-not-at-top
   from private_t5.models import network  # pylint: disable=g-import-not-at-top
   params = network.param_shapes(model_config)
-  mech = mechanism_lib.build_mechanism(dp, mechanism_lib.ExecutionSettings(), loss_fn=lambda *a, **k: 0.0,
+  mech = mechanism_lib.build_mechanism(dp, config.ExecutionSettings(), loss_fn=lambda *a, **k: 0.0,
                                        num_examples=num_examples, privacy_unit="document", batch_size=batch_size,
                                        train_steps=steps, sampler_seed=0, log=lambda *_: None)
   state = jax.eval_shape(mech.noise.init, params)
@@ -175,8 +176,9 @@ class _Setup:
 
   def dp_config(self, spec: str, epsilon: float):
     from private_t5.dp import mechanism as mechanism_lib  # pylint: disable=g-import-not-at-top
+    from private_t5.dp import config  # pylint: disable=g-import-not-at-top
     kind, bands = _mechanism(spec)
-    return mechanism_lib.DPConfig(clip_norm=1.0, target_epsilon=epsilon, delta=self.args.delta,
+    return config.DPConfig(clip_norm=1.0, target_epsilon=epsilon, delta=self.args.delta,
                                   expected_batch_size=self.args.expected_batch_size, vocab_is_public=True,
                                   **({} if kind == "gaussian" else {"noise": kind, "num_bands": bands}))
 

@@ -46,10 +46,11 @@ def throughput(args) -> dict:
   """One process: tokens/s of the decode on a (devices, 1) mesh."""
   import jax
   import numpy as np
-  from private_t5 import models
+  from private_t5.models import config as config_lib
+  from private_t5.models import network
   from private_t5.models import mesh_inference, sharding
-  config = models.load_preset(args.preset)
-  params = models.init_params(config, jax.random.PRNGKey(0))
+  config = config_lib.load_preset(args.preset)
+  params = network.init_params(config, jax.random.PRNGKey(0))
   mesh = sharding.create_mesh((args.run_devices, 1))
   inference = mesh_inference.MeshInference(config, mesh, params=params)
   rows = args.batch_size * args.batches
@@ -79,10 +80,11 @@ def hugging_face(args) -> dict:
   import numpy as np
   import torch
   import transformers
-  from private_t5 import models
+  from private_t5.models import config as config_lib
+  from private_t5.models import network
   from private_t5.models import hf_export, mesh_inference, sharding
-  config = models.load_preset(args.preset, dtype="float32")
-  params = jax.tree.map(np.asarray, models.init_params(config, jax.random.PRNGKey(0)))
+  config = config_lib.load_preset(args.preset, dtype="float32")
+  params = jax.tree.map(np.asarray, network.init_params(config, jax.random.PRNGKey(0)))
   tensors, hf = hf_export.export_hf_t5(params, config)
   model = transformers.T5ForConditionalGeneration(transformers.T5Config(**hf)).eval()
   model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, strict=False)
@@ -120,10 +122,11 @@ def hugging_face(args) -> dict:
 def memory(args) -> dict:
   """One process of 8 fake devices: the decode program's per-device memory, compiled only."""
   import jax
-  from private_t5 import models
+  from private_t5.models import config as config_lib
+  from private_t5.models import network
   from private_t5.models import mesh_inference, sharding
-  config = models.load_preset(args.memory_preset, **({"dtype": args.memory_dtype} if args.memory_dtype else {}))
-  out = {"preset": args.memory_preset, "dtype": config.dtype, "parameters": models.num_params(config),
+  config = config_lib.load_preset(args.memory_preset, **({"dtype": args.memory_dtype} if args.memory_dtype else {}))
+  out = {"preset": args.memory_preset, "dtype": config.dtype, "parameters": network.num_params(config),
          "batch_size": args.memory_batch_size, "prompt_length": args.prompt_length,
          "generation_length": args.generation_length, "meshes": []}
   for shape in ((1, 1), (8, 1), (2, 4)):

@@ -23,6 +23,9 @@ sys.path.insert(0, ROOT)
 
 from private_t5.data import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
 from private_t5.tokenizer import dp_spm  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.tokenizer import dp_spm_histogram  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.tokenizer import dp_spm_release  # pylint: disable=g-import-not-at-top,wrong-import-position
+from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "pretrain")
 DEFAULT_CORPORA = [os.path.join(DATA, "linux_docs.jsonl.gz"), os.path.join(DATA, "python_docs.jsonl.gz")]
@@ -35,8 +38,8 @@ def _texts(specs):
 
 
 def words_kept(histogram, bound, epsilon, delta, rng):
-  params = dp_spm.privacy_parameters(delta, bound, target_epsilon=epsilon)
-  kept = dp_spm.private_histogram(histogram, params["noise_std"], params["threshold"], rng)
+  params = dp_spm_release.privacy_parameters(delta, bound, target_epsilon=epsilon)
+  kept = dp_spm_release.private_histogram(histogram, params["noise_std"], params["threshold"], rng)
   total_occurrences = sum(histogram.values())
   return {
       "sensitivity": bound.mode, "epsilon": params["epsilon"], "target_epsilon": epsilon,
@@ -57,17 +60,17 @@ def main(argv=None):
   p.add_argument("--max_words", type=int, default=256)
   p.add_argument("--num_workers", type=int, default=None)
   p.add_argument("--stage_epsilon", type=float, default=33.7, help="ε of the timed full-stage runs")
-  p.add_argument("--stage_sensitivity", default="capped", choices=dp_spm.SENSITIVITY_MODES)
+  p.add_argument("--stage_sensitivity", default="capped", choices=dp_spm_histogram.SENSITIVITY_MODES)
   p.add_argument("--skip_stage", action="store_true", help="only the histogram part")
   args = p.parse_args(argv)
   specs = args.corpus or DEFAULT_CORPORA
   os.makedirs(args.output_dir, exist_ok=True)
   results = {"corpora": specs, "delta": args.delta, "cpu_count": os.cpu_count(), "histograms": [],
-             "words_kept": [], "stage": [], "sentencepiece_builtin_dp_ignored": dp_spm.builtin_dp_is_ignored()}
-  rng = dp_spm.noise_generator()
-  for mode in dp_spm.SENSITIVITY_MODES:
-    bound = dp_spm.ContributionBound(mode, args.max_words)
-    histogram, stats = dp_spm.build_histogram(_texts(specs), bound, num_workers=args.num_workers)
+             "words_kept": [], "stage": [], "sentencepiece_builtin_dp_ignored": spm.builtin_dp_is_ignored()}
+  rng = dp_spm_release.noise_generator()
+  for mode in dp_spm_histogram.SENSITIVITY_MODES:
+    bound = dp_spm_histogram.ContributionBound(mode, args.max_words)
+    histogram, stats = dp_spm_histogram.build_histogram(_texts(specs), bound, num_workers=args.num_workers)
     row = {"sensitivity": mode, **stats.as_dict(), "distinct_words": len(histogram)}
     results["histograms"].append(row)
     print(f"histogram [{mode}]: {stats.documents} docs, {stats.bytes / 1e6:.1f} MB in {stats.seconds:.1f} s = "

@@ -29,10 +29,11 @@ import time
 def run_preset(args, preset: str) -> dict:
   import jax
   import numpy as np
-  from private_t5 import models
+  from private_t5.models import config as config_lib
+  from private_t5.models import network
   from private_t5.eval import memorization
-  config = models.load_preset(preset, vocab_size=args.vocab_size)
-  params = models.init_params(config, jax.random.PRNGKey(0))
+  config = config_lib.load_preset(preset, vocab_size=args.vocab_size)
+  params = network.init_params(config, jax.random.PRNGKey(0))
   num_params = int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
   cfg = memorization.ExtractionConfig(prompt_length=args.prompt_length,
                                       generation_length=args.generation_length,

@@ -36,6 +36,7 @@ def build_vocab(path: str, vocab_size: int = 2000) -> str:
   """A SentencePiece model on the glue_like training text (labels included)."""
   from private_t5.data import glue_rows  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   lines = []
   for task in GLUE_LIKE:
     texts, _ = glue_rows.load_rows(task, "train", None, None)[0]
@@ -47,10 +48,11 @@ def build_vocab(path: str, vocab_size: int = 2000) -> str:
 
 
 def _model_config(preset: str, vocab_path: str, dropout: float):
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  ids = spm.load_vocabulary(vocab_path).vocab_size
-  config = models.load_preset(preset, dropout_rate=dropout)
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
+  ids = vocabulary.load_vocabulary(vocab_path).vocab_size
+  config = config_lib.load_preset(preset, dropout_rate=dropout)
   if config.vocab_size < ids or "tiny" in preset:
     config = config.replace(vocab_size=-(-ids // 128) * 128)
   return config
@@ -62,11 +64,13 @@ def throughput(args, vocab_path: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.train import host_microbatches, optimizers, partitioning  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config as config_lib2  # pylint: disable=g-import-not-at-top
+  from private_t5.train import host_microbatches, optimizers  # pylint: disable=g-import-not-at-top
+  from private_t5.models import sharding  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   source = glue_tasks.GlueSource(args.task, "train", vocab_path, lengths)
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   results = {"task": args.task, "feature_lengths": lengths, "batch_size": args.batch_size,
              "steps_timed": args.steps, "device": str(jax.devices()[0].platform), "presets": {}}
   rng = np.random.default_rng(0)
@@ -74,8 +78,8 @@ def throughput(args, vocab_path: str) -> dict:
     config = _model_config(preset, vocab_path, dropout=0.1)
     row = {}
     for mode in ("public", "dp"):
-      dp = privacy.DPConfig(clip_norm=1.0, noise_multiplier=1.0) if mode == "dp" else None
-      setup = privacy.build_mechanism(dp, privacy.ExecutionSettings(microbatch_size=args.microbatch_size),
+      dp = config_lib2.DPConfig(clip_norm=1.0, noise_multiplier=1.0) if mode == "dp" else None
+      setup = privacy.build_mechanism(dp, config_lib2.ExecutionSettings(microbatch_size=args.microbatch_size),
                                       loss_fn=make_loss_fn(config), num_examples=source.num_examples,
                                       privacy_unit=source.privacy_unit, batch_size=args.batch_size,
                                       train_steps=args.steps, sampler_seed=0, spmd_axis_name=None,
@@ -120,6 +124,7 @@ def scores(args, vocab_path: str) -> dict:
   from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config as config_lib2  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   results = {"preset": args.preset, "steps": args.steps, "batch_size": args.batch_size,
@@ -129,7 +134,7 @@ def scores(args, vocab_path: str) -> dict:
   for task in args.tasks.split(","):
     train = glue_tasks.GlueSource(task, "train", vocab_path, lengths, vocab_size=config.vocab_size)
     validation = glue_tasks.GlueSource(task, "validation", vocab_path, lengths, vocab_size=config.vocab_size)
-    dp = privacy.DPConfig(clip_norm=1.0, target_epsilon=8.0) if args.dp else None
+    dp = config_lib2.DPConfig(clip_norm=1.0, target_epsilon=8.0) if args.dp else None
     model_dir = os.path.join(work, f"{task}{'_dp' if args.dp else ''}")
     start = time.perf_counter()
     summary = train_main.train(
@@ -151,8 +156,8 @@ def scores(args, vocab_path: str) -> dict:
 
 
 def _restore(model_dir):
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
-  params, config, _ = checkpoints.restore_for_inference(model_dir)
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
+  params, config, _ = checkpoint_read.restore_for_inference(model_dir)
   return params, config
 
 

@@ -45,9 +45,10 @@ def split_task(work: str, public_rows: int) -> None:
   """Registers rt_public (the first `public_rows` training rows) and rt_private (the others, and
   the validation split), both formatted as rotten_tomatoes."""
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(glue_tasks.DEFAULT_GLUE_LIKE_DIR, TASK, "train.tsv")) as f:
+  from private_t5.data import glue_registry  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(glue_registry.DEFAULT_GLUE_LIKE_DIR, TASK, "train.tsv")) as f:
     header, *rows = f.readlines()
-  with open(os.path.join(glue_tasks.DEFAULT_GLUE_LIKE_DIR, TASK, "validation.tsv")) as f:
+  with open(os.path.join(glue_registry.DEFAULT_GLUE_LIKE_DIR, TASK, "validation.tsv")) as f:
     validation = f.read()
   for name, part in ((PUBLIC_TASK, rows[:public_rows]), (PRIVATE_TASK, rows[public_rows:])):
     os.makedirs(os.path.join(work, name), exist_ok=True)
@@ -55,13 +56,14 @@ def split_task(work: str, public_rows: int) -> None:
       f.writelines([header] + part)
     with open(os.path.join(work, name, "validation.tsv"), "w") as f:
       f.write(validation)
-    glue_tasks.register_local_tsv_task(name, os.path.join(work, name), ["sentence"], "label",
+    glue_registry.register_local_tsv_task(name, os.path.join(work, name), ["sentence"], "label",
                                        ["negative", "positive"], metric="accuracy", benchmark_name=TASK)
 
 
 def public_vocab(path: str, vocab_size: int) -> str:
   """A SentencePiece model on the public training text and the label words."""
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_rows  # pylint: disable=g-import-not-at-top
   lines = []
   for task in PUBLIC_TASKS + (PUBLIC_TASK,):
@@ -86,11 +88,12 @@ def clipping_costs(config, lora, base, dp_setup, batch, lr, repeats: int = 5) ->
   ghost vs vmap, their timed calls interleaved so that both see the same machine load."""
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism  # pylint: disable=g-import-not-at-top
-  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.privacy_params import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.experiments.benchmark_case import compiled_memory  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, partitioning  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
+  from private_t5.models import sharding  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
-  mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), jax.devices()[:1])
   keys = (jax.random.PRNGKey(1), jax.random.PRNGKey(2))
   steps, out = {}, {}
   for method in ("ghost", "vmap"):
@@ -143,12 +146,15 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   import jax  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
-  from private_t5.dp.mechanism import DPConfig  # pylint: disable=g-import-not-at-top
+  from private_t5.data import glue_registry  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.config import DPConfig  # pylint: disable=g-import-not-at-top
   from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints, lora as lora_lib, run_dir  # pylint: disable=g-import-not-at-top
+  from private_t5.models import lora as lora_lib, run_dir  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main, optimizers  # pylint: disable=g-import-not-at-top
 
   started = time.perf_counter()
@@ -156,8 +162,8 @@ def main(argv=None) -> int:
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   split_task(work, args.public_rows)
   vocab = public_vocab(os.path.join(work, "public.model"), args.vocab_size)
-  ids = spm.load_vocabulary(vocab).vocab_size
-  config = models.load_preset(args.preset, vocab_size=-(-ids // 128) * 128, dropout_rate=0.0)
+  ids = vocabulary.load_vocabulary(vocab).vocab_size
+  config = config_lib.load_preset(args.preset, vocab_size=-(-ids // 128) * 128, dropout_rate=0.0)
   quiet = lambda _: None
 
   pretrained = os.path.join(work, "pretrained")
@@ -168,7 +174,7 @@ def main(argv=None) -> int:
                    learning_rate=optimizers.constant_schedule(1e-2), vocab_path=vocab,
                    checkpoint_every=args.pretrain_steps, log_every=100, mesh_shape=(1, 1),
                    insecure_deterministic_seed=args.seed, log=quiet)
-  base, _, _ = checkpoints.restore_for_inference(pretrained)
+  base, _, _ = checkpoint_read.restore_for_inference(pretrained)
   base = jax.tree.map(lambda x: x.astype("float32"), base)
 
   def accuracy_of(params):
@@ -199,7 +205,7 @@ def main(argv=None) -> int:
         learning_rate=optimizers.constant_schedule(lr), dp=dp, vocab_path=vocab, checkpoint_every=args.steps,
         log_every=args.steps, mesh_shape=(1, 1), initial_checkpoint=pretrained, lora=lora,
         insecure_deterministic_seed=args.seed + 1, log=quiet)
-    accuracy, n, majority = accuracy_of(checkpoints.restore_for_inference(model_dir)[0])
+    accuracy, n, majority = accuracy_of(checkpoint_read.restore_for_inference(model_dir)[0])
     batch = train.get_batch(list(range(args.microbatch_size)), 0, args.microbatch_size)
     batch = {k: v for k, v in batch.items() if k not in ("example_index", "is_padding")}
     setup = {"clip_norm": args.clip_norm, "noise_multiplier": summary["noise_multiplier"],

@@ -33,13 +33,14 @@ def _read(name, limit=None):
 
 
 def bench_splits(args):
-  from private_t5.eval import splits
+  from private_t5.eval import split_types
+  from private_t5.eval import split_search
   linux, fortunes = _read("linux_docs.jsonl.gz"), _read("fortunes.jsonl.gz")
   cut_l, cut_f = int(0.9 * len(linux)), int(0.9 * len(fortunes))
   train, valid = linux[:cut_l] + fortunes[:cut_f], linux[cut_l:] + fortunes[cut_f:]
-  cfg = splits.SplitConfig(num_perm=args.num_perm, num_bands=args.num_bands, num_workers=args.workers)
+  cfg = split_types.SplitConfig(num_perm=args.num_perm, num_bands=args.num_bands, num_workers=args.workers)
   t0 = time.time()
-  result = splits.build_splits(train, valid, cfg, verbose=True)
+  result = split_search.build_splits(train, valid, cfg, verbose=True)
   wall = time.time() - t0
   out = {"train_documents": len(train), "valid_documents": len(valid),
          "characters": sum(len(d.text) for d in train + valid), "num_perm": cfg.num_perm,
@@ -52,9 +53,10 @@ def bench_splits(args):
 def _decode_rate(config, batch, prompt_length, gen_length, use_cache, repeats=2):
   import jax
   import numpy as np
-  from private_t5 import models
+  from private_t5.models import network
+  from private_t5.models import config as config_lib
   from private_t5.models import decoding
-  params = models.init_params(config, jax.random.PRNGKey(0))
+  params = network.init_params(config, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   inputs = rng.integers(3, min(config.vocab_size, 2000), size=(batch, prompt_length)).astype(np.int32)
   run = lambda: decoding.greedy_decode(params, config, inputs, max_decode_length=gen_length, eos_id=-1,
@@ -71,11 +73,12 @@ def _decode_rate(config, batch, prompt_length, gen_length, use_cache, repeats=2)
 
 
 def bench_decode(args):
-  from private_t5 import models
+  from private_t5.models import network
+  from private_t5.models import config as config_lib
   out = {}
   for preset, batch, p, t in (("t5_1_0_tiny", 32, 512, 114), ("t5_1_0_small", 8, args.small_prompt,
                                                               args.small_generation)):
-    config = models.load_preset(preset, dropout_rate=0.0)
+    config = config_lib.load_preset(preset, dropout_rate=0.0)
     row = {"batch": batch, "prompt_length": p, "generation_length": t}
     for use_cache in (True, False):
       row["cache" if use_cache else "no_cache"] = _decode_rate(config, batch, p, t, use_cache)
@@ -89,19 +92,20 @@ def bench_decode(args):
 def bench_stage(args):
   import dataclasses
   import jax
-  from private_t5.stages import cli, models
+  from private_t5.stages import cli
   from private_t5.dp.ledger import PrivacyLedger
   from private_t5.tokenizer import spm
+  from private_t5 import vocabulary
   from private_t5.models import checkpoints
   work = tempfile.mkdtemp(prefix="bench_memorization_")
   linux = _read("linux_docs.jsonl.gz")
   vocab_path = spm.train_from_sentences((d.text for d in linux[:1500]), os.path.join(work, "spm.model"),
                                         vocab_size=2000, input_sentence_size=200_000)
-  vocab = spm.load_vocabulary(vocab_path)
-  config = models.load_preset("t5_1_0_tiny", vocab_size=-(-vocab.vocab_size // 128) * 128, dropout_rate=0.0)
+  vocab = vocabulary.load_vocabulary(vocab_path)
+  config = config_lib.load_preset("t5_1_0_tiny", vocab_size=-(-vocab.vocab_size // 128) * 128, dropout_rate=0.0)
   model_dir = os.path.join(work, "run")
   manager = checkpoints.CheckpointManager(model_dir, async_save=False)
-  manager.save(1, {"params": models.init_params(config, jax.random.PRNGKey(0))}, {
+  manager.save(1, {"params": network.init_params(config, jax.random.PRNGKey(0))}, {
       "model_config": dataclasses.asdict(config), "vocab_path": vocab_path,
       "privacy_report": PrivacyLedger.non_private_baseline(num_examples=4000, batch_size=128).report()})
   manager.close()

@@ -54,15 +54,17 @@ def compile_case(case):
   _child_env(case["devices"])
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import network  # pylint: disable=g-import-not-at-top
   from private_t5.dp import aggregator as aggregator_lib, ghost  # pylint: disable=g-import-not-at-top
-  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.privacy_params import NoisySum  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   overrides = {} if case.get("dtype") is None else {"dtype": case["dtype"]}
-  config = models.load_preset(case["preset"], dropout_rate=0.0, **overrides)
+  config = config_lib.load_preset(case["preset"], dropout_rate=0.0, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
-  mesh = partitioning.create_mesh(case["mesh"])
-  spmd = partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None
+  mesh = sharding_lib.create_mesh(case["mesh"])
+  spmd = sharding_lib.DATA_AXIS if mesh.shape[sharding_lib.DATA_AXIS] > 1 else None
   b, (inputs, targets) = case["batch_size"], case["lengths"]
   method = case["method"]
   if method == "nondp":
@@ -73,7 +75,7 @@ def compile_case(case):
     sigma = 0.0 if method == "ghost_nonoise" else 1.0
     aggregator = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, sigma, b), spmd_axis_name=spmd)
   trainer = trainer_lib.Trainer(config, aggregator, optimizers.adafactor(learning_rate=1e-3), mesh,
-                                rules=partitioning.axis_rules(case["sharding"]))
+                                rules=sharding_lib.axis_rules(case["sharding"]))
   state = trainer.abstract_state()
   batch = {"encoder_input_tokens": np.ones((b, inputs), np.int32),
            "decoder_input_tokens": np.ones((b, targets), np.int32),
@@ -92,8 +94,8 @@ def compile_case(case):
   peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
   return dict(case, lower_s=lower_s, lower_cpu_s=lower_cpu_s, compile_s=compile_s, compile_cpu_s=compile_cpu_s,
               peak_bytes=int(peak), temp_bytes=int(m.temp_size_in_bytes),
-              param_opt_bytes_per_device=partitioning.bytes_per_device((state.params, state.opt_state)),
-              num_params=models.num_params(config))
+              param_opt_bytes_per_device=sharding_lib.bytes_per_device((state.params, state.opt_state)),
+              num_params=network.num_params(config))
 
 
 def _parse_case(text, args):

@@ -24,7 +24,10 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
-from private_t5.models import decoding, example_loss_fn, init_params, load_preset, num_params  # pylint: disable=g-import-not-at-top
+from private_t5.models import decoding  # pylint: disable=g-import-not-at-top
+from private_t5.models.model import example_loss_fn  # pylint: disable=g-import-not-at-top
+from private_t5.models.network import init_params, num_params  # pylint: disable=g-import-not-at-top
+from private_t5.models.config import load_preset  # pylint: disable=g-import-not-at-top
 
 
 def _log(message: str) -> None:

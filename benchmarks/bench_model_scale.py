@@ -100,11 +100,12 @@ def _compile(trainer, rows: int, args):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case  # pylint: disable=g-import-not-at-top
-  from private_t5.train import partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=partitioning.replicated(trainer.mesh))
+  from private_t5.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import sharding  # pylint: disable=g-import-not-at-top
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(trainer.mesh))
   host = trainer_lib.device_features(benchmark_case.random_batch(trainer.model_config.vocab_size, rows, args.inputs,
                                                                  args.targets, 0))
-  rows_sharding = partitioning.batch_sharding(trainer.mesh)
+  rows_sharding = sharding.batch_sharding(trainer.mesh)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows_sharding) for k, v in host.items()}
   start = time.perf_counter()
   compiled = trainer.lower_train_step(trainer.abstract_state(), batch, key, key).compile()

@@ -77,7 +77,8 @@ def _child(mode: str, lengths, cache: str) -> dict:
   from private_t5 import quiet_tf  # pylint: disable=g-import-not-at-top
   quiet_tf.import_tensorflow()
   from private_t5.data import seqio_source  # pylint: disable=g-import-not-at-top
-  task = seqio_source.get_mixture_or_task(TASK, MODULE)
+  from private_t5.data import seqio_lookup  # pylint: disable=g-import-not-at-top
+  task = seqio_lookup.get_mixture_or_task(TASK, MODULE)
   base, base_resident = _peak_mb(), _resident_mb()
   start = time.perf_counter()
   out = {"mode": mode}

@@ -61,17 +61,19 @@ def main(argv=None):
   args = _parse_args(sys.argv[1:] if argv is None else argv)
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import network  # pylint: disable=g-import-not-at-top
   from private_t5.data.source import make_source  # pylint: disable=g-import-not-at-top
-  from private_t5.dp.accounting import NoisySum  # pylint: disable=g-import-not-at-top
+  from private_t5.dp.privacy_params import NoisySum  # pylint: disable=g-import-not-at-top
   from private_t5.dp.aggregator import DPAggregator, MeanAggregator  # pylint: disable=g-import-not-at-top
   from private_t5.io import write_json_atomic  # pylint: disable=g-import-not-at-top
   from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
-  from private_t5.train import optimizers, partitioning  # pylint: disable=g-import-not-at-top
+  from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
+  from private_t5.models import sharding  # pylint: disable=g-import-not-at-top
   from private_t5.train.state import RunSeeds  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
 
-  mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), jax.devices()[:1])
   seeds = RunSeeds.create(insecure_deterministic_seed=0)
   results = {"device": f"{jax.devices()[0].platform} ({os.cpu_count()} cores)", "batch_size": args.batch_size,
              "runs": []}
@@ -82,7 +84,7 @@ def main(argv=None):
     source = make_source(args.corpus, args.vocab, feature_lengths=lengths, split="train",
                          cache_dir=args.cache_dir)
     batch = source.get_batch(np.arange(args.batch_size), seed=0, batch_size=args.batch_size)
-    config = models.load_preset(preset)
+    config = config_lib.load_preset(preset)
     if source.store.manifest["vocab_size"] > config.vocab_size:
       config = config.replace(vocab_size=-(-int(source.store.manifest["vocab_size"]) // 128) * 128)
     loss_fn = make_loss_fn(config)
@@ -94,7 +96,7 @@ def main(argv=None):
       print(f"[bench] {preset} {lengths} batch {args.batch_size} {kind} ...", file=sys.stderr, flush=True)
       state, timing = _time_steps(trainer, batch, seeds, args.steps)
       row = {"preset": preset, "feature_lengths": lengths, "kind": kind,
-             "num_params": models.num_params(config), **timing}
+             "num_params": network.num_params(config), **timing}
       results["runs"].append(row)
       print(json.dumps(row), flush=True)
       if preset == args.checkpoint_preset and kind == "non_private":

@@ -58,15 +58,15 @@ def _parser():
 
 
 def _model_config(vocab_size):
-  from private_t5.models import T5Config  # pylint: disable=g-import-not-at-top
+  from private_t5.models.config import T5Config  # pylint: disable=g-import-not-at-top
   return T5Config(vocab_size=-(-vocab_size // 128) * 128, d_model=64, num_heads=2, d_ff=128,
                   num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0)
 
 
 def _exposures(model_dir, vocab, fmt, canaries):
   from private_t5.eval import exposure, memorization  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
-  params, config, _ = checkpoints.restore_for_inference(model_dir)
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
+  params, config, _ = checkpoint_read.restore_for_inference(model_dir)
   evaluator = exposure.ExposureEvaluator(memorization.make_scorer(params, config),
                                          exposure.CandidateEncoder(vocab, fmt, exposure.PREFIX_SCORING),
                                          batch_size=1000)
@@ -106,8 +106,9 @@ def plot(rows, reps_sorted, max_exposure, png_path):
 def _gin_defaults(argv):
   """(argv without Gin flags, {flag: value} bound to `compare_selective` in the Gin files)."""
   from private_t5.stages import gin_utils  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import gin_args  # pylint: disable=g-import-not-at-top
   from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  rest, files, bindings = gin_utils.split_gin_args(sys.argv[1:] if argv is None else argv)
+  rest, files, bindings = gin_args.split_gin_args(sys.argv[1:] if argv is None else argv)
   if not files and not bindings:
     return rest, {}
   import gin  # pylint: disable=g-import-not-at-top
@@ -139,7 +140,7 @@ def main(argv=None):
   from private_t5.eval import canaries as canaries_lib  # pylint: disable=g-import-not-at-top
   from private_t5.selective import adaptive_train, jft, redaction  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config as config_lib  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main, metrics, optimizers  # pylint: disable=g-import-not-at-top
 
   out = os.path.abspath(args.output_dir)
@@ -191,7 +192,7 @@ def main(argv=None):
                 vocab_path=vocab_path, learning_rate=optimizers.constant_schedule(args.learning_rate),
                 checkpoint_every=args.steps, eval_examples=256, log_every=max(args.steps // 4, 1),
                 mesh_shape=(1, 1), insecure_deterministic_seed=args.seed, log=log)
-  dp = privacy.DPConfig(clip_norm=1.0, noise_multiplier=args.sigma, expected_batch_size=args.expected_batch_size)
+  dp = config_lib.DPConfig(clip_norm=1.0, noise_multiplier=args.sigma, expected_batch_size=args.expected_batch_size)
   runs, timings = {}, {}
 
   def timed(name, fn):
@@ -216,8 +217,8 @@ def main(argv=None):
                                                       dp=dp, normalization=args.normalization, **common))[1])
 
   # 3. Utility and exposure.
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
-  vocab = spm_lib.load_vocabulary(vocab_path)
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
+  vocab = vocabulary.load_vocabulary(vocab_path)
   model_dirs = {"non-DP": os.path.join(out, "nondp"), "DP": os.path.join(out, "dp"),
                 "JFT": os.path.join(out, "jft", jft.PHASE2_DIR), "ADP": os.path.join(out, "adp")}
   rows = []

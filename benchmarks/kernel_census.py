@@ -197,14 +197,15 @@ def _lower(case: dict, device, fewer_kernels: bool = False, scan_layers: bool = 
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case  # pylint: disable=g-import-not-at-top
   from private_t5.models import mesh_inference  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers, partitioning, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import sharding  # pylint: disable=g-import-not-at-top
 
-  mesh = partitioning.create_mesh((1, 1), [device])
+  mesh = sharding.create_mesh((1, 1), [device])
   if case["method"] == "decode":
-    config = models.load_preset(PRESET, dtype=DTYPE, scan_layers=scan_layers, remat_policy=remat_policy)
+    config = config_lib.load_preset(PRESET, dtype=DTYPE, scan_layers=scan_layers, remat_policy=remat_policy)
     inference = mesh_inference.MeshInference(config, mesh)
     return inference.lower_decode(case["batch"], INPUTS, TARGETS, use_cache=True)
   _, trainer = benchmark_case.make_trainer(
@@ -219,7 +220,7 @@ def _lower(case: dict, device, fewer_kernels: bool = False, scan_layers: bool = 
   host = trainer_lib.device_features(
       benchmark_case.random_batch(trainer.model_config.vocab_size, rows, INPUTS, TARGETS, 0))
   if not case["stacked"]:
-    rows_sharding = partitioning.batch_sharding(mesh)
+    rows_sharding = sharding.batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows_sharding)
              for k, v in host.items()}
     return trainer.lower_train_step(state, batch, key, key)

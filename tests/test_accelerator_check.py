@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from private_t5 import models
+from private_t5.models import config as config_lib
+from private_t5.models import network
 from private_t5.experiments import benchmark_case as bench
 from private_t5.train import step_profile
 
@@ -77,8 +78,8 @@ def test_a_phase_line_cut_short_is_skipped(tmp_path):
 
 
 def test_analytic_flops_count_every_kernel_once_per_token():
-  config = models.load_preset("t5_1_1_small")
-  flat = jax.tree_util.tree_flatten_with_path(models.param_shapes(config))[0]
+  config = config_lib.load_preset("t5_1_1_small")
+  flat = jax.tree_util.tree_flatten_with_path(network.param_shapes(config))[0]
   kernels = {"/".join(str(getattr(k, "key", k)) for k in path): int(np.prod(x.shape)) for path, x in flat
              if len(x.shape) == 2 and "relpos" not in str(path) and "token_embedder" not in str(path)}
   encoder = sum(v for k, v in kernels.items() if k.startswith("encoder"))

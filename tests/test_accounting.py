@@ -11,6 +11,9 @@ from scipy import stats
 
 from private_t5.stages import cli
 from private_t5.dp import accounting
+from private_t5.dp import truncation
+from private_t5.dp import privacy_params
+from private_t5.dp import accounting_log
 from private_t5.errors import PrivacyError
 
 N_PAPER = 5_240_387_307
@@ -70,28 +73,28 @@ def test_unreachable_target_is_an_error():
 
 def test_truncation_probability_is_binomial_tail():
   n, q, cap = 10_000, 0.01, 120
-  assert accounting.truncation_probability(n, q, cap) == pytest.approx(stats.binom.sf(cap, n + 1, q))
-  assert accounting.truncation_probability(n, q, None) == 0.0
-  assert accounting.truncation_probability(n, q, n + 1) == 0.0
+  assert truncation.truncation_probability(n, q, cap) == pytest.approx(stats.binom.sf(cap, n + 1, q))
+  assert truncation.truncation_probability(n, q, None) == 0.0
+  assert truncation.truncation_probability(n, q, n + 1) == 0.0
   # Monte Carlo: fraction of Poisson batches above the cap.
   import numpy as np  # pylint: disable=g-import-not-at-top
   draws = np.random.default_rng(0).binomial(n + 1, q, size=200_000)
   p_mc = float(np.mean(draws > cap))
-  p = accounting.truncation_probability(n, q, cap)
+  p = truncation.truncation_probability(n, q, cap)
   assert abs(p_mc - p) < 5 * math.sqrt(p * (1 - p) / draws.size) + 1e-6
-  assert accounting.total_delta(1e-6, 100, p, 2.0) == pytest.approx(1e-6 + (1 + math.exp(2.0)) * 100 * p)
-  assert accounting.total_delta(1e-6, 100, 0.0, 2.0) == 1e-6
+  assert truncation.total_delta(1e-6, 100, p, 2.0) == pytest.approx(1e-6 + (1 + math.exp(2.0)) * 100 * p)
+  assert truncation.total_delta(1e-6, 100, 0.0, 2.0) == 1e-6
 
 
 def test_max_batch_size_for_bounds_truncation():
-  cap = accounting.max_batch_size_for(10_000, 0.01, 1e-9)
-  assert accounting.truncation_probability(10_000, 0.01, cap) <= 1e-9
-  assert accounting.truncation_probability(10_000, 0.01, cap - 1) > 1e-9
+  cap = truncation.max_batch_size_for(10_000, 0.01, 1e-9)
+  assert truncation.truncation_probability(10_000, 0.01, cap) <= 1e-9
+  assert truncation.truncation_probability(10_000, 0.01, cap - 1) > 1e-9
   # The paper's run at the tail the e^ε factor asks for: the smallest cap, found quickly.
   n, q = 5_240_387_307, 8192 / 5_240_387_307
   target = (1 / n) / (10 * 100_000 * (1 + math.exp(6.0573)))
-  cap = accounting.max_batch_size_for(n, q, target)
-  assert accounting.truncation_probability(n, q, cap) <= target < accounting.truncation_probability(n, q, cap - 1)
+  cap = truncation.max_batch_size_for(n, q, target)
+  assert truncation.truncation_probability(n, q, cap) <= target < truncation.truncation_probability(n, q, cap - 1)
   assert 8192 < cap < 9100
 
 
@@ -120,22 +123,22 @@ def test_fixed_batches_are_not_accounted_as_poisson():
 ])
 def test_bad_inputs(kwargs, match):
   with pytest.raises(PrivacyError, match=match):
-    accounting.validate_privacy_params(**kwargs)
+    privacy_params.validate_privacy_params(**kwargs)
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), None])
 def test_one_check_of_the_clip_norm(value):
   with pytest.raises(PrivacyError, match="clip_norm"):
-    accounting.check_clip_norm(value)
-  assert accounting.check_clip_norm(0.5) == 0.5
+    privacy_params.check_clip_norm(value)
+  assert privacy_params.check_clip_norm(0.5) == 0.5
 
 
 def test_delta_at_least_one_over_n_warns():
-  with pytest.warns(accounting.MeaninglessGuaranteeWarning, match="meaningless"):
-    accounting.validate_privacy_params(delta=1e-3, num_examples=1000)
+  with pytest.warns(privacy_params.MeaninglessGuaranteeWarning, match="meaningless"):
+    privacy_params.validate_privacy_params(delta=1e-3, num_examples=1000)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    accounting.validate_privacy_params(delta=1e-4, num_examples=1000)
+    privacy_params.validate_privacy_params(delta=1e-4, num_examples=1000)
 
 
 def test_compute_epsilon_validates_before_compute():
@@ -277,11 +280,11 @@ def test_truncated_event_is_accounted_exactly_by_pld():
 def test_accountant_convergence_warning_is_filtered():
   record = logging.LogRecord("absl", logging.WARNING, __file__, 1,
                              "_compute_log_a_frac failed to converge after %d iterations", (5,), None)
-  assert not accounting.ConvergenceFilter().filter(record)
+  assert not accounting_log.ConvergenceFilter().filter(record)
   negative = logging.LogRecord("absl", logging.WARNING, __file__, 1, "Negative Renyi divergence of %g, probably "
                                "caused by numerical instability from extreme DpEvents. Returning an epsilon of zero.",
                                (-2e-15,), None)
-  assert not accounting.ConvergenceFilter().filter(negative)
+  assert not accounting_log.ConvergenceFilter().filter(negative)
   # Installed on the logger dp_accounting writes through, so no handler ever sees it.
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   assert not absl_logging.get_absl_logger().filter(record)

@@ -14,7 +14,8 @@ import pytest
 from private_t5 import doc_fingerprints
 from private_t5.stages import cli
 from private_t5 import io as io_lib
-from private_t5.models import load_preset, param_shapes
+from private_t5.models.config import load_preset
+from private_t5.models.network import param_shapes
 from private_t5.tokenizer import dp_spm, spm
 from private_t5.models import checkpoints
 

@@ -63,9 +63,9 @@ def _hand_made_corpus():
 @pytest.fixture(name="spm_vocab", scope="module")
 def _spm_vocab(tmp_path_factory, shared_data):
   from micro_run import fortunes_corpus_and_vocab
-  from private_t5.tokenizer import spm
+  from private_t5 import vocabulary
   _, path = fortunes_corpus_and_vocab(shared_data, str(tmp_path_factory.mktemp("vocab")))
-  return path, spm.load_vocabulary(path)
+  return path, vocabulary.load_vocabulary(path)
 
 
 @pytest.fixture(name="small_corpus")

@@ -187,9 +187,9 @@ def test_canaries_cli_audit(tmp_path, shared_data, capsys):
 def test_token_canaries_and_loss_scoring(tmp_path, shared_data):
   from micro_run import fortunes_corpus_and_vocab
   from private_t5.eval import audit
-  from private_t5.tokenizer import spm
+  from private_t5 import vocabulary
   _, vocab_path = fortunes_corpus_and_vocab(shared_data, str(tmp_path))
-  vocab = spm.load_vocabulary(vocab_path)
+  vocab = vocabulary.load_vocabulary(vocab_path)
   texts = audit.make_texts("tokens", 30, 6, seed=2, vocab=vocab)
   assert len(set(texts)) == 30
   enc, tgt, w = audit.encode_for_scoring(vocab, texts, "sentinel")

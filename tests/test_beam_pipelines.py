@@ -16,12 +16,17 @@ from conftest import shared_or_fixture
 
 from private_t5.stages import cli
 from private_t5.data import beam_io, corpora
+from private_t5.data import beam_runner
+from private_t5.data import beam_files
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import splits, splits_beam
-from private_t5.tokenizer import dp_spm, dp_spm_beam
+from private_t5.eval import split_types
+from private_t5.eval import split_search
+from private_t5.tokenizer import dp_spm_beam
+from private_t5.tokenizer import dp_spm_histogram
 
 TWO_WORKERS = "--direct_num_workers=2 --direct_running_mode=multi_processing"
-FAST = splits.SplitConfig(num_perm=1280, num_bands=128, num_workers=1)
+FAST = split_types.SplitConfig(num_perm=1280, num_bands=128, num_workers=1)
 
 
 def _write_jsonl(path, records):
@@ -57,33 +62,33 @@ def _linux(shared_data, limit):
 # ---------------------------------------------------------------------------------------------
 
 def test_runner_switch():
-  assert not beam_io.is_beam("local") and beam_io.is_beam("DirectRunner")
+  assert not beam_runner.is_beam("local") and beam_runner.is_beam("DirectRunner")
   with pytest.raises(ConfigError, match="unknown runner 'Nope'"):
-    beam_io.check_runner("Nope")
-  options = beam_io.pipeline_options("DirectRunner", TWO_WORKERS).get_all_options()
+    beam_runner.check_runner("Nope")
+  options = beam_runner.pipeline_options("DirectRunner", TWO_WORKERS).get_all_options()
   assert options["direct_num_workers"] == 2 and options["runner"] == "DirectRunner"
   with pytest.raises(ConfigError, match="--runner"):
-    beam_io.pipeline_options("DirectRunner", "--runner=FlinkRunner")
+    beam_runner.pipeline_options("DirectRunner", "--runner=FlinkRunner")
 
 
 def test_beam_not_importable_is_one_line(monkeypatch):
   monkeypatch.setitem(sys.modules, "apache_beam", None)
   with pytest.raises(ConfigError, match="not importable") as e:
-    beam_io.import_beam()
+    beam_runner.import_beam()
   assert "\n" not in str(e.value)
 
 
 def test_result_folder_is_fresh_and_only_a_local_one_is_removed(tmp_path):
-  options = beam_io.pipeline_options("DirectRunner", "")
-  with beam_io.output_dir(options, None, "stage") as local:
+  options = beam_runner.pipeline_options("DirectRunner", "")
+  with beam_files.output_dir(options, None, "stage") as local:
     assert os.path.basename(local).startswith("stage-") and os.path.isdir(local)
     _write_jsonl(os.path.join(local, "rows-00000-of-00002"), ['["a", 1]', "", "2"])
     _write_jsonl(os.path.join(local, "rows-00001-of-00002"), ['{"b": 3}'])
-    assert list(beam_io.read_json_lines(os.path.join(local, "rows"))) == [["a", 1], 2, {"b": 3}]
+    assert list(beam_files.read_json_lines(os.path.join(local, "rows"))) == [["a", 1], 2, {"b": 3}]
   assert not os.path.exists(local)  # a local temporary folder goes with the pipeline
   shared = tmp_path / "shared"
-  with beam_io.output_dir(options, str(shared) + "/", "stage") as first, \
-       beam_io.output_dir(beam_io.pipeline_options("DirectRunner", f"--temp_location={shared}"),
+  with beam_files.output_dir(options, str(shared) + "/", "stage") as first, \
+       beam_files.output_dir(beam_runner.pipeline_options("DirectRunner", f"--temp_location={shared}"),
                           None, "stage") as second:
     assert first != second
     assert os.path.dirname(first) == os.path.dirname(second) == str(shared)
@@ -106,7 +111,7 @@ def test_file_readers_match_the_local_readers(tmp_path):
 def test_bad_input_is_one_clear_line(tmp_path, capsys):
   bad = _write_jsonl(tmp_path / "bad.jsonl", [{"text": "fine words"}, {"text": "more words"}, "{not json",
                                                {"text": "last words"}])
-  bound = dp_spm.ContributionBound("capped", 8)
+  bound = dp_spm_histogram.ContributionBound("capped", 8)
   with pytest.raises(DataError, match=r"bad.jsonl: line 3: not valid JSON .*--skip_bad_lines"):
     dp_spm_beam.beam_histogram(bad, bound)
   hist, stats = dp_spm_beam.beam_histogram(bad, bound, skip_bad_lines=True)
@@ -117,21 +122,21 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys):
                  "--runner=Nope"])
   err = capsys.readouterr().err
   assert rc == 2 and [l for l in err.splitlines() if l.startswith("error:")] == [
-      "error: unknown runner 'Nope': use one of " + ", ".join(beam_io.RUNNERS)]
+      "error: unknown runner 'Nope': use one of " + ", ".join(beam_runner.RUNNERS)]
 
 
 # ---------------------------------------------------------------------------------------------
 # DP-SentencePiece
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bound", [dp_spm.ContributionBound("paper", 64), dp_spm.ContributionBound("capped", 32)])
+@pytest.mark.parametrize("bound", [dp_spm_histogram.ContributionBound("paper", 64), dp_spm_histogram.ContributionBound("capped", 32)])
 def test_dp_spm_histogram_equals_local_and_keeps_the_sensitivity(tmp_path, bound):
   docs = _documents()
   half = len(docs) // 2
   _write_jsonl(tmp_path / "part-0.jsonl", [{"text": t} for t in docs[:half]])
   _write_jsonl(tmp_path / "part-1.jsonl", [{"text": t} for t in docs[half:]])
   pattern = str(tmp_path / "part-*.jsonl")
-  local, s1 = dp_spm.build_histogram(docs, bound, num_workers=1)
+  local, s1 = dp_spm_histogram.build_histogram(docs, bound, num_workers=1)
   hist, s2 = dp_spm_beam.beam_histogram(pattern, bound)
   assert dict(hist) == dict(local)
   assert (s1.documents, s1.bytes, s1.words_raw, s1.words_counted) == (
@@ -151,8 +156,8 @@ def test_dp_spm_histogram_equals_local_and_keeps_the_sensitivity(tmp_path, bound
 @pytest.mark.slow
 def test_dp_spm_two_workers_on_real_text_equals_local(tmp_path, shared_data):
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
-  bound = dp_spm.ContributionBound("paper", 256)
-  local, s1 = dp_spm.build_histogram((d.text for d in corpora.iter_documents(corpus)), bound, num_workers=1)
+  bound = dp_spm_histogram.ContributionBound("paper", 256)
+  local, s1 = dp_spm_histogram.build_histogram((d.text for d in corpora.iter_documents(corpus)), bound, num_workers=1)
   hist, s2 = dp_spm_beam.beam_histogram(corpus, bound, beam_options=TWO_WORKERS)
   assert dict(hist) == dict(local) and s1.documents == s2.documents and s1.bytes == s2.bytes
 
@@ -203,7 +208,7 @@ def _without_seconds(path):
 
 def test_splits_equal_local(tmp_path, shared_data):
   train, valid = _split_corpora(tmp_path, shared_data)
-  local = splits.build_splits(corpora.read_corpus(train)[0], corpora.read_corpus(valid)[0], FAST)
+  local = split_search.build_splits(corpora.read_corpus(train)[0], corpora.read_corpus(valid)[0], FAST)
   beam = splits_beam.build_splits_beam(train, valid, FAST).with_ids(  # flags in corpus order -> ids
       [d.id for d in corpora.read_corpus(train)[0]], [d.id for d in corpora.read_corpus(valid)[0]])
   assert beam.ids == local.ids
@@ -224,7 +229,7 @@ def test_splits_stage_two_workers_writes_the_local_file(tmp_path, shared_data, c
   assert beam["key"] == local["key"] and os.path.basename(local["output"]) == f"splits_{local['key']}.json"
   assert _without_seconds(beam["output"]) == _without_seconds(local["output"])
   # The memorization stage reuses the file by its key.
-  cfg = splits.SplitConfig(num_perm=1280, num_bands=128)
+  cfg = split_types.SplitConfig(num_perm=1280, num_bands=128)
   reused = splits.load_or_build_splits(os.path.dirname(local["output"]), corpora.read_corpus(train)[0],
                                        corpora.read_corpus(valid)[0], cfg)
   assert reused[2] and reused[1] == local["output"]
@@ -263,8 +268,8 @@ def test_tfds_dataset_read_on_beam(tmp_path):
   from apache_beam.testing.util import assert_that, equal_to  # pylint: disable=g-import-not-at-top
   builder = _tiny_tfds_builder()(data_dir=str(tmp_path))
   builder.download_and_prepare()
-  beam = beam_io.import_beam()
-  with beam.Pipeline(options=beam_io.pipeline_options("DirectRunner")) as p:
+  beam = beam_runner.import_beam()
+  with beam.Pipeline(options=beam_runner.pipeline_options("DirectRunner")) as p:
     # A prepared dataset by its folder, as `tfds:c4/en:train` is read by name.
     docs = beam_io.read_documents(p, f"tfds:{builder.data_dir}:train", id_field="url")
     assert_that(docs | beam.Map(lambda kv: kv[1]), equal_to([("http://example.org/0", "Document number 0."),

@@ -53,8 +53,8 @@ def test_bench_refuses_settings_that_cannot_work(bad, message, tmp_path, capsys,
 
 
 def test_a_shape_is_refused_by_what_one_array_of_its_step_needs():
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  config = models.load_preset("t5_1_0_tiny")
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.load_preset("t5_1_0_tiny")
   floor, what = benchmark_case.step_memory_floor(config, 100_000_000, 8, 2, benchmark_case.NONDP)
   assert floor == 2 * 4 * 100_000_000 ** 2 * 4 and what.startswith("attention weights")
   floor, what = benchmark_case.step_memory_floor(config, 32, 8, 2, benchmark_case.VMAP)

@@ -22,17 +22,20 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from private_t5 import models
-from private_t5.dp.accounting import NoisySum
+from private_t5.models import config as config_lib
+from private_t5.models import network
+from private_t5.models import model
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp import auditing, clipping, ghost
 from private_t5.dp import noise as noise_lib
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.stages import gin_utils
 from private_t5.tokenizer.spm import train_from_sentences
-from private_t5.models import checkpoints
+from private_t5.models import checkpoint_read
 from private_t5.stages import train as train_stage
-from private_t5.train import optimizers, partitioning
+from private_t5.train import optimizers
+from private_t5.models import sharding
 from private_t5.train.trainer import Trainer, make_loss_fn
 
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
@@ -84,14 +87,14 @@ def batch(examples):
 
 @pytest.fixture(scope="module")
 def configs():
-  base = models.load_preset("t5_1_1_tiny", vocab_size=384, num_encoder_layers=1,
+  base = config_lib.load_preset("t5_1_1_tiny", vocab_size=384, num_encoder_layers=1,
                             num_decoder_layers=1, dropout_rate=0.1)
   return {dtype: base.replace(dtype=dtype) for dtype in DTYPES}
 
 
 @pytest.fixture(scope="module")
 def params(configs):
-  return models.init_params(configs["float32"], jax.random.PRNGKey(0))
+  return network.init_params(configs["float32"], jax.random.PRNGKey(0))
 
 
 def _loss_fn(config):
@@ -144,7 +147,7 @@ def test_network_computes_in_the_activation_dtype_with_float32_params(configs, p
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
   ops = {}
   for dtype, config in configs.items():
-    closed = jax.make_jaxpr(lambda p, b, config=config: models.example_loss_fn(p, b, config))(params, batch)
+    closed = jax.make_jaxpr(lambda p, b, config=config: model.example_loss_fn(p, b, config))(params, batch)
     assert closed.out_avals[0].dtype == jnp.float32  # the per-example loss
     eqns = list(_equations(closed.jaxpr))
     ops[dtype] = {name: [e for e in eqns if str(e.primitive) == name]
@@ -244,7 +247,7 @@ def test_second_pass_is_refused_with_bf16_activations(aggregators, params, batch
 
 
 def test_bf16_train_step_keeps_params_and_optimizer_state_float32(configs, aggregators, params, batch):
-  mesh = partitioning.create_mesh((1, 1), jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), jax.devices()[:1])
   trainer = Trainer(configs["bfloat16"], aggregators["bfloat16", "ghost"],
                     optimizers.adafactor(learning_rate=1e-2), mesh)
   state = trainer.init_state(jax.random.PRNGKey(0), initial_params=params)
@@ -269,7 +272,7 @@ def _dtype_from(files, bindings=()):
     ("t5_1_1_small", "bfloat16"), ("t5_1_1_base", "bfloat16"), ("t5_1_1_large", "bfloat16"), ("t5_1_1_xl", "bfloat16"),
     ("t5_1_1_tiny", "float32"), ("t5_1_0_small", "float32"), ("t5_1_0_tiny", "float32")])
 def test_model_files_set_the_activation_dtype_macro(name, dtype):
-  assert _dtype_from([f"configs/models/{name}.gin"]) == dtype == models.load_preset(name).dtype
+  assert _dtype_from([f"configs/models/{name}.gin"]) == dtype == config_lib.load_preset(name).dtype
   other = "float32" if dtype == "bfloat16" else "bfloat16"
   assert _dtype_from([f"configs/models/{name}.gin"], [f"ACTIVATION_DTYPE = '{other}'"]) == other
 
@@ -286,7 +289,7 @@ def test_bf16_dp_training_end_to_end(shared_data, tmp_path):
       f"--gin.DATA_CACHE_DIR={tmp_path}/cache", *MICRO_TRAIN_ARGS,
       "--gin.ACTIVATION_DTYPE='bfloat16'", "--gin.train.clipping_method='ghost'"])
   assert summary["final_step"] == 2 and summary["private"]
-  params, config, _ = checkpoints.restore_for_inference(model_dir)
+  params, config, _ = checkpoint_read.restore_for_inference(model_dir)
   assert config.dtype == "bfloat16"
   leaves = jax.tree.leaves(params)
   assert {np.asarray(x).dtype for x in leaves} == {np.dtype(np.float32)}

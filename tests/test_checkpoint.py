@@ -96,7 +96,7 @@ def test_unfinished_save_is_invisible_and_cleaned(tmp_path):
 
 def test_restore_for_inference_errors(tmp_path):
   with pytest.raises(CheckpointError, match="no checkpoints"):
-    checkpoints.restore_for_inference(str(tmp_path))
+    checkpoint_read.restore_for_inference(str(tmp_path))
 
 
 def test_restore_for_inference_reads_the_new_latest_after_a_rotation(tmp_path, monkeypatch):
@@ -115,34 +115,34 @@ def test_restore_for_inference_reads_the_new_latest_after_a_rotation(tmp_path, m
     return "params", "config", {"step": 2}
 
   monkeypatch.setattr(checkpoint_read, "_read_for_inference", read)
-  assert checkpoints.restore_for_inference(str(tmp_path))[2] == {"step": 2} and reads == [None, None]
+  assert checkpoint_read.restore_for_inference(str(tmp_path))[2] == {"step": 2} and reads == [None, None]
   os.rename(directory / "2", directory / "1")
   with pytest.raises(CheckpointError, match="vanished"):  # a given step is read once
-    checkpoints.restore_for_inference(str(tmp_path), step=1)
+    checkpoint_read.restore_for_inference(str(tmp_path), step=1)
 
 
 def test_every_reader_falls_back_from_a_damaged_latest_checkpoint(tmp_path, caplog):
   """export, memorization, evaluation and a LoRA base read all use restore_for_inference: a newest
   checkpoint with emptied metadata is skipped for the newest one that reads, as training does."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
-  metadata = {"model_config": dataclasses.asdict(models.load_preset("t5_1_0_tiny"))}
+  from private_t5.models import config  # pylint: disable=g-import-not-at-top
+  metadata = {"model_config": dataclasses.asdict(config.load_preset("t5_1_0_tiny"))}
   manager = checkpoints.CheckpointManager(str(tmp_path), keep=3, async_save=False)
   for step in (1, 2, 3):
     manager.save(step, _state(step), metadata)
   manager.close()
   for step in (2, 3):
     open(tmp_path / "checkpoints" / str(step) / "metadata" / "metadata", "w").close()  # emptied
-  params, _, info = checkpoints.restore_for_inference(str(tmp_path))
+  params, _, info = checkpoint_read.restore_for_inference(str(tmp_path))
   assert info["step"] == 1 and float(params["w"][0, 0]) == 1.0
   assert "cannot read checkpoint 3" in caplog.text and "read checkpoint 1 instead" in caplog.text
   # orbax's routine warnings of a read-only read ("read_only=True, setting save_interval_steps=0", ...) stay quiet.
   assert not [r.getMessage() for r in caplog.records if r.name == "absl" and r.levelno == logging.WARNING]
   with pytest.raises(CheckpointError, match="cannot read checkpoint 3"):  # a step asked for is that step
-    checkpoints.restore_for_inference(str(tmp_path), step=3)
+    checkpoint_read.restore_for_inference(str(tmp_path), step=3)
   open(tmp_path / "checkpoints" / "1" / "metadata" / "metadata", "w").close()
   with pytest.raises(CheckpointError, match="cannot read checkpoint 3"):  # none reads: the newest's error
-    checkpoints.restore_for_inference(str(tmp_path))
+    checkpoint_read.restore_for_inference(str(tmp_path))
 
 
 # -- kill -9 and resume --------------------------------------------------------------------------
@@ -219,8 +219,8 @@ def test_kill_9_then_rerun_resumes_without_lost_or_repeated_steps(small_corpus_a
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert f"resuming from checkpoint step {killed_at}" in rerun.stdout
 
-  ref_params, _, ref_info = checkpoints.restore_for_inference(reference_dir)
-  params, _, info = checkpoints.restore_for_inference(killed_dir)
+  ref_params, _, ref_info = checkpoint_read.restore_for_inference(reference_dir)
+  params, _, info = checkpoint_read.restore_for_inference(killed_dir)
   assert info["step"] == ref_info["step"] == steps
   for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params)):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

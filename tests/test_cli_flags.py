@@ -5,6 +5,7 @@ import pytest
 
 from private_t5.stages import cli
 from private_t5.stages import flags
+from private_t5.stages import verbosity
 from private_t5.errors import ConfigError
 
 # stage -> the plain flags its --help must list (besides --gin_file and --verbosity).
@@ -91,13 +92,13 @@ def test_unknown_flag_is_one_line_error(capsys):
 
 
 def test_verbosity_values():
-  assert flags.parse_verbosity("debug") == (logging.DEBUG, False)
-  assert flags.parse_verbosity("quiet") == (logging.WARNING, True)
-  assert flags.parse_verbosity("-1") == (logging.WARNING, True)
-  assert flags.parse_verbosity("0") == (logging.INFO, False)
+  assert verbosity.parse_verbosity("debug") == (logging.DEBUG, False)
+  assert verbosity.parse_verbosity("quiet") == (logging.WARNING, True)
+  assert verbosity.parse_verbosity("-1") == (logging.WARNING, True)
+  assert verbosity.parse_verbosity("0") == (logging.INFO, False)
   with pytest.raises(ConfigError, match="--verbosity"):
-    flags.parse_verbosity("loud")
-  rest, setting = flags.pop_verbosity(["--a=1", "-q", "--verbosity", "debug", "--b"])
+    verbosity.parse_verbosity("loud")
+  rest, setting = verbosity.pop_verbosity(["--a=1", "-q", "--verbosity", "debug", "--b"])
   assert rest == ["--a=1", "--b"] and setting == (logging.DEBUG, False)
 
 

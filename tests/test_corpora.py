@@ -7,6 +7,7 @@ import pytest
 
 from private_t5.data import builtin_corpus
 from private_t5.data import corpora
+from private_t5 import documents
 from private_t5.errors import ConfigError, DataError
 from conftest import expected
 
@@ -48,7 +49,7 @@ def test_jsonl_ids_users_and_fallback_ids(tmp_path):
                              json.dumps({"body": "world", "who": "bob"}),
                              json.dumps({"id": "z", "body": " ", "who": "bob"})]) + "\n")
   docs, stats = corpora.read_corpus(str(path), text_field="body", user_field="who")
-  assert docs == [corpora.Document("x", "hello", "ann"), corpora.Document("c.jsonl:2", "world", "bob")]
+  assert docs == [documents.Document("x", "hello", "ann"), documents.Document("c.jsonl:2", "world", "bob")]
   assert stats.blank_skipped == 1
   with pytest.raises(DataError, match=r"c.jsonl: line 1: no text field 'text'"):
     corpora.read_corpus(str(path))

@@ -18,9 +18,10 @@ from private_t5.dp import accounting
 from private_t5.dp import correlated_noise
 from private_t5.dp import noise as noise_lib
 from private_t5.dp import strategies
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.ledger import PrivacyLedger
-from private_t5.dp.mechanism import DPConfig, ExecutionSettings, build_mechanism, require_gaussian
+from private_t5.dp.config import DPConfig, ExecutionSettings, require_gaussian
+from private_t5.dp.mechanism import build_mechanism
 from private_t5.dp.sampling import CyclicPoissonSampler, PoissonSampler
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.stages import cli
@@ -394,12 +395,12 @@ def test_gaussian_ledger_json_has_no_correlated_fields():
 
 
 def test_correlated_training_composes_with_a_dp_vocabulary_by_events(tmp_path):
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import privacy_report  # pylint: disable=g-import-not-at-top
   vocab = tmp_path / "dp.model"
   vocab.write_bytes(b"a dp vocabulary")
   params = accounting.thresholded_gaussian_parameters(1e-8, l2=8.0, linf=1.0, max_distinct=64, target_epsilon=3.0)
-  report = ledger_lib.vocabulary_report(params, model_bytes=b"a dp vocabulary", insecure_seed=None)
-  path = ledger_lib.write_report(ledger_lib.vocabulary_report_path(str(vocab)), report)
+  report = privacy_report.vocabulary_report(params, model_bytes=b"a dp vocabulary", insecure_seed=None)
+  path = privacy_report.write_report(privacy_report.vocabulary_report_path(str(vocab)), report)
   for strategy in (BANDED, BLT):
     ledger = _correlated_ledger(noise=strategy.kind, strategy=strategy, delta=1e-8, accountant="pld")
     ledger.add_vocabulary(str(vocab), path)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from jax._src.cudnn import fused_attention_stablehlo
 
-from private_t5.models import Transformer, example_loss_fn, init_params, layers
+from private_t5.models.network import Transformer, init_params
+from private_t5.models.model import example_loss_fn
+from private_t5.models import layers
 from private_t5.models.config import load_preset
 from private_t5.models.network import param_shapes
 
@@ -204,7 +206,7 @@ def test_ghost_clipping_with_cudnn_attention_gives_the_norms_and_sums_of_xla_att
   XLA's on this host): the per-example norms (the relative position table's included) and the
   clipped sum of `attention="xla"`."""
   from private_t5.dp import ghost
-  from private_t5.dp.accounting import NoisySum
+  from private_t5.dp.privacy_params import NoisySum
   from private_t5.train.trainer import make_loss_fn
   fused = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, "dot_product_attention",

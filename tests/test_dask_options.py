@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from private_t5.data import beam_io, beam_runner
+from private_t5.data import beam_runner
 from private_t5.errors import ConfigError
 from private_t5.stages import cli
 from private_t5.stages import splits as splits_stage
@@ -41,13 +41,13 @@ def listening():
 
 def _dask_error(beam_options):
   with pytest.raises(ConfigError) as e:
-    beam_io.pipeline_options("DaskRunner", beam_options)
+    beam_runner.pipeline_options("DaskRunner", beam_options)
   assert "\n" not in str(e.value)
   return str(e.value)
 
 
 def _dask_options(beam_options):
-  return beam_io.pipeline_options("DaskRunner", beam_options).get_all_options(drop_default=True)
+  return beam_runner.pipeline_options("DaskRunner", beam_options).get_all_options(drop_default=True)
 
 
 def test_no_scheduler_is_an_error_unless_a_local_cluster_is_asked_for():
@@ -101,7 +101,7 @@ def test_one_scheduler_only_and_dask_options_on_dask_only(listening):
   assert "not --dask_client_address and --dask_local_cluster" in _dask_error(f"--dask_client_address={listening} {LOCAL}")
   with pytest.raises(ConfigError, match=r"the Dask options \(--dask_npartitions\) are for --runner=DaskRunner, "
                                         r"not --runner=DirectRunner"):
-    beam_io.pipeline_options("DirectRunner", "--dask_npartitions=4")
+    beam_runner.pipeline_options("DirectRunner", "--dask_npartitions=4")
 
 
 def test_a_refused_connection_is_reported_at_once(refused_port):
@@ -169,8 +169,8 @@ def test_beam_options_with_the_local_runner_are_one_warning(argv, warned, caplog
   args, _, _ = splits_stage._parser().parse_stage_args(  # pylint: disable=protected-access
       ["--train_corpus=t.jsonl", "--valid_corpus=v.jsonl", "--output=out/"] + argv)
   with caplog.at_level(logging.WARNING, logger="private_t5.data.beam_io"):
-    beam = beam_io.is_beam(args.runner)
-    beam_io.is_beam(args.runner)  # a stage may ask again: one warning
+    beam = beam_runner.is_beam(args.runner)
+    beam_runner.is_beam(args.runner)  # a stage may ask again: one warning
   assert beam == (args.runner == "DirectRunner") and json.dumps(args.runner) == json.dumps(
       "DirectRunner" if beam else "local")
   lines = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]

@@ -154,12 +154,13 @@ def test_a_failure_in_a_worker_is_one_line_naming_the_stage(tmp_path, cluster, v
 
 def test_dp_spm_histogram_on_dask_equals_local(tmp_path, cluster):
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import dp_spm, dp_spm_beam  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import dp_spm_beam  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import dp_spm_histogram  # pylint: disable=g-import-not-at-top
   address, client = cluster
   pattern = _corpus_parts(str(tmp_path / "corpus"), num_parts=2, limit=300)
-  bound = dp_spm.ContributionBound("capped", 32)
+  bound = dp_spm_histogram.ContributionBound("capped", 32)
   texts = [d.text for spec in sorted(corpora.match_pattern(pattern)) for d in corpora.iter_documents(spec)]
-  local, s1 = dp_spm.build_histogram(texts, bound, num_workers=1)
+  local, s1 = dp_spm_histogram.build_histogram(texts, bound, num_workers=1)
   hist, s2 = _run_on_both_workers(client, lambda: dp_spm_beam.beam_histogram(
       pattern, bound, runner="DaskRunner", beam_options=f"--dask_client_address={address}"))
   assert dict(hist) == dict(local)

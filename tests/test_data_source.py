@@ -9,7 +9,7 @@ from private_t5.data import source as source_lib
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import file_sha256
-from private_t5.tokenizer import spm as spm_lib
+from private_t5 import vocabulary
 from test_data_vocab import FORTUNES, LINUX_DOCS, small_vocab_path
 from conftest import shared_or_fixture
 
@@ -26,7 +26,7 @@ def vocab_path(tmp_path_factory, shared_data):
 
 @pytest.fixture(scope="module")
 def vocab(vocab_path):
-  return spm_lib.load_vocabulary(vocab_path)
+  return vocabulary.load_vocabulary(vocab_path)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def _unmask(inputs, targets, vocab_size):
   targets = [int(t) for t in targets if t > 1]
   spans, current = {}, None
   for t in targets:
-    if t >= vocab_size - spm_lib.NUM_EXTRA_IDS:
+    if t >= vocab_size - vocabulary.NUM_EXTRA_IDS:
       current = t
       spans[current] = []
     else:
@@ -99,8 +99,8 @@ def test_span_corruption_sentinels_decodable(linux_sources, vocab):
   assert src.objective.raw_length == 568
   batch = src.get_batch(np.arange(8), seed=1, batch_size=8)
   for inputs, targets in zip(batch["encoder_input_tokens"], batch["decoder_target_tokens"]):
-    sentinels_in = inputs[inputs >= vocab.vocab_size - spm_lib.NUM_EXTRA_IDS]
-    sentinels_out = targets[targets >= vocab.vocab_size - spm_lib.NUM_EXTRA_IDS]
+    sentinels_in = inputs[inputs >= vocab.vocab_size - vocabulary.NUM_EXTRA_IDS]
+    sentinels_out = targets[targets >= vocab.vocab_size - vocabulary.NUM_EXTRA_IDS]
     assert len(sentinels_in) >= 1
     np.testing.assert_array_equal(sentinels_in, sentinels_out)  # same spans, same order
     np.testing.assert_array_equal(sentinels_in, vocab.vocab_size - 1 - np.arange(len(sentinels_in)))
@@ -251,7 +251,7 @@ def test_store_is_cached_by_content(shared_data, vocab_path, cache_dir, tmp_path
   data = open(vocab_path, "rb").read()
   other_vocab.write_bytes(data)
   assert store_lib.build_store(corpus, str(other_vocab), cache_dir=cache_dir, max_documents=50).path == first.path
-  vocab = spm_lib.load_vocabulary(vocab_path)
+  vocab = vocabulary.load_vocabulary(vocab_path)
   np.testing.assert_array_equal(first.document_tokens(3), vocab.encode(_fortune(corpus, 3)))
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from private_t5.errors import DataError
 from private_t5.tokenizer import spm as spm_lib
+from private_t5 import vocabulary
 from conftest import shared_or_fixture
 
 FORTUNES = "pretrain/fortunes.jsonl.gz"
@@ -34,8 +35,8 @@ def vocab_path(tmp_path_factory, shared_data):
 
 
 def test_t5_layout_and_sentinels(vocab_path):
-  vocab = spm_lib.load_vocabulary(vocab_path)
-  assert vocab.vocab_size == 2000 + spm_lib.NUM_EXTRA_IDS
+  vocab = vocabulary.load_vocabulary(vocab_path)
+  assert vocab.vocab_size == 2000 + vocabulary.NUM_EXTRA_IDS
   assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2)
   # <extra_id_0> is the top id, as t5's noise_span_to_unique_sentinel assumes.
   assert vocab.encode("<extra_id_0>")[-1] == vocab.vocab_size - 1
@@ -48,9 +49,9 @@ def test_not_a_sentencepiece_model(tmp_path):
   bad = tmp_path / "vocab.model"
   bad.write_bytes(b"this is not a protobuf")
   with pytest.raises(DataError, match="not a SentencePiece model"):
-    spm_lib.load_vocabulary(str(bad))
+    vocabulary.load_vocabulary(str(bad))
   with pytest.raises(DataError, match="not found"):
-    spm_lib.load_vocabulary(str(tmp_path / "missing.model"))
+    vocabulary.load_vocabulary(str(tmp_path / "missing.model"))
 
 
 def test_same_ids_pieces_and_model_as_seqio(vocab_path):
@@ -60,8 +61,8 @@ def test_same_ids_pieces_and_model_as_seqio(vocab_path):
   from private_t5.data import corpora  # pylint: disable=g-import-not-at-top
   quiet_tf.import_tensorflow()
   import seqio  # pylint: disable=g-import-not-at-top
-  ours = spm_lib.load_vocabulary(vocab_path)
-  reference = seqio.SentencePieceVocabulary(vocab_path, extra_ids=spm_lib.NUM_EXTRA_IDS)
+  ours = vocabulary.load_vocabulary(vocab_path)
+  reference = seqio.SentencePieceVocabulary(vocab_path, extra_ids=vocabulary.NUM_EXTRA_IDS)
   assert ours.sp_model == reference.sp_model
   assert (ours.vocab_size, ours.eos_id, ours.unk_id, ours.pad_id) == (
       reference.vocab_size, reference.eos_id, reference.unk_id, reference.pad_id)

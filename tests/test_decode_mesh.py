@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from private_t5 import models
+from private_t5.models import config as config_lib
+from private_t5.models import network
+from private_t5.models import model as model_lib
 from private_t5.eval import memorization
 from private_t5.models import decoding, layers, mesh_inference, sharding
 
@@ -21,8 +24,8 @@ MESHES = [(1, 1), (8, 1), (2, 4)]
 
 @pytest.fixture(scope="module")
 def tiny():
-  config = models.load_preset("t5_1_1_tiny", vocab_size=VOCAB)
-  params = models.init_params(config, jax.random.PRNGKey(0))
+  config = config_lib.load_preset("t5_1_1_tiny", vocab_size=VOCAB)
+  params = network.init_params(config, jax.random.PRNGKey(0))
   inputs = np.random.default_rng(0).integers(3, VOCAB, size=(ROWS, WIDTH)).astype(np.int32)
   inputs[3, 4:] = 0  # a shorter prompt
   one = jax.devices()[0]
@@ -83,7 +86,7 @@ def test_fully_sharded_parameters_decode_the_same_tokens(tiny):
 def test_parameters_are_laid_out_by_the_training_rules(tiny, on_mesh):
   shape, inference = on_mesh
   placed = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(inference.params)}
-  expected = sharding.param_shardings(models.param_logical_axes(tiny["config"]), models.param_shapes(tiny["config"]),
+  expected = sharding.param_shardings(network.param_logical_axes(tiny["config"]), network.param_shapes(tiny["config"]),
                                       inference.mesh)
   for key, want in jax.tree_util.tree_leaves_with_path(expected):
     assert placed[jax.tree_util.keystr(key)].sharding.is_equivalent_to(want, len(want.spec) or 1)
@@ -123,7 +126,7 @@ def test_scores_on_the_mesh_equal_one_device(tiny, on_mesh):
   targets = np.random.default_rng(1).integers(3, VOCAB, size=(5, LENGTH)).astype(np.int32)
   weights = np.ones(targets.shape, np.float32)
   weights[0, 3:] = 0
-  reference = jax.jit(models.EncoderDecoderModel(tiny["config"]).score_batch)(
+  reference = jax.jit(model_lib.EncoderDecoderModel(tiny["config"]).score_batch)(
       tiny["params"], {"encoder_input_tokens": tiny["inputs"][:5], "decoder_target_tokens": targets,
                        "decoder_loss_weights": weights})
   got = memorization.make_scorer(None, tiny["config"], inference)(tiny["inputs"][:5], targets, weights)
@@ -160,10 +163,9 @@ def test_memorization_refuses_a_bad_mesh_before_loading(bad, message, tmp_path, 
 
 
 def test_training_and_evaluation_share_the_rules():
-  from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
-  assert partitioning.LOGICAL_AXIS_RULES == sharding.LOGICAL_AXIS_RULES
-  assert partitioning.FULLY_SHARDED_RULES == sharding.FULLY_SHARDED_RULES
-  assert partitioning.axis_rules("fully_sharded") == sharding.axis_rules("fully_sharded")
+  assert sharding.LOGICAL_AXIS_RULES == sharding.LOGICAL_AXIS_RULES
+  assert sharding.FULLY_SHARDED_RULES == sharding.FULLY_SHARDED_RULES
+  assert sharding.axis_rules("fully_sharded") == sharding.axis_rules("fully_sharded")
 
 
 def test_glue_evaluation_on_the_mesh_equals_one_device(shared_data, tmp_path):
@@ -172,8 +174,8 @@ def test_glue_evaluation_on_the_mesh_equals_one_device(shared_data, tmp_path):
   from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
   from test_glue_tasks import train_test_vocab  # pylint: disable=g-import-not-at-top,g-bad-import-order
   vocab = train_test_vocab(shared_data, tmp_path / "glue.model", vocab_size=400)
-  config = models.load_preset("t5_1_1_tiny", vocab_size=512)
-  params = models.init_params(config, jax.random.PRNGKey(2))
+  config = config_lib.load_preset("t5_1_1_tiny", vocab_size=512)
+  params = network.init_params(config, jax.random.PRNGKey(2))
   lengths = {"inputs": 24, "targets": 4}
   runs = {}
   for shape in ((1, 1), (2, 4)):
@@ -190,8 +192,8 @@ def test_glue_evaluation_on_the_mesh_equals_one_device(shared_data, tmp_path):
 def test_parameters_cast_once_give_the_same_logits_and_tokens_in_bfloat16():
   """`layers.cast_at_use` (the decode program casts kernels and embeddings to the activation
   dtype once, outside its loop): bit for bit the model's own casts, layer-norm scales kept."""
-  config = models.load_preset("t5_1_1_tiny", vocab_size=VOCAB, dtype="bfloat16")
-  params = models.init_params(config, jax.random.PRNGKey(1))
+  config = config_lib.load_preset("t5_1_1_tiny", vocab_size=VOCAB, dtype="bfloat16")
+  params = network.init_params(config, jax.random.PRNGKey(1))
   cast = layers.cast_at_use(params, config.dtype)
   kinds = {jax.tree_util.keystr(k).split("'")[-2]: v.dtype for k, v in jax.tree_util.tree_leaves_with_path(cast)}
   assert kinds == {"kernel": jnp.bfloat16, "embedding": jnp.bfloat16, "rel_embedding": jnp.bfloat16,

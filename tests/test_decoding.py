@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from private_t5.models import Transformer, decoding, init_params, load_preset
+from private_t5.models.network import Transformer, init_params
+from private_t5.models import decoding
+from private_t5.models.config import load_preset
 
 VOCAB, LENGTH = 256, 9
 
@@ -51,7 +53,7 @@ def test_a_beam_alive_at_the_length_wins_over_a_worse_finished_one(model):
   alive at max_decode_length is a complete hypothesis and must beat a finished (EOS) one it
   outscores. beam_size=1 follows the greedy path; the EOS is declared to be the runner-up
   token of the first step, so a one-token finished hypothesis exists from the start."""
-  from private_t5.models import EncoderDecoderModel  # pylint: disable=g-import-not-at-top
+  from private_t5.models.model import EncoderDecoderModel  # pylint: disable=g-import-not-at-top
   config, params, enc = model
   row = enc[:1]
   greedy = np.asarray(decoding.greedy_decode(params, config, row, max_decode_length=LENGTH, eos_id=-1))

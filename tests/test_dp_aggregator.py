@@ -16,13 +16,15 @@ import pytest
 import scipy.stats
 import sentencepiece as spm
 
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp import aggregator as agg_lib
 from private_t5.dp import clipping
 from private_t5.dp import noise as noise_lib
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.errors import PrivacyError
-from private_t5.models import example_loss_fn, init_params, load_preset
+from private_t5.models.model import example_loss_fn
+from private_t5.models.network import init_params
+from private_t5.models.config import load_preset
 from private_t5.tokenizer.spm import train_from_sentences
 from private_t5.train.host_microbatches import split_microbatches
 

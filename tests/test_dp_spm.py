@@ -13,14 +13,19 @@ from scipy import optimize, special, stats
 
 from private_t5 import doc_fingerprints
 from private_t5.stages import cli
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import privacy_report
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.tokenizer import dp_spm
+from private_t5.tokenizer import dp_spm_histogram
+from private_t5.tokenizer import dp_spm_release
+from private_t5.tokenizer import spm as spm_lib2
+from private_t5.tokenizer import dp_spm_measures
+from private_t5.tokenizer import dp_spm_train
 from conftest import expected, shared_or_fixture
 
-PAPER = dp_spm.ContributionBound("paper", 256)
-CAPPED = dp_spm.ContributionBound("capped", 256)
+PAPER = dp_spm_histogram.ContributionBound("paper", 256)
+CAPPED = dp_spm_histogram.ContributionBound("capped", 256)
 
 
 def _analytic_gaussian_delta(eps, s):
@@ -32,12 +37,12 @@ def _analytic_gaussian_delta(eps, s):
 # Privacy maths against independent computations
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bound", [PAPER, CAPPED, dp_spm.ContributionBound("paper", 64)])
+@pytest.mark.parametrize("bound", [PAPER, CAPPED, dp_spm_histogram.ContributionBound("paper", 64)])
 @pytest.mark.parametrize("sigma_over_k", [0.3, 2.0, 30.0])
 def test_epsilon_and_threshold_match_independent_computation(bound, sigma_over_k):
   delta = 1e-8
   sigma = sigma_over_k * bound.l2
-  p = dp_spm.privacy_parameters(delta, bound, sigma=sigma)
+  p = dp_spm_release.privacy_parameters(delta, bound, sigma=sigma)
   # Tight ε: root of the analytic Gaussian δ(ε) = δ/2.
   eps = optimize.brentq(lambda e: _analytic_gaussian_delta(e, sigma_over_k) - delta / 2, 1e-9, 500)
   assert p["epsilon"] == pytest.approx(eps, rel=1e-5)
@@ -55,26 +60,26 @@ def test_epsilon_and_threshold_match_independent_computation(bound, sigma_over_k
 
 def test_classical_bound_only_valid_below_one():
   # For ε < 1 the classical formula over-estimates ε; above 1 it can UNDER-estimate it.
-  small = dp_spm.privacy_parameters(1e-8, PAPER, sigma=256 * 30.0)
+  small = dp_spm_release.privacy_parameters(1e-8, PAPER, sigma=256 * 30.0)
   assert small["epsilon_paper_formula_valid"] and small["epsilon"] < small["epsilon_paper_formula"]
-  large = dp_spm.privacy_parameters(1e-8, PAPER, sigma=256 * 0.2302)
+  large = dp_spm_release.privacy_parameters(1e-8, PAPER, sigma=256 * 0.2302)
   assert not large["epsilon_paper_formula_valid"] and large["epsilon"] > large["epsilon_paper_formula"]
 
 
 @pytest.mark.parametrize("target", [0.17, 3.37, 33.7])
 @pytest.mark.parametrize("bound", [PAPER, CAPPED])
 def test_calibration_both_ways(target, bound):
-  forward = dp_spm.privacy_parameters(1e-8, bound, target_epsilon=target)
+  forward = dp_spm_release.privacy_parameters(1e-8, bound, target_epsilon=target)
   assert forward["epsilon"] <= target * (1 + 1e-6)
   assert forward["epsilon"] == pytest.approx(target, rel=1e-3)
-  back = dp_spm.privacy_parameters(1e-8, bound, sigma=forward["noise_std"])
+  back = dp_spm_release.privacy_parameters(1e-8, bound, sigma=forward["noise_std"])
   assert back["epsilon"] == pytest.approx(forward["epsilon"], rel=1e-9)
   assert back["threshold"] == pytest.approx(forward["threshold"])
 
 
 def test_capped_is_sixteen_times_less_noise_than_paper():
-  p = dp_spm.privacy_parameters(1e-8, PAPER, target_epsilon=3.37)
-  c = dp_spm.privacy_parameters(1e-8, CAPPED, target_epsilon=3.37)
+  p = dp_spm_release.privacy_parameters(1e-8, PAPER, target_epsilon=3.37)
+  c = dp_spm_release.privacy_parameters(1e-8, CAPPED, target_epsilon=3.37)
   assert p["noise_std"] / c["noise_std"] == pytest.approx(16.0, rel=1e-3)  # k = 256 vs √256
   assert c["threshold"] < p["threshold"] / 10
 
@@ -85,14 +90,14 @@ def test_capped_is_sixteen_times_less_noise_than_paper():
 def test_bad_privacy_inputs(kwargs):
   delta = kwargs.pop("delta")
   with pytest.raises(PrivacyError):
-    dp_spm.privacy_parameters(delta, PAPER, **kwargs)
+    dp_spm_release.privacy_parameters(delta, PAPER, **kwargs)
 
 
 def test_bad_bound():
   with pytest.raises(ConfigError):
-    dp_spm.ContributionBound("none", 256)
+    dp_spm_histogram.ContributionBound("none", 256)
   with pytest.raises(ConfigError):
-    dp_spm.ContributionBound("paper", 0)
+    dp_spm_histogram.ContributionBound("paper", 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,10 +113,10 @@ def _adversarial_documents(rng):
   return docs
 
 
-@pytest.mark.parametrize("bound", [PAPER, CAPPED, dp_spm.ContributionBound("capped", 7)])
+@pytest.mark.parametrize("bound", [PAPER, CAPPED, dp_spm_histogram.ContributionBound("capped", 7)])
 def test_document_histogram_respects_bound(bound):
   for doc in _adversarial_documents(np.random.default_rng(1)):
-    h = dp_spm.document_histogram(doc, bound)
+    h = dp_spm_histogram.document_histogram(doc, bound)
     v = np.array(list(h.values()), dtype=float)
     assert np.linalg.norm(v) <= bound.l2 + 1e-9
     assert v.max() <= bound.linf
@@ -121,23 +126,23 @@ def test_document_histogram_respects_bound(bound):
 
 def test_paper_and_capped_counts():
   doc = "the cat saw the dog and the bird"
-  assert dp_spm.document_histogram(doc, PAPER) == {"the": 3, "cat": 1, "saw": 1, "dog": 1, "and": 1, "bird": 1}
-  assert dp_spm.document_histogram(doc, CAPPED) == {w: 1 for w in ["the", "cat", "saw", "dog", "and", "bird"]}
+  assert dp_spm_histogram.document_histogram(doc, PAPER) == {"the": 3, "cat": 1, "saw": 1, "dog": 1, "and": 1, "bird": 1}
+  assert dp_spm_histogram.document_histogram(doc, CAPPED) == {w: 1 for w in ["the", "cat", "saw", "dog", "and", "bird"]}
   # Long documents keep N evenly spaced positions; capped keeps the W most frequent words.
   long_doc = " ".join(f"w{i}" for i in range(1000))
-  assert sum(dp_spm.document_histogram(long_doc, PAPER).values()) == 256
-  h = dp_spm.document_histogram("b a a c c c d", dp_spm.ContributionBound("capped", 2))
+  assert sum(dp_spm_histogram.document_histogram(long_doc, PAPER).values()) == 256
+  h = dp_spm_histogram.document_histogram("b a a c c c d", dp_spm_histogram.ContributionBound("capped", 2))
   assert h == {"c": 1, "a": 1}
   # Words are unnormalised: punctuation and case are kept.
-  assert "Chrysler's" in dp_spm.document_histogram("Chrysler's chrysler", PAPER)
+  assert "Chrysler's" in dp_spm_histogram.document_histogram("Chrysler's chrysler", PAPER)
 
 
 @pytest.mark.parametrize("bound", [PAPER, CAPPED])
 def test_removing_one_document_moves_sum_by_at_most_k(bound):
   docs = _adversarial_documents(np.random.default_rng(2))
-  full, _ = dp_spm.build_histogram(docs, bound, num_workers=1, chunk_size=7)
+  full, _ = dp_spm_histogram.build_histogram(docs, bound, num_workers=1, chunk_size=7)
   for i in range(0, len(docs), 5):
-    rest, _ = dp_spm.build_histogram(docs[:i] + docs[i + 1:], bound, num_workers=1, chunk_size=7)
+    rest, _ = dp_spm_histogram.build_histogram(docs[:i] + docs[i + 1:], bound, num_workers=1, chunk_size=7)
     diff = np.array([full[w] - rest.get(w, 0) for w in full], dtype=float)
     assert np.linalg.norm(diff) <= bound.l2 + 1e-9
     assert np.abs(diff).max() <= bound.linf
@@ -146,8 +151,8 @@ def test_removing_one_document_moves_sum_by_at_most_k(bound):
 
 def test_parallel_histogram_equals_serial():
   docs = _adversarial_documents(np.random.default_rng(3))
-  serial, s1 = dp_spm.build_histogram(docs, PAPER, num_workers=1)
-  parallel, s2 = dp_spm.build_histogram(iter(docs), PAPER, num_workers=2, chunk_size=3)
+  serial, s1 = dp_spm_histogram.build_histogram(docs, PAPER, num_workers=1)
+  parallel, s2 = dp_spm_histogram.build_histogram(iter(docs), PAPER, num_workers=2, chunk_size=3)
   assert serial == parallel
   assert (s1.documents, s1.bytes, s1.words_raw, s1.words_counted) == (
       s2.documents, s2.bytes, s2.words_raw, s2.words_counted)
@@ -157,20 +162,20 @@ def test_parallel_histogram_equals_serial():
 # Monte Carlo: a word from a single document survives with probability ≤ the bound
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bound", [dp_spm.ContributionBound("paper", 4), dp_spm.ContributionBound("capped", 4)])
+@pytest.mark.parametrize("bound", [dp_spm_histogram.ContributionBound("paper", 4), dp_spm_histogram.ContributionBound("capped", 4)])
 def test_single_document_word_survival_monte_carlo(bound):
   delta, sigma, trials = 0.2, 3.0 * bound.l2, 400_000
-  p = dp_spm.privacy_parameters(delta, bound, sigma=sigma)
+  p = dp_spm_release.privacy_parameters(delta, bound, sigma=sigma)
   # Worst case: a word that only one document has, at the largest count it may give (m).
   hist = {f"u{i}": int(bound.linf) for i in range(trials)}
-  kept = dp_spm.private_histogram(hist, p["noise_std"], p["threshold"], np.random.default_rng(7))
+  kept = dp_spm_release.private_histogram(hist, p["noise_std"], p["threshold"], np.random.default_rng(7))
   rate = len(kept) / trials
   per_word_bound = p["delta_threshold"] / bound.max_distinct
   se = math.sqrt(per_word_bound * (1 - per_word_bound) / trials)
   assert rate <= per_word_bound + 4 * se
   assert rate >= per_word_bound - 4 * se  # the bound is attained at count m: it is tight
   # The paper's printed threshold lets such words through far more often than δ/(2N).
-  kept_paper = dp_spm.private_histogram(hist, p["noise_std"], p["threshold_paper_formula"], np.random.default_rng(8))
+  kept_paper = dp_spm_release.private_histogram(hist, p["noise_std"], p["threshold_paper_formula"], np.random.default_rng(8))
   assert len(kept_paper) / trials > 2 * per_word_bound
 
 
@@ -179,24 +184,24 @@ def test_single_document_word_survival_monte_carlo(bound):
 # ---------------------------------------------------------------------------------------------
 
 def test_noise_is_fresh_without_seed_and_fixed_with_it():
-  a = dp_spm.noise_generator().normal(size=8)
-  b = dp_spm.noise_generator().normal(size=8)
+  a = dp_spm_release.noise_generator().normal(size=8)
+  b = dp_spm_release.noise_generator().normal(size=8)
   assert not np.allclose(a, b)
-  c = dp_spm.noise_generator(123).normal(size=8)
-  d = dp_spm.noise_generator(123).normal(size=8)
+  c = dp_spm_release.noise_generator(123).normal(size=8)
+  d = dp_spm_release.noise_generator(123).normal(size=8)
   np.testing.assert_array_equal(c, d)
   hist = {f"w{i}": 50 for i in range(2000)}
-  k1 = dp_spm.private_histogram(hist, 5.0, 50.0, dp_spm.noise_generator())
-  k2 = dp_spm.private_histogram(hist, 5.0, 50.0, dp_spm.noise_generator())
+  k1 = dp_spm_release.private_histogram(hist, 5.0, 50.0, dp_spm_release.noise_generator())
+  k2 = dp_spm_release.private_histogram(hist, 5.0, 50.0, dp_spm_release.noise_generator())
   assert k1 != k2
   # Noisy counts have the configured std.
-  noisy = np.array(list(dp_spm.private_histogram(hist, 5.0, -1e9, dp_spm.noise_generator(0)).values()))
+  noisy = np.array(list(dp_spm_release.private_histogram(hist, 5.0, -1e9, dp_spm_release.noise_generator(0)).values()))
   assert abs(noisy.std() - 5.0) < 0.5 and abs(noisy.mean() - 50.0) < 0.5
 
 
 def test_sentencepiece_builtin_dp_mode_is_ignored():
   # Cross-check: the pinned SentencePiece accepts but ignores its own DP flags (docs/privacy.md).
-  assert dp_spm.builtin_dp_is_ignored()
+  assert spm_lib2.builtin_dp_is_ignored()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +223,7 @@ def _fortunes(shared_data):
 def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / "vocab" / "dp.model")
   # The DP histogram of the 2,000 fixture documents keeps fewer words than the full 15,218.
   vocab_size = expected(600, 400)
@@ -246,7 +252,7 @@ def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
     # decoding gives the text back exactly.
     assert proc.unk_id() not in ids
     assert proc.decode(ids) == text
-  vocab = spm_lib.load_vocabulary(out)  # the data pipeline's loader accepts it (T5 layout + sentinels)
+  vocab = vocabulary.load_vocabulary(out)  # the data pipeline's loader accepts it (T5 layout + sentinels)
   assert vocab.vocab_size == vocab_size + 100
   # The training ledger composes the report.
   ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
@@ -292,8 +298,9 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   assert on_disk["corpus_file_digests"] == [{"path": os.path.realpath(corpus), "bytes": os.path.getsize(corpus),
                                              "sha256": file_sha256(corpus)}]
   from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
+  from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   assert spm_lib.trained_from_word_histogram(out) and not spm_lib.trained_from_word_histogram(corpus)
-  assert ledger_lib.find_vocabulary_report(out) == report["report_path"]
+  assert privacy_report.find_vocabulary_report(out) == report["report_path"]
   ledger = PrivacyLedger.create(noise_multiplier=1.0, clip_norm=1.0, delta=1e-7, num_examples=10_000, batch_size=100)
   ledger.record_steps(10)
   component = ledger.add_vocabulary(out, report["report_path"])
@@ -339,7 +346,7 @@ def test_killed_dp_spm_leaves_no_model_without_its_report(tmp_path):
   pair = (out.read_bytes(), open(report["report_path"]).read())
   killed_run(380)  # another vocabulary into the same folder
   assert (out.read_bytes(), open(report["report_path"]).read()) == pair
-  assert ledger_lib.find_vocabulary_report(str(out)) == report["report_path"]
+  assert privacy_report.find_vocabulary_report(str(out)) == report["report_path"]
   # (apart from them, private: the keyed signatures of the pair's documents and their key)
   assert sorted(os.listdir(out.parent)) == ["dp.model", "privacy_report.json"]
   assert sorted(os.listdir(str(out.parent) + ".private/dp.model")) == sorted(
@@ -430,14 +437,14 @@ def _data_independent_pieces(model_file):
   proc = spm.SentencePieceProcessor(model_file=model_file)
   return {proc.id_to_piece(i) for i in range(proc.get_piece_size())
           if proc.is_byte(i) or proc.is_control(i) or proc.is_unknown(i)
-          or proc.id_to_piece(i) in set(dp_spm.BASE_CHARACTERS) | {dp_spm.WORD_BOUNDARY}}
+          or proc.id_to_piece(i) in set(dp_spm_train.BASE_CHARACTERS) | {dp_spm_train.WORD_BOUNDARY}}
 
 
 def test_any_unicode_string_round_trips_without_unk(tmp_path):
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   texts = [f"alpha beta gamma delta {i % 5} epsilon zeta eta theta iota kappa lambda" for i in range(400)]
   out, report = _small_vocab(tmp_path, "a", texts)
-  assert report["byte_fallback"] and report["base_characters"] == dp_spm.BASE_CHARACTERS
+  assert report["byte_fallback"] and report["base_characters"] == dp_spm_train.BASE_CHARACTERS
   proc = spm.SentencePieceProcessor(model_file=out)
   rng = np.random.default_rng(0)
   random_texts = ["".join(chr(int(c)) for c in rng.integers(1, 0x2FFFF, size=int(rng.integers(1, 60)))
@@ -453,8 +460,8 @@ def test_data_independent_pieces_in_every_vocabulary(tmp_path):
   b, rb = _small_vocab(tmp_path, "b", [f"Ωmega ψι χι φι {i % 3} υψιλον" for i in range(400)])
   pa, pb = _data_independent_pieces(a), _data_independent_pieces(b)
   assert pa == pb
-  assert len(pa) == dp_spm.min_vocab_size(dp_spm.BASE_CHARACTERS) == 3 + 256 + 1 + 94
-  assert {f"<0x{i:02X}>" for i in range(256)} <= pa and set(dp_spm.BASE_CHARACTERS) <= pa
+  assert len(pa) == dp_spm_train.min_vocab_size(dp_spm_train.BASE_CHARACTERS) == 3 + 256 + 1 + 94
+  assert {f"<0x{i:02X}>" for i in range(256)} <= pa and set(dp_spm_train.BASE_CHARACTERS) <= pa
   for r in (ra, rb):
     src = r["pieces_by_source"]
     assert (src["special"], src["byte"], src["base_character"]) == (3, 256, 95)
@@ -464,7 +471,7 @@ def test_data_independent_pieces_in_every_vocabulary(tmp_path):
 def test_extra_characters_and_too_small_vocab(tmp_path):
   texts = [f"alpha beta gamma {i % 5}" for i in range(300)]
   out, report = _small_vocab(tmp_path, "a", texts, extra_characters="é ñ€é")
-  assert report["base_characters"] == dp_spm.BASE_CHARACTERS + "éñ€"
+  assert report["base_characters"] == dp_spm_train.BASE_CHARACTERS + "éñ€"
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   proc = spm.SentencePieceProcessor(model_file=out)
   assert all(proc.piece_to_id(c) != proc.unk_id() for c in "éñ€")
@@ -473,7 +480,7 @@ def test_extra_characters_and_too_small_vocab(tmp_path):
 
 
 def test_capped_is_the_default_sensitivity(tmp_path):
-  assert dp_spm.DEFAULT_SENSITIVITY == "capped" and dp_spm.ContributionBound().mode == "capped"
+  assert dp_spm_histogram.DEFAULT_SENSITIVITY == "capped" and dp_spm_histogram.ContributionBound().mode == "capped"
   _, report = _small_vocab(tmp_path, "a", [f"alpha beta gamma {i % 5}" for i in range(300)])
   assert report["sensitivity"]["mode"] == "capped"
   _, report = _small_vocab(tmp_path, "b", [f"alpha beta gamma {i % 5}" for i in range(300)], sensitivity="paper",
@@ -490,14 +497,14 @@ def test_capped_is_the_default_sensitivity(tmp_path):
 def test_sensitivity_holds_with_public_merge(bound):
   docs = _adversarial_documents(np.random.default_rng(4))
   public_docs = [" ".join(f"w{i}" for i in range(j, j + 300)) for j in range(0, 3000, 100)] + ["spam public"]
-  public, _ = dp_spm.build_histogram(public_docs, bound, num_workers=1)
-  full, _ = dp_spm.build_histogram(docs, bound, num_workers=1, chunk_size=7)
-  merged_full = dict(dp_spm.merge_public(full, public))
+  public, _ = dp_spm_histogram.build_histogram(public_docs, bound, num_workers=1)
+  full, _ = dp_spm_histogram.build_histogram(docs, bound, num_workers=1, chunk_size=7)
+  merged_full = dict(dp_spm_release.merge_public(full, public))
   for i in range(0, len(docs), 7):
-    rest, _ = dp_spm.build_histogram(docs[:i] + docs[i + 1:], bound, num_workers=1, chunk_size=7)
+    rest, _ = dp_spm_histogram.build_histogram(docs[:i] + docs[i + 1:], bound, num_workers=1, chunk_size=7)
     # The public counts are computed without the private corpus: the same for both neighbours.
-    assert dp_spm.build_histogram(public_docs, bound, num_workers=1)[0] == public
-    merged_rest = dict(dp_spm.merge_public(rest, public))
+    assert dp_spm_histogram.build_histogram(public_docs, bound, num_workers=1)[0] == public
+    merged_rest = dict(dp_spm_release.merge_public(rest, public))
     diff = np.array([merged_full[w] - merged_rest.get(w, 0) for w in merged_full], dtype=float)
     assert np.linalg.norm(diff) <= bound.l2 + 1e-9
     assert np.abs(diff).max() <= bound.linf
@@ -505,9 +512,9 @@ def test_sensitivity_holds_with_public_merge(bound):
 
 
 def test_merge_public_sums_and_keeps_public_words():
-  merged = dp_spm.merge_public({"a": 10.4, "b": 3.0}, {"a": 2, "c": 1})
+  merged = dp_spm_release.merge_public({"a": 10.4, "b": 3.0}, {"a": 2, "c": 1})
   assert merged == [("a", 12), ("b", 3), ("c", 1)]
-  assert dp_spm.merge_public({"a": 0.2}) == [("a", 1)]
+  assert dp_spm_release.merge_public({"a": 0.2}) == [("a", 1)]
 
 
 def test_public_corpus_adds_pieces_without_touching_the_private_release(tmp_path):
@@ -615,7 +622,7 @@ def test_unrelated_real_text_has_no_unk(tmp_path, shared_data):
   with gzip.open(os.path.join(shared_data, "pretrain", "python_docs.jsonl.gz"), "rt") as f:
     for line, _ in zip(f, range(20)):
       texts.append(json.loads(line)["text"])
-  u = dp_spm.tokenization_utility(out, texts + _UNRELATED)
+  u = dp_spm_measures.tokenization_utility(out, texts + _UNRELATED)
   assert u["unk_rate"] == 0.0 and u["exact_round_trip_fraction"] == 1.0 and u["tokens"] > 10_000
   for text in texts:
     assert proc.decode(proc.encode(text)) == text
@@ -625,9 +632,9 @@ def test_counts_past_the_trainers_budget_are_scaled_down_not_dropped():
   # SentencePiece's trainer holds memory in proportion to the total count: a large corpus's
   # histogram is scaled to the budget (post-processing), every kept word keeping a count >= 1.
   small = [("a", 5), ("b", 3)]
-  assert dp_spm.scale_counts(small, total=100) == (small, 1.0)
+  assert dp_spm_train.scale_counts(small, total=100) == (small, 1.0)
   counts = [("common", 9_000_000), ("rare", 3), ("mid", 1_000_000)]
-  scaled, factor = dp_spm.scale_counts(counts, total=1_000_000)
+  scaled, factor = dp_spm_train.scale_counts(counts, total=1_000_000)
   assert factor == pytest.approx(1_000_000 / 10_000_003)
   assert dict(scaled) == {"common": 900_000, "rare": 1, "mid": 100_000}
   assert sum(c for _, c in scaled) <= 1_000_000 + len(counts)

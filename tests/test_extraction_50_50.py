@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from private_t5.data.corpora import Document
+from private_t5.documents import Document
 from private_t5.errors import ConfigError
 from private_t5.eval import extraction_metrics, memorization, memorization_run, report
 

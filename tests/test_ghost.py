@@ -10,10 +10,13 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from private_t5 import models
+from private_t5.models import config as config_lib
+from private_t5.models import network
+from private_t5.models import model as model_lib
 from private_t5.dp import clipping, ghost, mechanism
+from private_t5.dp import config as config_lib2
 from private_t5.dp import noise as noise_lib
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import layers
@@ -45,9 +48,9 @@ def _batch(config, batch_size=4, input_len=12, target_len=6, seed=0):
 
 
 def _setup(preset, **overrides):
-  config = models.load_preset(preset, **overrides)
-  params = models.init_params(config, jax.random.PRNGKey(1))
-  loss_fn = functools.partial(models.example_loss_fn, config=config)
+  config = config_lib.load_preset(preset, **overrides)
+  params = network.init_params(config, jax.random.PRNGKey(1))
+  loss_fn = functools.partial(model_lib.example_loss_fn, config=config)
   return config, params, lambda p, b, k: loss_fn(p, b, dropout_rng=k)
 
 
@@ -165,10 +168,10 @@ def test_sharded_equals_unsharded():
 
 
 def test_uncovered_parameter_is_refused():
-  config = models.load_preset("t5_1_0_tiny", d_model=16, num_heads=2, d_ff=32, vocab_size=64,
+  config = config_lib.load_preset("t5_1_0_tiny", d_model=16, num_heads=2, d_ff=32, vocab_size=64,
                               num_encoder_layers=1, num_decoder_layers=1)
-  params = models.param_shapes(config)
-  loss_fn = lambda p, b, k: models.example_loss_fn(p["model"], b, config, k) * p["temperature"]
+  params = network.param_shapes(config)
+  loss_fn = lambda p, b, k: model_lib.example_loss_fn(p["model"], b, config, k) * p["temperature"]
   extended = {"model": params, "temperature": jax.ShapeDtypeStruct((), jnp.float32)}
   example = jax.tree.map(lambda x: x[0], _model_batch(_batch(config, seed=2)))
   recording = ghost.record_layer_uses(loss_fn, extended, example, None)
@@ -177,16 +180,16 @@ def test_uncovered_parameter_is_refused():
 
 
 def _tiny_config():
-  return models.load_preset("t5_1_0_tiny", d_model=16, num_heads=2, d_ff=32, vocab_size=64,
+  return config_lib.load_preset("t5_1_0_tiny", d_model=16, num_heads=2, d_ff=32, vocab_size=64,
                             num_encoder_layers=1, num_decoder_layers=1)
 
 
 def test_a_parameter_also_used_outside_its_layer_is_refused():
   """An L2 penalty on the (recorded) embedding would escape the ghost norm: refused."""
   config = _tiny_config()
-  params = models.init_params(config, jax.random.PRNGKey(0))
+  params = network.init_params(config, jax.random.PRNGKey(0))
   penalty = lambda p: 1e-2 * jnp.sum(jnp.square(p["token_embedder"]["embedding"]))
-  loss_fn = lambda p, b, k: models.example_loss_fn(p, b, config, k) + penalty(p)
+  loss_fn = lambda p, b, k: model_lib.example_loss_fn(p, b, config, k) + penalty(p)
   batch = _model_batch(_batch(config, seed=3))
   example = jax.tree.map(lambda x: x[0], batch)
   recording = ghost.record_layer_uses(loss_fn, params, example, None)
@@ -199,7 +202,7 @@ def test_a_parameter_also_used_outside_its_layer_is_refused():
   with pytest.raises(ConfigError, match="token_embedder/embedding"):
     jax.jit(agg.clipped_sum)(params, batch)
   # The unmodified loss of the same model passes.
-  plain = lambda p, b, k: models.example_loss_fn(p, b, config, k)
+  plain = lambda p, b, k: model_lib.example_loss_fn(p, b, config, k)
   ghost.check_coverage(params, ghost.record_layer_uses(plain, params, example, None))
 
 
@@ -258,9 +261,9 @@ def test_invalid_methods_raise_config_error():
 @pytest.mark.parametrize("preset", ["t5_1_0_small", "t5_1_1_small"])
 def test_every_parameter_of_the_real_presets_is_covered(preset):
   """Abstract trace only: every parameter of the full-size presets has a recorded use."""
-  config = models.load_preset(preset)
-  params = models.param_shapes(config)
-  loss_fn = lambda p, b, k: models.example_loss_fn(p, b, config, k)
+  config = config_lib.load_preset(preset)
+  params = network.param_shapes(config)
+  loss_fn = lambda p, b, k: model_lib.example_loss_fn(p, b, config, k)
   example = jax.tree.map(lambda x: x[0], _model_batch(_batch(config, input_len=512,
                                                              target_len=114)))
   recording = ghost.record_layer_uses(loss_fn, params, example, None)
@@ -342,7 +345,7 @@ def test_a_batch_of_only_nonfinite_examples_sums_to_zero(method):
 def test_the_execution_method_picks_the_aggregator_and_both_share_the_noisy_sum():
   noisy_sum = NoisySum(1.0, 1.0, 4.0)
   for method, cls in (("vmap", DPAggregator), ("ghost", ghost.GhostDPAggregator)):
-    agg = mechanism.AGGREGATORS[mechanism.ExecutionSettings(method=method).method](_dense_loss_fn(), noisy_sum)
+    agg = mechanism.AGGREGATORS[config_lib2.ExecutionSettings(method=method).method](_dense_loss_fn(), noisy_sum)
     assert type(agg) is cls and agg.noisy_sum is noisy_sum
   with pytest.raises(ConfigError, match="ghost"):
-    mechanism.ExecutionSettings(method="jit")
+    config_lib2.ExecutionSettings(method="jit")

@@ -5,17 +5,21 @@ import gin
 import pytest
 
 from private_t5.stages import cli, gin_utils
+from private_t5.stages import gin_args
+from private_t5.stages import gin_table
+from private_t5.stages import gin_errors
+from private_t5.stages import gin_paths
 from private_t5.errors import ConfigError, PrivacyError
 
 
 def test_registry_entries_resolve_and_stages_use_registered_names():
-  for name, target in gin_utils.CONFIGURABLES.items():
+  for name, target in gin_table.CONFIGURABLES.items():
     assert callable(gin_utils.resolve(target)), name
-  for entry, names in gin_utils.STAGE_CONFIGURABLES.items():
+  for entry, names in gin_table.STAGE_CONFIGURABLES.items():
     assert entry in names
-    assert set(names) <= set(gin_utils.CONFIGURABLES), entry
-  for name, (_, users) in gin_utils.GIN_TABLE.items():
-    assert set(users) <= set(gin_utils.ENTRIES) <= set(gin_utils.GIN_TABLE), name
+    assert set(names) <= set(gin_table.CONFIGURABLES), entry
+  for name, (_, users) in gin_table.GIN_TABLE.items():
+    assert set(users) <= set(gin_table.ENTRIES) <= set(gin_table.GIN_TABLE), name
 
 
 def test_unknown_stage_entry_is_a_config_error():
@@ -30,7 +34,7 @@ def test_unknown_registry_name_is_a_config_error():
 
 @pytest.mark.parametrize("flag", ["--gin.BATCH_SIZE=[16", "--gin.BATCH_SIZE=(1, 2", "--gin.X='abc"])
 def test_binding_syntax_error_names_the_flag_in_one_line(flag):
-  _, files, bindings = gin_utils.split_gin_args(["--gin_file=configs/models/t5_1_0_tiny.gin", flag])
+  _, files, bindings = gin_args.split_gin_args(["--gin_file=configs/models/t5_1_0_tiny.gin", flag])
   with pytest.raises(ConfigError) as info:
     gin_utils.parse(files, bindings, check_required=False, entry="T5Config")
   message = str(info.value)
@@ -120,7 +124,7 @@ def test_unwrap_error_strips_gin_proxy_and_context():
     gin_utils.call_configured(fail)
   assert type(info.value) is PrivacyError
   assert str(info.value) == "sigma must be > 0"
-  assert gin_utils.error_message(ValueError("bad\n  In call to configurable 'x' (<fn>)")) == "bad"
+  assert gin_errors.error_message(ValueError("bad\n  In call to configurable 'x' (<fn>)")) == "bad"
 
 
 MODEL_FILES = ["t5_1_0_base", "t5_1_0_large", "t5_1_0_small", "t5_1_0_tiny",
@@ -163,7 +167,7 @@ def _model_from(cwd, files, **kwargs):
 
 
 @pytest.mark.parametrize("name", ["models/t5_1_0_small.gin", "configs/models/t5_1_0_small.gin",
-                                  os.path.join(gin_utils.PACKAGE_CONFIGS, "models", "t5_1_0_small.gin")])
+                                  os.path.join(gin_paths.PACKAGE_CONFIGS, "models", "t5_1_0_small.gin")])
 def test_shipped_configs_are_found_by_name_from_any_directory(tmp_path, name):
   assert _model_from(str(tmp_path), [name]) == 6
 
@@ -198,7 +202,7 @@ def test_every_stage_takes_gin_search_paths_on_its_command_line(tmp_path, capsys
     assert "Gin file not found: 'deep.gin'" in capsys.readouterr().err
   finally:
     os.chdir(old)
-    gin_utils.set_search_paths(None)
+    gin_paths.set_search_paths(None)
     gin.clear_config()
 
 

@@ -6,12 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from private_t5 import models
+from private_t5.models import config as config_lib
 from private_t5.data import glue_tasks
 from private_t5.stages import evaluate as evaluate_stage
 from private_t5.train import main as train_main
 from private_t5.train import optimizers
-from private_t5.dp import mechanism as privacy
+from private_t5.dp import config as config_lib2
 
 from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-order
 from conftest import expected
@@ -34,7 +34,7 @@ def rotten_tomatoes(vocab):
 
 
 def _tiny_config():
-  return models.load_preset("t5_1_0_tiny", vocab_size=VOCAB_SIZE, dropout_rate=0.0)
+  return config_lib.load_preset("t5_1_0_tiny", vocab_size=VOCAB_SIZE, dropout_rate=0.0)
 
 
 @pytest.mark.slow
@@ -71,7 +71,7 @@ def test_finetuned_tiny_model_beats_majority_class(tmp_path, vocab, rotten_tomat
 def test_dp_finetuning_writes_a_ledger_over_the_finetuning_set(tmp_path, vocab, rotten_tomatoes):
   train, validation = rotten_tomatoes
   model_dir = str(tmp_path / "ft_dp")
-  dp = privacy.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
+  dp = config_lib2.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
   summary = train_main.train(
       model_config=_tiny_config(), train_data=train, validation_data=validation, model_dir=model_dir,
       train_steps=4, batch_size=32, learning_rate=optimizers.constant_schedule(1e-3), dp=dp,
@@ -89,8 +89,8 @@ def test_dp_finetuning_writes_a_ledger_over_the_finetuning_set(tmp_path, vocab, 
   assert math.isfinite(report["training_epsilon"]) and report["training_epsilon"] > 0
   assert report["delta"] <= 1.0 / train.num_examples
   # The ledger is stored in the checkpoint too (restore_for_inference returns its report).
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
-  params, config, info = checkpoints.restore_for_inference(model_dir)
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
+  params, config, info = checkpoint_read.restore_for_inference(model_dir)
   assert info["privacy_report"]["training_epsilon"] == pytest.approx(report["training_epsilon"])
   assert info["vocab_path"] == os.path.abspath(vocab)
   assert np.all(np.isfinite(params["token_embedder"]["embedding"]))
@@ -104,7 +104,7 @@ def test_dp_finetune_gin_from_imported_hf_weights(tmp_path, vocab):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
   from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
   # The shapes of configs/models/t5_1_0_tiny.gin with VOCAB_SIZE=1024.
@@ -127,7 +127,7 @@ def test_dp_finetune_gin_from_imported_hf_weights(tmp_path, vocab):
   assert report["dp"] and report["privacy_unit"] == "example" and report["num_examples"] == expected(10028, 3000)
   assert report["epsilon"] is None  # the vocabulary comes from the fine-tuning set, without DP
   assert math.isfinite(report["training_epsilon"]) and report["training_epsilon"] <= 8.0 + 1e-6
-  params, _, info = checkpoints.restore_for_inference(model_dir)
+  params, _, info = checkpoint_read.restore_for_inference(model_dir)
   assert info["vocab_path"] == os.path.abspath(os.path.join(hf_dir, "spiece.model"))
   # Two small steps from the imported weights stay near them (a random init would be far).
   start, _ = hf_convert.import_hf_t5(hf_dir)

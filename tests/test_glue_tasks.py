@@ -8,6 +8,8 @@ import scipy.stats
 import sklearn.metrics
 
 from private_t5.data import glue_readers, glue_tasks
+from private_t5.data import glue_rows
+from private_t5.data import glue_registry
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import glue_metrics
 from conftest import expected
@@ -64,33 +66,33 @@ def glue_dir(tmp_path):
 
 
 def test_glue_like_tasks_in_t5_text_to_text_form(shared_data):
-  ex = glue_tasks.load_examples("rotten_tomatoes", "validation")
+  ex = glue_rows.load_examples("rotten_tomatoes", "validation")
   with open(os.path.join(shared_data, "glue_like", "rotten_tomatoes", "validation.tsv")) as f:
     first = f.read().splitlines()[1].split("\t")
   assert ex["inputs"][0] == f"rotten_tomatoes sentence: {first[0]}"
   assert ex["targets"][0] == ("positive" if first[1] == "1" else "negative")
   assert len(ex["inputs"]) == len(ex["labels"]) == expected(1366, 300)
-  para = glue_tasks.load_examples("bible_paraphrase", "validation")
+  para = glue_rows.load_examples("bible_paraphrase", "validation")
   assert para["inputs"][0].startswith("bible_paraphrase sentence1: ")
   assert " sentence2: " in para["inputs"][0]
   assert set(para["targets"]) == {"equivalent", "not_equivalent"}
-  news = glue_tasks.load_examples("bbc_news", "train")
+  news = glue_rows.load_examples("bbc_news", "train")
   assert set(news["targets"]) == {"business", "entertainment", "politics", "sports", "tech"}
   assert news["inputs"][0].startswith("bbc_news sentence: ")
 
 
 def test_official_glue_layout_matches_t5_preprocessing(glue_dir):
-  sst2 = glue_tasks.load_examples("sst2", "validation", glue_dir=glue_dir)
+  sst2 = glue_rows.load_examples("sst2", "validation", glue_dir=glue_dir)
   assert sst2["inputs"] == ["sst2 sentence: a gem of a film", "sst2 sentence: dull and long"]
   assert sst2["targets"] == ["positive", "negative"]
-  cola = glue_tasks.load_examples("cola", "train", glue_dir=glue_dir)
+  cola = glue_rows.load_examples("cola", "train", glue_dir=glue_dir)
   assert cola["inputs"][0] == "cola sentence: The cat sat."
   assert cola["targets"] == ["acceptable", "unacceptable"]
-  stsb = glue_tasks.load_examples("stsb", "validation", glue_dir=glue_dir)
+  stsb = glue_rows.load_examples("stsb", "validation", glue_dir=glue_dir)
   assert stsb["inputs"][0] == "stsb sentence1: A man plays. sentence2: A man is playing."
   assert stsb["targets"] == ["3.2", "1.0"]  # rounded to the nearest 0.2 as T5 does
   for task in ("mnli", "mnli_matched", "mnli_mismatched"):
-    mnli = glue_tasks.load_examples(task, "validation", glue_dir=glue_dir)
+    mnli = glue_rows.load_examples(task, "validation", glue_dir=glue_dir)
     assert mnli["inputs"] == ["mnli hypothesis: It is night. premise: The sky is blue."]
     assert mnli["targets"] == ["neutral"]
 
@@ -124,30 +126,30 @@ def test_text_to_text_port_equals_t5_preprocessors(glue_dir):
   for name, split, root in (("rotten_tomatoes", "validation", None), ("bible_paraphrase", "train", None),
                             ("bbc_news", "test", None), ("mnli", "train", glue_dir), ("stsb", "train", glue_dir),
                             ("sst2", "validation", glue_dir)):
-    ex = glue_tasks.load_examples(name, split, glue_dir=root)
-    texts, labels = glue_tasks.read_tsv_rows(ex["task"], ex["source"])
+    ex = glue_rows.load_examples(name, split, glue_dir=root)
+    texts, labels = glue_rows.read_tsv_rows(ex["task"], ex["source"])
     assert (ex["inputs"], ex["targets"]) == _t5_text_to_text(ex["task"], texts, labels), name
-  unlabelled = glue_tasks.get_task("sst2")
+  unlabelled = glue_registry.get_task("sst2")
   texts = {"sentence": ["no label here", "a label"]}
   labels = np.array([-1, 1])
   assert _t5_text_to_text(unlabelled, texts, labels)[1] == ["<unk>", "positive"]
-  assert glue_tasks.text_to_text(unlabelled, texts, labels) == _t5_text_to_text(unlabelled, texts, labels)
+  assert glue_rows.text_to_text(unlabelled, texts, labels) == _t5_text_to_text(unlabelled, texts, labels)
 
 
 def test_unknown_task_missing_split_and_bad_label(tmp_path, glue_dir):
   with pytest.raises(ConfigError, match=r"unknown task 'sst3'.*sst2"):
-    glue_tasks.get_task("sst3")
+    glue_registry.get_task("sst3")
   with pytest.raises(DataError, match="no validation file"):
-    glue_tasks.load_examples("rte", "validation", glue_dir=glue_dir)
+    glue_rows.load_examples("rte", "validation", glue_dir=glue_dir)
   with pytest.raises(DataError, match="glue_dir"):
-    glue_tasks.load_examples("qnli", "train", tfds_data_dir=str(tmp_path / "no_tfds"))
+    glue_rows.load_examples("qnli", "train", tfds_data_dir=str(tmp_path / "no_tfds"))
   user_dir = tmp_path / "reviews"
   _write_tsv(user_dir / "train.tsv", [["great", "good"], ["awful", "bad"], ["fine", "meh"]], ["text", "stars"])
-  glue_tasks.register_local_tsv_task("my_reviews", str(user_dir), ["text"], "stars", ["bad", "good"])
+  glue_registry.register_local_tsv_task("my_reviews", str(user_dir), ["text"], "stars", ["bad", "good"])
   with pytest.raises(DataError, match=r"train.tsv:4: invalid label 'meh', not in the label set"):
-    glue_tasks.load_examples("my_reviews", "train")
+    glue_rows.load_examples("my_reviews", "train")
   with pytest.raises(DataError, match="no validation file"):
-    glue_tasks.load_examples("my_reviews", "validation")
+    glue_rows.load_examples("my_reviews", "validation")
 
 
 def test_task_files_and_the_row_reader_share_one_tsv_reader(tmp_path):
@@ -155,14 +157,14 @@ def test_task_files_and_the_row_reader_share_one_tsv_reader(tmp_path):
   user_dir.mkdir()
   # A byte-order mark before the header and a whitespace-only line are what spreadsheets write.
   (user_dir / "train.tsv").write_bytes("\ufefftext\tstars\ngreat\tgood\n \t \nawful\t0\n".encode("utf-8"))
-  glue_tasks.register_local_tsv_task("bom_reviews", str(user_dir), ["text"], "stars", ["bad", "good"])
-  examples = glue_tasks.load_examples("bom_reviews", "train")
+  glue_registry.register_local_tsv_task("bom_reviews", str(user_dir), ["text"], "stars", ["bad", "good"])
+  examples = glue_rows.load_examples("bom_reviews", "train")
   assert examples["targets"] == ["good", "bad"]
   rows = glue_readers.load_glue(str(user_dir), "train")
   assert [(r["text"], r["stars"]) for r in rows] == [("great", "good"), ("awful", "0")]
   (user_dir / "train.tsv").write_bytes(b"text\tstars\n\xff\tgood\n")
   with pytest.raises(DataError, match=r"train.tsv: invalid UTF-8"):
-    glue_tasks.read_tsv_rows(glue_tasks.get_task("bom_reviews"), str(user_dir / "train.tsv"))
+    glue_rows.read_tsv_rows(glue_registry.get_task("bom_reviews"), str(user_dir / "train.tsv"))
 
 
 def test_register_local_tsv_task_for_a_user_task(tmp_path, vocab):
@@ -170,10 +172,10 @@ def test_register_local_tsv_task_for_a_user_task(tmp_path, vocab):
   _write_tsv(user_dir / "train.tsv", [["great film", "good"], ["awful plot", "0"], ["nice", "1"]],
              ["review", "stars"])
   _write_tsv(user_dir / "validation.tsv", [["so bad", "bad"]], ["review", "stars"])
-  task = glue_tasks.register_local_tsv_task("user_reviews", str(user_dir), ["review"], "stars",
+  task = glue_registry.register_local_tsv_task("user_reviews", str(user_dir), ["review"], "stars",
                                             ["bad", "good"])
   assert task.metric == "accuracy" and task.label_names == ("bad", "good")
-  ex = glue_tasks.load_examples("user_reviews", "train")
+  ex = glue_rows.load_examples("user_reviews", "train")
   assert ex["inputs"][0] == "user_reviews review: great film"
   assert ex["targets"] == ["good", "bad", "good"]
   np.testing.assert_array_equal(ex["labels"], [1, 0, 1])
@@ -204,8 +206,8 @@ def test_source_batches_follow_the_trainer_contract(vocab):
     assert row[np.nonzero(row)[0][-1]] == glue_tasks.EOS_ID
   np.testing.assert_array_equal(batch["decoder_loss_weights"], batch["decoder_target_tokens"] != 0)
   # The training mixture of GLUE leaves out the evaluation-only MNLI views.
-  assert [t.name for t in glue_tasks.resolve("glue")] == list(glue_tasks.GLUE_TASK_NAMES)
-  assert "mnli_mismatched" in [t.name for t in glue_tasks.eval_tasks("glue")]
+  assert [t.name for t in glue_registry.resolve("glue")] == list(glue_registry.GLUE_TASK_NAMES)
+  assert "mnli_mismatched" in [t.name for t in glue_registry.eval_tasks("glue")]
   with pytest.raises(ConfigError, match="targets need up to"):
     glue_tasks.GlueSource("bible_paraphrase", "validation", vocab, {"inputs": 32, "targets": 2})
   with pytest.raises(ConfigError, match="vocab_size is 128"):

@@ -32,9 +32,13 @@ def test_stage_help_imports_no_jax(stage):
   assert result["heavy"] == [], f"`private-t5 {stage} --help` imported {result['heavy']}"
 
 
-def test_bench_and_study_names_still_import_from_their_stage_module():
+def test_bench_and_study_names_still_import_from_their_stage_module_with_a_warning():
   from private_t5.stages import bench, study  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case, study as study_lib  # pylint: disable=g-import-not-at-top
-  assert bench.run_case is benchmark_case.run_case and study.em_by_repetitions is study_lib.em_by_repetitions
+  with pytest.warns(DeprecationWarning, match="private_t5.stages.bench.run_case moved to "
+                                                "private_t5.experiments.benchmark_case.run_case"):
+    assert getattr(bench, "run_case") is benchmark_case.run_case  # (getattr: read on purpose at the old address)
+  with pytest.warns(DeprecationWarning):
+    assert getattr(study, "em_by_repetitions") is study_lib.em_by_repetitions
   with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
     bench.no_such_name  # pylint: disable=pointless-statement

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from private_t5 import models  # pylint: disable=g-import-not-at-top
+from private_t5.models import network  # pylint: disable=g-import-not-at-top
 from private_t5.errors import CheckpointError  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
 
@@ -52,7 +52,7 @@ def _hf_logits(model, enc, dec):
 
 
 def _our_logits(params, config, enc, dec):
-  return np.asarray(models.Transformer(config).apply({"params": params}, enc, dec))
+  return np.asarray(network.Transformer(config).apply({"params": params}, enc, dec))
 
 
 @pytest.mark.parametrize("feed_forward,tie,expect_tied", [

@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 from private_t5.stages import cli  # pylint: disable=g-import-not-at-top
 from private_t5 import io as io_lib  # pylint: disable=g-import-not-at-top
-from private_t5 import models  # pylint: disable=g-import-not-at-top
+from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
+from private_t5.models import network  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_convert  # pylint: disable=g-import-not-at-top
 from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
 
@@ -77,7 +78,7 @@ def test_export_round_trip(tmp_path, feed_forward, tie):
   enc, dec = _inputs()
   np.testing.assert_allclose(_hf_logits(exported, enc, dec), _hf_logits(original, enc, dec), rtol=1e-4, atol=1e-4)
   ours, config = hf_convert.import_hf_t5(out)
-  np.testing.assert_allclose(np.asarray(models.Transformer(config).apply({"params": ours}, enc, dec)),
+  np.testing.assert_allclose(np.asarray(network.Transformer(config).apply({"params": ours}, enc, dec)),
                              _hf_logits(original, enc, dec), rtol=1e-4, atol=1e-4)
   a, b = original.state_dict(), exported.state_dict()
   assert set(a) == set(b)
@@ -88,11 +89,11 @@ def test_export_round_trip(tmp_path, feed_forward, tie):
 @pytest.mark.parametrize("tie", [True, False])
 def test_ours_to_hf_to_ours_is_identity(tie):
   import jax  # pylint: disable=g-import-not-at-top
-  config = models.T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32, num_encoder_layers=2,
+  config = config_lib.T5Config(vocab_size=64, d_model=16, num_heads=2, d_kv=8, d_ff=32, num_encoder_layers=2,
                            num_decoder_layers=1, feed_forward="relu" if tie else "gated-gelu",
                            tie_embeddings=tie, relative_attention_num_buckets=8)
   enc, dec = np.ones((1, 4), np.int32), np.ones((1, 3), np.int32)
-  params = models.Transformer(config).init(jax.random.PRNGKey(0), enc, dec)["params"]
+  params = network.Transformer(config).init(jax.random.PRNGKey(0), enc, dec)["params"]
   import flax  # pylint: disable=g-import-not-at-top
   params = jax.tree.map(np.asarray, flax.core.meta.unbox(params))
   tensors, hf = hf_export.export_hf_t5(params, config)

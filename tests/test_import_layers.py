@@ -302,3 +302,81 @@ def test_function_body_import_finder_itself(tmp_path):
   assert _reason("from x import y  # pylint: disable=a") == ""
   assert _reason("import tensorflow  # pylint: disable=g-import-not-at-top  # this module is its importer") == (
       "this module is its importer")
+
+
+def _defined_names(module: str) -> set:
+  """The names a module binds itself at its top level (functions, classes, assignments, also
+  under a top-level `if` or `try`), not the names it imports."""
+  tree = ast.parse(MODULES[module].read_text())
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in _top(tree):
+      names.add(node.name)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node in _top(tree):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+  return names
+
+
+def _top(tree) -> list:
+  """The statements of a module's top level, those under top-level `if`/`try` blocks included."""
+  out, todo = [], list(tree.body)
+  while todo:
+    node = todo.pop()
+    out.append(node)
+    if isinstance(node, (ast.If, ast.Try)):
+      todo += node.body + node.orelse + getattr(node, "handlers", []) + getattr(node, "finalbody", [])
+    elif isinstance(node, ast.ExceptHandler):
+      todo += node.body
+  return out
+
+
+REPO = ROOT.parent
+IN_REPO_FOLDERS = ("private_t5", "tests", "benchmarks", "scripts")
+
+
+def _internal_imports(module: str) -> set:
+  """The names a module binds by importing them from the package (at any level)."""
+  names = set()
+  for node in ast.walk(ast.parse(MODULES[module].read_text())):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == PACKAGE:
+      names |= {a.asname or a.name for a in node.names}
+    elif isinstance(node, ast.Import):
+      names |= {a.asname for a in node.names if a.asname and a.name.split(".")[0] == PACKAGE}
+  return names
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it():
+  """One address per name: an in-repo import of a package name (`from M import name`, or `M.name`
+  through a module alias) reads it from the module that binds it, not through a module that imported
+  it (a re-export) or keeps it for old callers (`private_t5.moved_names`)."""
+  defined = {m: _defined_names(m) for m in MODULES}
+  internal = {m: _internal_imports(m) for m in MODULES}
+  bad = []
+  for folder_name in IN_REPO_FOLDERS:
+    for path in sorted((REPO / folder_name).rglob("*.py")):
+      if ".venv" in path.parts:
+        continue
+      tree = ast.parse(path.read_text(), str(path))
+      aliases = {}
+      for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+          for a in node.names:
+            if f"{node.module}.{a.name}" in MODULES:
+              aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif node.module in MODULES and a.name != "*" and a.name not in defined[node.module]:
+              bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {a.name} from {node.module}")
+        elif isinstance(node, ast.Import):
+          aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+      rebound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+      rebound |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+                  for a in n.args + n.kwonlyargs + n.posonlyargs}
+      for name in rebound:
+        aliases.pop(name, None)  # a local variable of the same name, not the module
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+          module = aliases[node.value.id]
+          if node.attr in internal[module] and node.attr not in defined[module] \
+              and f"{module}.{node.attr}" not in MODULES:
+            bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value.id}.{node.attr} ({module})")
+  assert not bad, "names read through a module that does not define them:\n" + "\n".join(sorted(set(bad)))

@@ -7,7 +7,8 @@ import dp_accounting
 import pytest
 
 from private_t5.dp import accounting
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import truncation
+from private_t5.dp import privacy_report
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import DataError, PrivacyError
 
@@ -42,7 +43,7 @@ def test_training_epsilon_matches_accounting():
   assert ledger.training_epsilon() == 0.0
   ledger.record_steps(300)
   assert ledger.training_epsilon() == pytest.approx(accounting.compute_epsilon(1.1, 0.01, 300, 1e-6))
-  p = accounting.truncation_probability(50_000, 0.01, 600)
+  p = truncation.truncation_probability(50_000, 0.01, 600)
   assert ledger.truncation_probability == pytest.approx(p)
   eps = ledger.training_epsilon()
   assert ledger.training_delta() == pytest.approx(1e-6 + (1 + math.exp(eps)) * 300 * p)
@@ -305,9 +306,9 @@ def _vocabulary_with_report(tmp_path, epsilon=3.0, delta=1e-8, unit="document"):
   vocab.write_bytes(b"a dp vocabulary")
   params = accounting.thresholded_gaussian_parameters(delta, l2=8.0, linf=1.0, max_distinct=64,
                                                       target_epsilon=epsilon)
-  report = ledger_lib.vocabulary_report(params, model_bytes=b"a dp vocabulary", insecure_seed=None)
+  report = privacy_report.vocabulary_report(params, model_bytes=b"a dp vocabulary", insecure_seed=None)
   report["privacy_unit"] = unit
-  path = ledger_lib.write_report(ledger_lib.vocabulary_report_path(str(vocab)), report)
+  path = privacy_report.write_report(privacy_report.vocabulary_report_path(str(vocab)), report)
   return str(vocab), path, params
 
 
@@ -325,7 +326,7 @@ def _by_hand(accountant, delta, *events):
 @pytest.mark.parametrize("accountant", ["rdp", "pld", "auto"])
 def test_training_and_vocabulary_compose_by_events_at_the_same_delta(tmp_path, accountant):
   vocab, path, params = _vocabulary_with_report(tmp_path)
-  assert ledger_lib.find_vocabulary_report(vocab) == path
+  assert privacy_report.find_vocabulary_report(vocab) == path
   ledger = _ledger(accountant=accountant, max_batch_size=None, delta=1e-8)
   ledger.add_vocabulary(vocab, path)
   assert ledger.epsilon_by_events() is None  # before the first step
@@ -408,20 +409,20 @@ def test_composition_by_events_needs_every_component_s_event(tmp_path):
 def test_report_files_have_one_rule(tmp_path):
   """The vocabulary's report is found where dp-spm writes it, and at the older names."""
   vocab = tmp_path / "v" / "spm.model"
-  assert ledger_lib.vocabulary_report_path(str(vocab)) == str(tmp_path / "v" / "privacy_report.json")
-  assert ledger_lib.report_path("run") == "run/privacy_report.json"
-  assert ledger_lib.summary_path("run") == "run/summary.json"
-  assert ledger_lib.find_vocabulary_report(str(vocab)) is None
+  assert privacy_report.vocabulary_report_path(str(vocab)) == str(tmp_path / "v" / "privacy_report.json")
+  assert privacy_report.report_path("run") == "run/privacy_report.json"
+  assert privacy_report.summary_path("run") == "run/summary.json"
+  assert privacy_report.find_vocabulary_report(str(vocab)) is None
   vocab.parent.mkdir()
   vocab.write_bytes(b"v")
   legacy = tmp_path / "v" / "spm.model.privacy_report.json"
-  report = ledger_lib.vocabulary_report(
+  report = privacy_report.vocabulary_report(
       accounting.thresholded_gaussian_parameters(1e-8, l2=4.0, linf=1.0, max_distinct=16, sigma=10.0),
       model_bytes=b"v", insecure_seed=7)
-  ledger_lib.write_report(str(legacy), report)
-  assert ledger_lib.find_vocabulary_report(str(vocab)) == str(legacy)
+  privacy_report.write_report(str(legacy), report)
+  assert privacy_report.find_vocabulary_report(str(vocab)) == str(legacy)
   assert report["noise_secret"] is False and report["warnings"] and report["insecure_seed"] == 7
-  ledger_lib.write_summary(str(tmp_path), {"final_step": 3})
+  privacy_report.write_summary(str(tmp_path), {"final_step": 3})
   assert json.load(open(tmp_path / "summary.json")) == {"final_step": 3}
 
 
@@ -468,7 +469,7 @@ def test_a_document_level_vocabulary_composes_by_the_documents_one_example_holds
   # is not bounded (a seqio Task at the example unit, none declared), no group size holds: the
   # vocabulary counts as not private (ε = ∞), never as group privacy of 2.
   vocab, report, _ = _vocabulary_with_report(tmp_path, epsilon=0.5)
-  delta = ledger_lib.read_report(report)["delta"]
+  delta = privacy_report.read_report(report)["delta"]
   unbounded = _ledger(privacy_unit="example", population={"documents_per_example": None})
   unbounded.record_steps(10)
   component = unbounded.add_vocabulary(vocab, report)

@@ -17,13 +17,15 @@ from flax import traverse_util
 from safetensors import numpy as st_numpy
 
 from private_t5 import io as io_lib
-from private_t5 import models
+from private_t5.models import config as config_lib
+from private_t5.models import network
 from private_t5.data import glue_tasks
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp import aggregator as agg_lib
 from private_t5.dp import ghost
 from private_t5.errors import CheckpointError, ConfigError
-from private_t5.models import checkpoints, hf_convert, hf_export
+from private_t5.models import hf_convert, hf_export
+from private_t5.models import checkpoint_read
 from private_t5.models import lora as lora_lib
 from private_t5.stages import cli
 from private_t5.train import main as train_main
@@ -34,7 +36,7 @@ from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-ord
 
 LENGTHS = {"inputs": 32, "targets": 4}
 VOCAB_SIZE = 1024
-CONFIG = models.load_preset("t5_1_1_tiny", vocab_size=VOCAB_SIZE, dropout_rate=0.0)
+CONFIG = config_lib.load_preset("t5_1_1_tiny", vocab_size=VOCAB_SIZE, dropout_rate=0.0)
 # Every kind of target: attention (all three blocks), the gated MLP's wi_0 / wi_1, and wo.
 LORA = lora_lib.LoraConfig(rank=4, alpha=8.0, dropout=0.1, targets=("query", "value", "wi", "wo"))
 CLIP = 1.0
@@ -49,7 +51,7 @@ def vocab(shared_data, tmp_path_factory):
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
   """A 'pretrained' base: random tiny T5 v1.1 weights in the Hugging Face layout."""
-  params = jax.tree.map(np.asarray, models.init_params(CONFIG, jax.random.PRNGKey(0)))
+  params = jax.tree.map(np.asarray, network.init_params(CONFIG, jax.random.PRNGKey(0)))
   tensors, hf_config = hf_export.export_hf_t5(params, CONFIG)
   path = tmp_path_factory.mktemp("base")
   io_lib.write_json_atomic(str(path / "config.json"), hf_config)
@@ -90,17 +92,17 @@ def _tokens(seed=0, rows=3):
 
 def test_fresh_adapters_give_exactly_the_base_logits_and_merge_matches(base_dir):
   base, _ = hf_convert.import_hf_t5(base_dir)
-  adapters = models.init_adapters(CONFIG, LORA, jax.random.PRNGKey(1))
+  adapters = network.init_adapters(CONFIG, LORA, jax.random.PRNGKey(1))
   assert all(not np.any(b["lora_b"]["kernel"]) for b in _adapted_layers(adapters))
   enc, dec = _tokens()
-  plain = models.Transformer(CONFIG).apply({"params": base}, enc, dec)
-  adapted = models.Transformer(CONFIG, LORA).apply({"params": lora_lib.combine(base, adapters)}, enc, dec)
+  plain = network.Transformer(CONFIG).apply({"params": base}, enc, dec)
+  adapted = network.Transformer(CONFIG, LORA).apply({"params": lora_lib.combine(base, adapters)}, enc, dec)
   np.testing.assert_array_equal(np.asarray(adapted), np.asarray(plain))
   # Non-zero adapters: the merged plain T5 computes the adapted network.
   trained = jax.tree.map(lambda x: x + 0.05 * np.random.default_rng(2).standard_normal(x.shape, np.float32),
                          adapters)
-  adapted = models.Transformer(CONFIG, LORA).apply({"params": lora_lib.combine(base, trained)}, enc, dec)
-  merged = models.Transformer(CONFIG).apply({"params": lora_lib.merge(base, trained, LORA)}, enc, dec)
+  adapted = network.Transformer(CONFIG, LORA).apply({"params": lora_lib.combine(base, trained)}, enc, dec)
+  merged = network.Transformer(CONFIG).apply({"params": lora_lib.merge(base, trained, LORA)}, enc, dec)
   np.testing.assert_allclose(np.asarray(merged), np.asarray(adapted), rtol=1e-4, atol=1e-4)
 
 
@@ -142,7 +144,7 @@ def test_adapter_sensitivity_is_at_most_c_with_vmap_and_ghost(base_dir, vocab, c
   source = glue_tasks.GlueSource("rotten_tomatoes", "train", vocab, LENGTHS, vocab_size=VOCAB_SIZE)
   batch = {k: v for k, v in source.get_batch(list(range(6)), 0, 6).items() if k not in ("example_index", "is_padding")}
   adapters = jax.tree.map(lambda x: x + 0.05 * np.random.default_rng(3).standard_normal(x.shape, np.float32),
-                          models.init_adapters(CONFIG, LORA, jax.random.PRNGKey(1)))
+                          network.init_adapters(CONFIG, LORA, jax.random.PRNGKey(1)))
   key = jax.random.PRNGKey(5)
   max_change = 0.0
   for factor in (1e-4, 1e4):  # the logits, hence the gradients, scale with the final norm
@@ -168,17 +170,17 @@ def test_lora_run_checkpoints_only_adapters_and_trains_only_them(lora_run, base_
   with open(os.path.join(lora_run, "summary.json")) as f:
     summary = json.load(f)
   assert summary["final_step"] == STEPS and summary["private"]
-  adapters, config, info = checkpoints.restore_for_inference(lora_run, merge_adapters=False)
+  adapters, config, info = checkpoint_read.restore_for_inference(lora_run, merge_adapters=False)
   assert config == CONFIG.replace(dropout_rate=0.1)
   paths = list(traverse_util.flatten_dict(adapters))
   assert paths and all(lora_lib.A_NAME in p or lora_lib.B_NAME in p for p in paths)  # no base weight stored
-  assert summary["num_params"] == lora_lib.num_params(adapters) < models.num_params(CONFIG) / 10
+  assert summary["num_params"] == lora_lib.num_params(adapters) < network.num_params(CONFIG) / 10
   record = info["lora"]
   assert record["config"] == LORA.to_dict() and record["base"]["path"] == os.path.abspath(base_dir)
   base, _ = hf_convert.import_hf_t5(base_dir)
   assert record["base"]["sha256"] == lora_lib.params_sha256(base)
   # The merged model differs from the base exactly in the adapted kernels: nothing else moved.
-  merged, _, _ = checkpoints.restore_for_inference(lora_run)
+  merged, _, _ = checkpoint_read.restore_for_inference(lora_run)
   adapted = {p[:p.index(lora_lib.A_NAME)] + ("kernel",) for p in paths if lora_lib.A_NAME in p}
   for path, value in traverse_util.flatten_dict(base).items():
     same = np.array_equal(np.asarray(traverse_util.flatten_dict(merged)[path]), value)
@@ -206,17 +208,17 @@ def test_resume_equals_the_uninterrupted_run(lora_run, base_dir, vocab, tmp_path
   assert "first difference: 'privacy.lora.base.sha256'" in capsys.readouterr().err
   shutil.copyfile(os.path.join(base_dir, "model.safetensors"), os.path.join(moved, "model.safetensors"))
   assert cli.main(_train_args(resumed, moved, vocab)) == 0
-  a = checkpoints.restore_for_inference(lora_run, merge_adapters=False)[0]
-  b = checkpoints.restore_for_inference(resumed, merge_adapters=False)[0]
+  a = checkpoint_read.restore_for_inference(lora_run, merge_adapters=False)[0]
+  b = checkpoint_read.restore_for_inference(resumed, merge_adapters=False)[0]
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
 
 
 def test_a_changed_base_is_refused(lora_run):
-  record = checkpoints.restore_for_inference(lora_run, merge_adapters=False)[2]["lora"]
+  record = checkpoint_read.restore_for_inference(lora_run, merge_adapters=False)[2]["lora"]
   wrong = dict(record, base=dict(record["base"], sha256="0" * 64))
   with pytest.raises(CheckpointError, match="changed since the LoRA run"):
-    checkpoints.read_lora_base(wrong, lora_run)
+    checkpoint_read.read_lora_base(wrong, lora_run)
 
 
 def test_export_and_evaluate_name_a_moved_base_as_train_does(lora_run, base_dir, tmp_path, capsys):
@@ -301,9 +303,9 @@ def _hf_logits(model, enc, dec):
 def test_peft_adapter_and_merged_exports_give_our_logits(lora_run, base_dir, tmp_path, capsys):
   transformers = pytest.importorskip("transformers")
   peft = pytest.importorskip("peft")
-  merged, config, _ = checkpoints.restore_for_inference(lora_run)
+  merged, config, _ = checkpoint_read.restore_for_inference(lora_run)
   enc, dec = _tokens(seed=4)
-  ours = np.asarray(models.Transformer(config).apply({"params": merged}, enc, dec))
+  ours = np.asarray(network.Transformer(config).apply({"params": merged}, enc, dec))
   adapter_dir, merged_dir = str(tmp_path / "adapter"), str(tmp_path / "merged")
   assert cli.main(["export", f"--model_dir={lora_run}", f"--output={adapter_dir}", "--lora=adapter"]) == 0
   assert sorted(os.listdir(adapter_dir)) == ["adapter_config.json", "adapter_model.safetensors",

@@ -14,17 +14,18 @@ import numpy as np
 import optax
 import pytest
 
-from private_t5 import models
+from private_t5.models import config
 from private_t5.dp import noise as noise_lib
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import MeanAggregator
 from private_t5.dp.mechanism import AGGREGATORS
 from private_t5.selective import adaptive
-from private_t5.train import host_microbatches, optimizers, partitioning
+from private_t5.train import host_microbatches, optimizers
+from private_t5.models import sharding
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
-CONFIG = models.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+CONFIG = config.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                          num_decoder_layers=1, dropout_rate=0.0)
 ROWS = 4
 NO_CLIP = 1e30  # C = ∞ in effect: min(1, C / ‖g‖) = 1 for every finite gradient
@@ -42,7 +43,7 @@ def _batch(rows=ROWS, seed=0):
 
 
 def _trainer(clipped_sum, noise=None):
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   return Trainer(CONFIG, clipped_sum, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh, noise=noise)
 
 

@@ -159,9 +159,10 @@ def test_report_files(tmp_path):
 
 def test_model_mismatch_is_a_checkpoint_error():
   import jax
-  from private_t5 import models
-  config = models.load_preset("t5_1_0_tiny", vocab_size=256, d_model=32, d_ff=64, num_heads=2)
-  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), models.param_shapes(config))
+  from private_t5.models import config as config_lib
+  from private_t5.models import network
+  config = config_lib.load_preset("t5_1_0_tiny", vocab_size=256, d_model=32, d_ff=64, num_heads=2)
+  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), network.param_shapes(config))
   memorization.check_model_matches(params, config, vocab_size=200)
   with pytest.raises(CheckpointError, match="vocabulary has 300 ids"):
     memorization.check_model_matches(params, config, vocab_size=300)

@@ -48,16 +48,18 @@ def _train_overfit(batch, config, steps=None, seed=0, learning_rate=None):
   import jax
   import jax.numpy as jnp
   import optax
-  from private_t5 import models
+  from private_t5.models import network
+  from private_t5.models import config as config_lib
+  from private_t5.models import model
   steps = OVERFIT_STEPS if steps is None else steps
   learning_rate = OVERFIT_LEARNING_RATE if learning_rate is None else learning_rate
-  params = models.init_params(config, jax.random.PRNGKey(seed))
+  params = network.init_params(config, jax.random.PRNGKey(seed))
   opt = optax.adam(optax.warmup_cosine_decay_schedule(0.0, learning_rate, OVERFIT_WARMUP, steps))
   opt_state = opt.init(params)
 
   @jax.jit
   def step(params, opt_state):
-    loss_fn = lambda p: jnp.mean(models.example_loss_fn(p, batch, config))
+    loss_fn = lambda p: jnp.mean(model.example_loss_fn(p, batch, config))
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
@@ -73,9 +75,11 @@ def _target_margins(params, config, examples):
   """Per continuation, the smallest teacher-forced log-probability lead of its target token over
   the most likely other token (nats; negative where another token is ahead)."""
   import jax
-  from private_t5 import models
+  from private_t5.models import network
+  from private_t5.models import config as config_lib
+  from private_t5.models import model
   targets = np.stack(examples.targets)
-  logits = models.EncoderDecoderModel(config).compute_logits(
+  logits = model.EncoderDecoderModel(config).compute_logits(
       params, {"encoder_input_tokens": examples.inputs, "decoder_target_tokens": targets})
   logp = np.array(jax.nn.log_softmax(logits.astype(np.float32)))
   target = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
@@ -85,16 +89,19 @@ def _target_margins(params, config, examples):
 
 @pytest.fixture(scope="module")
 def overfit(shared_data, tmp_path_factory):
-  from private_t5 import models
-  from private_t5.data.corpora import Document
+  from private_t5.models import network
+  from private_t5.models import config as config_lib
+  from private_t5.models import model
+  from private_t5.documents import Document
   from private_t5.eval import canaries as canaries_lib
   from private_t5.eval import memorization
   from private_t5.tokenizer import spm
+  from private_t5 import vocabulary
 
   tmp = tmp_path_factory.mktemp("overfit")
   fortunes = _read_jsonl(os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz"), 4000)
   vocab_path = spm.train_from_sentences((d["text"] for d in fortunes), str(tmp / "spm.model"), vocab_size=500)
-  vocab = spm.load_vocabulary(vocab_path)
+  vocab = vocabulary.load_vocabulary(vocab_path)
   linux = _read_jsonl(shared_or_fixture("pretrain/linux_docs.jsonl.gz"), 200)
   docs = [Document(d["id"], d["text"]) for d in linux]
   tokens = memorization.tokenize_documents(vocab, [d.text for d in docs])
@@ -103,9 +110,10 @@ def overfit(shared_data, tmp_path_factory):
   # The T + 1 tokens the model is trained to continue with are all different: a 2-layer decoder
   # learns a repeated token ("/ /", ":: ::") only after many more steps (it must count positions),
   # which left some continuations undecided (two tokens tied) after the short training.
-  from private_t5.eval import splits as splits_lib
-  split_config = splits_lib.SplitConfig(num_perm=900, num_bands=90, num_workers=1)  # as SPLIT_CONFIG_FLAGS
-  found = splits_lib.build_splits(docs, [], split_config, tokenize=lambda text: vocab.encode(text))
+  from private_t5.eval import split_types
+  from private_t5.eval import split_search
+  split_config = split_types.SplitConfig(num_perm=900, num_bands=90, num_workers=1)  # as SPLIT_CONFIG_FLAGS
+  found = split_search.build_splits(docs, [], split_config, tokenize=lambda text: vocab.encode(text))
   unique = set(found.ids["train_unique"])
   picked, seen = [], set()
   for d, t in zip(docs, tokens):
@@ -152,7 +160,7 @@ def overfit(shared_data, tmp_path_factory):
            "decoder_loss_weights": (tgt > 0).astype(np.float32)}
 
   vocab_rows = -(-vocab.vocab_size // 128) * 128
-  config = models.load_preset("t5_1_0_tiny", vocab_size=vocab_rows, dropout_rate=0.0)
+  config = config_lib.load_preset("t5_1_0_tiny", vocab_size=vocab_rows, dropout_rate=0.0)
   params, losses = _train_overfit(batch, config)
   return dict(params=params, config=config, vocab=vocab, vocab_path=vocab_path,
               train_docs=train_docs, unseen_docs=unseen_docs, canaries=cans, fmt=fmt, cfg=cfg,
@@ -252,6 +260,7 @@ def test_memorization_cli_end_to_end(overfit, tmp_path, capsys):
   from private_t5.stages import cli
   from private_t5.eval import canaries as canaries_lib
   from private_t5.tokenizer import spm
+  from private_t5 import vocabulary
   o = overfit
   model_dir = tmp_path / "run"
   _save_checkpoint(o, model_dir)

@@ -15,18 +15,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from private_t5 import models
-from private_t5.dp.accounting import NoisySum
+from private_t5.models import config
+from private_t5.models import network
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import ghost
 from private_t5.dp import noise as noise_lib
-from private_t5.train import optimizers, partitioning
+from private_t5.train import optimizers
+from private_t5.models import sharding as sharding_lib
 from private_t5.train.trainer import Trainer, make_loss_fn
 
 # T5 v1.1 tiny cut to one layer each side (2.5M parameters, 9.6 MiB, most of them in the two
 # embeddings): with 8-token inputs its activations are small next to its parameters, so a whole
 # copy of the noise on each device is a decisive difference; it compiles in seconds.
-CONFIG = models.load_preset("t5_1_1_tiny", dropout_rate=0.0, num_encoder_layers=1, num_decoder_layers=1)
+CONFIG = config.load_preset("t5_1_1_tiny", dropout_rate=0.0, num_encoder_layers=1, num_decoder_layers=1)
 BATCH = 8
 SHORT = (8, 4)  # (inputs, targets): activations small next to the parameters
 PAPER_LIKE = (128, 32)  # activations dominate, as in training
@@ -41,16 +43,16 @@ def _batch(inputs, targets):
           "example_weight": np.ones((BATCH,), np.float32)}
 
 
-def _trainer(method: str, mesh_shape, sharding=partitioning.REPLICATED, sigma=1.0):
-  mesh = partitioning.create_mesh(mesh_shape)
+def _trainer(method: str, mesh_shape, sharding=sharding_lib.REPLICATED, sigma=1.0):
+  mesh = sharding_lib.create_mesh(mesh_shape)
   loss_fn = make_loss_fn(CONFIG)
-  spmd = partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None
+  spmd = sharding_lib.DATA_AXIS if mesh.shape[sharding_lib.DATA_AXIS] > 1 else None
   if method == "nondp":
     aggregator = aggregator_lib.MeanAggregator(loss_fn)
   else:
     aggregator = ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, sigma, BATCH), spmd_axis_name=spmd)
   return Trainer(CONFIG, aggregator, optimizers.adafactor(learning_rate=1e-3), mesh,
-                 rules=partitioning.axis_rules(sharding))
+                 rules=sharding_lib.axis_rules(sharding))
 
 
 def _memory(trainer, lengths=SHORT):
@@ -75,7 +77,7 @@ def _flat_gaussian_like(key, leaves):
 
 
 def test_noise_is_drawn_sharded_like_the_parameters(monkeypatch):
-  param_bytes = 4 * models.num_params(CONFIG)
+  param_bytes = 4 * network.num_params(CONFIG)
   without_noise = _peak(_trainer("ghost", (1, 8), sigma=0.0))
   added = _peak(_trainer("ghost", (1, 8))) - without_noise
   assert 0 < added < param_bytes / 4, (added, param_bytes)  # about its 1/8 shard
@@ -100,9 +102,9 @@ def test_dp_ghost_peak_is_close_to_nondp_on_a_model_parallel_mesh():
 
 
 def test_fully_sharded_state_is_an_eighth_per_device_on_a_data_parallel_mesh():
-  replicated = _trainer("nondp", (8, 1), partitioning.REPLICATED)
-  sharded = _trainer("nondp", (8, 1), partitioning.FULLY_SHARDED)
-  state_bytes = lambda t: partitioning.bytes_per_device(t.abstract_state())
+  replicated = _trainer("nondp", (8, 1), sharding_lib.REPLICATED)
+  sharded = _trainer("nondp", (8, 1), sharding_lib.FULLY_SHARDED)
+  state_bytes = lambda t: sharding_lib.bytes_per_device(t.abstract_state())
   assert state_bytes(sharded) <= 0.15 * state_bytes(replicated), (state_bytes(sharded), state_bytes(replicated))
   # What XLA compiled agrees: the step's arguments (state and batch) and its peak shrink.
   m_replicated, m_sharded = _memory(replicated), _memory(sharded)

@@ -11,9 +11,11 @@ import pytest
 
 from private_t5.stages import cli, gin_utils
 from private_t5.errors import ConfigError
-from private_t5.models import (PRESETS, T5Config, Transformer, example_loss_fn, init_params, layers,
-                               load_preset, num_params, param_logical_axes, param_shapes,
-                               per_example_loss, token_accuracy)
+from private_t5.models.config import PRESETS, T5Config, load_preset
+from private_t5.models.network import Transformer, init_params, num_params, param_logical_axes, param_shapes
+from private_t5.models.model import example_loss_fn
+from private_t5.models import layers
+from private_t5.models.losses import per_example_loss, token_accuracy
 
 # Public parameter counts of the T5 checkpoints with T5's 32128-row vocabulary.
 PUBLIC_COUNTS = {

@@ -10,7 +10,11 @@ import optax
 import pytest
 import sentencepiece as sentencepiece_lib
 
-from private_t5.models import decoding, example_loss_fn, init_params, load_preset, token_accuracy
+from private_t5.models import decoding
+from private_t5.models.model import example_loss_fn
+from private_t5.models.network import init_params
+from private_t5.models.config import load_preset
+from private_t5.models.losses import token_accuracy
 from private_t5.models.network import Transformer
 from private_t5.tokenizer import spm
 

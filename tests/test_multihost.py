@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 
 from private_t5.stages import launch
+from private_t5.train import launch as launch_lib
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints, run_dir
+from private_t5.models import checkpoint_read
 from private_t5.train import loop, partitioning
+from private_t5.models import sharding
 
 from conftest import expected
 from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
@@ -58,7 +61,7 @@ def test_port_in_use_is_refused_before_anything_starts(capsys):
 
 
 def test_process_env_replaces_the_device_count():
-  env = launch.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}, process_id=1,
+  env = launch_lib.process_env({"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --foo"}, process_id=1,
                                num_processes=2, devices_per_process=3, port=999)
   assert env["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=3"
   assert env[partitioning.COORDINATOR_ENV] == "localhost:999"
@@ -87,8 +90,8 @@ state.service = Service()
 
 def test_process_0_stops_the_coordination_service_after_its_client_has_left():
   """At exit the client leaves first; the service stops `SERVICE_STOP_DELAY_S` later (a gRPC race)."""
-  env = launch.process_env(dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2"), process_id=0,
-                           num_processes=1, devices_per_process=1, port=launch.free_port())
+  env = launch_lib.process_env(dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2"), process_id=0,
+                           num_processes=1, devices_per_process=1, port=launch_lib.free_port())
   done = subprocess.run([sys.executable, "-c", _LEAVE], env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   lines = done.stdout.split("\n")
@@ -213,11 +216,11 @@ def test_signal_to_the_launcher_stops_and_waits_for_its_processes(signum):
 # -- rows of each process -------------------------------------------------------------------------
 
 def test_one_process_owns_every_row():
-  mesh = partitioning.create_mesh((4, 2))
-  assert partitioning.local_rows(mesh, 16) == (0, 16)
-  assert partitioning.local_data_positions(mesh) == 4
+  mesh = sharding.create_mesh((4, 2))
+  assert sharding.local_rows(mesh, 16) == (0, 16)
+  assert sharding.local_data_positions(mesh) == 4
   with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
-    partitioning.local_rows(mesh, 6)
+    sharding.local_rows(mesh, 6)
 
 
 class _IndexSource:
@@ -278,7 +281,7 @@ def _launch(num_processes, devices, args, timeout=1500):
 
 
 def _params_and_report(model_dir):
-  params, _, _ = checkpoints.restore_for_inference(model_dir)
+  params, _, _ = checkpoint_read.restore_for_inference(model_dir)
   with open(os.path.join(model_dir, "privacy_report.json")) as f:
     return params, json.load(f)
 
@@ -320,11 +323,12 @@ def lora_base(tmp_path_factory):
   """Random weights of the micro model in the Hugging Face layout: a LoRA run's frozen base."""
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   from private_t5 import io as io_lib  # pylint: disable=g-import-not-at-top
-  from private_t5 import models  # pylint: disable=g-import-not-at-top
+  from private_t5.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import network  # pylint: disable=g-import-not-at-top
   from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
-  config = models.T5Config(vocab_size=512, d_model=32, num_heads=2, d_kv=16, d_ff=64, num_encoder_layers=1,
+  config = config_lib.T5Config(vocab_size=512, d_model=32, num_heads=2, d_kv=16, d_ff=64, num_encoder_layers=1,
                            num_decoder_layers=1)
-  tensors, hf_config = hf_export.export_hf_t5(jax.tree.map(np.asarray, models.init_params(config, jax.random.PRNGKey(0))),
+  tensors, hf_config = hf_export.export_hf_t5(jax.tree.map(np.asarray, network.init_params(config, jax.random.PRNGKey(0))),
                                               config)
   path = tmp_path_factory.mktemp("lora_base")
   io_lib.write_json_atomic(str(path / "config.json"), hf_config)
@@ -343,7 +347,7 @@ def test_two_processes_train_lora_adapters_like_one(corpus_and_vocab, lora_base,
     model_dir = str(tmp_path / f"lora_{procs}x{devices}")
     done = _launch(procs, devices, _train_args(model_dir, corpus, vocab, 2, *extra))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    adapters[procs] = checkpoints.restore_for_inference(model_dir, merge_adapters=False)[0]
+    adapters[procs] = checkpoint_read.restore_for_inference(model_dir, merge_adapters=False)[0]
   leaves = jax.tree.leaves(adapters[1])
   assert len(leaves) == 2 * (3 + 5)  # A and B of query, value, wo (encoder); of both attentions' query, value and wo (decoder)
   for a, b in zip(leaves, jax.tree.leaves(adapters[2])):
@@ -409,7 +413,8 @@ _GLUE_LENGTHS = {"inputs": 32, "targets": 4}
 def glue_model_dir(shared_data, tmp_path_factory):
   """A tiny model trained briefly on bbc_news: its predictions differ between examples (4 of the
   5 topics on the first 45 validation examples), so the metrics see every gathered prediction."""
-  from private_t5 import models
+  from private_t5.models import config as config_lib
+  from private_t5.models import network
   from private_t5.data import glue_tasks
   from private_t5.train import main as train_main
   from private_t5.train import optimizers
@@ -418,7 +423,7 @@ def glue_model_dir(shared_data, tmp_path_factory):
   vocab = train_test_vocab(shared_data, directory / "glue.model")
   train = glue_tasks.GlueSource("bbc_news", "train", vocab, _GLUE_LENGTHS, vocab_size=1024)
   model_dir = str(directory / "ft")
-  train_main.train(model_config=models.load_preset("t5_1_0_tiny", vocab_size=1024, dropout_rate=0.0),
+  train_main.train(model_config=config_lib.load_preset("t5_1_0_tiny", vocab_size=1024, dropout_rate=0.0),
                    train_data=train, model_dir=model_dir, train_steps=60,
                    batch_size=min(32, train.num_examples),  # 30 rows in the repository's fixture
                    learning_rate=optimizers.constant_schedule(1e-2), dp=None, vocab_path=vocab,

@@ -19,14 +19,15 @@ import numpy as np
 import optax
 import pytest
 
-from private_t5 import models
+from private_t5.models import network
 from private_t5.dp import noise as noise_lib
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.models import checkpoints
 from private_t5.models import lora as lora_lib
 from private_t5.stages import train as train_stage
 from private_t5.train import host_microbatches, optimizers, partitioning
+from private_t5.models import sharding as sharding_lib
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -78,12 +79,12 @@ def _expected_noise(params, steps: int):
 
 
 def _trainer(mesh=None, noise=None, config=CONFIG, sharding="replicated", **kwargs) -> Trainer:
-  mesh = partitioning.create_mesh((1, 1), jax.devices()[:1]) if mesh is None else mesh
+  mesh = sharding_lib.create_mesh((1, 1), jax.devices()[:1]) if mesh is None else mesh
   loss_fn = make_loss_fn(config, lora=kwargs.get("lora"))
   aggregator = DPAggregator(loss_fn, NoisySum(0.1, 1.0, 6.0),
                             spmd_axis_name="data" if mesh.shape["data"] > 1 else None)
   return Trainer(config, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh,
-                 rules=partitioning.axis_rules(sharding), noise=noise, **kwargs)
+                 rules=sharding_lib.axis_rules(sharding), noise=noise, **kwargs)
 
 
 def _tree_entries(model_dir: str, step: int):
@@ -174,7 +175,7 @@ def test_a_gaussian_run_checkpoints_the_same_entries_as_before(tmp_path):
 
 
 def test_fully_sharded_noise_state_follows_each_parameter():
-  mesh = partitioning.create_mesh((4, 2))
+  mesh = sharding_lib.create_mesh((4, 2))
   trainer = _trainer(mesh, history_noise(), sharding="fully_sharded")
   state = trainer.init_state(SEEDS.init_key)
   state, _ = trainer.train_step(state, _batch(), *_keys())
@@ -188,8 +189,8 @@ def test_fully_sharded_noise_state_follows_each_parameter():
   # The noise state of one device is its share of the parameters' (here 1/8 of most of them).
   sizes = trainer.state_bytes_per_device()
   assert sizes["noise_state"] == sizes["params"] + 4
-  assert sizes["noise_state"] < 0.2 * partitioning.bytes_per_device(
-      jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=partitioning.replicated(mesh)),
+  assert sizes["noise_state"] < 0.2 * sharding_lib.bytes_per_device(
+      jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding_lib.replicated(mesh)),
                    previous))
 
 
@@ -198,11 +199,11 @@ def test_noise_state_shardings_of_stacked_and_flat_states():
   parameter) follow the parameter on their trailing dimensions; a flat list of per-parameter
   arrays follows the parameters of its shape when they agree; counters are replicated."""
   from jax_privacy.matrix_factorization import banded  # pylint: disable=g-import-not-at-top
-  mesh = partitioning.create_mesh((4, 2))
+  mesh = sharding_lib.create_mesh((4, 2))
   params = {"ff": jax.ShapeDtypeStruct((8, 16), jnp.float32), "norm": jax.ShapeDtypeStruct((8,), jnp.float32),
             "out": jax.ShapeDtypeStruct((16, 8), jnp.float32)}
   axes = {"ff": ("embed", "mlp"), "norm": ("embed",), "out": ("mlp", "embed")}
-  param_shardings = partitioning.param_shardings(axes, params, mesh, partitioning.FULLY_SHARDED_RULES)
+  param_shardings = sharding_lib.param_shardings(axes, params, mesh, sharding_lib.FULLY_SHARDED_RULES)
   strategy = banded.ColumnNormalizedBanded.default(10, 3).inverse_as_streaming_matrix()
   stacked = jax.eval_shape(strategy.init_multiply, params)
   shardings = partitioning.noise_state_shardings(stacked, params, param_shardings, mesh)
@@ -232,7 +233,7 @@ def test_noise_state_stays_float32_with_bfloat16_activations():
 
 def test_lora_noise_state_covers_the_adapters_only():
   lora = lora_lib.LoraConfig(rank=2, targets=("query", "wo"))
-  base = models.init_params(CONFIG, jax.random.PRNGKey(1))
+  base = network.init_params(CONFIG, jax.random.PRNGKey(1))
   trainer = _trainer(noise=history_noise(), lora=lora, base_params=base)
   state = trainer.init_state(SEEDS.init_key)
   state, _ = host_microbatches.train_step_microbatched(trainer, state, _batch(), 4, *_keys())

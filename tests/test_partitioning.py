@@ -5,19 +5,21 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import models
-from private_t5.dp.accounting import NoisySum
+from private_t5.models import config
+from private_t5.models import network
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.ghost import GhostDPAggregator
 from private_t5.errors import ConfigError
 from private_t5.models import checkpoints
-from private_t5.train import optimizers, partitioning
+from private_t5.train import optimizers
+from private_t5.models import sharding as sharding_lib
 from private_t5.train.main import build_mesh
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
 # Small enough to compile quickly, with every dimension divisible by the model axis (2).
-CONFIG = models.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+CONFIG = config.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                          num_decoder_layers=1, dropout_rate=0.0)
 
 
@@ -37,18 +39,18 @@ def _batch(batch_size=8, inputs=12, targets=6, padding_rows=2, seed=0):
 
 def test_create_mesh_shapes():
   assert len(jax.devices()) == 8, "conftest should provide 8 fake CPU devices"
-  mesh = partitioning.create_mesh((-1, 2))
+  mesh = sharding_lib.create_mesh((-1, 2))
   assert dict(mesh.shape) == {"data": 4, "model": 2}
-  assert dict(partitioning.create_mesh((-1, 1)).shape) == {"data": 8, "model": 1}
+  assert dict(sharding_lib.create_mesh((-1, 1)).shape) == {"data": 8, "model": 1}
   with pytest.raises(ConfigError, match="mesh_shape"):
-    partitioning.create_mesh((3, -1))
+    sharding_lib.create_mesh((3, -1))
   with pytest.raises(ConfigError, match="needs 16 devices"):
-    partitioning.create_mesh((8, 2))
+    sharding_lib.create_mesh((8, 2))
   for bad in ("(1, 1)", 1, (1.5, 1), (1, True), (1, 1, 1)):  # a string, an int, a fraction, a flag, three axes
     with pytest.raises(ConfigError, match=r"mesh_shape must be \(data, model\), two integers"):
-      partitioning.create_mesh(bad)
+      sharding_lib.create_mesh(bad)
   with pytest.raises(ConfigError, match="multiple of the mesh's data axis"):
-    partitioning.check_batch_divisible(6, mesh)
+    sharding_lib.check_batch_divisible(6, mesh)
   # Each global microbatch is split over the data axis (of every process) too.
   assert dict(build_mesh((4, 2), 16, 8).shape) == {"data": 4, "model": 2}
   logs = []
@@ -61,8 +63,8 @@ def test_create_mesh_shapes():
 
 
 def test_logical_rules_shard_large_dims_on_model_axis():
-  mesh = partitioning.create_mesh((4, 2))
-  shardings = partitioning.param_shardings(models.param_logical_axes(CONFIG), models.param_shapes(CONFIG), mesh)
+  mesh = sharding_lib.create_mesh((4, 2))
+  shardings = sharding_lib.param_shardings(network.param_logical_axes(CONFIG), network.param_shapes(CONFIG), mesh)
 
   def spec(*path):
     return tuple(_get(shardings, path).spec)
@@ -71,17 +73,17 @@ def test_logical_rules_shard_large_dims_on_model_axis():
   assert spec("encoder", "layers_0", "mlp", "wi", "kernel") == (None, "model")  # [embed, mlp]
   assert spec("encoder", "layers_0", "attention", "out", "kernel") == ("model", None)  # [joined_kv, embed]
   assert spec("encoder", "encoder_norm", "scale") == (None,)  # [embed] replicated
-  assert partitioning.logical_to_spec(("batch", "length")) == jax.sharding.PartitionSpec("data", None)
+  assert sharding_lib.logical_to_spec(("batch", "length")) == jax.sharding.PartitionSpec("data", None)
   # A dimension the axis does not divide is replicated instead of failing.
-  odd = partitioning.param_shardings({"w": ("vocab", "embed")}, {"w": jax.ShapeDtypeStruct((5, 4), np.float32)}, mesh)
+  odd = sharding_lib.param_shardings({"w": ("vocab", "embed")}, {"w": jax.ShapeDtypeStruct((5, 4), np.float32)}, mesh)
   assert tuple(odd["w"].spec) == (None, None)
 
 
 def test_fully_sharded_rules_split_embed_over_data_and_the_moments_follow():
-  mesh = partitioning.create_mesh((4, 2))
-  tiny = models.load_preset("t5_1_1_tiny")  # dimensions >= 128: Adafactor factors its moments
+  mesh = sharding_lib.create_mesh((4, 2))
+  tiny = config.load_preset("t5_1_1_tiny")  # dimensions >= 128: Adafactor factors its moments
   trainer = Trainer(tiny, MeanAggregator(make_loss_fn(tiny)), optimizers.adafactor(0.01), mesh,
-                    rules=partitioning.axis_rules("fully_sharded"))
+                    rules=sharding_lib.axis_rules("fully_sharded"))
   params = trainer.state_shardings.params
   assert tuple(params["token_embedder"]["embedding"].spec) == ("model", "data")  # [vocab, embed]
   assert tuple(params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"].spec) == ("model", "data")  # [mlp, embed]
@@ -96,7 +98,7 @@ def test_fully_sharded_rules_split_embed_over_data_and_the_moments_follow():
   assert tuple(moments.v["encoder"]["encoder_norm"]["scale"].spec) == ("data",)  # unfactored: like the scale
   assert tuple(moments.count.spec) == ()
   with pytest.raises(ConfigError, match="parameter_sharding must be one of"):
-    partitioning.axis_rules("zero3")
+    sharding_lib.axis_rules("zero3")
 
 
 def _get(tree, path):
@@ -123,8 +125,8 @@ def test_sharded_step_equals_single_device_step(private):
     if private:  # noise off: the comparison is exact up to float reassociation
       return DPAggregator(loss_fn, NoisySum(0.1, 0.0, 6.0), spmd_axis_name=spmd_axis_name)
     return MeanAggregator(loss_fn)
-  single = partitioning.create_mesh((1, 1), jax.devices()[:1])
-  sharded = partitioning.create_mesh((4, 2))
+  single = sharding_lib.create_mesh((1, 1), jax.devices()[:1])
+  sharded = sharding_lib.create_mesh((4, 2))
   params_1, metrics_1 = _two_steps(single, aggregator(None))
   params_8, metrics_8 = _two_steps(sharded, aggregator("data"))
   for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_8)):
@@ -143,8 +145,8 @@ def _resume_steps(aggregator, tmp_path, first, second, steps=3, split=2):
   keys = (seeds.dropout_base_key, seeds.noise_base_key)
 
   def trainer(mesh_shape, sharding):
-    return Trainer(CONFIG, aggregator, optimizer, partitioning.create_mesh(mesh_shape),
-                   rules=partitioning.axis_rules(sharding))
+    return Trainer(CONFIG, aggregator, optimizer, sharding_lib.create_mesh(mesh_shape),
+                   rules=sharding_lib.axis_rules(sharding))
 
   def run(t, state, start, stop):
     for step in range(start, stop):
@@ -177,9 +179,9 @@ def test_resume_on_another_mesh_and_parameter_sharding(tmp_path, first, second):
 
 
 def test_init_from_given_params_is_sharded_by_the_rules():
-  mesh = partitioning.create_mesh((4, 2))
+  mesh = sharding_lib.create_mesh((4, 2))
   trainer = Trainer(CONFIG, MeanAggregator(make_loss_fn(CONFIG)), optimizers.adafactor(0.01), mesh)
-  given = jax.tree.map(np.asarray, models.init_params(CONFIG, jax.random.PRNGKey(3)))
+  given = jax.tree.map(np.asarray, network.init_params(CONFIG, jax.random.PRNGKey(3)))
   state = trainer.init_state(jax.random.PRNGKey(0), initial_params=given)
   assert int(state.step) == 0
   for a, b in zip(jax.tree.leaves(given), jax.tree.leaves(jax.device_get(state.params))):

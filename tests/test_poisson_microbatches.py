@@ -11,18 +11,19 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import models
-from private_t5.dp.accounting import NoisySum
+from private_t5.models import config
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.mechanism import AGGREGATORS
 from private_t5.dp.aggregator import MeanAggregator
 from private_t5.dp import noise as noise_lib
-from private_t5.train import optimizers, partitioning
+from private_t5.train import optimizers
+from private_t5.models import sharding
 from private_t5.train.host_microbatches import (accumulate_microbatches, split_microbatches,
                                                train_step_microbatched, train_step_on_microbatches)
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
-CONFIG = models.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+CONFIG = config.T5Config(vocab_size=256, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                          num_decoder_layers=1, dropout_rate=0.1)
 CLIP = 0.05  # small enough that every example is clipped: the bound is tight
 SIGMA = 1.5
@@ -56,7 +57,7 @@ def _padded(n, m):
 @pytest.fixture(scope="module", params=["vmap", "ghost"])
 def trainer(request):
   aggregator = AGGREGATORS[request.param](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED))
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   return Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
 
 
@@ -138,7 +139,7 @@ def test_a_non_private_fixed_batch_in_microbatches_equals_the_fused_step(seeds):
   """A fixed batch larger than m runs through the same accumulate loop: the weighted mean of the
   non-private aggregator (with per-row dropout keys) does not depend on m."""
   aggregator = MeanAggregator(make_loss_fn(CONFIG), per_example_dropout_keys=True)
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
   batch = _batch(_examples(), [1, 4, 0, 7, 2, 6], 8)
   state = trainer.init_state(seeds.init_key)
@@ -174,8 +175,8 @@ def test_microbatched_step_equals_the_spread_whole_batch_step(seeds):
   the layout does not depend on the method; vmap's sums equal ghost's, tests/test_ghost.py.)"""
   from private_t5.train import loop
   aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
-                                   spmd_axis_name=partitioning.DATA_AXIS)
-  mesh = partitioning.create_mesh((4, 1), devices=jax.devices()[:4])
+                                   spmd_axis_name=sharding.DATA_AXIS)
+  mesh = sharding.create_mesh((4, 1), devices=jax.devices()[:4])
   trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
   source = _ExamplesSource(_examples())
   sample = np.array([8, 0, 5, 3, 2, 6], np.int64)  # 6 rows: 2 microbatches of 4, or spread over 4 x 4
@@ -196,7 +197,7 @@ def test_every_donated_buffer_is_used(seeds):
   (The host-dispatched step runs through `Trainer.train_step_microbatched`, its deprecated alias.)"""
   import warnings  # pylint: disable=g-import-not-at-top
   aggregator = AGGREGATORS["vmap"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED))
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
   examples = _examples()
   with warnings.catch_warnings(record=True) as caught:
@@ -257,15 +258,15 @@ def test_one_dispatch_non_private_and_spread_steps_equal_the_host_dispatched_one
   from private_t5.train import loop  # pylint: disable=g-import-not-at-top
   mean = Trainer(CONFIG, MeanAggregator(make_loss_fn(CONFIG), per_example_dropout_keys=True),
                  optimizers.adafactor(optimizers.constant_schedule(0.01)),
-                 partitioning.create_mesh((1, 1), devices=jax.devices()[:1]))
+                 sharding.create_mesh((1, 1), devices=jax.devices()[:1]))
   batch = _batch(_examples(), [1, 4, 0, 7, 2, 6], 8)
   host = train_step_microbatched(mean, mean.init_state(seeds.init_key), batch, 4, seeds.dropout_base_key,
                                  seeds.noise_base_key)
   _same_step(_stacked_step(mean, mean.init_state(seeds.init_key), batch, 4, seeds, 4), host, exact=False)
 
   aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
-                                    spmd_axis_name=partitioning.DATA_AXIS)
-  mesh = partitioning.create_mesh((4, 1), devices=jax.devices()[:4])
+                                    spmd_axis_name=sharding.DATA_AXIS)
+  mesh = sharding.create_mesh((4, 1), devices=jax.devices()[:4])
   spread = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
   source = _ExamplesSource(_examples())
   sample = np.array([8, 0, 5, 3, 2, 6, 1, 4, 7], np.int64)  # 9 rows: 3 microbatches of 4 rows (1 per device)

@@ -21,9 +21,11 @@ import pytest
 
 from private_t5 import doc_fingerprints
 from private_t5.data import source as source_lib
-from private_t5.dp.mechanism import DPConfig, ExecutionSettings, build_mechanism
+from private_t5.dp.config import DPConfig, ExecutionSettings
+from private_t5.dp.mechanism import build_mechanism
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.tokenizer import dp_spm
+from private_t5.tokenizer import dp_spm_histogram
 from private_t5.tokenizer import public_declaration
 
 from conftest import shared_or_fixture
@@ -323,8 +325,8 @@ def test_beam_signs_the_documents_as_the_local_pass_does(built, tmp_path):
   corpus = _write_jsonl(tmp_path / "docs.jsonl", mine[:40])
   key = doc_fingerprints.new_key()
   on_beam, local = doc_fingerprints.FingerprintWriter(key), doc_fingerprints.FingerprintWriter(key)
-  dp_spm_beam.beam_histogram(corpus, dp_spm.ContributionBound(), fingerprints=on_beam)
-  dp_spm.build_histogram(mine[:40], dp_spm.ContributionBound(), num_workers=1, fingerprints=local)
+  dp_spm_beam.beam_histogram(corpus, dp_spm_histogram.ContributionBound(), fingerprints=on_beam)
+  dp_spm_histogram.build_histogram(mine[:40], dp_spm_histogram.ContributionBound(), num_workers=1, fingerprints=local)
   assert on_beam.count == 40
   beam_record, local_record = on_beam.write(str(tmp_path / "beam")), local.write(str(tmp_path / "local"))
   assert beam_record["files"] == local_record["files"]

@@ -16,6 +16,8 @@ import pytest
 from private_t5.stages import launch
 from private_t5.errors import CheckpointError
 from private_t5.models import checkpoints, run_dir, run_lock
+from private_t5.models import checkpoint_read
+from private_t5 import errors
 from private_t5.stages import train as train_stage
 from private_t5.train import loop
 
@@ -284,7 +286,7 @@ def test_disk_full_mid_run_stops_training_with_the_step(corpus_and_vocab, tmp_pa
   assert manager.all_steps() == [1, 2]
   assert manager.read_metadata(2)["ledger"]["steps"] == 2
   manager.close()
-  _, _, info = checkpoints.restore_for_inference(model_dir)
+  _, _, info = checkpoint_read.restore_for_inference(model_dir)
   assert info["step"] == 2
   assert json.load(open(os.path.join(model_dir, "privacy_report.json")))["steps"] <= 2
   # The next run resumes from step 2 and completes.
@@ -401,7 +403,7 @@ def test_a_save_that_cannot_fit_is_one_line_before_anything_is_written(tmp_path,
   usage = shutil.disk_usage(str(tmp_path))
   monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda _: usage._replace(free=100 << 10))
   capfd.readouterr()
-  with pytest.raises(checkpoints.CheckpointError,
+  with pytest.raises(errors.CheckpointError,
                      match=r"saving checkpoint 2 .* failed: No space left on device \(needs about 0\.\d MiB, "
                            r"0\.1 MiB free\); training stopped, earlier checkpoints are intact"):
     manager.save(2, _state(2), {"seeds": {"root_seed": 7}})
@@ -420,7 +422,7 @@ def test_an_emptied_checkpoint_file_is_refused_before_the_storage_layer_reads(tm
   open(os.path.join(str(tmp_path), "checkpoints", "2", "state", "manifest.ocdbt"), "w").close()
   reopened = checkpoints.CheckpointManager(str(tmp_path), keep=3, fingerprint={"model": 1})
   capfd.readouterr()
-  with pytest.raises(checkpoints.CheckpointError, match=r"checkpoint 2 .* unreadable: state/manifest.ocdbt is empty"):
+  with pytest.raises(errors.CheckpointError, match=r"checkpoint 2 .* unreadable: state/manifest.ocdbt is empty"):
     reopened.restore(_target(), 2)
   messages = []
   step, _, saved = loop._restore_latest_readable(reopened, _target(), messages.append)
@@ -466,7 +468,7 @@ def test_late_storage_callbacks_are_not_printed_by_the_command_line(capfd, monke
   import asyncio  # pylint: disable=g-import-not-at-top
   import gc  # pylint: disable=g-import-not-at-top
   import logging  # pylint: disable=g-import-not-at-top
-  from private_t5.stages import flags  # pylint: disable=g-import-not-at-top
+  from private_t5.stages import verbosity  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after the test
   closed = asyncio.new_event_loop()
   closed.close()
@@ -501,11 +503,11 @@ def test_late_storage_callbacks_are_not_printed_by_the_command_line(capfd, monke
     gc.collect()
     return capfd.readouterr().err
 
-  flags.configure_logging(logging.INFO)
+  verbosity.configure_logging(logging.INFO)
   assert unraisable(LateCallback) == ""
   assert unraisable(LateTask) == ""
   assert "ValueError: a real problem" in unraisable(OtherError)
-  flags.configure_logging(logging.DEBUG)
+  verbosity.configure_logging(logging.DEBUG)
   assert "Event loop is closed" in unraisable(LateCallback)
   assert "Task exception was never retrieved" in unraisable(LateTask)
-  flags.configure_logging(logging.INFO)
+  verbosity.configure_logging(logging.INFO)

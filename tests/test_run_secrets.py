@@ -13,6 +13,7 @@ import pytest
 
 from private_t5.errors import CheckpointError
 from private_t5.models import checkpoints, run_dir
+from private_t5.models import checkpoint_read
 from private_t5.stages import cli
 from private_t5.stages import export as export_stage
 from private_t5.stages import train as train_stage
@@ -63,7 +64,7 @@ def _metadata_path(model_dir: str, step: int) -> str:
 
 
 def _params(model_dir: str, step: int):
-  return checkpoints.restore_for_inference(model_dir, step)[0]
+  return checkpoint_read.restore_for_inference(model_dir, step)[0]
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,10 @@ import scipy.stats
 from dp_accounting import dp_event
 
 from private_t5.dp import accounting
+from private_t5.dp import truncation
 from private_t5.dp import sampling as sampling_lib
-from private_t5.dp.mechanism import BatchLayout, DPConfig, ExecutionSettings, build_mechanism
+from private_t5.dp.config import BatchLayout, DPConfig, ExecutionSettings
+from private_t5.dp.mechanism import build_mechanism
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, PrivacyError
 
@@ -95,7 +97,7 @@ def test_truncation_probability_matches_empirical_rate():
   p = sampler.truncation_probability
   # The add-one neighbour's tail (N + 1 examples): the δ cost the accounting charges.
   np.testing.assert_allclose(p, scipy.stats.binom.sf(cap, n + 1, q))
-  assert p == accounting.truncation_probability(n, q, cap)
+  assert p == truncation.truncation_probability(n, q, cap)
   assert 0.1 < p < 0.4
   steps = 3000
   truncated = 0
@@ -114,7 +116,7 @@ def test_truncation_probability_matches_empirical_rate():
 
 def test_default_cap_meets_the_truncation_bound():
   n, q = 100_000, 0.01
-  m = accounting.max_batch_size_for(n, q, 1e-6)
+  m = truncation.max_batch_size_for(n, q, 1e-6)
   assert scipy.stats.binom.sf(m, n + 1, q) <= 1e-6 < scipy.stats.binom.sf(m - 1, n + 1, q)
   sampler = PoissonSampler.from_expected_batch_size(n, 1000, seed=0)
   assert sampler.max_batch_size == m and sampler.expected_batch_size == pytest.approx(1000)

@@ -24,6 +24,7 @@ from private_t5.models import network
 from private_t5.models.config import REMAT_POLICIES, load_preset
 from private_t5.models.model import EncoderDecoderModel
 from private_t5.train import main as train_main
+from private_t5.dp import config as config_lib
 from private_t5.train import optimizers
 from private_t5.train.trainer import make_loss_fn
 
@@ -191,7 +192,7 @@ def test_bad_settings_and_ghost_inside_unrolled_remat_are_refused_in_one_line(co
   rematerialised = config.replace(remat_policy="minimal")
   with pytest.raises(ConfigError, match="scan_layers=True with it, or train.clipping_method='vmap'"):
     ghost.record_layer_uses(make_loss_fn(rematerialised), params, jax.tree.map(lambda x: x[0], batch), None)
-  dp = train_main.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
+  dp = config_lib.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
   with pytest.raises(ConfigError, match="clipping_method='ghost' does not run inside remat_policy"):
     train_main.clipping_method_for(rematerialised, dp, "ghost", print)
   said = []

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from private_t5.data import source as source_lib
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import CheckpointError, ConfigError
-from private_t5.models import T5Config
+from private_t5.models.config import T5Config
 from private_t5.selective import adaptive, adaptive_train
 from private_t5.tokenizer import spm
 from private_t5.train import main as train_main
-from private_t5.dp import mechanism as privacy
+from private_t5.dp import config
 
 MICRO = T5Config(vocab_size=384, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                  num_decoder_layers=1, dropout_rate=0.0)
@@ -93,7 +93,7 @@ def test_adaptive_dp_without_reference_checkpoint_is_a_clear_error(tmp_path):
   with pytest.raises(ConfigError, match="reference model checkpoint"):
     adaptive_train.train_adaptive(reference_model_dir=None, model_config=MICRO, train_data=None,
                                   model_dir=str(tmp_path / "run"), train_steps=1, batch_size=4,
-                                  dp=privacy.DPConfig(noise_multiplier=1.0))
+                                  dp=config.DPConfig(noise_multiplier=1.0))
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_adaptive_run_end_to_end_reports_no_formal_guarantee(sources):
   model_dir = str(root / "adp")
   summary = adaptive_train.train_adaptive(
       reference_model_dir=ref_dir, model_config=MICRO, train_data=private_data, model_dir=model_dir,
-      train_steps=3, batch_size=8, dp=privacy.DPConfig(noise_multiplier=1.0, expected_batch_size=0.5),
+      train_steps=3, batch_size=8, dp=config.DPConfig(noise_multiplier=1.0, expected_batch_size=0.5),
       vocab_path=vocab, mesh_shape=(1, 1), insecure_deterministic_seed=2, log=logs.append)
   probs = adaptive.PrivacyProbabilities.load(os.path.join(model_dir, adaptive.PROBABILITIES_FILENAME))
   assert probs.rho.shape == (private_data.num_examples,)

@@ -14,6 +14,7 @@ from private_t5.errors import ConfigError, DataError
 from private_t5.selective import jft, redaction
 from private_t5.stages import jft as jft_stage
 from private_t5.tokenizer import spm
+from private_t5 import vocabulary
 
 from micro_run import MICRO_TRAIN_ARGS
 
@@ -147,8 +148,8 @@ def test_one_gin_command_runs_both_phases(shared_data, tmp_path, capsys):
 def test_canary_masked_by_the_detector_is_not_memorized_in_phase1(shared_data, tmp_path):
   from private_t5.data import source as source_lib  # pylint: disable=g-import-not-at-top
   from private_t5.eval import canaries as canaries_lib, exposure, memorization  # pylint: disable=g-import-not-at-top
-  from private_t5.models import T5Config  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models.config import T5Config  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main, optimizers  # pylint: disable=g-import-not-at-top
   corpus = os.path.join(shared_data, "pretrain", "fortunes.jsonl.gz")
   docs = list(corpora.iter_documents(corpus, max_documents=200))
@@ -161,7 +162,7 @@ def test_canary_masked_by_the_detector_is_not_memorized_in_phase1(shared_data, t
   redaction.redact_corpus(corpora.iter_documents(raw), redacted, level="pattern", progress_every=0,
                           log=lambda _: None)
   assert not any(c.text in r["text"] for c in canaries for r in redaction.read_redacted(redacted))
-  vocab = spm.load_vocabulary(vocab_path)
+  vocab = vocabulary.load_vocabulary(vocab_path)
   config = T5Config(vocab_size=512, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                     num_decoder_layers=1, dropout_rate=0.0)
   result = {}
@@ -172,7 +173,7 @@ def test_canary_masked_by_the_detector_is_not_memorized_in_phase1(shared_data, t
     train_main.train(model_config=config, train_data=data, model_dir=model_dir, train_steps=80, batch_size=16,
                      learning_rate=optimizers.constant_schedule(0.02), mesh_shape=(1, 1),
                      insecure_deterministic_seed=3, log=lambda _: None)
-    params, cfg, _ = checkpoints.restore_for_inference(model_dir)
+    params, cfg, _ = checkpoint_read.restore_for_inference(model_dir)
     evaluator = exposure.ExposureEvaluator(memorization.make_scorer(params, cfg),
                                            exposure.CandidateEncoder(vocab, fmt, exposure.PREFIX_SCORING),
                                            batch_size=500)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from private_t5.data import seqio_source
+from private_t5.data import seqio_lookup
 from private_t5.data import source as source_lib
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.errors import ConfigError, DataError, PrivacyError
@@ -247,7 +248,7 @@ def test_every_task_of_a_mixture_must_use_the_vocabulary_training_uses(task_data
   _, _, vocab = task_data
   for name in (seqio_tasks.MIXED_VOCAB_MIXTURE, seqio_tasks.NESTED_MIXED_VOCAB_MIXTURE):  # a sub-mixture's too
     with pytest.raises(ConfigError) as error:
-      seqio_source.seqio_vocab_path(name, "seqio_tasks")  # the vocabulary training records
+      seqio_lookup.seqio_vocab_path(name, "seqio_tasks")  # the vocabulary training records
     assert _one_line(error) == (
         f"seqio Mixture {name!r}: Task {seqio_tasks.OTHER_VOCAB_TASK!r} tokenizes with {other_vocab}, not with "
         f"{vocab}, the vocabulary training uses (that of Task {seqio_tasks.TASK!r}); every task must use the same "
@@ -264,9 +265,9 @@ def test_every_task_of_a_mixture_must_use_the_vocabulary_training_uses(task_data
       f"{vocab}; both features must use the same SentencePiece vocabulary (the one training uses)")
   # VOCAB_PATH must be the file every task uses; a Mixture all on the other vocabulary trains with it.
   with pytest.raises(ConfigError, match=f"VOCAB_PATH {other_vocab} is not the vocabulary"):
-    seqio_source.seqio_vocab_path(seqio_tasks.FIXED_MIXTURE, "seqio_tasks", vocab_path=other_vocab)
-  assert seqio_source.seqio_vocab_path(seqio_tasks.FIXED_MIXTURE, "seqio_tasks") == vocab
-  assert seqio_source.seqio_vocab_path(seqio_tasks.OTHER_VOCAB_MIXTURE, "seqio_tasks") == other_vocab
+    seqio_lookup.seqio_vocab_path(seqio_tasks.FIXED_MIXTURE, "seqio_tasks", vocab_path=other_vocab)
+  assert seqio_lookup.seqio_vocab_path(seqio_tasks.FIXED_MIXTURE, "seqio_tasks") == vocab
+  assert seqio_lookup.seqio_vocab_path(seqio_tasks.OTHER_VOCAB_MIXTURE, "seqio_tasks") == other_vocab
 
 
 def test_a_module_that_raises_at_import_is_named_in_one_line(task_data, tmp_path, monkeypatch, capsys):
@@ -282,10 +283,10 @@ def test_a_module_that_raises_at_import_is_named_in_one_line(task_data, tmp_path
               "t5test_tasks_syntax": f"SyntaxError: invalid syntax ({tmp_path / 't5test_tasks_syntax.py'}, line 2)"}
   for name, what in expected.items():
     with pytest.raises(ConfigError) as error:
-      seqio_source.get_mixture_or_task("no_such_task", name)
+      seqio_lookup.get_mixture_or_task("no_such_task", name)
     assert _one_line(error) == f"cannot import MIXTURE_OR_TASK_MODULE {name!r}: {what}"
   with pytest.raises(KeyboardInterrupt):  # Ctrl-C still stops the run
-    seqio_source.import_task_modules("t5test_tasks_interrupted")
+    seqio_lookup.import_task_modules("t5test_tasks_interrupted")
   # The command: exit status 2, one line, nothing written.
   capsys.readouterr()
   argv = [a for a in _pretrain(tmp_path / "run", "no_such_task", 2) if "MIXTURE_OR_TASK_MODULE" not in a]

@@ -15,6 +15,11 @@ import numpy as np
 import pytest
 
 from private_t5.eval import split_search, splits
+from private_t5.eval import near_dup
+from private_t5.eval import split_types
+from private_t5.eval import lsh_pairs
+from private_t5.eval import split_files
+from private_t5 import shingles
 from conftest import shared_or_fixture
 
 Doc = collections.namedtuple("Doc", "id text")
@@ -47,13 +52,13 @@ def _reference_within(keys, texts, threshold, k):
     members = np.unique(docs[s:e])
     if len(members) < 2:
       continue
-    for i, j in splits.bucket_candidates(members.tolist(), k):
+    for i, j in lsh_pairs.bucket_candidates(members.tolist(), k):
       shared.setdefault(i, {})
       shared[i][j] = shared[i].get(j, 0) + 1
   checked = 0
   for i in sorted(shared):
-    for j in splits.rank_candidates(shared[i], k):
-      did, dup = splits.check_pair(splits.words(texts[i]), splits.words(texts[j]), threshold)
+    for j in lsh_pairs.rank_candidates(shared[i], k):
+      did, dup = near_dup.check_pair(near_dup.words(texts[i]), near_dup.words(texts[j]), threshold)
       checked += did
       if dup:
         found[i] = found[j] = True
@@ -74,7 +79,7 @@ def _reference_across(qkeys, ikeys, qtexts, itexts, threshold, k):
       continue
     docs, counts = np.unique(np.concatenate(parts), return_counts=True)
     for j in docs[np.argsort(-counts, kind="stable")][:k]:
-      did, dup = splits.check_pair(splits.words(qtexts[i]), splits.words(itexts[j]), threshold)
+      did, dup = near_dup.check_pair(near_dup.words(qtexts[i]), near_dup.words(itexts[j]), threshold)
       checked += did
       if dup:
         found[i] = True
@@ -86,19 +91,19 @@ def _reference_exact(train, valid, window):
   tf, vf = np.zeros(len(train), bool), np.zeros(len(valid), bool)
   owners = collections.defaultdict(set)
   for i, t in enumerate(train):
-    for h in splits.window_hashes(splits.word_token_ids(t), window).tolist():
+    for h in shingles.window_hashes(near_dup.word_token_ids(t), window).tolist():
       owners[h].add(i)
   for ids in owners.values():
     if len(ids) > 1:
       tf[list(ids)] = True
   for i, t in enumerate(valid):
-    vf[i] = any(h in owners for h in splits.window_hashes(splits.word_token_ids(t), window).tolist())
+    vf[i] = any(h in owners for h in shingles.window_hashes(near_dup.word_token_ids(t), window).tolist())
   return tf, vf
 
 
 def _reference(train_docs, valid_docs, cfg):
   tt, vt = [d.text for d in train_docs], [d.text for d in valid_docs]
-  keys = splits.compute_band_keys(tt + vt, cfg)
+  keys = near_dup.compute_band_keys(tt + vt, cfg)
   nt = len(tt)
   near_t, c1 = _reference_within(keys[:nt], tt, cfg.min_edit_similarity, cfg.max_candidates_per_doc)
   near_v, c2 = _reference_across(keys[nt:], keys[:nt], vt, tt, cfg.min_edit_similarity, cfg.max_candidates_per_doc)
@@ -128,8 +133,8 @@ def _corpora():
 @pytest.mark.parametrize("max_candidates", [50, 1])
 def test_streaming_search_equals_the_in_memory_search(max_candidates):
   train, valid = _corpora()
-  cfg = splits.SplitConfig(num_perm=1280, num_bands=128, num_workers=1, max_candidates_per_doc=max_candidates)
-  got = splits.build_splits(train, valid, cfg)
+  cfg = split_types.SplitConfig(num_perm=1280, num_bands=128, num_workers=1, max_candidates_per_doc=max_candidates)
+  got = split_search.build_splits(train, valid, cfg)
   want_t, want_v, checked, near, exact = _reference(train, valid, cfg)
   assert want_t.sum() >= 25 and want_v.sum() >= 5 and exact >= 2  # the corpus exercises every path
   np.testing.assert_array_equal(got.train_dup, want_t)
@@ -142,20 +147,20 @@ def test_streaming_search_equals_the_in_memory_search(max_candidates):
 
 def test_worker_processes_and_key_blocks_give_the_same_splits(monkeypatch):
   train, valid = _corpora()
-  cfg = splits.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
-  one = splits.build_splits(train, valid, cfg)
+  cfg = split_types.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
+  one = split_search.build_splits(train, valid, cfg)
   monkeypatch.setattr(split_search, "KEY_BLOCK", 100)  # many blocks, the last one partial
-  two = splits.build_splits_streaming(iter(train), iter(valid), splits.SplitConfig(num_perm=640, num_bands=64,
+  two = split_search.build_splits_streaming(iter(train), iter(valid), split_types.SplitConfig(num_perm=640, num_bands=64,
                                                                                     num_workers=2))
   np.testing.assert_array_equal(one.train_dup, two.train_dup)
   np.testing.assert_array_equal(one.valid_dup, two.valid_dup)
-  assert two.fingerprints == (splits.corpus_fingerprint(train), splits.corpus_fingerprint(valid))
+  assert two.fingerprints == (split_files.corpus_fingerprint(train), split_files.corpus_fingerprint(valid))
 
 
 def test_split_file_holds_a_bit_a_document_and_old_files_are_rebuilt(tmp_path, caplog):
   train, valid = _corpora()
   train, valid = train[:300], valid[:37]
-  cfg = splits.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
+  cfg = split_types.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
   first, path, reused = splits.load_or_build_splits(str(tmp_path), train, valid, cfg)
   data = json.load(open(path))
   assert not reused and data["format"] == 2 and "splits" not in data
@@ -191,10 +196,10 @@ def test_beam_pipeline_on_several_files_and_a_folder_equals_the_local_search(tmp
   folder.mkdir()
   for k, d in enumerate(valid):
     (folder / f"{k:03d}.txt").write_text(d.text, encoding="utf-8")
-  cfg = splits.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
+  cfg = split_types.SplitConfig(num_perm=640, num_bands=64, num_workers=1)
   local_train = [d for k in range(3) for d in corpora.iter_documents(str(tmp_path / f"train-{k}.jsonl"),
                                                                        allow_empty=True)]
-  local = splits.build_splits(local_train, corpora.read_corpus(str(folder))[0], cfg)
+  local = split_search.build_splits(local_train, corpora.read_corpus(str(folder))[0], cfg)
   beam = splits_beam.build_splits_beam(str(tmp_path / "train-*.jsonl"), str(folder), cfg,
                                        work_dir=str(tmp_path / "work"))
   assert local.sizes()["train_dup"] >= 10 and local.sizes()["valid_in_train"] >= 3
@@ -210,12 +215,12 @@ def test_the_work_folders_of_killed_searches_are_removed_by_the_next_one(tmp_pat
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                         check=True).stdout.strip()
   host = socket.gethostname()
-  killed = tmp_path / f"{splits.WORK_DIR_PREFIX}{host}-{dead}-0a1b2c"
-  running = tmp_path / f"{splits.WORK_DIR_PREFIX}{host}-{os.getpid()}-3d4e5f"
+  killed = tmp_path / f"{split_search.WORK_DIR_PREFIX}{host}-{dead}-0a1b2c"
+  running = tmp_path / f"{split_search.WORK_DIR_PREFIX}{host}-{os.getpid()}-3d4e5f"
   for folder in (killed, running):
     folder.mkdir()
     (folder / "texts.bin").write_bytes(b"x" * 1000)
   docs = [Doc(str(i), f"document number {i} with some words in it") for i in range(6)]
-  cfg = splits.SplitConfig(num_perm=8, num_bands=4, exact_substring_tokens=0, num_workers=1)
-  splits.build_splits_streaming(docs[:4], docs[4:], cfg, work_dir=str(tmp_path))
+  cfg = split_types.SplitConfig(num_perm=8, num_bands=4, exact_substring_tokens=0, num_workers=1)
+  split_search.build_splits_streaming(docs[:4], docs[4:], cfg, work_dir=str(tmp_path))
   assert sorted(os.listdir(tmp_path)) == [running.name]

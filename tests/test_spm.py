@@ -7,6 +7,7 @@ import pytest
 
 from private_t5.stages import cli
 from private_t5.tokenizer import spm as spm_lib
+from private_t5 import vocabulary
 from private_t5.stages import spm as spm_stage
 
 
@@ -21,7 +22,7 @@ def test_spm_command_trains_t5_vocabulary(shared_data, tmp_path, capsys, model_t
   assert summary["vocab_size_with_sentinels"] == summary["pieces"] + 100
   assert summary["pieces"] == vocab_size if model_type == "unigram" else 50 < summary["pieces"] <= vocab_size
   assert sorted(os.listdir(output.parent)) == ["spm.model"]  # no temp file left
-  vocab = spm_lib.load_vocabulary(str(output))
+  vocab = vocabulary.load_vocabulary(str(output))
   text = "Time flies like an arrow."
   assert vocab.decode(vocab.encode(text)) == text
   assert vocab.tokenizer.GetPieceSize() == summary["pieces"] + 100
@@ -44,7 +45,7 @@ def test_spm_bad_input(tmp_path, capsys):
 
 
 def test_document_lines_splits_long_documents():
-  from private_t5.data.corpora import Document  # pylint: disable=g-import-not-at-top
+  from private_t5.documents import Document  # pylint: disable=g-import-not-at-top
   counts = {"lines": 0}
   lines = list(spm_stage.document_lines(iter([Document("a", "one\n\n two \nthree"), Document("b", "four")]), counts))
   assert lines == ["one", " two ", "three", "four"] and counts["lines"] == 4

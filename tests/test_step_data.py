@@ -8,17 +8,18 @@ import jax
 import numpy as np
 import pytest
 
-from private_t5 import models
+from private_t5.models import config
 from private_t5.dp import clipping
 from private_t5.dp.aggregator import MeanAggregator
-from private_t5.dp.mechanism import BatchLayout
+from private_t5.dp.config import BatchLayout
 from private_t5.dp.sampling import PoissonSampler
 from private_t5.errors import DataError
-from private_t5.train import optimizers, partitioning, step_data
+from private_t5.train import optimizers, step_data
+from private_t5.models import sharding
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn, microbatch_bucket
 
-CONFIG = models.T5Config(vocab_size=128, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+CONFIG = config.T5Config(vocab_size=128, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
                          num_decoder_layers=1)
 
 
@@ -55,7 +56,7 @@ class _Privacy:
 
 @pytest.fixture(scope="module")
 def trainer():
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   return Trainer(CONFIG, MeanAggregator(make_loss_fn(CONFIG)), optimizers.adafactor(optimizers.constant_schedule(0.01)),
                  mesh)
 

@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from private_t5.stages import cli
+from private_t5.data import objectives
 from private_t5.data import source as source_lib
 from private_t5.data import store as store_lib
+from private_t5.data import store_reader
+from private_t5.data import store_files
 from private_t5.data import store_beam
 from private_t5.errors import DataError
 from test_data_vocab import FORTUNES, small_vocab_path
@@ -77,7 +80,7 @@ def test_two_shard_store_equals_one_shard_store(tmp_path, shared_data, vocab_pat
   assert two.num_shards == 2 and len(two.shard_starts) == 3
   assert os.path.isfile(os.path.join(two.path, "tokens-00001-of-00002.int32"))
   rng = np.random.default_rng(0)
-  fresh = store_lib.DocumentStore(two.path)  # random reads before any global offsets are built
+  fresh = store_reader.DocumentStore(two.path)  # random reads before any global offsets are built
   indices = rng.integers(0, one.num_documents, size=200)
   for i in indices:
     np.testing.assert_array_equal(fresh.document_tokens(int(i)), one.document_tokens(int(i)))
@@ -125,27 +128,27 @@ def test_older_stores_still_open_as_the_same_documents(tmp_path, shared_data, vo
   assert new.manifest["tokens_sha256"] == _old_digest(new)  # a run's fingerprint still matches
   old = tmp_path / "old"
   old.mkdir()
-  tokens, offsets = store_lib.shard_file_names(0, 1)
-  names = (store_lib.TOKENS_FILE, store_lib.OFFSETS_FILE) if version == 1 else (tokens, offsets)
+  tokens, offsets = store_files.shard_file_names(0, 1)
+  names = (store_files.TOKENS_FILE, store_files.OFFSETS_FILE) if version == 1 else (tokens, offsets)
   os.link(os.path.join(new.path, tokens), old / names[0])
   os.link(os.path.join(new.path, offsets), old / names[1])
-  (old / store_lib.DOCUMENTS_FILE).write_text(json.dumps({"ids": list(new.ids), "users": list(new.users)}))
+  (old / store_files.DOCUMENTS_FILE).write_text(json.dumps({"ids": list(new.ids), "users": list(new.users)}))
   manifest = dict(new.manifest, format_version=version)
-  del manifest[store_lib.CHECKSUMS_KEY]  # older stores were written without the record
+  del manifest[store_files.CHECKSUMS_KEY]  # older stores were written without the record
   if version == 1:
     manifest = {k: v for k, v in manifest.items() if k not in ("shards", "shard_starts", "num_shards")}
   else:
     manifest["shards"] = [{k: sh[k] for k in ("tokens", "offsets", "documents", "num_tokens")}
                           for sh in manifest["shards"]]
-  (old / store_lib.MANIFEST_FILE).write_text(json.dumps(manifest))
-  opened = store_lib.DocumentStore(str(old))
+  (old / store_files.MANIFEST_FILE).write_text(json.dumps(manifest))
+  opened = store_reader.DocumentStore(str(old))
   _assert_same_documents(opened, new, range(new.num_documents))
   np.testing.assert_array_equal(opened.id_hashes(), new.id_hashes())
   np.testing.assert_array_equal(opened.user_index, new.user_index)
   assert opened.user_names == new.user_names
   # The same examples and split from either store.
   for split in ("train", "validation"):
-    a, b = (source_lib.CorpusSource(st, source_lib.objectives_lib.make_objective(
+    a, b = (source_lib.CorpusSource(st, objectives.make_objective(
         "prefix_lm", {"inputs": 16, "targets": 8}, 400), "user") for st in (opened, new))
     assert a.num_examples == b.num_examples == 7
     np.testing.assert_array_equal(a.user_ids(), b.user_ids())
@@ -157,7 +160,7 @@ def test_a_store_is_opened_without_reading_its_ids(tmp_path, shared_data, vocab_
   records = [dict(r, user=f"user-{k % 5}") for k, r in enumerate(_fortunes(shared_data, 60))]
   pattern = _write_parts(str(tmp_path / "corpus"), records, 1)
   built = store_lib.build_store(pattern, vocab_path, cache_dir=str(tmp_path / "c"), progress=False, user_field="user")
-  assert not os.path.exists(os.path.join(built.path, store_lib.DOCUMENTS_FILE))
+  assert not os.path.exists(os.path.join(built.path, store_files.DOCUMENTS_FILE))
   from private_t5.data import store_index  # pylint: disable=g-import-not-at-top
   read = []
   original = store_index.StringColumn.__getitem__
@@ -169,7 +172,7 @@ def test_a_store_is_opened_without_reading_its_ids(tmp_path, shared_data, vocab_
                                     cache_dir=str(tmp_path / "c"), user_field="user", progress=False)
     source.get_batch(range(4), seed=0, batch_size=4)
     source.user_ids()
-  assert read == [os.path.join(built.path, store_lib.MANIFEST_FILE)] * 3  # the manifest, nothing else
+  assert read == [os.path.join(built.path, store_files.MANIFEST_FILE)] * 3  # the manifest, nothing else
   assert source.store.ids[2] == records[3]["id"] and source.store.users[2] == "user-3"  # the blank one is skipped
   expected = [i for i, doc_id in enumerate(built.ids) if not source_lib.in_validation(doc_id, 0.2)]
   np.testing.assert_array_equal(source_lib.make_source(

@@ -20,8 +20,10 @@ import pytest
 
 from private_t5 import errors
 from private_t5.data import store as store_lib
+from private_t5.data import store_reader
 from private_t5.data.store_files import DamagedStoreError
 from private_t5.stages import cli, gin_utils
+from private_t5.stages import gin_errors
 from micro_run import MICRO_TRAIN_ARGS
 from test_data_vocab import vocab_path  # pylint: disable=unused-import
 from test_store_beam import _fortunes, _write_parts
@@ -81,7 +83,7 @@ def test_every_error_class_comes_through_gin_with_its_message_and_attributes():
         gin_utils.call_configured(fn, error)
       clean = info.value
       assert type(clean) is cls, cls
-      assert str(clean) == str(error) == gin_utils.error_message(clean), cls
+      assert str(clean) == str(error) == gin_errors.error_message(clean), cls
       assert vars(clean) == vars(error), cls
   damaged = DamagedStoreError(*ERROR_ARGUMENTS["DamagedStoreError"])
   with pytest.raises(DamagedStoreError) as info:
@@ -118,7 +120,7 @@ def test_an_offsets_file_overwritten_at_the_same_size_is_found_on_reuse(tmp_path
   assert not summary["reused"] and summary["rebuilt"] == reason
   assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
       f"[store] rebuilding the damaged entry {store.path}: {reason}"]
-  rebuilt = store_lib.DocumentStore(summary["path"])
+  rebuilt = store_reader.DocumentStore(summary["path"])
   assert [rebuilt.document_length(i) for i in range(3)] == [store.document_length(i) for i in range(3)]
 
 

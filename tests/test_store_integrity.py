@@ -10,6 +10,8 @@ import os
 import pytest
 
 from private_t5.data import store as store_lib
+from private_t5.data import store_files
+from private_t5.data import store_reader
 from private_t5.stages import cli
 from test_bad_inputs import files_under, one_error_line
 from test_data_vocab import vocab_path  # pylint: disable=unused-import
@@ -36,13 +38,13 @@ def test_a_truncated_entry_is_refused_for_training_and_rebuilt_by_the_stage(tmp_
   argv = [f"--corpus={corpus}", f"--vocab_path={vocab_path}", f"--cache_dir={tmp_path}/cache"]
   built = _store(argv, capsys)
   assert not built["reused"] and built["rebuilt"] is None
-  record = store_lib.DocumentStore(built["path"]).manifest[store_lib.CHECKSUMS_KEY]
-  tokens = store_lib.shard_file_names(0, 1)[0]
-  assert set(record) == set(os.listdir(built["path"])) - {store_lib.MANIFEST_FILE}
+  record = store_reader.DocumentStore(built["path"]).manifest[store_files.CHECKSUMS_KEY]
+  tokens = store_files.shard_file_names(0, 1)[0]
+  assert set(record) == set(os.listdir(built["path"])) - {store_files.MANIFEST_FILE}
   size = record[tokens]["size"]
   _truncate(os.path.join(built["path"], tokens), size // 2)
   # Training opens the entry (store.build_store, as data.source does): one line naming the file.
-  with pytest.raises(store_lib.DamagedStoreError) as e:
+  with pytest.raises(store_files.DamagedStoreError) as e:
     store_lib.build_store(corpus, vocab_path, cache_dir=str(tmp_path / "cache"), progress=False)
   assert str(e.value) == (f"store {built['path']} is damaged: {tokens} holds {size // 2} bytes, expected {size}; "
                           "run `private-t5 store` with the same settings to rebuild it (or delete that folder)")
@@ -63,7 +65,7 @@ def test_a_truncated_entry_is_refused_for_training_and_rebuilt_by_the_stage(tmp_
 def test_verify_reads_the_token_files_and_rebuilds_an_altered_one(tmp_path, corpus, vocab_path, capsys):
   argv = [f"--corpus={corpus}", f"--vocab_path={vocab_path}", f"--cache_dir={tmp_path}/cache"]
   path = _store(argv, capsys)["path"]
-  tokens = store_lib.DocumentStore(path).manifest["shards"][0]["tokens"]
+  tokens = store_reader.DocumentStore(path).manifest["shards"][0]["tokens"]
   with open(os.path.join(path, tokens), "r+b") as f:  # one byte changed, the size kept
     first = f.read(1)
     f.seek(0)
@@ -74,7 +76,7 @@ def test_verify_reads_the_token_files_and_rebuilds_an_altered_one(tmp_path, corp
   assert verified["rebuilt"].startswith(f"{tokens} has the expected size") and "SHA-256" in verified["rebuilt"]
   assert _store([*argv, "--verify"], capsys)["reused"]
   # The index is compared without --verify (tests/test_store_damage.py: the offsets).
-  ids = store_lib.DocumentStore(path).manifest["shards"][0]["ids"]
+  ids = store_reader.DocumentStore(path).manifest["shards"][0]["ids"]
   with open(os.path.join(path, ids), "r+b") as f:
     first = f.read(1)
     f.seek(0)
@@ -85,17 +87,17 @@ def test_verify_reads_the_token_files_and_rebuilds_an_altered_one(tmp_path, corp
 def test_an_entry_without_the_record_is_checked_on_its_offsets(tmp_path, corpus, vocab_path, caplog):
   store = store_lib.build_store(corpus, vocab_path, cache_dir=str(tmp_path / "cache"), progress=False)
   manifest = dict(store.manifest)
-  del manifest[store_lib.CHECKSUMS_KEY]  # as an entry built before the record
-  with open(os.path.join(store.path, store_lib.MANIFEST_FILE), "w") as f:
+  del manifest[store_files.CHECKSUMS_KEY]  # as an entry built before the record
+  with open(os.path.join(store.path, store_files.MANIFEST_FILE), "w") as f:
     json.dump(manifest, f)
-  assert store_lib.DocumentStore(store.path).num_tokens == store.num_tokens
+  assert store_reader.DocumentStore(store.path).num_tokens == store.num_tokens
   with caplog.at_level(logging.WARNING, logger="private_t5.data.store"):
     assert store_lib.build_store(corpus, vocab_path, cache_dir=str(tmp_path / "cache"), verify=True).reused
   assert "built without a checksums record: only the sizes its index implies were checked" in caplog.text
-  tokens = store_lib.shard_file_names(0, 1)[0]
+  tokens = store_files.shard_file_names(0, 1)[0]
   _truncate(os.path.join(store.path, tokens), 12)
-  with pytest.raises(store_lib.DamagedStoreError, match=f"{tokens} holds 12 bytes, expected {4 * store.num_tokens};"):
-    store_lib.DocumentStore(store.path)
+  with pytest.raises(store_files.DamagedStoreError, match=f"{tokens} holds 12 bytes, expected {4 * store.num_tokens};"):
+    store_reader.DocumentStore(store.path)
 
 
 def test_a_cache_dir_inside_an_entry_is_refused(tmp_path, corpus, vocab_path, capsys):

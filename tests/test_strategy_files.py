@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from private_t5.dp import strategies
-from private_t5.dp.mechanism import DPConfig
+from private_t5.dp.config import DPConfig
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
 from private_t5.models import checkpoints
 from private_t5.stages import cli

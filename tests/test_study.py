@@ -46,7 +46,7 @@ def test_plant_duplicates_is_seeded_and_records_repetitions():
 
 
 def test_extraction_by_repetitions_counts_each_document_once():
-  from private_t5.stages import study as study_stage  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments import study as study_stage  # pylint: disable=g-import-not-at-top
   repeated = {"a": 2, "b": 10, "c": 10}
   per_document = {"ids": ["a", "a#copy1", "b#copy3", "b#copy7", "c#copy2", "n1", "n2"],
                   "exact": [0, 0, 1, 0, 0, 1, 0]}
@@ -88,7 +88,7 @@ def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_validation_metrics_of_private_documents_are_labelled_not_dp():
-  from private_t5.stages import study as study_stage  # pylint: disable=g-import-not-at-top
+  from private_t5.experiments import study as study_stage  # pylint: disable=g-import-not-at-top
   from private_t5.eval import study_report  # pylint: disable=g-import-not-at-top
   split = {"exact_match": 0.0, "token_accuracy": 0.5, "median_edit_distance": 3.0, "n": 4}
   report = {"extraction": {"greedy": {s: split for s in study_report.SPLITS}}}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk_metrics
 
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import privacy_report
 from private_t5.eval import glue_metrics
 from private_t5.stages import cli
 
@@ -192,7 +192,7 @@ def test_every_ledger_is_what_the_table_says(utility_study):
   results = json.loads((out / "results.json").read_text())["utility"]
   for name, m in results["models"].items():
     if name != "scratch":
-      report = ledger_lib.read_report(ledger_lib.report_path(out / "models" / name / "run"))
+      report = privacy_report.read_report(privacy_report.report_path(out / "models" / name / "run"))
       assert report["dp"] == m["private"]
       if not m["private"]:
         assert m["epsilon"] is None and report["total_epsilon"] is None
@@ -201,9 +201,9 @@ def test_every_ledger_is_what_the_table_says(utility_study):
         assert m["epsilon"] > report["training_epsilon"] and m["delta"] == pytest.approx(report["total_delta"])
       else:  # dp_span: a non-private vocabulary, the ledger's total is ∞; the table states training alone
         assert report["total_epsilon"] is None and m["epsilon"] == pytest.approx(report["training_epsilon"])
-    public = ledger_lib.read_report(ledger_lib.report_path(out / "models" / name / "finetune_public" / "run"))
+    public = privacy_report.read_report(privacy_report.report_path(out / "models" / name / "finetune_public" / "run"))
     assert not public["dp"] and m["finetuned"]["epsilon"] is None
-    dp = ledger_lib.read_report(ledger_lib.report_path(out / "models" / name / "finetune_dp" / "run"))
+    dp = privacy_report.read_report(privacy_report.report_path(out / "models" / name / "finetune_dp" / "run"))
     f = m["finetuned_dp"]
     assert dp["dp"] and dp["privacy_unit"] == "example"
     assert f["epsilon"] == pytest.approx(dp["training_epsilon"]) == pytest.approx(8.0, rel=1e-3)
@@ -215,7 +215,7 @@ def test_every_ledger_is_what_the_table_says(utility_study):
     vocab = next(c for c in dp["components"] if c["name"] == "vocabulary")
     assert ("dp_report" in vocab) == (m["vocabulary"] == "dp_spm")
   for r in results["batch_sweep"]:
-    report = ledger_lib.read_report(ledger_lib.report_path(r["run_dir"]))
+    report = privacy_report.read_report(privacy_report.report_path(r["run_dir"]))
     assert report["dp"] == r["private"] and report["steps"] == r["steps"]
     if r["private"]:
       assert report["training_epsilon"] == pytest.approx(r["epsilon"])

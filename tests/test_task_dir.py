@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from private_t5 import user_modules
-from private_t5.data import glue_registry, glue_tasks
+from private_t5.data import glue_registry
+from private_t5.data import glue_rows
 from private_t5.data import task_dir
 from private_t5.errors import ConfigError
 from private_t5.stages import cli
@@ -62,7 +63,7 @@ def make_task_folder(root: pathlib.Path, name: str = "my_task", description=None
 
 
 def _examples(name: str, split: str = "train"):
-  ex = glue_tasks.load_examples(name, split)
+  ex = glue_rows.load_examples(name, split)
   return ex["inputs"], ex["targets"], ex["labels"].tolist()
 
 
@@ -78,7 +79,7 @@ def _one_error_line(capsys) -> str:
 
 
 def test_task_json_flags_and_the_launcher_give_the_same_examples(tmp_path):
-  launcher = glue_tasks.register_local_tsv_task("my_task", str(make_task_folder(tmp_path / "a")), ["sentence"],
+  launcher = glue_registry.register_local_tsv_task("my_task", str(make_task_folder(tmp_path / "a")), ["sentence"],
                                                 "label", ["old", "new"])
   want = {split: _examples("my_task", split) for split in ("train", "validation")}
   inputs, targets, labels = want["train"]
@@ -86,12 +87,12 @@ def test_task_json_flags_and_the_launcher_give_the_same_examples(tmp_path):
   by_file = make_task_folder(tmp_path / "b", description=DESCRIPTION)
   assert task_dir.register_task_dir(str(by_file)) == "my_task"
   assert {s: _examples("my_task", s) for s in want} == want
-  assert glue_tasks.get_task("my_task").metric == "accuracy"
+  assert glue_registry.get_task("my_task").metric == "accuracy"
   # The same description as flags, on a folder without task.json (the train/evaluate/study flags).
   by_flags = make_task_folder(tmp_path / "c")
   assert task_dir.task_name(None, str(by_flags), None, "sentence", "label", "old,new", "accuracy") == "my_task"
   assert {s: _examples("my_task", s) for s in want} == want
-  assert glue_tasks.get_task("my_task") == glue_tasks.local_tsv_task(
+  assert glue_registry.get_task("my_task") == glue_registry.local_tsv_task(
       "my_task", str(by_flags), ["sentence"], "label", ["old", "new"]) != launcher  # only the folder differs
 
 
@@ -105,7 +106,7 @@ def test_the_study_takes_the_flags_too(tmp_path, capsys):
   assert cli.main(["study", "--part=utility", f"--corpus={tmp_path}/none.jsonl", f"--output={tmp_path}/out",
                    f"--task_dir={bare}", *FLAGS]) == 2
   assert _one_error_line(capsys) == f"error: corpus not found: {tmp_path}/none.jsonl"  # past the task
-  assert glue_tasks.get_task("my_task").local_subdir == str(bare)
+  assert glue_registry.get_task("my_task").local_subdir == str(bare)
   assert {split: _examples("my_task", split) for split in examples} == examples
 
 
@@ -114,7 +115,7 @@ def test_flags_override_task_json_and_name_the_task(tmp_path):
   with pytest.raises(ConfigError, match=r"the label\(s\) 'new', 'old' found in .*train.tsv .*not among label_names a, b"):
     task_dir.register_task_dir(str(folder))
   assert task_dir.register_task_dir(str(folder), label_names="old,new", metric="sst2") == "reviews"
-  task = glue_tasks.get_task("reviews")
+  task = glue_registry.get_task("reviews")
   assert task.label_names == ("old", "new") and task.metric == "sst2"
   assert _examples("reviews")[0][0].startswith("reviews sentence: ")
   # MIXTURE_OR_TASK_NAME (--task) names it over task.json's "name".
@@ -211,7 +212,7 @@ def test_every_finetuning_and_evaluation_config_reads_the_folder(gin_file, entry
                                              "TASK_LABEL_FIELD='label'", "TASK_LABEL_NAMES='old,new'"])
   gin_utils.parse(["configs/models/t5_1_0_tiny.gin", gin_file], bindings, check_required=False, entry=entry)
   assert gin_utils.configured("glue_task")() == "my_task"
-  assert glue_tasks.get_task("my_task").local_subdir == str(folder)
+  assert glue_registry.get_task("my_task").local_subdir == str(folder)
 
 
 def test_a_task_needs_a_name_or_a_folder(capsys):
@@ -236,7 +237,7 @@ def test_a_task_needs_a_name_or_a_folder(capsys):
 
 def test_the_data_layer_knows_every_metric():
   from private_t5.eval import glue_metrics  # pylint: disable=g-import-not-at-top
-  assert set(glue_tasks.METRIC_NAMES) == set(glue_metrics.TASK_METRICS)
+  assert set(glue_registry.METRIC_NAMES) == set(glue_metrics.TASK_METRICS)
 
 
 # -- TASK_MODULE --------------------------------------------------------------------------------
@@ -265,9 +266,9 @@ def test_task_module_registers_tasks_here_and_in_every_worker(tmp_path, monkeypa
   with multiprocessing.get_context("spawn").Pool(1, **user_modules.pool_kwargs()) as pool:
     worker = pool.apply(os.getpid)
   assert str(worker) in (tmp_path / "imported_in").read_text().split()
-  from private_t5.tokenizer import dp_spm  # pylint: disable=g-import-not-at-top
+  from private_t5.tokenizer import dp_spm_histogram  # pylint: disable=g-import-not-at-top
   before = set((tmp_path / "imported_in").read_text().split())
-  dp_spm.build_histogram([f"old and new text {k}" for k in range(8)], dp_spm.ContributionBound("paper", 16),
+  dp_spm_histogram.build_histogram([f"old and new text {k}" for k in range(8)], dp_spm_histogram.ContributionBound("paper", 16),
                          num_workers=2, chunk_size=2)
   # (A worker the pool terminates before its start-up ends need not have written: at least one did.)
   assert len(set((tmp_path / "imported_in").read_text().split()) - before - {str(os.getpid())}) >= 1
@@ -299,7 +300,7 @@ def finetuned(tmp_path_factory):
   argv = [*MICRO_FINETUNE_ARGS, f"--vocab_path={vocab}"]
   try:
     # The launcher of docs/finetuning.md before --task_dir: register, then the stage.
-    glue_tasks.register_local_tsv_task("my_task", str(folder), ["sentence"], "label", ["old", "new"])
+    glue_registry.register_local_tsv_task("my_task", str(folder), ["sentence"], "label", ["old", "new"])
     assert train_stage.main([*argv, f"--model_dir={root / 'launcher'}", "--gin.MIXTURE_OR_TASK_NAME=my_task"]) == 0
     assert cli.main(["train", *argv, f"--model_dir={root / 'task_dir'}", f"--task_dir={folder}"]) == 0
     yield root, folder
@@ -309,13 +310,13 @@ def finetuned(tmp_path_factory):
 
 
 def test_dp_finetuning_by_task_dir_is_the_launchers_run(finetuned):
-  from private_t5.models import checkpoints  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
   root, folder = finetuned
   reports = [json.loads((root / run / "privacy_report.json").read_text()) for run in ("launcher", "task_dir")]
   for report in reports:
     assert report["dp"] and report["privacy_unit"] == "example" and report["num_examples"] == TRAIN_ROWS
   assert reports[0]["training_epsilon"] == reports[1]["training_epsilon"] > 0
-  params = [checkpoints.restore_for_inference(str(root / run))[0] for run in ("launcher", "task_dir")]
+  params = [checkpoint_read.restore_for_inference(str(root / run))[0] for run in ("launcher", "task_dir")]
   jax.tree.map(np.testing.assert_array_equal, params[0], params[1])
   summaries = [json.loads((root / run / "summary.json").read_text()) for run in ("launcher", "task_dir")]
   assert summaries[0]["final_step"] == summaries[1]["final_step"] == 2
@@ -342,12 +343,12 @@ def test_evaluate_reads_the_folder_described_by_flags(finetuned, tmp_path):
 
 
 def test_epsilon_without_delta_uses_and_says_the_training_default(capsys):
-  from private_t5.dp import mechanism  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config  # pylint: disable=g-import-not-at-top
   argv = ["epsilon", "--noise_multiplier=1.0", "--batch_size=256", "--num_examples=60000", "--steps=1000"]
   assert cli.main(argv) == 0
   captured = capsys.readouterr()
   out = json.loads(captured.out)
-  assert out["delta"] == mechanism.default_delta(60000) == pytest.approx(60000 ** -1.1)
+  assert out["delta"] == config.default_delta(60000) == pytest.approx(60000 ** -1.1)
   assert out["delta_source"] == "training default min(1e-5, 1/N^1.1)"
   assert "no --delta: δ = 5.54669e-06, training's default min(1e-5, 1/N^1.1) for N = 60000" in captured.err
   assert cli.main([*argv, "--delta=1e-6"]) == 0

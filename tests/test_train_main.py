@@ -14,6 +14,7 @@ from private_t5.stages import cli, gin_utils
 from private_t5.dp import accounting
 from private_t5.errors import CheckpointError, ConfigError, PrivacyError
 from private_t5.dp import mechanism as privacy
+from private_t5.dp import config as config_lib
 from private_t5.models import checkpoint_read, checkpoints
 from private_t5.stages import train as train_stage
 from private_t5.train import main, metrics
@@ -156,7 +157,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   assert report["steps"] == 4 and report["privacy_unit"] == "document" and report["noise_multiplier"] == 1.0
   q = report["sampling_rate"]
   assert q == pytest.approx(0.5 / report["num_examples"])
-  mechanism_delta = privacy.default_delta(report["num_examples"])  # min(1e-5, 1 / N^1.1)
+  mechanism_delta = config_lib.default_delta(report["num_examples"])  # min(1e-5, 1 / N^1.1)
   expected_eps = accounting.compute_epsilon(1.0, q, 4, mechanism_delta, "auto")
   assert report["accountant_used"] in ("rdp", "pld")
   assert expected_eps == pytest.approx(min(report["epsilon_rdp"], report["epsilon_pld"]))
@@ -194,7 +195,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   assert manager.read_metadata(2)["ledger"]["steps"] == 2
   assert manager.read_metadata(4)["ledger"]["delta"] == pytest.approx(mechanism_delta)
   manager.close()
-  params, config, info = checkpoints.restore_for_inference(model_dir)
+  params, config, info = checkpoint_read.restore_for_inference(model_dir)
   assert config.d_model == 32 and info["step"] == 4 and info["vocab_path"] == os.path.abspath(vocab)
   assert info["privacy_report"]["steps"] == 4
   assert params["token_embedder"]["embedding"].shape == (512, 32)
@@ -212,7 +213,7 @@ def test_dp_run_end_to_end_then_resume(corpus_and_vocab, tmp_path, monkeypatch, 
   # Fine-tuning style: a new run starting from this run's parameters (fresh optimizer and ledger).
   finetuned_dir = str(tmp_path / "from_initial")
   reads = []
-  restore = checkpoints.restore_for_inference
+  restore = checkpoint_read.restore_for_inference
   monkeypatch.setattr(checkpoint_read, "restore_for_inference", lambda *a, **k: reads.append(a) or restore(*a, **k))
   finetuned = train_stage.run_from_args(_args(finetuned_dir, corpus, vocab, 1, f"--gin.train.initial_checkpoint={model_dir}"))
   assert finetuned["final_step"] == 1
@@ -236,7 +237,7 @@ def test_ghost_switch_trains_like_vmap(corpus_and_vocab, tmp_path):
     model_dir = str(tmp_path / method)
     summary = train_stage.run_from_args(_args(model_dir, corpus, vocab, 2, f"--gin.DPConfig.method='{method}'",
                                        "--gin.train.eval_every=0", "--gin.train.checkpoint_every=2"))
-    params, _, info = checkpoints.restore_for_inference(model_dir)
+    params, _, info = checkpoint_read.restore_for_inference(model_dir)
     runs[method] = (summary, params, info)
   (s_v, p_v, info_v), (s_g, p_g, info_g) = runs["vmap"], runs["ghost"]
   assert s_g["training_epsilon"] == s_v["training_epsilon"] and s_g["delta"] == s_v["delta"]
@@ -356,6 +357,7 @@ def test_mesh_shape_not_two_integers_is_one_line(mesh, corpus_and_vocab, tmp_pat
 def test_error_found_after_model_dir_is_locked_leaves_nothing(corpus_and_vocab, tmp_path, monkeypatch):
   """An error only σ calibration can find (an unreachable target ε) undoes the failed start."""
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config as config_lib  # pylint: disable=g-import-not-at-top
   corpus, vocab = corpus_and_vocab
 
   def unreachable(*args, **kwargs):
@@ -466,13 +468,13 @@ def test_a_run_resumes_with_another_attention_and_layer_layout(corpus_and_vocab,
   assert summary["resumed_from_step"] == 1 and summary["final_step"] == 2
   said = capsys.readouterr().out
   assert "converted to the scanned layout" in said and "clipped sum by ghost" in said
-  params, config, _ = checkpoints.restore_for_inference(model_dir)
+  params, config, _ = checkpoint_read.restore_for_inference(model_dir)
   assert config.attention == "einsum" and config.dropout_rate == 0.0 and not config.scan_layers
   assert "layers_0" in params["encoder"]
   train_stage.run_from_args(_args(model_dir, corpus, vocab, 3, no_dropout))
   assert "converted to the unrolled layout" in capsys.readouterr().out
   straight = str(tmp_path / "straight")
   train_stage.run_from_args(_args(straight, corpus, vocab, 3, no_dropout))
-  for a, b in zip(jax.tree.leaves(checkpoints.restore_for_inference(model_dir)[0]),
-                  jax.tree.leaves(checkpoints.restore_for_inference(straight)[0])):
+  for a, b in zip(jax.tree.leaves(checkpoint_read.restore_for_inference(model_dir)[0]),
+                  jax.tree.leaves(checkpoint_read.restore_for_inference(straight)[0])):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

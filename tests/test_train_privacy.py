@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 
 from private_t5.dp import accounting
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import truncation
+from private_t5.dp import privacy_report
 from private_t5.dp.aggregator import DPAggregator, MeanAggregator
 from private_t5.dp.sampling import PoissonSampler, ShuffledBatchSampler
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import file_sha256
 from private_t5.dp import mechanism as privacy
-from private_t5.dp.mechanism import DPConfig, ExecutionSettings
+from private_t5.dp import config as config_lib
+from private_t5.dp.config import DPConfig, ExecutionSettings
 
 
 def _loss_fn(params, batch, dropout_rng=None):
@@ -28,7 +30,7 @@ def _setup(dp, **overrides):
 
 
 def _layout(dp, microbatch_size=None, batch_size=32):
-  return privacy.BatchLayout.for_run(dp, ExecutionSettings(microbatch_size=microbatch_size), batch_size)
+  return config_lib.BatchLayout.for_run(dp, ExecutionSettings(microbatch_size=microbatch_size), batch_size)
 
 
 def test_non_private_baseline():
@@ -57,7 +59,7 @@ def test_dp_pieces_share_one_mechanism():
   assert sampler.sampling_rate == pytest.approx(0.004) and sampler.padded_batch_size == 32
   assert ledger.sampling_rate == sampler.sampling_rate and ledger.noise_multiplier == 1.1
   assert ledger.max_batch_size == 32 and ledger.truncation_probability == pytest.approx(
-      accounting.truncation_probability(1000, 0.004, 32))
+      truncation.truncation_probability(1000, 0.004, 32))
   assert setup.fingerprint()["noise_multiplier"] == 1.1 and setup.fingerprint()["non_private"] is False
   assert _layout(DPConfig(noise_multiplier=1.1, sampling=TRUNCATED)).microbatch_size is None
 
@@ -84,9 +86,9 @@ def test_untruncated_poisson_is_the_default():
 
 
 def test_default_expected_batch_size_bounds_truncation():
-  e = accounting.max_expected_batch_size_for(1000, 32, 1e-6)
-  assert accounting.truncation_probability(1000, e / 1000, 32) <= 1e-6
-  assert accounting.truncation_probability(1000, (e + 1) / 1000, 32) > 1e-6
+  e = truncation.max_expected_batch_size_for(1000, 32, 1e-6)
+  assert truncation.truncation_probability(1000, e / 1000, 32) <= 1e-6
+  assert truncation.truncation_probability(1000, (e + 1) / 1000, 32) > 1e-6
   setup = _setup(DPConfig(noise_multiplier=1.0, sampling=TRUNCATED))
   assert setup.sampler.expected_batch_size <= e
   assert setup.ledger.delta == pytest.approx(1e-5)  # default δ = min(1e-5, 1 / N^1.1)
@@ -133,7 +135,7 @@ def test_dp_sentencepiece_report_beside_vocab_is_composed(tmp_path):
   assert ledger.total_epsilon() == pytest.approx(ledger.training_epsilon() + 0.17)
   assert any("added to training's (the report records no Gaussian event" in line for line in lines)
   assert ledger.report()["vocabulary"] == "dp"
-  assert ledger_lib.find_vocabulary_report(str(tmp_path / "other" / "spm.model")) is None
+  assert privacy_report.find_vocabulary_report(str(tmp_path / "other" / "spm.model")) is None
 
 
 def _assert_not_private_vocabulary(setup, reason):
@@ -153,7 +155,7 @@ def test_report_of_another_vocabulary_is_not_credited(tmp_path):
   _, report = _vocab_and_report(tmp_path, content=b"the dp vocabulary")
   nondp = tmp_path / "nondp_spm.model"
   nondp.write_bytes(b"a vocabulary trained without DP")
-  assert ledger_lib.find_vocabulary_report(str(nondp)) == report  # found by location ...
+  assert privacy_report.find_vocabulary_report(str(nondp)) == report  # found by location ...
   setup = _setup(DPConfig(noise_multiplier=1.0, expected_batch_size=4), vocab_path=str(nondp))
   _assert_not_private_vocabulary(setup, "another vocabulary")  # ... but not composed
 
@@ -169,7 +171,7 @@ def test_report_without_hash_is_not_credited(tmp_path):
 def test_matching_report_is_preferred_over_a_folder_report(tmp_path):
   vocab, own = _vocab_and_report(tmp_path, report_name="spm.privacy_report.json")
   (tmp_path / "privacy_report.json").write_text(json.dumps({"epsilon": 0.1, "delta": 1e-9, "vocab_sha256": "0" * 64}))
-  assert ledger_lib.find_vocabulary_report(vocab) == own
+  assert privacy_report.find_vocabulary_report(vocab) == own
 
 
 def test_vocabulary_without_report_is_not_private_unless_declared_public(tmp_path):
@@ -302,8 +304,8 @@ def test_fixed_seeds_and_an_insecure_vocabulary_are_recorded(tmp_path):
 @pytest.mark.parametrize("num_examples, want", [
     (1000, 1e-5), (10**4, 1e-5), (10**5, 10 ** -5.5), (10**9, 1e-9 ** 1.1), (50, 1e-5)])
 def test_default_delta_is_well_below_one_over_n(num_examples, want):
-  assert privacy.default_delta(num_examples) == pytest.approx(want)
-  assert privacy.default_delta(num_examples) < 1 / num_examples
+  assert config_lib.default_delta(num_examples) == pytest.approx(want)
+  assert config_lib.default_delta(num_examples) < 1 / num_examples
 
 
 def test_expected_batch_size_whose_truncation_breaks_delta_is_refused():

@@ -19,9 +19,10 @@ from private_t5.data import source as source_lib
 from private_t5.dp.config import BatchLayout
 from private_t5.dp.sampling import PoissonSampler
 from private_t5.errors import ConfigError, DataError
-from private_t5 import models
+from private_t5.models import config as config_lib
 from private_t5.dp.aggregator import MeanAggregator
-from private_t5.train import optimizers, partitioning, step_data, step_rows, worker_pool
+from private_t5.train import optimizers, step_data, step_rows, worker_pool
+from private_t5.models import sharding
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 from test_batch_objectives import write_word_corpus
@@ -182,9 +183,9 @@ def test_no_worker_outlives_a_parent_killed_with_sigkill(tmp_path):
 
 def test_the_loops_batches_are_the_same_with_worker_processes(host_builder):
   """`StepBatchBuilder(processes=2)` through the `Prefetcher` places the same arrays as without."""
-  config = models.T5Config(vocab_size=host_builder.source.vocab_size, d_model=16, num_heads=2, d_ff=32,
+  config = config_lib.T5Config(vocab_size=host_builder.source.vocab_size, d_model=16, num_heads=2, d_ff=32,
                            num_encoder_layers=1, num_decoder_layers=1)
-  mesh = partitioning.create_mesh((1, 1), devices=jax.devices()[:1])
+  mesh = sharding.create_mesh((1, 1), devices=jax.devices()[:1])
   trainer = Trainer(config, MeanAggregator(make_loss_fn(config)),
                     optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
 

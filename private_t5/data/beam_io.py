@@ -27,15 +27,17 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 from private_t5.data import corpora
 from private_t5.data import tfds as tfds_lib
-from private_t5.data.beam_files import (  # pylint: disable=unused-import
-    open_atomic, output_dir, read_bytes, read_json_lines, write_atomic)
-from private_t5.data.beam_pipeline import (  # pylint: disable=unused-import
-    METRICS_NAMESPACE, counter, do_fn, log_to_stderr_once, pipeline_counters, run_items, run_pipeline)
-from private_t5.data.beam_runner import (  # pylint: disable=unused-import
-    BEAM_INSTALL, BEAM_RUNNERS, DASK_RUNNER, LOCAL_RUNNER, RUNNERS, add_runner_flags, check_runner, import_beam,
-    is_beam, pipeline_options, runner_name)
+from private_t5.data.beam_pipeline import counter
+from private_t5.data.beam_runner import BEAM_INSTALL, import_beam
 from private_t5.errors import ConfigError, DataError
 from private_t5.lazy_imports import lazy_module
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.data.beam_files': ('open_atomic',),
+})
 
 logger = logging.getLogger(__name__)
 

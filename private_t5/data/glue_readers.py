@@ -19,12 +19,13 @@ Supported layouts:
 import os
 from typing import Dict, List, Optional, Sequence
 
-from private_t5.data import glue_tasks
+from private_t5.data import glue_registry
+from private_t5.data import glue_rows
 from private_t5.data import tfds as tfds_lib
 from private_t5.errors import ConfigError, DataError
 
 
-_ALIASES = {glue_tasks.get_task(name).local_subdir.lower(): name for name in glue_tasks.GLUE_TASK_NAMES}
+_ALIASES = {glue_registry.get_task(name).local_subdir.lower(): name for name in glue_registry.GLUE_TASK_NAMES}
 _ALIASES.update({"sst-2": "sst2", "sts-b": "stsb"})
 SPLITS = ("train", "validation", "test", "validation_matched", "validation_mismatched", "test_matched",
           "test_mismatched")
@@ -33,7 +34,7 @@ SPLITS = ("train", "validation", "test", "validation_matched", "validation_misma
 def canonical_task_name(name: str) -> Optional[str]:
   """'SST-2' / 'sst2' / 'glue/sst2' -> 'sst2'; None for a task that is not GLUE's."""
   key = name.strip().lower().split("/")[-1]
-  if key in glue_tasks.GLUE_TASK_NAMES:
+  if key in glue_registry.GLUE_TASK_NAMES:
     return key
   return _ALIASES.get(key)
 
@@ -50,9 +51,9 @@ def _split_files(task: Optional[str], split: str) -> Sequence[str]:
   return [n for n in dict.fromkeys(names) if n]
 
 
-def _convert_label(value: str, task: Optional[glue_tasks.GlueTask], where: str):
+def _convert_label(value: str, task: Optional[glue_registry.GlueTask], where: str):
   if task is not None:
-    return glue_tasks.parse_label(task, value, where)
+    return glue_rows.parse_label(task, value, where)
   value = value.strip()  # a GLUE-like task of its own: keep class names, numbers as numbers
   try:
     return int(value)
@@ -68,14 +69,14 @@ _GENERIC_RENAMES = {"Quality": "label", "#1 String": "sentence1", "#2 String": "
 
 
 def _examples_from_file(path: str, task: Optional[str], max_examples: Optional[int]) -> List[Dict[str, object]]:
-  layout = glue_tasks.get_task(task) if task else None
+  layout = glue_registry.get_task(task) if task else None
   header_row = True
   if layout is not None and not layout.header:
     # CoLA train/dev have no header; its test.tsv has one ("index", "sentence").
     with open(path, encoding="utf-8-sig") as f:
       first = f.readline().split("\t")
     header_row = first[0].strip() == "index"
-  header, rows = glue_tasks.read_tsv(path, header_row)
+  header, rows = glue_rows.read_tsv(path, header_row)
   examples = []
   for idx, (lineno, row) in enumerate(rows):
     if max_examples is not None and idx >= max_examples:
@@ -155,7 +156,7 @@ def load_glue(task: str, split: str = "train", *, data_dir: Optional[str] = None
     candidates = [os.path.join(data_dir, task)] if data_dir else []
     canonical = canonical_task_name(task)
     if data_dir and canonical:
-      candidates.append(os.path.join(data_dir, glue_tasks.get_task(canonical).local_subdir))
+      candidates.append(os.path.join(data_dir, glue_registry.get_task(canonical).local_subdir))
     folder = next((c for c in candidates if os.path.isdir(c)), None)
     if folder is None:
       raise DataError(f"GLUE task folder not found: {task!r}" + (f" (looked in {data_dir})" if data_dir else ""))

@@ -21,13 +21,15 @@ from private_t5.data import source as source_lib
 from private_t5.errors import ConfigError
 from private_t5.io import file_sha256
 # The registry and the reading of rows have their own modules; their names are also read from here.
-from private_t5.data.glue_registry import (  # pylint: disable=unused-import
-    BUILTIN_MIXTURE_NAMES, BUILTIN_TASK_NAMES, DEFAULT_GLUE_LIKE_DIR, GLUE_EVAL_TASK_NAMES, GLUE_TASK_NAMES,
-    METRIC_NAMES, PROJECT_ROOT, SHIPPED_GLUE_LIKE_DIR, Column, GlueTask, eval_tasks, get_task, local_task_names,
-    local_tsv_task, mixture_names, register, register_local_tsv_task, register_mixture, register_task_dir,
-    resolve, task_folder, task_names)
-from private_t5.data.glue_rows import (  # pylint: disable=unused-import
-    SPLITS, load_examples, load_rows, parse_label, read_tsv, read_tsv_rows, split_path, text_to_text)
+from private_t5.data.glue_registry import resolve
+from private_t5.data.glue_rows import load_examples
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.data.glue_registry': ('register_local_tsv_task',),
+})
 
 logger = logging.getLogger(__name__)
 

@@ -64,9 +64,16 @@ import numpy as np
 
 from private_t5 import checks
 from private_t5.data import source as source_lib
-from private_t5.data.seqio_lookup import (  # pylint: disable=unused-import
-    check_rates, check_vocabularies, fixed_rates, get_mixture_or_task, import_task_modules, label, seqio,
-    seqio_vocab_path, tasks_of, zero_rate_tasks)
+from private_t5.data.seqio_lookup import (
+    check_rates,
+    check_vocabularies,
+    fixed_rates,
+    get_mixture_or_task,
+    label,
+    seqio,
+    tasks_of,
+    zero_rate_tasks,
+)
 from private_t5.data.seqio_read import declared_examples, read_split
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import file_sha256

@@ -56,7 +56,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from private_t5 import progress as progress_lib
-from private_t5.data import beam_io
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
 from private_t5.data import seqio_lookup, seqio_read, seqio_source
 from private_t5.data import store as store_lib
 from private_t5.data import store_files
@@ -258,7 +259,7 @@ class ExampleStoreTarget:
     store, self.rebuilt = store_lib.open_cached(self.cache_dir, self.final, ExampleStore, verify, rebuild_damaged)
     return store
 
-  def build(self, write, runner: str = beam_io.LOCAL_RUNNER) -> ExampleStore:
+  def build(self, write, runner: str = beam_runner.LOCAL_RUNNER) -> ExampleStore:
     """Runs `write(build_dir) -> shard entries` in a fresh build directory in the cache, writes the
     manifest, then renames the directory into place (`store.build_in_cache`: a failed or
     interrupted build leaves the cache as it was)."""
@@ -411,24 +412,24 @@ class _BeamShardBody:
     batches = seqio_read.read_shard(task, shard, self.split, self.lengths, self.seed, self.use_cached)
     entry = _write_shard(self.out_dir, k, self.num_shards, shard, batches)
     write_json_atomic(os.path.join(self.out_dir, _SIDE_FILE.format(k)), entry, indent=None, sort_keys=False)
-    beam_io.counter("examples_written").inc(int(entry["examples"]))
-    beam_io.counter("tokens_written").inc(int(sum(entry["tokens"].values())))
-    beam_io.counter("shards_written").inc()
+    beam_pipeline.counter("examples_written").inc(int(entry["examples"]))
+    beam_pipeline.counter("tokens_written").inc(int(sum(entry["tokens"].values())))
+    beam_pipeline.counter("shards_written").inc()
     yield k
 
 
 def _write_beam(out_dir: str, target: ExampleStoreTarget, options, counters: Dict[str, int]):
   """Spreads the source shards over the Beam workers (one shard per element); each writes its own
   store shard into `out_dir`. Returns the shard entries in plan order."""
-  beam = beam_io.import_beam()
+  beam = beam_runner.import_beam()
   body = _BeamShardBody(out_dir, len(target.plan), target.module, target.split, target.lengths, target.seed,
                         target.use_cached)
   pipeline = beam.Pipeline(options=options)
   _ = (pipeline
        | "source shards" >> beam.Create(list(enumerate(target.plan)))
        | "reshuffle" >> beam.Reshuffle()
-       | "read and write shards" >> beam.ParDo(beam_io.do_fn(beam, body)))
-  beam_io.run_pipeline(pipeline, stage="store (seqio)", runner=beam_io.runner_name(options))
+       | "read and write shards" >> beam.ParDo(beam_pipeline.do_fn(beam, body)))
+  beam_pipeline.run_pipeline(pipeline, stage="store (seqio)", runner=beam_runner.runner_name(options))
   entries = []
   for k, shard in enumerate(target.plan):
     side = os.path.join(out_dir, _SIDE_FILE.format(k))
@@ -448,7 +449,7 @@ def _write_beam(out_dir: str, target: ExampleStoreTarget, options, counters: Dic
 def build_example_store(mixture_or_task_name: str, split: str, feature_lengths: Mapping[str, int], *,
                         module: Union[None, str, Sequence[str]] = None, seed: int = 0, use_cached: bool = False,
                         max_examples: Optional[int] = None, cache_dir: Optional[str] = None,
-                        runner: str = beam_io.LOCAL_RUNNER, beam_options: Union[str, Sequence[str]] = "",
+                        runner: str = beam_runner.LOCAL_RUNNER, beam_options: Union[str, Sequence[str]] = "",
                         progress: bool = True, resolved: Optional[seqio_source.Resolved] = None,
                         verify: bool = False, rebuild_damaged: bool = False
                         ) -> Tuple[ExampleStore, Dict[str, int]]:
@@ -470,10 +471,10 @@ def build_example_store(mixture_or_task_name: str, split: str, feature_lengths: 
       A damaged cached entry (`store.DamagedStoreError`, without `rebuild_damaged`).
   """
   lengths = seqio_source.check_feature_lengths(feature_lengths)
-  beam = beam_io.is_beam(runner)
+  beam = beam_runner.is_beam(runner)
   if beam and max_examples is not None:
     raise ConfigError("max_examples applies to --runner=local only (Beam workers read whole source shards)")
-  options = beam_io.pipeline_options(runner, beam_options) if beam else None
+  options = beam_runner.pipeline_options(runner, beam_options) if beam else None
   resolved = resolved or seqio_source.resolve(mixture_or_task_name, module)
   target = ExampleStoreTarget(resolved, split, lengths, module=module, seed=seed, use_cached=use_cached,
                               max_examples=max_examples, cache_dir=cache_dir)
@@ -498,7 +499,7 @@ def store_summary(store: ExampleStore, seconds: float, counters: Mapping[str, in
   build = None if reused else float(m.get("build_seconds") or 0.0)
   tokens = int(sum(m["num_tokens"].values()))
   return {
-      "path": store.path, "runner": m.get("runner", beam_io.LOCAL_RUNNER), "reused": reused,
+      "path": store.path, "runner": m.get("runner", beam_runner.LOCAL_RUNNER), "reused": reused,
       "rebuilt": store.rebuilt,
       "mixture_or_task_name": m["mixture_or_task_name"], "split": m["split"], "tasks": m["tasks"],
       "examples": store.num_examples, "tokens": tokens, "shards": store.num_shards,

@@ -36,6 +36,7 @@ from private_t5.data import objectives as objectives_lib
 from private_t5.data import row_random
 from private_t5.data import shared_arrays
 from private_t5.data import store as store_lib
+from private_t5.data import store_reader
 from private_t5.data import store_index
 from private_t5.errors import ConfigError, DataError
 
@@ -52,7 +53,7 @@ def in_validation(doc_id: str, validation_fraction: float) -> bool:
   return store_index.id_hash(doc_id) / 2.0**64 < validation_fraction
 
 
-def split_documents(store: store_lib.DocumentStore, validation: bool, validation_fraction: float) -> np.ndarray:
+def split_documents(store: store_reader.DocumentStore, validation: bool, validation_fraction: float) -> np.ndarray:
   """int64: the documents of the validation split (`validation`) or of the training split, by
   `in_validation`; read a block of id hashes at a time, so the only array as long as the corpus
   is the result (8 bytes a document)."""
@@ -138,7 +139,7 @@ class CorpusSource:
   A `train.main.ExampleSource`.
   """
 
-  def __init__(self, store: store_lib.DocumentStore, objective, privacy_unit: str = "document",
+  def __init__(self, store: store_reader.DocumentStore, objective, privacy_unit: str = "document",
                document_indices: Optional[np.ndarray] = None, split: str = "all",
                validation_fraction: float = 0.0, max_windows_per_document: Optional[int] = None):
     if privacy_unit not in PRIVACY_UNITS:

@@ -71,10 +71,14 @@ from typing import Callable, Dict, List, Optional, Sequence
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import corpora
-from private_t5.data.store_files import (  # pylint: disable=unused-import
-    CHECKSUMS_KEY, DOCUMENTS_FILE, FORMAT_VERSION, JSON_INDEX_FORMAT_VERSION, LEGACY_FORMAT_VERSION, MANIFEST_FILE,
-    OFFSETS_FILE, TOKENS_FILE, DamagedStoreError, check_entry, check_tokens_file, entry_checksums, file_checksum,
-    shard_file_names)
+from private_t5 import documents
+from private_t5.data.store_files import (
+    CHECKSUMS_KEY,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    DamagedStoreError,
+    entry_checksums,
+)
 from private_t5.data.store_index import tokens_digest
 from private_t5.data.store_reader import DocumentStore
 from private_t5.data.store_writer import ShardWriter, finish_store
@@ -391,7 +395,7 @@ def _write_json(path: str, obj) -> None:
 
 def _write_store(out_dir, corpus, proc, reader_options, num_threads, progress) -> Dict[str, object]:
   start = time.time()
-  stats = corpora.CorpusStats()
+  stats = documents.CorpusStats()
   docs = corpora.iter_documents(corpus, stats=stats, **reader_options)
   bar = progress_lib.bar(desc="[store] tokenizing", unit="docs", disable=not (progress and progress_lib.enabled()))
   writer = ShardWriter(out_dir, 0, 1, proc, num_threads or os.cpu_count() or 1,

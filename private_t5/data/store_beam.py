@@ -31,6 +31,8 @@ import sentencepiece as spm
 
 from private_t5 import documents as documents_lib
 from private_t5.data import beam_io, corpora
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
 from private_t5.data import store as store_lib
 from private_t5.data import store_reader, store_writer
 from private_t5.errors import ConfigError, DataError
@@ -109,10 +111,10 @@ class _WriteShard:
                       "characters": stats.characters, "text_bytes": writer.text_bytes}}
     write_json_atomic(os.path.join(self.out_dir, _SIDE_FILE.format(index)), side, indent=None,
                                 sort_keys=False)
-    beam_io.counter("documents_tokenized").inc(writer.documents)
-    beam_io.counter("tokens_written").inc(int(shard["num_tokens"]))
-    beam_io.counter("text_bytes").inc(writer.text_bytes)
-    beam_io.counter("shards_written").inc()
+    beam_pipeline.counter("documents_tokenized").inc(writer.documents)
+    beam_pipeline.counter("tokens_written").inc(int(shard["num_tokens"]))
+    beam_pipeline.counter("text_bytes").inc(writer.text_bytes)
+    beam_pipeline.counter("shards_written").inc()
     yield index
 
 
@@ -138,7 +140,7 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
     DataError: no file matches, malformed input, duplicate ids (also across files), a damaged
       cached entry (without `rebuild_damaged`).
   """
-  if not beam_io.is_beam(runner):
+  if not beam_runner.is_beam(runner):
     raise ConfigError("build_store_beam needs a Beam runner, not 'local'")
   if max_documents is not None:
     raise ConfigError("max_documents applies to --runner=local only; give a smaller file pattern instead")
@@ -155,8 +157,8 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
     raise ConfigError("user_field is supported for local files only on a Beam runner")
   for f in files:
     beam_io.file_format(f)  # unsupported formats fail before the pipeline starts
-  beam = beam_io.import_beam()
-  options = beam_io.pipeline_options(runner, beam_options)
+  beam = beam_runner.import_beam()
+  options = beam_runner.pipeline_options(runner, beam_options)
   vocab, proc = store_lib.load_processor(vocab_path)
   counters: Dict[str, int] = {}
   worker_options = {k: v for k, v in reader_options.items() if k != "max_documents"}
@@ -168,8 +170,8 @@ def build_store_beam(corpus: str, vocab_path: str, *, runner: str = "DirectRunne
     _ = (pipeline
          | "files" >> beam.Create(list(enumerate(files)))
          | "reshuffle" >> beam.Reshuffle()
-         | "tokenize and write shards" >> beam.ParDo(beam_io.do_fn(beam, body)))
-    beam_io.run_pipeline(pipeline, stage="store", runner=runner)
+         | "tokenize and write shards" >> beam.ParDo(beam_pipeline.do_fn(beam, body)))
+    beam_pipeline.run_pipeline(pipeline, stage="store", runner=runner)
     shards = []
     totals = {"blank_skipped": 0, "replaced_lines": 0, "characters": 0, "text_bytes": 0}
     for k in range(len(files)):

@@ -35,7 +35,8 @@ import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from private_t5 import user_modules
-from private_t5.data import glue_tasks
+from private_t5.data import glue_registry
+from private_t5.data import glue_rows
 from private_t5.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -121,10 +122,10 @@ def description(folder: str, *, text_fields: StringList = None, label_field: Opt
   return data
 
 
-def _label_column_values(task: glue_tasks.GlueTask, path: str) -> List[Tuple[int, str]]:
+def _label_column_values(task: glue_registry.GlueTask, path: str) -> List[Tuple[int, str]]:
   """(line, label cell) of a split file, after checking that the header has every column named and
   that every row has as many cells as the header (a ragged row is named as such, not as a bad label)."""
-  header, rows = glue_tasks.read_tsv(path, True)
+  header, rows = glue_rows.read_tsv(path, True)
   columns = [task.text_columns[f] for f in task.feature_names] + [task.label_column]
   missing = [c for c in columns if c not in header]
   if missing:
@@ -138,18 +139,18 @@ def _label_column_values(task: glue_tasks.GlueTask, path: str) -> List[Tuple[int
   return [(line, row[index]) for line, row in rows]
 
 
-def check_labels(task: glue_tasks.GlueTask) -> None:
+def check_labels(task: glue_registry.GlueTask) -> None:
   """Every label cell of the train and validation files is a label name (or its index), or a number
   for a regression task; one ConfigError listing those found that are not."""
   for split in ("train", "validation"):
     try:
-      path = glue_tasks.split_path(task, split, None)
+      path = glue_rows.split_path(task, split, None)
     except DataError:
       continue  # a missing split is named when it is read (evaluation needs no train split)
     bad = {}
     for line, value in _label_column_values(task, path):
       try:
-        glue_tasks.parse_label(task, value, f"{path}:{line}")
+        glue_rows.parse_label(task, value, f"{path}:{line}")
       except DataError:
         bad.setdefault(value.strip(), line)
     if bad:
@@ -162,26 +163,26 @@ def check_labels(task: glue_tasks.GlueTask) -> None:
                         f"(nor 0..{len(task.label_names) - 1})")
 
 
-def layout(task: glue_tasks.GlueTask) -> Dict[str, object]:
+def layout(task: glue_registry.GlueTask) -> Dict[str, object]:
   """The description of `task` as JSON (what a utility study records of a task of its own description)."""
   return {"name": task.name, "text_fields": {f: task.text_columns[f] for f in task.feature_names},
           "label_field": task.label_column, "label_names": list(task.label_names) if task.label_names else None,
           "metric": task.metric}
 
 
-def _same_layout(a: glue_tasks.GlueTask, b: glue_tasks.GlueTask) -> bool:
+def _same_layout(a: glue_registry.GlueTask, b: glue_registry.GlueTask) -> bool:
   keys = ("benchmark_name", "feature_names", "label_names", "metric", "text_columns", "label_column", "header")
   return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
-def _layout(task: glue_tasks.GlueTask) -> str:
+def _layout(task: glue_registry.GlueTask) -> str:
   labels = ", ".join(task.label_names) if task.label_names else "a score (regression)"
   return (f"text fields {', '.join(str(task.text_columns[f]) for f in task.feature_names)}, label field "
           f"{task.label_column}, labels {labels}, metric {task.metric}")
 
 
 def task_from_description(folder: str, described: Mapping[str, object], name: Optional[str] = None,
-                          flags: Sequence[str] = ()) -> glue_tasks.GlueTask:
+                          flags: Sequence[str] = ()) -> glue_registry.GlueTask:
   """The task a description gives (not registered): its keys checked, its name, its metric.
 
   `flags`: the keys given as flags (named `--key` in messages; the others `key` of task.json).
@@ -195,8 +196,8 @@ def task_from_description(folder: str, described: Mapping[str, object], name: Op
                                                                   where("name"))
   source = f"{task_file} or as --text_fields=..., --label_field=..., --label_names=..."
   metric = _string(described.get("metric", DEFAULT_METRIC), where("metric"))
-  if metric not in glue_tasks.METRIC_NAMES:
-    raise ConfigError(f"task {name!r}: unknown metric {metric!r} (one of {', '.join(sorted(glue_tasks.METRIC_NAMES))})")
+  if metric not in glue_registry.METRIC_NAMES:
+    raise ConfigError(f"task {name!r}: unknown metric {metric!r} (one of {', '.join(sorted(glue_registry.METRIC_NAMES))})")
   regression = metric in REGRESSION_METRICS
   required = ("text_fields", "label_field") + (() if regression else ("label_names",))
   missing = [k for k in required if described.get(k) is None]
@@ -215,7 +216,7 @@ def task_from_description(folder: str, described: Mapping[str, object], name: Op
     label_names = _names(described["label_names"], where("label_names"))
     if len(label_names) < 2:
       raise ConfigError(f"task {name!r}: label_names must name at least 2 classes, got {list(label_names)!r}")
-  return glue_tasks.local_tsv_task(name, folder, columns, _string(described["label_field"], where("label_field")),
+  return glue_registry.local_tsv_task(name, folder, columns, _string(described["label_field"], where("label_field")),
                                    label_names, metric=metric)
 
 
@@ -224,34 +225,34 @@ def register_task_dir(path: str, *, name: Optional[str] = None, text_fields: Str
                       metric: Optional[str] = None) -> str:
   """Registers the task of folder `path` (described by its `task.json` and the flags given, which
   override it; else named like a local task) and returns its name; ConfigError in one line."""
-  folder = glue_tasks.task_folder(path)
+  folder = glue_registry.task_folder(path)
   described = description(folder, text_fields=text_fields, label_field=label_field, label_names=label_names,
                           metric=metric)
   if described is None:
     default = name or os.path.basename(os.path.normpath(folder))
-    if default not in glue_tasks.local_task_names():
+    if default not in glue_registry.local_task_names():
       raise ConfigError(
           f"task directory {path!r}: no {TASK_FILE} and no --text_fields, --label_field, --label_names describe "
           f"task {default!r}; write {os.path.join(folder, TASK_FILE)} (docs/finetuning.md, \"Your own task\") or "
-          f"name the folder like a local task ({', '.join(glue_tasks.local_task_names())})")
-    return glue_tasks.register_task_dir(folder, default)
+          f"name the folder like a local task ({', '.join(glue_registry.local_task_names())})")
+    return glue_registry.register_task_dir(folder, default)
   flags = [k for k, v in (("text_fields", text_fields), ("label_field", label_field), ("label_names", label_names),
                           ("metric", metric)) if v is not None]
   task = task_from_description(folder, described, name, flags)
-  known = glue_tasks.BUILTIN_TASK_NAMES | glue_tasks.BUILTIN_MIXTURE_NAMES
+  known = glue_registry.BUILTIN_TASK_NAMES | glue_registry.BUILTIN_MIXTURE_NAMES
   if task.name in known:
-    builtin = glue_tasks.get_task(task.name) if task.name in glue_tasks.BUILTIN_TASK_NAMES else None
+    builtin = glue_registry.get_task(task.name) if task.name in glue_registry.BUILTIN_TASK_NAMES else None
     if builtin is None or not _same_layout(builtin, task):
       what = f"a built-in task of another layout ({_layout(builtin)})" if builtin else "a built-in mixture"
       how = "the folder's name" if name is None and "name" not in described else "its name"
       raise ConfigError(f"task directory {path!r}: {task.name!r} ({how}) is {what}; give your task another "
                         f"name (\"name\" in {TASK_FILE}, or --task=NAME)")
   check_labels(task)
-  if task.name not in glue_tasks.task_names() or glue_tasks.get_task(task.name) != task:  # newly registered
+  if task.name not in glue_registry.task_names() or glue_registry.get_task(task.name) != task:  # newly registered
     logger.info("task %r of %s (%s): %s", task.name, folder,
                 ", ".join([TASK_FILE] * os.path.isfile(os.path.join(folder, TASK_FILE)) + [f"--{k}" for k in flags])
                 or TASK_FILE, _layout(task))
-  glue_tasks.register(task)
+  glue_registry.register(task)
   return task.name
 
 
@@ -274,5 +275,5 @@ def task_name(name: Optional[str] = None, task_dir: Optional[str] = None,
   if not isinstance(name, str) or not name:
     raise ConfigError("MIXTURE_OR_TASK_NAME is required: pass --gin.MIXTURE_OR_TASK_NAME=... (a registered task "
                       "or mixture) or --task_dir=DIR (a task folder)")
-  glue_tasks.resolve(name)  # an unknown name lists the valid ones
+  glue_registry.resolve(name)  # an unknown name lists the valid ones
   return name

@@ -50,16 +50,27 @@ from scipy import optimize
 
 # The log filter, the parameters, the truncation and the threshold accounted here: their names are
 # importable from here as well.
-from private_t5.dp.accounting_log import ConvergenceFilter, quiet_convergence_warnings  # pylint: disable=unused-import
-from private_t5.dp.privacy_params import (  # pylint: disable=unused-import
-    ACCOUNTANT_CHOICES, ACCOUNTANTS, AUTO, SAMPLING_SCHEMES, MeaninglessGuaranteeWarning, NoisySum, Sampling,
-    check_clip_norm, check_number, sampling_rate_from_batch, validate_privacy_params)
+from private_t5.dp.accounting_log import quiet_convergence_warnings
+from private_t5.dp.privacy_params import (
+    ACCOUNTANTS,
+    AUTO,
+    SAMPLING_SCHEMES,
+    Sampling,
+    check_number,
+    validate_privacy_params,
+)
 from private_t5.dp.strategies import BANDED, BLT
 from private_t5.dp.threshold import paper_epsilon, paper_threshold, threshold_for, threshold_tail
-from private_t5.dp.truncation import (  # pylint: disable=unused-import
-    max_batch_size_for, max_expected_batch_size_for, total_delta, truncation_probability)
+from private_t5.dp.truncation import truncation_probability
 from private_t5.errors import PrivacyError
 from private_t5.lazy_imports import lazy_module
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.dp.privacy_params': ('NoisySum', 'check_clip_norm'),
+})
 
 # Noise multipliers searched when calibrating σ for a target ε.
 MIN_NOISE_MULTIPLIER = 1e-3

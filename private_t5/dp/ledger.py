@@ -36,18 +36,20 @@ from typing import Any, Dict, List, Optional
 from private_t5.dp import privacy_params
 from private_t5.dp import strategies
 from private_t5.dp import truncation
-from private_t5.dp.components import PRIVACY_UNITS, ComposedReleases, group_privacy  # pylint: disable=unused-import
+from private_t5.dp.components import PRIVACY_UNITS, ComposedReleases
 from private_t5.dp import privacy_report
-from private_t5.dp.ledger_json import LEDGER_VERSION, ledger_from_dict, ledger_to_dict  # pylint: disable=unused-import
+from private_t5.dp.ledger_json import ledger_from_dict, ledger_to_dict
 from private_t5.dp.privacy_spent import PrivacySpent
 # The reports' names, importable from the ledger as well (`privacy_report` owns them).
-from private_t5.dp.privacy_report import (  # pylint: disable=unused-import
-    ADAPTIVE_REPORT_FILENAME, DP_SENTENCEPIECE, INITIAL_CHECKPOINT_COMPONENT, JFT_REPORT_FILENAME,
-    REPORT_FILENAME, SUMMARY_FILENAME, VOCABULARY_COMPONENT, find_vocabulary_report,
-    insecure_noise_warning, no_guarantee_report, read_report, report_noise_secret, report_path,
-    summary_path, vocabulary_report, vocabulary_report_mismatch, vocabulary_report_path,
-    write_report, write_summary)
+from private_t5.dp.privacy_report import read_report, write_report
 from private_t5.errors import DataError, PrivacyError
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.dp.privacy_report': ('find_vocabulary_report', 'vocabulary_report_path'),
+})
 
 # Fields that define the mechanism; a resumed run must keep them unchanged.
 _MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",

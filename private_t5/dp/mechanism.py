@@ -48,12 +48,9 @@ from private_t5.dp import sampling
 from private_t5.dp import strategies
 from private_t5.dp import truncation
 # The run's config and settings, importable from here as well (`config` owns them).
-from private_t5.dp.config import (  # pylint: disable=unused-import
-    DEFAULT_DELTA_CAP, DEFAULT_DELTA_EXPONENT, DP_METHODS, DP_SAMPLING, GHOST, NUM_BANDS_ENTRIES, POISSON,
-    POISSON_TRUNCATED, BatchLayout, DPConfig, ExecutionSettings, default_delta, num_bands_resume_hint,
-    require_gaussian)
-from private_t5.dp.ledger import (PrivacyLedger, find_vocabulary_report, insecure_noise_warning, read_report,
-                                  vocabulary_report_mismatch)
+from private_t5.dp.config import GHOST, BatchLayout, DPConfig, ExecutionSettings, default_delta
+from private_t5.dp.ledger import PrivacyLedger
+from private_t5.dp.privacy_report import find_vocabulary_report, insecure_noise_warning
 from private_t5.errors import ConfigError, PrivacyError
 
 # Largest acceptable per-step chance that a Poisson batch exceeds the padded batch size when

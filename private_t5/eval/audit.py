@@ -34,7 +34,8 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from private_t5 import checks, io
-from private_t5.dp import auditing, ledger
+from private_t5.dp import auditing
+from private_t5.dp import privacy_report as privacy_report_lib
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import canaries as canaries_lib
 from private_t5.models import run_dir
@@ -89,7 +90,7 @@ def parse_kinds(kind) -> Tuple[str, ...]:
 def _is_model_dir(folder: str) -> bool:
   """A training run's folder (checkpoints, privacy report, summary) or a vocabulary's (its privacy report)."""
   return any(os.path.exists(os.path.join(folder, name))
-             for name in (run_dir.CHECKPOINT_SUBDIR, ledger.REPORT_FILENAME, ledger.SUMMARY_FILENAME))
+             for name in (run_dir.CHECKPOINT_SUBDIR, privacy_report_lib.REPORT_FILENAME, privacy_report_lib.SUMMARY_FILENAME))
 
 
 def check_outside_model_dir(output_path: str) -> None:

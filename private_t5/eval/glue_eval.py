@@ -17,10 +17,13 @@ import numpy as np
 from private_t5 import progress as progress_lib
 from private_t5 import vocabulary as vocab_lib
 from private_t5.data import glue_tasks
+from private_t5.data import glue_registry
+from private_t5.data import glue_rows
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import check_output_file, write_json_atomic, write_text_atomic
 from private_t5.eval import glue_metrics
-from private_t5.models import checkpoints, hf_convert, mesh_inference, sharding
+from private_t5.models import hf_convert, mesh_inference, sharding
+from private_t5.models import checkpoint_read
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +68,16 @@ def predict(params, model_config, source: glue_tasks.GlueSource, batch_size: int
   return [decode(row) for row in tokens]
 
 
-def _majority(task: glue_tasks.GlueTask, eval_labels, glue_dir, tfds_data_dir):
+def _majority(task: glue_registry.GlueTask, eval_labels, glue_dir, tfds_data_dir):
   try:
-    train = glue_tasks.load_examples(task.name, "train", glue_dir, tfds_data_dir)["labels"]
+    train = glue_rows.load_examples(task.name, "train", glue_dir, tfds_data_dir)["labels"]
     origin = "train"
   except DataError:
     train, origin = eval_labels, "evaluated split (no train split found)"
   return glue_metrics.majority_prediction(train, task.is_regression), origin
 
 
-def score_task(task: glue_tasks.GlueTask, predictions_text, labels, glue_dir=None,
+def score_task(task: glue_registry.GlueTask, predictions_text, labels, glue_dir=None,
                tfds_data_dir=None, bootstrap_samples: int = 0, confidence: float = 0.95) -> Dict[str, Any]:
   """Metrics of one task's decoded predictions, with the majority-class baseline.
 
@@ -122,7 +125,7 @@ def evaluate_params(params, model_config, task_or_mixture: str, vocab_path: str,
   inference = mesh_inference.MeshInference(model_config, mesh, params=params, rules=rules)
   results = {"split": split, "task_or_mixture": task_or_mixture, "tasks": {},
              "devices": inference.devices, "mesh_shape": list(sharding.mesh_shape_of(inference.mesh))}
-  for task in glue_tasks.eval_tasks(task_or_mixture):
+  for task in glue_registry.eval_tasks(task_or_mixture):
     source = glue_tasks.GlueSource(task.name, split, vocab_path, feature_lengths, glue_dir=glue_dir,
                                    tfds_data_dir=tfds_data_dir, vocab_size=model_config.vocab_size,
                                    progress=progress)
@@ -189,7 +192,7 @@ def evaluate(model_dir: str, task_or_mixture: str, feature_lengths: Mapping[str,
     params, model_config = hf_convert.import_hf_t5(model_dir)
     info = {"step": None, "vocab_path": hf_convert.hf_vocabulary_path(model_dir)}
   else:
-    params, model_config, info = checkpoints.restore_for_inference(model_dir, step, lora_base=initial_checkpoint)
+    params, model_config, info = checkpoint_read.restore_for_inference(model_dir, step, lora_base=initial_checkpoint)
   vocab_path = vocab_path or info.get("vocab_path")
   if not vocab_path:
     raise ConfigError(f"{model_dir!r} records no vocabulary; set evaluate.vocab_path")

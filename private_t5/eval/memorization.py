@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from private_t5 import models
+from private_t5.models import network
 from private_t5 import progress as progress_lib
 from private_t5.data import objectives
 from private_t5.errors import CheckpointError, ConfigError
@@ -317,7 +317,7 @@ def check_model_matches(params, model_config, vocab_size: int) -> None:
     raise CheckpointError(f"the vocabulary has {vocab_size} ids (with sentinels) but the checkpoint's model "
                           f"has only {model_config.vocab_size} embedding rows: wrong vocabulary for this "
                           "checkpoint")
-  expected = models.param_shapes(model_config)
+  expected = network.param_shapes(model_config)
   exp_flat = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
   got_flat = {jax.tree_util.keystr(k): np.shape(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
   for name in sorted(set(exp_flat) | set(got_flat)):

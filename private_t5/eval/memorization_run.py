@@ -32,8 +32,9 @@ from private_t5.eval import exposure, extraction_metrics, memorization
 from private_t5.eval import report as report_lib
 from private_t5.eval import split_files, split_search
 from private_t5.eval.split_types import SPLIT_NAMES, SplitConfig, check_nonempty
-from private_t5.models import checkpoints, run_dir, sharding
-from private_t5.tokenizer import spm
+from private_t5.models import run_dir, sharding
+from private_t5.models import checkpoint_read
+from private_t5 import vocabulary
 
 AUTO = "auto"
 
@@ -241,7 +242,7 @@ class SplitData:
 def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
                log: Callable[[str], None] = print) -> LoadedModel:
   """The checkpoint, its vocabulary (the recorded one unless `vocab_path`) and its privacy ledger."""
-  params, model_config, info = checkpoints.restore_for_inference(model_dir, step)
+  params, model_config, info = checkpoint_read.restore_for_inference(model_dir, step)
   recorded_vocab = info.get("vocab_path")
   if vocab_path is None:
     if not recorded_vocab:
@@ -253,7 +254,7 @@ def load_model(model_dir: str, step: Optional[int], vocab_path: Optional[str],
       file_sha256(vocab_path) != file_sha256(recorded_vocab):
     raise CheckpointError(f"vocabulary {vocab_path} differs from the one the checkpoint was trained with "
                           f"({recorded_vocab}); token ids would not match")
-  vocab = spm.load_vocabulary(vocab_path)
+  vocab = vocabulary.load_vocabulary(vocab_path)
   memorization.check_model_matches(params, model_config, vocab.vocab_size)
   objective = _objective_of(info, model_dir)
   privacy_report = info.get("privacy_report")

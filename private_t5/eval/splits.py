@@ -28,16 +28,16 @@ are importable from here too:
 from typing import Callable, Optional, Sequence
 
 # pylint: disable=unused-import
-from private_t5.eval.lsh_pairs import PairCounts, band_pairs, bucket_candidates, rank_candidates
-from private_t5.eval.near_dup import (band_keys_from_signature, check_pair, compute_band_keys, edit_similarity,
-                                      word_shingles, word_token_ids, words)
-from private_t5.eval.split_files import (SPLIT_FILE_FORMAT, SPLITS_FORMAT_VERSION, corpus_fingerprint,
-                                         load_split_file, split_file_path, splits_file_content, splits_key,
-                                         splits_key_from_fingerprints, write_split_file)
-from private_t5.eval.split_search import (WORK_DIR_PREFIX, build_splits, build_splits_streaming,
-                                          remove_stale_work_dirs)
-from private_t5.eval.split_types import SPLIT_NAMES, SplitConfig, Splits, check_nonempty
-from private_t5.shingles import window_hashes
+from private_t5.eval.split_files import load_split_file, split_file_path, splits_key, write_split_file
+from private_t5.eval.split_search import build_splits_streaming
+from private_t5.eval.split_types import SplitConfig
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.eval.split_search': ('build_splits',),
+})
 # pylint: enable=unused-import
 
 

@@ -41,6 +41,9 @@ import numpy as np
 import sentencepiece as spm
 
 from private_t5.data import beam_io
+from private_t5.data import beam_files
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
 from private_t5.data import corpora
 from private_t5.errors import ConfigError, DataError
 from private_t5.eval import lsh_pairs
@@ -77,11 +80,11 @@ def _tokenizer(vocab_path: Optional[str]):
 
 
 def _write(path: str, data: bytes) -> None:
-  beam_io.write_atomic(path, data)
+  beam_files.write_atomic(path, data)
 
 
 def _read(path: str) -> bytes:
-  return beam_io.read_bytes(path)
+  return beam_files.read_bytes(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,8 +161,8 @@ def _spill_file(element, plan: _Plan) -> Dict[str, int]:
   number, path = element
   base = f"{plan.root}/files/{number:06d}"
   with contextlib.ExitStack() as stack:
-    texts = stack.enter_context(beam_io.open_atomic(base + ".txt"))
-    keys = stack.enter_context(beam_io.open_atomic(base + ".keys"))
+    texts = stack.enter_context(beam_files.open_atomic(base + ".txt"))
+    keys = stack.enter_context(beam_files.open_atomic(base + ".keys"))
     return _spill_into(_FileSpill(plan, number, texts, keys), path, plan)
 
 
@@ -187,7 +190,7 @@ def _spill_into(spill: "_FileSpill", path: str, plan: _Plan) -> Dict[str, int]:
     spill.add_keys(near_dup.compute_band_keys(batch, cfg))
   spill.close()
   n = len(spill.offsets) - 1
-  beam_io.counter("documents_minhashed").inc(n)
+  beam_pipeline.counter("documents_minhashed").inc(n)
   return {"documents": n, "bad_lines": bad}
 
 
@@ -292,7 +295,7 @@ def _verify(p: int, plan: _Plan, files, counts) -> int:
           break
   if flagged:
     _write(f"{plan.root}/flags/near/{p:03d}", np.unique(np.asarray(flagged, dtype=np.uint64)).tobytes())
-  beam_io.counter("pairs_checked").inc(checked)
+  beam_pipeline.counter("pairs_checked").inc(checked)
   return checked
 
 
@@ -332,7 +335,7 @@ def _corpus_files(specs, root: str, side: str, read: dict) -> List[Tuple[str, st
       out += [(side, path) for path in paths]
       continue
     path = f"{root}/corpus-{side}{c}.jsonl"
-    with beam_io.open_atomic(path) as f:
+    with beam_files.open_atomic(path) as f:
       for d in corpora.iter_documents(spec, text_field=read["text_field"], id_field=read["id_field"],
                                       errors=read["errors"], data_dir=read["data_dir"]):
         f.write((json.dumps({"id": d.id, read["text_field"]: d.text}, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -359,25 +362,25 @@ def build_splits_beam(train_corpus: Union[str, Sequence[str]], valid_corpus: Uni
     `Splits` (a flag a document), equal to the local path's (timings aside).
   """
   cfg.validate()
-  if not beam_io.is_beam(runner):
+  if not beam_runner.is_beam(runner):
     raise ConfigError("build_splits_beam needs a Beam runner, not 'local'")
-  beam_io.import_beam()
-  options = beam_io.pipeline_options(runner, beam_options)
+  beam_runner.import_beam()
+  options = beam_runner.pipeline_options(runner, beam_options)
   start = time.time()
   read = dict(text_field=text_field, id_field="id", errors=errors, data_dir=data_dir)
-  with beam_io.output_dir(options, work_dir, "splits") as root:
+  with beam_files.output_dir(options, work_dir, "splits") as root:
     files = _corpus_files(train_corpus, root, TRAIN, read) + _corpus_files(valid_corpus, root, VALID, read)
     plan = _Plan(root=root, cfg=cfg, vocab_path=vocab_path, text_field=text_field, id_field="id", errors=errors,
                  skip_bad_lines=skip_bad_lines)
     run = dict(options=options, out_dir=root + "/results", stage="splits", runner=runner)
-    spilled = beam_io.run_items([(k, path) for k, (_, path) in enumerate(files)], _spill_file, plan,
+    spilled = beam_pipeline.run_items([(k, path) for k, (_, path) in enumerate(files)], _spill_file, plan,
                                 step="spill files", **run)
     counts = [int(r["documents"]) for r in spilled]
-    beam_io.run_items(list(range(cfg.num_bands)), _band, plan, files, counts, step="band pairs", **run)
+    beam_pipeline.run_items(list(range(cfg.num_bands)), _band, plan, files, counts, step="band pairs", **run)
     parts = [("verify", p) for p in range(PAIR_PARTITIONS)]
     if cfg.exact_substring_tokens:
       parts += [("exact", p) for p in range(HASH_PARTITIONS)]
-    checked = sum(int(c) for c in beam_io.run_items(parts, _partition, plan, files, counts, step="partitions",
+    checked = sum(int(c) for c in beam_pipeline.run_items(parts, _partition, plan, files, counts, step="partitions",
                                                      **run))
     bad = sum(int(r["bad_lines"]) for r in spilled)
     if bad:

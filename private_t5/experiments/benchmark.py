@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 
 from private_t5 import checks
-from private_t5.dp.accounting import NoisySum
+from private_t5.dp.privacy_params import NoisySum
 from private_t5.errors import ConfigError
 from private_t5.experiments.benchmark_case import (GHOST, GIB, METHODS, NONDP, VMAP, machine_memory_bytes,
                                                    run_case, step_memory_floor)

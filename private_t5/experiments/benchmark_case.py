@@ -15,10 +15,13 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 import numpy as np
 
-from private_t5 import models
+from private_t5.models import config as config_lib
+from private_t5.models import network
 from private_t5.dp import ghost, mechanism
-from private_t5.dp.accounting import NoisySum
-from private_t5.train import host_microbatches, optimizers, partitioning, trainer as trainer_lib
+from private_t5.dp import config as config_lib2
+from private_t5.dp.privacy_params import NoisySum
+from private_t5.train import host_microbatches, optimizers, trainer as trainer_lib
+from private_t5.models import sharding
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +107,15 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
     overrides["dtype"] = dtype
   if attention is not None:
     overrides["attention"] = attention
-  config = models.load_preset(preset, **overrides)
+  config = config_lib.load_preset(preset, **overrides)
   loss_fn = trainer_lib.make_loss_fn(config)
   noisy_sum = None if method == NONDP else NoisySum(clip_norm, noise_multiplier, batch_size)
   options = {} if method in (NONDP, VMAP) else dict(
       clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
       reuse_instantiated=method == GHOST, stack_layers=stack_layers)
-  clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else mechanism.GHOST, loss_fn,
+  clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else config_lib2.GHOST, loss_fn,
                                             **options)
-  mesh = partitioning.create_mesh(tuple(mesh_shape), list(devices or jax.devices())[:math.prod(mesh_shape)])
+  mesh = sharding.create_mesh(tuple(mesh_shape), list(devices or jax.devices())[:math.prod(mesh_shape)])
   optimizer = optimizer or optimizers.adafactor(learning_rate=1e-3)
   return config, trainer_lib.Trainer(config, clipped_sum, optimizer, mesh, noise=noise)
 
@@ -190,7 +193,7 @@ def max_batch_search(trainer, state, shape, start_batch: int, budget_bytes: int,
 
 def _ghost_breakdown(config, trainer, shape) -> Dict[str, Any]:
   """Per-layer multiply-adds of the ghost norms for one example (Gram vs instantiated)."""
-  params = models.param_shapes(config)
+  params = network.param_shapes(config)
   example = jax.tree.map(lambda x: x[0], random_batch(config.vocab_size, 1, shape[0], shape[1], 0))
   recording = ghost.record_layer_uses(trainer.aggregator.loss_fn, params, example, None)
   rows = ghost.cost_breakdown(recording)

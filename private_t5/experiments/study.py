@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from private_t5 import io as io_lib
 from private_t5.data import corpora
 from private_t5.data import duplication
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import privacy_report
 from private_t5.errors import ConfigError, PrivacyError
 from private_t5.eval import audit
 from private_t5.eval import memorization_run
@@ -273,7 +273,7 @@ def train_vocabularies(train_corpus: str, output_dir: str, *, needed: Sequence[s
     texts = (d.text for d in corpora.iter_documents(train_corpus, text_field=text_field))
     spm.train_from_sentences(texts, paths["spm"], vocab_size=vocab_size)
     logger.info("[study] vocabulary: SentencePiece, %d pieces: %s", vocab_size, paths["spm"])
-  report_path = ledger_lib.vocabulary_report_path(paths["dp_spm"])
+  report_path = privacy_report.vocabulary_report_path(paths["dp_spm"])
   if "dp_spm" in needed and not (os.path.isfile(paths["dp_spm"]) and os.path.isfile(report_path)):
     report = dp_spm.train_dp_vocabulary(train_corpus, paths["dp_spm"], vocab_size=vocab_size,
                                         target_epsilon=dp_vocab_epsilon, delta=dp_vocab_delta,
@@ -389,7 +389,7 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
         log=logger.info)
     wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
     results[name] = model_result(name, spec, summary, report, wall, data["repeated"])
-    results[name]["privacy_unit"] = ledger_lib.read_report(ledger_lib.report_path(run_dir))["privacy_unit"]
+    results[name]["privacy_unit"] = privacy_report.read_report(privacy_report.report_path(run_dir))["privacy_unit"]
     io_lib.write_json_atomic(result_path, results[name])
 
   logger.info("[study] phase %d/%d: results", next(phase), steps)

@@ -32,13 +32,14 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from private_t5 import io as io_lib
 from private_t5.data import duplication
-from private_t5.data import glue_tasks
+from private_t5.data import glue_registry
+from private_t5.data import glue_rows
 from private_t5.data import task_dir as task_dir_lib
 from private_t5.errors import ConfigError
 from private_t5.eval import glue_eval
 from private_t5.eval import study_utility_report
 from private_t5.experiments import study
-from private_t5.models import checkpoints
+from private_t5.models import checkpoint_read
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def _finetune(name: str, mode: str, pretrained: Optional[dict], task: str, vocab
     if bool(summary.get("private")) != (mode == "dp"):
       raise ConfigError(f"fine-tuning {name} ({mode}) ran {'with' if summary.get('private') else 'without'} DP")
     t1 = time.time()
-    params, config, info = checkpoints.restore_for_inference(run_dir)
+    params, config, info = checkpoint_read.restore_for_inference(run_dir)
     evaluation = glue_eval.evaluate_params(params, config, task, info["vocab_path"], lengths, "validation",
                                            batch_size=settings["eval_batch_size"],
                                            max_examples=settings["max_eval_examples"], progress=False,
@@ -281,10 +282,10 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
     raise ConfigError(f"finetune_feature_lengths needs 'inputs' and 'targets', got {lengths!r}")
   points = sweep_points(batch_sweep_sizes, batch_sweep_examples, batch_sweep_microbatch_size)
   description = dict(text_fields=text_fields, label_field=label_field, label_names=label_names, metric=metric)
-  task = glue_tasks.get_task(task_dir_lib.task_name(task, task_dir, task_module, **description)).name  # one task
+  task = glue_registry.get_task(task_dir_lib.task_name(task, task_dir, task_module, **description)).name  # one task
   if task_dir is not None:  # a malformed task file is refused now, not after pretraining (phase 4)
     for split in ("train", "validation"):
-      glue_tasks.load_examples(task, split)
+      glue_rows.load_examples(task, split)
   dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=0.0, repetitions=(2,),
                                           seed=seed, max_documents=max_documents).validate()
   output_dir = os.path.abspath(output_dir)
@@ -307,7 +308,7 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
               "batch_sweep_microbatch_size": batch_sweep_microbatch_size,
               "batch_sweep_epsilon": batch_sweep_epsilon}
   if task_dir is not None and task_dir_lib.description(os.path.abspath(task_dir), **description) is not None:
-    recorded["task_layout"] = task_dir_lib.layout(glue_tasks.get_task(task))  # a task of its own description
+    recorded["task_layout"] = task_dir_lib.layout(glue_registry.get_task(task))  # a task of its own description
   _check_settings(output_dir, recorded)
   log_phase()
   pretrained_names = [m for m in models if m != SCRATCH]

@@ -1,12 +1,12 @@
-"""The T5 network: config and presets, Flax module, parameter helpers, the model object."""
-from private_t5.models.config import PRESETS, T5Config, load_preset
-from private_t5.models.losses import per_example_loss, sequence_log_likelihood, token_accuracy
-from private_t5.models.model import EncoderDecoderModel, example_loss_fn
-from private_t5.models.network import (Transformer, adapter_logical_axes, init_adapters, init_params,
-                                       num_params, param_logical_axes, param_shapes)
+"""The T5 network: config and presets (`config`), Flax module and parameter helpers (`network`), the
+model object (`model`), losses (`losses`); import each name from the module that defines it."""
+from private_t5 import moved_names
 
-__all__ = [
-    "PRESETS", "T5Config", "load_preset", "Transformer", "init_params", "num_params",
-    "param_logical_axes", "param_shapes", "per_example_loss", "example_loss_fn", "token_accuracy",
-    "sequence_log_likelihood", "EncoderDecoderModel", "init_adapters", "adapter_logical_axes",
-]
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.models.config': ('load_preset',),
+    'private_t5.models.model': ('EncoderDecoderModel', 'example_loss_fn'),
+    'private_t5.models.network': ('Transformer', 'init_params'),
+})
+

@@ -43,8 +43,13 @@ from private_t5.io import atomic_open, json_default
 from private_t5.models import network, run_dir, run_lock
 from private_t5.models.checkpoint_orbax import METADATA_ITEM, STATE_ITEM, cause, ocp
 # Reading parameters for inference has its own module; its names are also read from here.
-from private_t5.models.checkpoint_read import (  # pylint: disable=unused-import
-    ROTATION_RETRIES, read_lora_base, read_model_dir, restore_for_inference)
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.models.checkpoint_read': ('restore_for_inference',),
+})
 
 PyTree = Any
 FORMAT_VERSION = 1

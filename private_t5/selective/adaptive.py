@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from private_t5 import models
+from private_t5.models import model
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import privacy_report
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import CheckpointError, ConfigError, DataError
 from private_t5.io import atomic_open, file_sha256
@@ -39,7 +39,7 @@ NORMALIZATIONS = ("max", "minmax", "rank")
 # Batch column added by `AdaptiveSource`: rho of each row (0 for padding rows).
 PRIVACY_PROBABILITY = "privacy_probability"
 METRIC_PRIVACY_WEIGHT = noise_lib.NOISE_SCALE_METRIC  # "nondp/privacy_weight": γ_B scales the noise
-REPORT_FILENAME = ledger_lib.ADAPTIVE_REPORT_FILENAME
+REPORT_FILENAME = privacy_report.ADAPTIVE_REPORT_FILENAME
 PROBABILITIES_FILENAME = "privacy_probabilities.npz"
 FORMAL_GUARANTEE = (
     "none: the noise std sigma*gamma_B*C depends on the private batch through gamma_B, so the "
@@ -110,7 +110,7 @@ class PrivacyProbabilities:
 
 def _perplexity_fn(model_config):
   # Eq. 3: exp of the mean token negative log-likelihood.
-  return jax.jit(models.EncoderDecoderModel(model_config).per_example_perplexity)
+  return jax.jit(model.EncoderDecoderModel(model_config).per_example_perplexity)
 
 
 def example_perplexities(params, model_config, source, *, batch_size: int = 64, seed: int = 0,

@@ -14,7 +14,8 @@ from typing import Callable, Optional
 
 from private_t5 import io as io_lib
 from private_t5.dp import ledger as ledger_lib
-from private_t5.dp.mechanism import require_gaussian
+from private_t5.dp import privacy_report
+from private_t5.dp.config import require_gaussian
 from private_t5.errors import ConfigError
 from private_t5.selective import adaptive
 from private_t5.train import main as train_main
@@ -95,7 +96,7 @@ def train_adaptive(*, reference_model_dir: Optional[str], normalization: str = "
         noise_multiplier=dp_setup.noise_multiplier, clip_norm=ledger.clip_norm, sampling_rate=ledger.sampling_rate,
         delta=ledger.delta, accountant=ledger.accountant, gammas=gammas, probabilities=probabilities,
         privacy_unit=train_data.privacy_unit, num_examples=train_data.num_examples)
-    report_path = os.path.join(model_dir, ledger_lib.ADAPTIVE_REPORT_FILENAME)
+    report_path = os.path.join(model_dir, privacy_report.ADAPTIVE_REPORT_FILENAME)
     io_lib.write_json_atomic(report_path, report)
     return {"adaptive_dp": report, "noise_multiplier": dp_setup.noise_multiplier,
             "adaptive_dp_report": os.path.abspath(report_path)}

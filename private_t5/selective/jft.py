@@ -25,14 +25,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from scipy import stats
 
 from private_t5 import io as io_lib
-from private_t5.dp import ledger as ledger_lib
-from private_t5.dp.mechanism import DPConfig, require_gaussian
+from private_t5.dp import privacy_report
+from private_t5.dp.config import DPConfig, require_gaussian
 from private_t5.errors import ConfigError, DataError
 from private_t5.selective import detectors
 from private_t5.train import main as train_main
 from private_t5.train import metrics
 
-REPORT_FILENAME = ledger_lib.JFT_REPORT_FILENAME
+REPORT_FILENAME = privacy_report.JFT_REPORT_FILENAME
 PHASE1_DIR = "phase1_redacted"
 PHASE2_DIR = "phase2_private"
 
@@ -198,11 +198,11 @@ def just_fine_tune_twice(*, model_dir: str, redacted_data, full_data, phase1_ste
                 **train_kwargs)
   log(f"[jft] phase 2: DP training on the full data ({full_data.num_examples} examples, {phase2_steps} steps) "
       f"from phase 1's checkpoint -> {phase2_dir}")
-  phase1_report = ledger_lib.read_report(s1["privacy_report"])
+  phase1_report = privacy_report.read_report(s1["privacy_report"])
   s2 = train_fn(model_dir=phase2_dir, train_data=full_data, train_steps=phase2_steps, dp=phase2_dp,
                 initial_checkpoint=phase1_dir, privacy_hook=phase1_in_ledger(phase1_report, phase1_dir),
                 **train_kwargs)
-  phase2_report = ledger_lib.read_report(s2["privacy_report"])
+  phase2_report = privacy_report.read_report(s2["privacy_report"])
   report = jft_privacy_report(phase1_report, phase2_report, detector_level=detector_level,
                               redaction_report=redaction_report, miss_rate=miss_rate)
   # Validation documents are held out of the private corpus: their metrics are not DP.

@@ -10,11 +10,11 @@ from typing import Sequence
 
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
-from private_t5.stages.library_names import lazy_names
+from private_t5 import moved_names
 
-# The library of the benchmark, importable from here too (imported on first use: JAX and the
-# trainer are not needed for `bench --help`).
-__getattr__ = lazy_names(__name__, {
+# The library of the benchmark, readable from here for one more release (with a DeprecationWarning;
+# imported on first use: JAX and the trainer are not needed for `bench --help`).
+__getattr__ = moved_names.moved(__name__, {
     "private_t5.experiments.benchmark": ("MAX_TOKENS", "benchmark", "markdown"),
     "private_t5.experiments.benchmark_case": (
         "GHOST", "GHOST_RECOMPUTE", "GHOST_SECOND_PASS", "GIB", "METHODS", "NONDP", "VMAP", "compiled_memory",

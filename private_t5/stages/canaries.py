@@ -112,8 +112,8 @@ def _plant_audit(args) -> int:
   if set(kinds) & set(audit.VOCAB_KINDS):
     if not args.vocab_path:
       raise ConfigError(f"--canary_kind={args.canary_kind} needs --vocab_path (a SentencePiece model)")
-    from private_t5.tokenizer import spm  # pylint: disable=g-import-not-at-top
-    vocab = spm.load_vocabulary(args.vocab_path)
+    from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
+    vocab = vocabulary.load_vocabulary(args.vocab_path)
   # The corpus is read, never held: its words or pieces counted (kinds "words", "rare_words",
   # "rare_tokens"), its documents counted, then the copy.
   open_docs = lambda: corpora.iter_documents(args.corpus, text_field=args.text_field)

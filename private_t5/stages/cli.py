@@ -71,16 +71,16 @@ def main(argv=None) -> int:
     print(f"error: unknown stage {name!r}\n\n{_usage(stages)}", file=sys.stderr)
     return 2
   try:
-    from private_t5.stages import flags  # pylint: disable=g-import-not-at-top
-    rest, setting = flags.pop_verbosity(rest)
-    flags.configure_logging(*(setting or (logging.INFO, False)))
+    from private_t5.stages import verbosity  # pylint: disable=g-import-not-at-top
+    rest, setting = verbosity.pop_verbosity(rest)
+    verbosity.configure_logging(*(setting or (logging.INFO, False)))
     # The RDP accountant's Python warnings for orders it leaves out (see accounting.ConvergenceFilter).
     warnings.filterwarnings("ignore", message=".*failed to converge.*")
     module = importlib.import_module(stages[name][0])
     return int(module.main(rest) or 0)
   except PrivateT5Error as e:
-    from private_t5.stages import gin_utils  # pylint: disable=g-import-not-at-top
-    print("error: " + gin_utils.error_message(e), file=sys.stderr)
+    from private_t5.stages import gin_errors  # pylint: disable=g-import-not-at-top
+    print("error: " + gin_errors.error_message(e), file=sys.stderr)
     return 2
 
 

@@ -27,8 +27,11 @@ from typing import List, Optional
 
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
-from private_t5.data import beam_io
-from private_t5.tokenizer import dp_spm
+from private_t5.stages import gin_args
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
+from private_t5.tokenizer import dp_spm_train
+from private_t5.tokenizer import dp_spm_histogram
 
 _GIN_NAME = "train_dp_vocabulary"
 
@@ -43,12 +46,12 @@ def _parser() -> argparse.ArgumentParser:
   flag("private_dir", help=("where the private folder of the documents' signatures and key goes (default: the "
                             "output's folder with .private appended; never inside the output's folder)"))
   flag("vocab_size", type=int)
-  flag("model_type", choices=dp_spm.MODEL_TYPES)
+  flag("model_type", choices=dp_spm_train.MODEL_TYPES)
   flag("target_epsilon", aliases=("epsilon",), type=float,
        help="target ε (σ calibrated); exclusive with --noise_std")
   flag("noise_std", type=float, help="σ of the count noise; exclusive with --epsilon")
   flag("delta", type=float, help="total δ (<< 1/number of documents)")
-  flag("sensitivity", choices=dp_spm.SENSITIVITY_MODES)
+  flag("sensitivity", choices=dp_spm_histogram.SENSITIVITY_MODES)
   flag("max_words", "max_words_per_document", type=int, help="N (paper) or W (capped) words per document")
   flag("insecure_seed", type=int, help="fixed noise seed: deterministic tests only, NOT private")
   flag("num_workers", type=int, help="histogram processes (default: all cores)")
@@ -61,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
   flag("eval_corpus", action="append",
        help="corpus spec for the utility sample (default: the training corpus, a non-private statistic)")
   flag("eval_documents", type=int, help="documents in the utility sample (0: none)")
-  beam_io.add_runner_flags(p)
+  beam_runner.add_runner_flags(p)
   return p
 
 
@@ -70,15 +73,15 @@ def main(argv: Optional[List[str]] = None) -> int:
   args, gin_files, bindings = _parser().parse_stage_args(argv)
   # One of target_epsilon and noise_std: the flag given replaces the Gin files' other one.
   if args.target_epsilon is not None and args.noise_std is None:
-    bindings.append(gin_utils.Binding(f"{_GIN_NAME}.noise_std=None", "--target_epsilon"))
+    bindings.append(gin_args.Binding(f"{_GIN_NAME}.noise_std=None", "--target_epsilon"))
   elif args.noise_std is not None and args.target_epsilon is None:
-    bindings.append(gin_utils.Binding(f"{_GIN_NAME}.target_epsilon=None", "--noise_std"))
+    bindings.append(gin_args.Binding(f"{_GIN_NAME}.target_epsilon=None", "--noise_std"))
   # Flags such as --corpus/--output may fill the Gin file's required macros: checked below.
   gin_utils.parse(gin_files, bindings, check_required=False, entry=_GIN_NAME)
   overrides = {}
-  if beam_io.is_beam(args.runner):
+  if beam_runner.is_beam(args.runner):
     from private_t5.tokenizer import dp_spm_beam  # pylint: disable=g-import-not-at-top
-    beam_io.log_to_stderr_once()
+    beam_pipeline.log_to_stderr_once()
     overrides["histogram_fn"] = dp_spm_beam.beam_histogram_fn(args.runner, args.beam_options,
                                                               skip_bad_lines=args.skip_bad_lines)
   fn = gin_utils.configured(_GIN_NAME)

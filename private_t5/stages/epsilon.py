@@ -38,6 +38,8 @@ from typing import List, Optional
 
 from private_t5 import checks, epsilon_checks
 from private_t5.dp import accounting
+from private_t5.dp import privacy_params
+from private_t5.dp import truncation
 from private_t5.errors import PrivacyError
 from private_t5.stages import flags
 
@@ -58,9 +60,9 @@ def _parser():
              check=lambda v, name: checks.integer(v, name, minimum=1))
   p.add_flag("delta", type=float, check=checks.probability,
              help="δ in (0, 1) (use δ << 1/N); default: training's, min(1e-5, 1/N^1.1) of --num_examples")
-  p.add_flag("accountant", default=accounting.AUTO, choices=accounting.ACCOUNTANT_CHOICES,
+  p.add_flag("accountant", default=privacy_params.AUTO, choices=privacy_params.ACCOUNTANT_CHOICES,
              help="auto (default): the smaller ε of rdp and pld")
-  p.add_flag("sampling", default="poisson", choices=accounting.SAMPLING_SCHEMES,
+  p.add_flag("sampling", default="poisson", choices=privacy_params.SAMPLING_SCHEMES,
              help="poisson (default) or fixed shuffled batches (accounted without replacement)")
   p.add_flag("max_batch_size", type=int, help="truncation cap of a Poisson batch (adds to δ)")
   p.add_flag("noise", default="gaussian", choices=("gaussian", "banded", "blt"),
@@ -87,17 +89,17 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   if args.sampling_rate is not None:
     q = args.sampling_rate
   else:
-    accounting.validate_privacy_params(batch_size=args.batch_size, num_examples=args.num_examples)
-    q = accounting.sampling_rate_from_batch(args.batch_size * args.num_bands, args.num_examples)
+    privacy_params.validate_privacy_params(batch_size=args.batch_size, num_examples=args.num_examples)
+    q = privacy_params.sampling_rate_from_batch(args.batch_size * args.num_bands, args.num_examples)
   if args.noise != "gaussian":
     return _correlated(args, q, delta_source)
   epsilon_checks.check_gaussian(args)
-  accounting.validate_privacy_params(
+  privacy_params.validate_privacy_params(
       noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
       num_examples=args.num_examples, accountant=args.accountant, sampling=args.sampling,
       delta_source=delta_source)
   epsilon_checks.check_gaussian_sampling(args)
-  p_trunc = accounting.truncation_probability(args.num_examples, q, args.max_batch_size)
+  p_trunc = truncation.truncation_probability(args.num_examples, q, args.max_batch_size)
   kw = dict(sampling=args.sampling, num_examples=args.num_examples)
   out = {}
   if args.target_epsilon is not None:
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
                                        max_batch_size=args.max_batch_size, **kw)
   # The δ each ε holds at: PLD accounts a truncated batch exactly (at --delta); RDP accounts the
   # untruncated batch, and truncation adds (1 + e^ε) · steps · p_trunc to its δ.
-  delta_by = {name: (accounting.total_delta(args.delta, args.steps, p_trunc, e) if name == "rdp" else args.delta)
+  delta_by = {name: (truncation.total_delta(args.delta, args.steps, p_trunc, e) if name == "rdp" else args.delta)
               for name, e in eps_by.items()}
   # The smaller ε among the accountants that hold at --delta; RDP at its larger δ only when it is alone.
   at_delta = [name for name in eps_by if delta_by[name] <= args.delta]
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   eps, delta_total = eps_by[used], delta_by[used]
   if delta_total >= 1.0:
     raise PrivacyError(epsilon_checks.no_guarantee(args, p_trunc, delta_total, delta_source,
-                                                   args.accountant == accounting.AUTO))
+                                                   args.accountant == privacy_params.AUTO))
   # An accountant's ε whose δ is >= 1 is no guarantee: not printed as one.
   shown = {name: (e if delta_by[name] < 1.0 else None) for name, e in eps_by.items()}
   out.update(epsilon=eps, epsilon_rdp=shown.get("rdp"), epsilon_pld=shown.get("pld"),
@@ -134,11 +136,11 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
       warnings.warn(
           f"total_delta={delta_total:.4g} ({where}) >= 1/num_examples={1.0 / args.num_examples:g}: the (ε, δ) "
           "guarantee is meaningless (a mechanism that publishes one random example satisfies it); raise "
-          "--max_batch_size" + ("" if args.accountant == accounting.AUTO else " or use --accountant=pld"),
-          accounting.MeaninglessGuaranteeWarning)
+          "--max_batch_size" + ("" if args.accountant == privacy_params.AUTO else " or use --accountant=pld"),
+          privacy_params.MeaninglessGuaranteeWarning)
     else:
       logger.warning("ε=%.4g holds at total_delta=%.4g (%s), not at δ=%g%s", eps, delta_total, where, args.delta,
-                      "" if args.accountant == accounting.AUTO else
+                      "" if args.accountant == privacy_params.AUTO else
                       "; --accountant=pld accounts the truncation exactly at δ")
   return out
 
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
 def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
   """`run` for --noise=banded or blt (untruncated Poisson sampling in --num_bands groups)."""
   epsilon_checks.check_correlated(args)
-  accounting.validate_privacy_params(
+  privacy_params.validate_privacy_params(
       noise_multiplier=args.noise_multiplier, sampling_rate=q, steps=args.steps, delta=args.delta,
       num_examples=args.num_examples, accountant=args.accountant, delta_source=delta_source)
   out = accounting.correlated_plan(args.noise, q, args.steps, args.delta, num_bands=args.num_bands,
@@ -173,9 +175,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   if args.delta is None:
     if args.num_examples is None:
       raise PrivacyError("give --delta, or --num_examples for training's default δ = min(1e-5, 1/N^1.1)")
-    accounting.validate_privacy_params(num_examples=args.num_examples)
-    from private_t5.dp import mechanism  # pylint: disable=g-import-not-at-top  # (imports JAX)
-    args.delta, source = mechanism.default_delta(args.num_examples), DEFAULT_DELTA_SOURCE
+    privacy_params.validate_privacy_params(num_examples=args.num_examples)
+    from private_t5.dp import config  # pylint: disable=g-import-not-at-top  # (imports JAX)
+    args.delta, source = config.default_delta(args.num_examples), DEFAULT_DELTA_SOURCE
     logger.info("no --delta: δ = %g, training's default min(1e-5, 1/N^1.1) for N = %d", args.delta,
                 args.num_examples)
   if args.noise == "banded" and (args.num_bands or 1) == 1:
@@ -183,7 +185,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "every example sampled at every step), the same ε as --noise=gaussian; give --num_bands=b > 1 "
                    "for banded noise", "" if args.num_bands else " (no --num_bands)")
   with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always", accounting.MeaninglessGuaranteeWarning)
+    warnings.simplefilter("always", privacy_params.MeaninglessGuaranteeWarning)
     out = run(args, source)
   for w in caught:
     logger.warning("%s", w.message)

@@ -44,15 +44,15 @@ VOCAB_FILE = "spiece.model"
 TEMP_PREFIX = ".export_hf_"
 
 
-def _privacy_report(model_dir: str, info: Dict[str, Any], ledger_lib) -> Dict[str, Any]:
+def _privacy_report(model_dir: str, info: Dict[str, Any], privacy_report) -> Dict[str, Any]:
   """The report of the exported checkpoint (its own step), else the run's file, else "no guarantee"."""
   report = info.get("privacy_report")
   if report:
     return dict(report)
-  path = ledger_lib.report_path(model_dir)
+  path = privacy_report.report_path(model_dir)
   if os.path.isfile(path):
-    return ledger_lib.read_report(path)
-  return ledger_lib.no_guarantee_report()
+    return privacy_report.read_report(path)
+  return privacy_report.no_guarantee_report()
 
 
 def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Optional[int] = None,
@@ -70,8 +70,9 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
-  from private_t5.models import checkpoints, hf_export  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import privacy_report as privacy_report_lib  # pylint: disable=g-import-not-at-top
+  from private_t5.models import hf_export  # pylint: disable=g-import-not-at-top
+  from private_t5.models import checkpoint_read  # pylint: disable=g-import-not-at-top
   from private_t5.models import lora as lora_lib  # pylint: disable=g-import-not-at-top
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r} is not supported (formats: {', '.join(FORMATS)})")
@@ -81,7 +82,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     raise ConfigError(f"--output {output!r} already exists and is not empty; choose a new directory")
   io_lib.check_output_file(os.path.join(output, "config.json"))  # a read-only folder, a file in the way
   adapter = lora == "adapter"
-  params, config, info = checkpoints.restore_for_inference(model_dir, step, merge_adapters=not adapter,
+  params, config, info = checkpoint_read.restore_for_inference(model_dir, step, merge_adapters=not adapter,
                                                            lora_base=initial_checkpoint)
   if adapter and not info.get("lora"):
     raise ConfigError(f"--lora=adapter: {model_dir!r} is not a LoRA run (it has no adapters); use --lora=merged")
@@ -91,14 +92,14 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
                           "give --vocab_path=FILE.model")
   _warn_of_private_vocabulary_files(vocab_path)
   if adapter:
-    checkpoints.read_lora_base(info["lora"], model_dir)  # the base the adapter belongs to is unchanged
+    checkpoint_read.read_lora_base(info["lora"], model_dir)  # the base the adapter belongs to is unchanged
     tensors, json_file = hf_export.peft_adapter(_to_numpy(params, np), lora_lib.config_of(info["lora"]), config,
                                                 info["lora"]["base"]["path"])
     json_name, tensors_name = "adapter_config.json", "adapter_model.safetensors"
   else:
     tensors, json_file = hf_export.export_hf_t5(_to_numpy(params, np), config)
     json_name, tensors_name = "config.json", "model.safetensors"
-  report = _privacy_report(model_dir, info, ledger_lib)
+  report = _privacy_report(model_dir, info, privacy_report_lib)
   exported_from = {"model_dir": os.path.abspath(model_dir), "step": info.get("step"),
                    "vocabulary_sha256": io_lib.file_sha256(vocab_path)}
   if info.get("lora"):  # the adapters' settings and base (path, SHA-256), and which form was written
@@ -113,7 +114,7 @@ def export_model_dir(model_dir: str, output: str, *, fmt: str = "hf", step: Opti
     io_lib.write_bytes_atomic(os.path.join(tmp_dir, tensors_name),
                               st_numpy.save(tensors, metadata={"format": "pt"}))
     shutil.copyfile(vocab_path, os.path.join(tmp_dir, VOCAB_FILE))
-    ledger_lib.write_report(ledger_lib.report_path(tmp_dir), report)
+    privacy_report_lib.write_report(privacy_report_lib.report_path(tmp_dir), report)
     if os.path.isdir(output):
       os.rmdir(output)  # empty (checked above)
     os.replace(tmp_dir, output)

@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from private_t5 import checks
 from private_t5.errors import ConfigError
 from private_t5.stages import gin_utils
+from private_t5.stages import gin_queries
+from private_t5.stages import gin_args
 
 # What `binding_literal` returns for an override whose value is no literal.
 UNREADABLE = object()
@@ -50,7 +52,7 @@ class MacroFlags:
       if value is not None:
         if gin_name in overridden:
           self._check_same(name, value, overridden[gin_name], binding_literal(overridden[gin_name]), rest)
-        bindings.append(gin_utils.Binding(f"{gin_name}={gin_literal(value)}", f"--{name}={value}"))
+        bindings.append(gin_args.Binding(f"{gin_name}={gin_literal(value)}", f"--{name}={value}"))
 
   def _source(self, name: str, given: set) -> str:
     """Where flag `name`'s value came from, as an error names it: "--name" or "Gin macro NAME"."""
@@ -90,7 +92,7 @@ class MacroFlags:
     gin_utils.parse(files, bindings, check_required=False, entry=self.macro_entry, files_required=False,
                     configurables=bool(files) or not self.macros_only)
     for name, (macro, kind, repeatable, choices) in self._macro_flags.items():
-      value = gin_utils.macro_value(macro)
+      value = gin_queries.macro_value(macro)
       if value is None:
         continue
       if given.intersection(self._options[name]):  # the flag wins over the files; an override must agree
@@ -121,7 +123,7 @@ def binding_name(binding: str) -> str:
 def binding_literal(binding: str) -> Any:
   """The Python value an override `NAME=VALUE` gives (bare words as strings, as Gin reads them);
   `UNREADABLE` for a reference (@fn, %MACRO) or anything else that is not a literal."""
-  text = gin_utils.quote_bare_value(binding).split("=", 1)[1].strip()
+  text = gin_args.quote_bare_value(binding).split("=", 1)[1].strip()
   try:
     return ast.literal_eval(text)
   except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

@@ -31,13 +31,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from private_t5.data import beam_runner
 from private_t5.errors import ConfigError
-from private_t5.stages import gin_utils
+from private_t5.stages import gin_args
+from private_t5.stages import gin_paths
 # The flags' Gin bindings and macros; `typed_macro` is importable from here too.
-from private_t5.stages.flag_macros import MacroFlags, binding_name, typed_macro  # pylint: disable=unused-import
+from private_t5.stages.flag_macros import MacroFlags, binding_name
 # The verbosity and logging helpers, importable from here too.
-from private_t5.stages.verbosity import (  # pylint: disable=unused-import
-    LOG_FORMAT, QUIET_ENV, VERBOSITY, configure_logging, is_late_storage_callback, parse_verbosity,
-    pop_verbosity, stage_print)
+from private_t5.stages.verbosity import VERBOSITY, configure_logging, parse_verbosity
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class StageArgs:
   """A stage's parsed command line."""
   args: argparse.Namespace
   gin_files: List[str]
-  gin_bindings: List[gin_utils.Binding]
+  gin_bindings: List[gin_args.Binding]
 
   def __iter__(self):  # args, gin_files, gin_bindings = parser.parse_stage_args(argv)
     return iter((self.args, self.gin_files, self.gin_bindings))
@@ -147,7 +146,7 @@ class StageParser(argparse.ArgumentParser, MacroFlags):
   def parse_stage_args(self, argv: Sequence[str]) -> StageArgs:
     """Parses argv: Gin files and overrides, verbosity, plain flags (as Gin bindings or args)."""
     argv = list(argv)
-    rest, files, bindings = gin_utils.split_gin_args(argv)
+    rest, files, bindings = gin_args.split_gin_args(argv)
     self._warn_aliases(rest)
     args = self.parse_args(rest)
     setting = None
@@ -159,7 +158,7 @@ class StageParser(argparse.ArgumentParser, MacroFlags):
       setting = (logging.WARNING, True)
     if setting is not None:
       configure_logging(*setting)
-    gin_utils.set_search_paths(args.gin_search_paths)
+    gin_paths.set_search_paths(args.gin_search_paths)
     for attr in ("verbosity", "verbose", "quiet", "gin_file", "_gin_override_help", "gin_search_paths"):
       delattr(args, attr)
     if self.gin_required and not files:

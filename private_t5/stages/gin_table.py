@@ -18,14 +18,14 @@ GIN_TABLE = {
     "T5Config": ("private_t5.models.config:T5Config", _MODEL_USERS),
     # training (`private-t5 train`, and the runs built on it)
     "train": ("private_t5.train.main:train", _TRAINING_USERS),
-    "DPConfig": ("private_t5.dp.mechanism:DPConfig", _TRAINING_USERS),
+    "DPConfig": ("private_t5.dp.config:DPConfig", _TRAINING_USERS),
     "LoraConfig": ("private_t5.models.lora:LoraConfig", ("train",)),
     "make_source": ("private_t5.data.source:make_source", _TRAINING_USERS),
     "make_glue_source": ("private_t5.data.glue_tasks:make_glue_source", _TRAINING_USERS),
     # the task a fine-tuning or evaluation run reads: TASK_MODULE imported, TASK_DIR registered
     "glue_task": ("private_t5.data.task_dir:task_name", _TRAINING_USERS + ("evaluate",)),
     "make_seqio_source": ("private_t5.data.seqio_store:make_seqio_source", _TRAINING_USERS),
-    "seqio_vocab_path": ("private_t5.data.seqio_source:seqio_vocab_path", _TRAINING_USERS),
+    "seqio_vocab_path": ("private_t5.data.seqio_lookup:seqio_vocab_path", _TRAINING_USERS),
     "finetune_vocab_path": ("private_t5.train.initial_checkpoint:finetune_vocab_path", _TRAINING_USERS),
     "adafactor": ("private_t5.train.optimizers:adafactor", _TRAINING_USERS),
     "rsqrt_schedule": ("private_t5.train.optimizers:rsqrt_schedule", _TRAINING_USERS),
@@ -36,7 +36,7 @@ GIN_TABLE = {
     "train_adaptive": ("private_t5.selective.adaptive_train:train_adaptive", ("train_adaptive",)),
     # evaluation
     "run_memorization": ("private_t5.eval.memorization_run:run_memorization", ("run_memorization",)),
-    "SplitConfig": ("private_t5.eval.splits:SplitConfig", ("run_memorization", "run_study")),
+    "SplitConfig": ("private_t5.eval.split_types:SplitConfig", ("run_memorization", "run_study")),
     "evaluate": ("private_t5.eval.glue_eval:evaluate", ("evaluate",)),
     # tokenizer
     "train_dp_vocabulary": ("private_t5.tokenizer.dp_spm:train_dp_vocabulary", ("train_dp_vocabulary",)),

@@ -16,13 +16,11 @@ import gin
 from private_t5 import errors
 from private_t5.errors import ConfigError
 # pylint: disable=unused-import
-from private_t5.stages.gin_args import Binding, quote_bare_value, split_gin_args
-from private_t5.stages.gin_errors import (check_syntax, describe_syntax_error, error_message, first_line,
-                                          unwrap_error)
-from private_t5.stages.gin_paths import (CONFIG_SEARCH_PATHS, PACKAGE_CONFIGS, PACKAGE_DIR, PROJECT_ROOT,
-                                         find_file, search_paths, set_search_paths)
-from private_t5.stages.gin_queries import check_required_macros, ignored_dp_settings, macro_value
-from private_t5.stages.gin_table import CONFIGURABLES, ENTRIES, GIN_TABLE, STAGE_CONFIGURABLES
+from private_t5.stages.gin_args import Binding, quote_bare_value
+from private_t5.stages.gin_errors import check_syntax, describe_syntax_error, first_line, unwrap_error
+from private_t5.stages.gin_paths import find_file, search_paths
+from private_t5.stages.gin_queries import check_required_macros, ignored_dp_settings
+from private_t5.stages.gin_table import CONFIGURABLES, ENTRIES, STAGE_CONFIGURABLES
 from private_t5.stages.gin_types import check_binding_types
 # pylint: enable=unused-import
 

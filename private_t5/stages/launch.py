@@ -22,8 +22,7 @@ from typing import List, Optional, Sequence, TextIO, Tuple
 
 from private_t5.errors import ConfigError
 # The local cluster's library, importable from here too.
-from private_t5.train.launch import (  # pylint: disable=unused-import
-    STOP_GRACE_S, TRACEBACK_HOLD_S, check_port_free, free_port, process_env)
+from private_t5.train.launch import STOP_GRACE_S
 from private_t5.train import launch as cluster
 
 USAGE = """usage: private-t5 launch --num_processes=N --devices_per_process=M [--port=P] -- <stage> [its flags]

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from private_t5.stages import flags
+from private_t5.stages import verbosity
 from private_t5.stages import gin_utils
 
 USAGE = """usage: private-t5 memorization --gin_file=configs/runs/memorization.gin [--gin.NAME=VALUE ...]
@@ -58,5 +59,5 @@ def main(argv) -> int:
     print(USAGE, file=sys.stderr)
     return 2
   parsed = _parser().parse_stage_args(argv)
-  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "run_memorization", log=flags.stage_print)
+  gin_utils.run_stage(parsed.gin_files, parsed.gin_bindings, "run_memorization", log=verbosity.stage_print)
   return 0

@@ -23,9 +23,13 @@ from typing import List, Optional
 
 from private_t5.stages import flags, gin_utils
 from private_t5.data import beam_io
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
 from private_t5.documents import Document
 from private_t5.errors import ConfigError
-from private_t5.eval import splits as splits_lib
+from private_t5.eval import split_types
+from private_t5.eval import split_files
+from private_t5.eval import split_search
 from private_t5.io import check_output_file, file_sha256
 
 
@@ -47,14 +51,14 @@ def _parser() -> flags.StageParser:
                "num_workers"):
     p.add_flag(name, type=int, gin=f"SplitConfig.{name}")
   p.add_flag("min_edit_similarity", type=float, gin="SplitConfig.min_edit_similarity")
-  beam_io.add_runner_flags(p.flag_group)
+  beam_runner.add_runner_flags(p.flag_group)
   return p
 
 
 def _settings(argv: List[str]):
   """(args, SplitConfig): plain flags, then Gin files and bindings for what they leave unset."""
   args, files, bindings = _parser().parse_stage_args(argv)
-  cfg = splits_lib.SplitConfig()
+  cfg = split_types.SplitConfig()
   if files or bindings:  # parsed by parse_stage_args (the plain flags' macros)
     cfg = gin_utils.configured("SplitConfig")()
   flags.check_required(_parser(), args, ("train_corpus", "valid_corpus", "output"))
@@ -62,7 +66,7 @@ def _settings(argv: List[str]):
 
 
 def _fingerprint(pairs) -> str:
-  return splits_lib.corpus_fingerprint(Document(id=i, text=t) for i, t in pairs)
+  return split_files.corpus_fingerprint(Document(id=i, text=t) for i, t in pairs)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -71,14 +75,14 @@ def main(argv: Optional[List[str]] = None) -> int:
   if not to_folder and not args.output.endswith(".json"):
     raise ConfigError(f"--output must be a .json file or a folder, got {args.output!r}")
   check_output_file(os.path.join(args.output, "splits_<key>.json") if to_folder else args.output)
-  beam = beam_io.is_beam(args.runner)
+  beam = beam_runner.is_beam(args.runner)
   if args.vocab_path and not os.path.isfile(args.vocab_path) and "://" not in args.vocab_path:
     raise ConfigError(f"vocabulary not found: {args.vocab_path}")
   tokenizer_id = file_sha256(args.vocab_path) if args.vocab_path and os.path.isfile(args.vocab_path) else args.vocab_path
   specs = {"train": _one(args.train_corpus), "valid": _one(args.valid_corpus)}
   if beam:
     from private_t5.eval import splits_beam  # pylint: disable=g-import-not-at-top
-    beam_io.log_to_stderr_once()
+    beam_pipeline.log_to_stderr_once()
     splits = splits_beam.build_splits_beam(args.train_corpus, args.valid_corpus, cfg, runner=args.runner,
                                            beam_options=args.beam_options, vocab_path=args.vocab_path,
                                            text_field=args.text_field, skip_bad_lines=args.skip_bad_lines)
@@ -95,12 +99,12 @@ def main(argv: Optional[List[str]] = None) -> int:
       sp = spm.SentencePieceProcessor(model_file=args.vocab_path)
       tokenize = lambda text: sp.encode(text)
     # One streaming pass over each corpus (texts and band keys spilled to a temporary folder).
-    splits = splits_lib.build_splits_streaming(docs(args.train_corpus), docs(args.valid_corpus), cfg,
+    splits = split_search.build_splits_streaming(docs(args.train_corpus), docs(args.valid_corpus), cfg,
                                                tokenize=tokenize, verbose=True)
     train_fp, valid_fp = splits.fingerprints
-  key = splits_lib.splits_key_from_fingerprints(train_fp, valid_fp, cfg, tokenizer_id if args.vocab_path else None)
-  output = splits_lib.split_file_path(args.output, key) if to_folder else args.output
-  splits_lib.write_split_file(output, splits, key, cfg, tokenizer_id if args.vocab_path else None, specs)
+  key = split_files.splits_key_from_fingerprints(train_fp, valid_fp, cfg, tokenizer_id if args.vocab_path else None)
+  output = split_files.split_file_path(args.output, key) if to_folder else args.output
+  split_files.write_split_file(output, splits, key, cfg, tokenizer_id if args.vocab_path else None, specs)
   json.dump({"output": os.path.abspath(output), "key": key, "runner": args.runner, "sizes": splits.sizes(),
              "stats": splits.stats}, sys.stdout, indent=2)
   print()

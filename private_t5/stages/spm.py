@@ -17,12 +17,14 @@ from typing import Iterator, List, Optional
 
 from private_t5 import io as io_lib
 from private_t5.data import corpora
+from private_t5 import documents
 from private_t5.errors import ConfigError
 from private_t5.tokenizer import spm as spm_lib
+from private_t5 import vocabulary
 from private_t5.stages import flags
 
 
-def document_lines(docs: Iterator[corpora.Document], counts: dict) -> Iterator[str]:
+def document_lines(docs: Iterator[documents.Document], counts: dict) -> Iterator[str]:
   """The non-blank lines of every document (counted in `counts["lines"]`)."""
   for doc in docs:
     for line in doc.text.splitlines():
@@ -38,22 +40,22 @@ def train_vocabulary(corpus: str, output: str, vocab_size: int, model_type: str 
                      max_sentence_length: int = spm_lib.DEFAULT_MAX_SENTENCE_LENGTH) -> dict:
   """Trains `output` from `corpus`; returns the JSON-able summary."""
   start = time.time()
-  stats = corpora.CorpusStats()
+  stats = documents.CorpusStats()
   counts = {"lines": 0}
   docs = corpora.iter_documents(corpus, text_field=text_field, errors=errors, data_dir=data_dir,
                                 stats=stats, max_documents=max_documents)
   spm_lib.train_from_sentences(document_lines(docs, counts), output, vocab_size, model_type=model_type,
                                character_coverage=character_coverage, input_sentence_size=input_sentence_size,
                                max_sentence_length=max_sentence_length)
-  vocab = spm_lib.load_vocabulary(output)
+  vocab = vocabulary.load_vocabulary(output)
   return {
       "output": os.path.abspath(output),
       "corpus": corpus,
       "model_type": model_type,
       "requested_pieces": vocab_size,
-      "pieces": int(vocab.vocab_size) - spm_lib.NUM_EXTRA_IDS,  # char models stop at the alphabet
+      "pieces": int(vocab.vocab_size) - vocabulary.NUM_EXTRA_IDS,  # char models stop at the alphabet
       "vocab_size_with_sentinels": int(vocab.vocab_size),
-      "extra_ids": spm_lib.NUM_EXTRA_IDS,
+      "extra_ids": vocabulary.NUM_EXTRA_IDS,
       "documents": stats.documents,
       "blank_documents_skipped": stats.blank_skipped,
       "lines": counts["lines"],

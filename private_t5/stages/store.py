@@ -35,11 +35,14 @@ from typing import List, Optional
 
 import gin
 
-from private_t5.data import beam_io
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
 from private_t5.data import store as store_lib
 from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
+from private_t5.stages import gin_args
+from private_t5.stages import gin_table
 from private_t5.stages import train as train_stage
 
 # Reader options: the Gin files' `make_source.NAME` bindings, else make_source's own defaults;
@@ -51,7 +54,7 @@ _SEQIO_OPTIONS = ("split", "seed", "use_cached", "max_examples")
 def _fill_options(args, configurable: str, names, configured: bool) -> None:
   """Sets each of `names` left unset: the Gin files' `configurable.NAME` binding, else its default
   (read from the signature, not copied)."""
-  params = inspect.signature(gin_utils.resolve(gin_utils.CONFIGURABLES[configurable])).parameters
+  params = inspect.signature(gin_utils.resolve(gin_table.CONFIGURABLES[configurable])).parameters
   for name in names:
     if getattr(args, name, None) is None and configured:
       try:
@@ -99,12 +102,12 @@ def _parser() -> flags.StageParser:
   p.add_flag("verify", action="store_true", default=False, macro=False,
              help="also compare the SHA-256 of a cached entry's token files with its record (reads the whole "
                   "entry; the sizes of every file and the SHA-256 of the others are always compared)")
-  beam_io.add_runner_flags(p.flag_group)
+  beam_runner.add_runner_flags(p.flag_group)
   return p
 
 
 def _settings(argv: List[str]):
-  _, files, bindings = gin_utils.split_gin_args(argv)
+  _, files, bindings = gin_args.split_gin_args(argv)
   if train_stage.with_seqio_layer(files, bindings) != files:  # layered as training layers it
     argv = argv + [f"--gin_file={train_stage.SEQIO_GIN}"]
   args, files, bindings = _parser().parse_stage_args(argv)
@@ -129,8 +132,8 @@ def _settings(argv: List[str]):
 
 def _seqio_summary(args) -> dict:
   from private_t5.data import seqio_store  # pylint: disable=g-import-not-at-top  # imports TensorFlow
-  if beam_io.is_beam(args.runner):
-    beam_io.log_to_stderr_once()
+  if beam_runner.is_beam(args.runner):
+    beam_pipeline.log_to_stderr_once()
   start = time.time()
   store, counters = seqio_store.build_example_store(
       args.mixture_or_task_name, args.split, args.task_feature_lengths, module=args.mixture_or_task_module,
@@ -149,9 +152,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 errors=args.errors, max_documents=args.max_documents, data_dir=args.data_dir)
   start = time.time()
   counters = {}
-  if beam_io.is_beam(args.runner):
+  if beam_runner.is_beam(args.runner):
     from private_t5.data import store_beam  # pylint: disable=g-import-not-at-top
-    beam_io.log_to_stderr_once()
+    beam_pipeline.log_to_stderr_once()
     store, counters = store_beam.build_store_beam(args.corpus, args.vocab_path, runner=args.runner,
                                                   beam_options=args.beam_options, cache_dir=args.cache_dir,
                                                   num_threads=args.num_threads or 1, verify=args.verify,

@@ -16,11 +16,13 @@ from typing import Callable, List, Optional, Sequence
 from private_t5.errors import ConfigError
 from private_t5.stages import flags
 from private_t5.stages import gin_utils
-from private_t5.stages.library_names import lazy_names
+from private_t5.stages import gin_args
+from private_t5.stages import gin_queries
+from private_t5 import moved_names
 
-# The library of the study, importable from here too (imported on first use: JAX and the trainer
-# are not needed for `study --help`).
-__getattr__ = lazy_names(__name__, {"private_t5.experiments.study": (
+# The library of the study, readable from here for one more release (with a DeprecationWarning;
+# imported on first use: JAX and the trainer are not needed for `study --help`).
+__getattr__ = moved_names.moved(__name__, {"private_t5.experiments.study": (
     "DEFAULT_MODELS", "MODELS", "NOT_DP_RESULT_KEYS", "RESULT_FILE", "ModelSpec", "cached_json", "check_private",
     "em_by_repetitions", "model_result", "prepare_data", "pretraining_bindings", "privacy_fields", "run_study",
     "train_vocabularies")})
@@ -88,11 +90,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   files = parsed.gin_files or [default_file]
   bindings = list(parsed.gin_bindings)
   if entry == "run_utility_study" and any(b.split("=", 1)[0].strip() == "TASK_MODULE" for b in bindings):
-    bindings.append(gin_utils.Binding("run_utility_study.task_module=%TASK_MODULE", "--gin.TASK_MODULE"))
+    bindings.append(gin_args.Binding("run_utility_study.task_module=%TASK_MODULE", "--gin.TASK_MODULE"))
   for flag, param in (("corpus", "corpus"), ("output", "output_dir"), *((f, f) for f in task_flags)):
     value = getattr(parsed.args, flag)
     if value is not None:
-      bindings.append(gin_utils.Binding(f"{entry}.{param}={value!r}", f"--{flag}={value}"))
+      bindings.append(gin_args.Binding(f"{entry}.{param}={value!r}", f"--{flag}={value}"))
   # The training run's own macros are set per model: check them when each model is trained.
   gin_utils.parse(files, bindings, check_required=False, entry=entry)
   from private_t5.train import partitioning  # pylint: disable=g-import-not-at-top
@@ -100,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   def trainer(run_files: Sequence[str]) -> Callable[[str, List[str]], dict]:
     def train_model(model_dir: str, extra: List[str]) -> dict:
-      gin_utils.parse(run_files, bindings + [gin_utils.Binding(b) for b in extra], entry=entry)
+      gin_utils.parse(run_files, bindings + [gin_args.Binding(b) for b in extra], entry=entry)
       return gin_utils.call_configured(gin_utils.configured("train"), log=logger.info,
                                       operative_config=gin_utils.operative_config)
     return train_model
@@ -108,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if entry == "run_study":
     gin_utils.call_configured(gin_utils.configured(entry), train_model=trainer(files))
   else:
-    finetune_files = gin_utils.macro_value("FINETUNE_GIN_FILES") or []
+    finetune_files = gin_queries.macro_value("FINETUNE_GIN_FILES") or []
     if not finetune_files:
       raise ConfigError("private-t5 study --part=utility: the Gin files set no FINETUNE_GIN_FILES")
     gin_utils.call_configured(gin_utils.configured(entry), train_model=trainer(files),

@@ -14,7 +14,10 @@ from typing import Optional, Sequence
 
 from private_t5.errors import ConfigError
 from private_t5.stages import flags
+from private_t5.stages import verbosity
 from private_t5.stages import gin_utils
+from private_t5.stages import gin_queries
+from private_t5.stages import gin_args
 
 USAGE = """usage: private-t5 train --gin_file=FILE [--gin_file=FILE ...] [--gin.NAME=VALUE ...]
 
@@ -57,7 +60,7 @@ def with_task_dir_name(gin_bindings: Sequence[str]) -> list:
   folder then names its task (its task.json's "name", else the folder's name)."""
   bindings = list(gin_bindings)
   if _bound(bindings, TASK_DIR_MACRO) and not _bound(bindings, TASK_NAME_MACRO):
-    bindings.append(gin_utils.Binding(f"{TASK_NAME_MACRO}=None", "--task_dir"))
+    bindings.append(gin_args.Binding(f"{TASK_NAME_MACRO}=None", "--task_dir"))
   return bindings
 
 
@@ -75,7 +78,7 @@ def check_task_description(gin_files: Sequence[str], gin_bindings: Sequence[str]
   if not given or _bound(gin_bindings, TASK_DIR_MACRO):
     return
   gin_utils.parse(gin_files, gin_bindings, check_required=False, entry=entry)
-  if gin_utils.macro_value(TASK_DIR_MACRO) is None:
+  if gin_queries.macro_value(TASK_DIR_MACRO) is None:
     raise ConfigError(f"{', '.join(given)} {'describes' if len(given) == 1 else 'describe'} the task of a "
                       "folder: give --task_dir=DIR too")
 
@@ -123,12 +126,12 @@ def run_from_args(argv: Sequence[str], entry: str = "train", stage: str = "train
     add_task_flags(parser)
   parsed = parser.parse_stage_args(argv)
   if parsed.args.noise_multiplier is not None and parsed.args.target_epsilon is None:
-    parsed.gin_bindings.append(gin_utils.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
+    parsed.gin_bindings.append(gin_args.Binding("DPConfig.target_epsilon=None", "--noise_multiplier"))
   bindings = with_task_dir_name(parsed.gin_bindings)
   if stage == "train":
     check_task_description(with_seqio_layer(parsed.gin_files, bindings), bindings, entry)
   return gin_utils.run_stage(with_seqio_layer(parsed.gin_files, bindings), bindings, entry,
-                             operative_config=gin_utils.operative_config, log=flags.stage_print)
+                             operative_config=gin_utils.operative_config, log=verbosity.stage_print)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

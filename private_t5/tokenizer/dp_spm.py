@@ -52,18 +52,38 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from private_t5 import doc_fingerprints
 from private_t5.data import corpora
 from private_t5.dp import privacy_report, public_vocabulary
-from private_t5.dp.accounting import MeaninglessGuaranteeWarning
+from private_t5.dp.privacy_params import MeaninglessGuaranteeWarning
 from private_t5.errors import ConfigError, DataError
 from private_t5.io import check_output_file, write_bytes_atomic
-from private_t5.tokenizer.dp_spm_histogram import (  # pylint: disable=unused-import
-    DEFAULT_MAX_WORDS, DEFAULT_SENSITIVITY, SENSITIVITY_MODES, ContributionBound, HistogramStats, bounded_counts,
-    build_histogram, document_histogram)
+from private_t5.tokenizer.dp_spm_histogram import (
+    DEFAULT_MAX_WORDS,
+    DEFAULT_SENSITIVITY,
+    ContributionBound,
+    HistogramStats,
+    build_histogram,
+)
 from private_t5.tokenizer.dp_spm_measures import piece_sources, tokenization_utility
 from private_t5.tokenizer.dp_spm_release import merge_public, noise_generator, privacy_parameters, private_histogram
-from private_t5.tokenizer.dp_spm_train import (  # pylint: disable=unused-import
-    BASE_CHARACTERS, BYTE_PIECES, MAX_TRAINER_TOTAL_COUNT, MODEL_TYPES, SPECIAL_PIECES, WORD_BOUNDARY,
-    UnsupportedSize, base_characters, min_vocab_size, processor, scale_counts, train_capped)
-from private_t5.tokenizer.spm import builtin_dp_is_ignored  # pylint: disable=unused-import
+from private_t5.tokenizer.dp_spm_train import (
+    BYTE_PIECES,
+    MAX_TRAINER_TOTAL_COUNT,
+    MODEL_TYPES,
+    SPECIAL_PIECES,
+    UnsupportedSize,
+    base_characters,
+    min_vocab_size,
+    processor,
+    scale_counts,
+    train_capped,
+)
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.tokenizer.dp_spm_histogram': ('bounded_counts',),
+    'private_t5.tokenizer.spm': ('builtin_dp_is_ignored',),
+})
 
 logger = logging.getLogger(__name__)
 

@@ -35,6 +35,9 @@ import numpy as np
 
 from private_t5 import doc_fingerprints
 from private_t5.data import beam_io
+from private_t5.data import beam_files
+from private_t5.data import beam_runner
+from private_t5.data import beam_pipeline
 from private_t5.data import corpora
 from private_t5.errors import ConfigError, DataError
 from private_t5.tokenizer import dp_spm_histogram
@@ -113,11 +116,11 @@ def _count_file(element, root: str, mode: str, max_words: int, text_field: str, 
   for word, count in total.items():
     parts[_partition_of(word)][word] = count
   for p, counts in parts.items():
-    beam_io.write_atomic(f"{root}/partial/{p:03d}/{number:06d}.json",
+    beam_files.write_atomic(f"{root}/partial/{p:03d}/{number:06d}.json",
                          json.dumps(counts, ensure_ascii=False).encode("utf-8"))
   if signed is not None:
-    beam_io.write_atomic(f"{root}/fingerprints/{number:06d}.npz", signed.to_bytes())
-  beam_io.counter("words_counted").inc(stats["words_counted"])
+    beam_files.write_atomic(f"{root}/fingerprints/{number:06d}.npz", signed.to_bytes())
+  beam_pipeline.counter("words_counted").inc(stats["words_counted"])
   return stats
 
 
@@ -127,8 +130,8 @@ def _sum_partition(p: int, root: str, num_files: int) -> int:
   for number in range(num_files):
     path = f"{root}/partial/{p:03d}/{number:06d}.json"
     if beam_io.filesystems.FileSystems.exists(path):
-      total.update(json.loads(beam_io.read_bytes(path)))
-  beam_io.write_atomic(f"{root}/counts/{p:03d}.json", json.dumps(dict(total), ensure_ascii=False).encode("utf-8"))
+      total.update(json.loads(beam_files.read_bytes(path)))
+  beam_files.write_atomic(f"{root}/counts/{p:03d}.json", json.dumps(dict(total), ensure_ascii=False).encode("utf-8"))
   return len(total)
 
 
@@ -150,7 +153,7 @@ def _corpus_files(specs, root: str, text_field: str, errors: str, data_dir: Opti
     while not done:
       path = f"{root}/corpus/{c:03d}-{chunk:05d}.jsonl"
       n = 0
-      with beam_io.open_atomic(path) as f:
+      with beam_files.open_atomic(path) as f:
         for d in docs:
           f.write((json.dumps({"id": d.id, "text": d.text}, ensure_ascii=False) + "\n").encode("utf-8"))
           n += 1
@@ -184,26 +187,26 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm_histogram.Co
   Returns:
     (histogram, stats), as `dp_spm_histogram.build_histogram` returns them.
   """
-  if not beam_io.is_beam(runner):
+  if not beam_runner.is_beam(runner):
     raise ConfigError("beam_histogram needs a Beam runner, not 'local'")
   if max_documents is not None:
     raise ConfigError("max_documents applies to --runner=local only; give a smaller file pattern instead")
-  beam_io.import_beam()
-  options = beam_io.pipeline_options(runner, beam_options)
+  beam_runner.import_beam()
+  options = beam_runner.pipeline_options(runner, beam_options)
   start = time.time()
-  with beam_io.output_dir(options, work_dir, "dp_spm_histogram") as out_dir:
+  with beam_files.output_dir(options, work_dir, "dp_spm_histogram") as out_dir:
     files = _corpus_files(corpus, out_dir, text_field, errors, data_dir)
     run = dict(options=options, out_dir=out_dir + "/results", stage="dp-spm histogram", runner=runner)
     key = fingerprints.key if fingerprints is not None else None
-    per_file = beam_io.run_items(list(enumerate(files)), _count_file, out_dir, bound.mode, bound.max_words,
+    per_file = beam_pipeline.run_items(list(enumerate(files)), _count_file, out_dir, bound.mode, bound.max_words,
                                  text_field, errors, skip_bad_lines, key, step="count files", **run)
-    beam_io.run_items(list(range(PARTITIONS)), _sum_partition, out_dir, len(files), step="sum counts", **run)
+    beam_pipeline.run_items(list(range(PARTITIONS)), _sum_partition, out_dir, len(files), step="sum counts", **run)
     histogram = collections.Counter()
     for p in range(PARTITIONS):
-      histogram.update(json.loads(beam_io.read_bytes(f"{out_dir}/counts/{p:03d}.json")))
+      histogram.update(json.loads(beam_files.read_bytes(f"{out_dir}/counts/{p:03d}.json")))
     if fingerprints is not None:
       for number in range(len(files)):
-        with np.load(io.BytesIO(beam_io.read_bytes(f"{out_dir}/fingerprints/{number:06d}.npz"))) as part:
+        with np.load(io.BytesIO(beam_files.read_bytes(f"{out_dir}/fingerprints/{number:06d}.npz"))) as part:
           fingerprints.add(part["prints"], part["shingles"], part["owners"])
   totals = {name: sum(int(r[name]) for r in per_file) for name in _STATS_FIELDS + ("bad_lines",)}
   stats = dp_spm_histogram.HistogramStats(**{name: totals[name] for name in _STATS_FIELDS})
@@ -219,7 +222,7 @@ def beam_histogram(corpus: Union[str, Sequence[str]], bound: dp_spm_histogram.Co
 def beam_histogram_fn(runner: str, beam_options: Union[str, Sequence[str]] = "", *, skip_bad_lines: bool = False,
                       work_dir: Optional[str] = None) -> Callable:
   """A `histogram_fn` for `dp_spm.train_dp_vocabulary` that builds the histogram on Beam."""
-  beam_io.check_runner(runner)
-  beam_io.import_beam()
+  beam_runner.check_runner(runner)
+  beam_runner.import_beam()
   return functools.partial(beam_histogram, runner=runner, beam_options=beam_options,
                            skip_bad_lines=skip_bad_lines, work_dir=work_dir)

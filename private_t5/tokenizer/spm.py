@@ -15,7 +15,6 @@ from sentencepiece import sentencepiece_model_pb2
 
 from private_t5 import io as io_lib
 from private_t5.errors import DataError, ConfigError
-from private_t5.vocabulary import NUM_EXTRA_IDS, load_vocabulary  # pylint: disable=unused-import
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
 # SentencePiece's default `max_sentence_length` (bytes); longer lines are skipped in training.

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from private_t5.dp import clipping
-from private_t5.train import partitioning
+from private_t5.models import sharding
 from private_t5.train.state import TrainState
 
 PyTree = Any
@@ -48,7 +48,7 @@ def _programs(trainer) -> _Programs:
 
 def _compile(trainer) -> _Programs:
   """The jitted programs of `trainer` (a weak proxy, so that they do not keep it alive)."""
-  replicated = partitioning.replicated(trainer.mesh)
+  replicated = sharding.replicated(trainer.mesh)
   base, acc = trainer._base_shardings, (trainer.param_shardings, replicated)
 
   def zero_sum():
@@ -67,7 +67,7 @@ def _compile(trainer) -> _Programs:
       zero_sum=jax.jit(zero_sum, out_shardings=acc),
       accumulate=jax.jit(
           accumulate,
-          in_shardings=(trainer.param_shardings, base, acc, partitioning.batch_sharding(trainer.mesh),
+          in_shardings=(trainer.param_shardings, base, acc, sharding.batch_sharding(trainer.mesh),
                         replicated, replicated),
           out_shardings=acc, donate_argnums=(2,)),
       # Only the state is donated: the outputs of the accumulator's shapes already reuse the donated

@@ -46,10 +46,12 @@ import jax
 import numpy as np
 
 from private_t5 import progress as progress_lib
-from private_t5.dp import ledger as ledger_lib
+from private_t5.dp import privacy_report
 from private_t5.dp.ledger import PrivacyLedger
-from private_t5.dp.mechanism import BatchLayout, Mechanism
+from private_t5.dp.config import BatchLayout
+from private_t5.dp.mechanism import Mechanism
 from private_t5.models import checkpoints as checkpoints_lib
+from private_t5 import errors as errors_lib
 from private_t5.models import network, run_dir
 from private_t5.train import metrics as metrics_lib
 from private_t5.train import partitioning
@@ -119,11 +121,11 @@ def _restore_latest_readable(manager: checkpoints_lib.CheckpointManager, abstrac
   Unreadable newer checkpoints (a truncated or emptied array file) are set aside with a
   warning; if none is readable, the newest one's error is raised.
   """
-  errors: Dict[int, checkpoints_lib.CheckpointError] = {}
+  errors: Dict[int, errors_lib.CheckpointError] = {}
   for step in reversed(manager.all_steps()):
     try:
       state, saved = _restore_in_layout(manager, abstract_state, step, log)
-    except checkpoints_lib.CheckpointError as e:
+    except errors_lib.CheckpointError as e:
       errors[step] = e
       continue
     for bad in [s for s in manager.all_steps() if s > step]:
@@ -187,7 +189,7 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   start_step, state, saved = _restore_latest_readable(manager, trainer.abstract_state(), log)
   if start_step is not None:
     if RunSeeds.from_dict(checkpoints_lib.checkpoint_seeds(model_dir, start_step, saved)) != seeds:
-      raise checkpoints_lib.CheckpointError(
+      raise errors_lib.CheckpointError(
           f"checkpoint {start_step} in {model_dir} was written with other seeds; pass the seeds "
           "read from it (checkpoints.saved_seeds)")
     if checkpoints_lib.holds_root_seed(saved):
@@ -197,7 +199,7 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
           "holds it: keep them private")
     ledger = ledger.resume_from(PrivacyLedger.from_dict(saved["ledger"]))
     if ledger.steps != start_step:
-      raise checkpoints_lib.CheckpointError(
+      raise errors_lib.CheckpointError(
           f"checkpoint {start_step} in {model_dir} has a ledger of {ledger.steps} steps")
     log(f"[train] resuming from checkpoint step {start_step} in {manager.directory}")
   else:
@@ -224,11 +226,11 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
     if not seeds_entry:  # the secrets file is written before the first checkpoint of a session
       seeds_entry.update(manager.keep_run_seeds(seeds.to_dict()))
     report = ledger.report()
-    report_path = ledger_lib.report_path(model_dir)
+    report_path = privacy_report.report_path(model_dir)
     # The report is written once the checkpoint it describes is committed, never before.
     manager.save(step, state, dict(metadata, seeds=dict(seeds_entry), ledger=ledger.to_dict(),
                                    privacy_report=report),
-                 on_commit=(lambda: ledger_lib.write_report(report_path, report)) if primary else None)
+                 on_commit=(lambda: privacy_report.write_report(report_path, report)) if primary else None)
 
   def run_eval(step: int, params) -> Dict[str, float]:
     result = evaluate(trainer, params, validation_batches)
@@ -345,7 +347,7 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
       metrics_lib.validation_key(not_dp): last_eval,
       "private": privacy.private,
       **{k: _finite(v) if k.endswith("epsilon") else v for k, v in privacy_so_far(ledger).items()},
-      "privacy_report": os.path.abspath(ledger_lib.report_path(model_dir)),
+      "privacy_report": os.path.abspath(privacy_report.report_path(model_dir)),
       "checkpoint_dir": manager.directory,
       "tensorboard_dir": os.path.abspath(writer.log_dir),
       "deterministic_seed": seeds.deterministic,

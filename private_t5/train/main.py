@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Protoc
 import jax
 
 from private_t5 import io as io_lib
-from private_t5 import models
+from private_t5.models import network
 from private_t5.dp import config as dp_config
-from private_t5.dp import ledger as ledger_lib
 from private_t5.dp import mechanism as mechanism_lib
 from private_t5.dp import privacy_report
-from private_t5.dp.mechanism import DPConfig
+from private_t5.dp.config import DPConfig
 from private_t5.errors import CheckpointError, ConfigError
 from private_t5.models import checkpoints, run_dir
 from private_t5.models import config as config_lib
@@ -31,6 +30,7 @@ from private_t5.models import lora as lora_lib
 from private_t5.tokenizer import public_declaration
 from private_t5.train import initial_checkpoint as initial_lib
 from private_t5.train import loop, metrics, optimizers, partitioning, step_data
+from private_t5.models import sharding
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
@@ -114,7 +114,7 @@ def validate_train_args(*, model_config, train_data: ExampleSource, train_steps:
   sizes against N, the δ of a truncation) are checked once, when the mechanism is built
   (`dp.mechanism.build_mechanism`).
   """
-  if not isinstance(model_config, models.T5Config):
+  if not isinstance(model_config, config_lib.T5Config):
     raise ConfigError(f"model_config must be a T5Config (e.g. %MODEL_CONFIG), got {type(model_config).__name__}")
   for name, value, minimum in (("train_steps", train_steps, 1), ("batch_size", batch_size, 1),
                                ("checkpoint_every", checkpoint_every, 1), ("log_every", log_every, 1),
@@ -167,14 +167,14 @@ def build_mesh(mesh_shape: Sequence[int], batch_size: int, microbatch_size: Opti
   """The (data, model) device mesh; the batch and a microbatch must split evenly over its data
   axis (every global microbatch is spread over the data positions of all processes). A mesh
   that leaves devices idle is logged as a warning."""
-  mesh = partitioning.create_mesh(mesh_shape)
+  mesh = sharding.create_mesh(mesh_shape)
   if mesh.devices.size < len(jax.devices()):
     log(f"[train] WARNING: mesh_shape {tuple(mesh_shape)} uses {mesh.devices.size} of the {len(jax.devices())} "
         "devices; the others stay idle (mesh_shape=(-1, 1) uses them all)")
-  partitioning.check_batch_divisible(batch_size, mesh)
-  if microbatch_size is not None and microbatch_size % mesh.shape[partitioning.DATA_AXIS]:
+  sharding.check_batch_divisible(batch_size, mesh)
+  if microbatch_size is not None and microbatch_size % mesh.shape[sharding.DATA_AXIS]:
     raise ConfigError(f"microbatch_size={microbatch_size} must be a multiple of the mesh's data axis "
-                      f"({mesh.shape[partitioning.DATA_AXIS]} devices): each microbatch is split over it")
+                      f"({mesh.shape[sharding.DATA_AXIS]} devices): each microbatch is split over it")
   return mesh
 
 
@@ -193,9 +193,9 @@ def resume_hints(dp, manager=None) -> Dict[str, str]:
   """What a refused resume says: a changed num_bands, named with its old and new value (`manager`'s
   latest checkpoint read); σ, calibrated from target_epsilon, that differs from the checkpoint's."""
   saved = manager.latest_metadata()[1] if manager is not None else None
-  changed_bands = mechanism_lib.num_bands_resume_hint(dp, ((saved or {}).get("fingerprint") or {}).get("privacy"))
+  changed_bands = dp_config.num_bands_resume_hint(dp, ((saved or {}).get("fingerprint") or {}).get("privacy"))
   if changed_bands:
-    return dict.fromkeys(mechanism_lib.NUM_BANDS_ENTRIES, changed_bands)
+    return dict.fromkeys(dp_config.NUM_BANDS_ENTRIES, changed_bands)
   if dp is None or dp.noise_multiplier is not None or dp.target_epsilon is None:
     return {}
   return {"privacy.noise_multiplier": (
@@ -317,7 +317,7 @@ def initial_params_loader(initial_checkpoint: Optional[str], model_config) -> Op
 def describe_run(model_config, mesh, parameter_sharding: str, train_data, batch_size: int,
                  optimizer_name: str) -> str:
   """The one-line summary logged when a run starts."""
-  return (f"[train] model: {models.num_params(model_config) / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} "
+  return (f"[train] model: {network.num_params(model_config) / 1e6:.2f}M parameters, mesh {dict(mesh.shape)} "
           f"({parameter_sharding.replace('_', '-')} parameters) on "
           f"{len(jax.devices())} {jax.devices()[0].platform} device(s); data: {train_data.num_examples} "
           f"examples ({train_data.privacy_unit} unit), batch {batch_size}; {optimizer_name}")
@@ -343,7 +343,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
           ghost_stack_layers: bool = False, optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None,
           vocab_public_unchecked: bool = False, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
-          mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = partitioning.REPLICATED,
+          mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = sharding.REPLICATED,
           z_loss: float = 0.0, initial_checkpoint: Optional[str] = None, insecure_deterministic_seed: Optional[int] = None,
           log: Callable[[str], None] = print, privacy_hook: Optional[PrivacyHook] = None,
           operative_config: Optional[Callable[[], str]] = None,
@@ -414,12 +414,12 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                       batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
                       keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
                       log_every=log_every, prefetch_depth=prefetch_depth, data_workers=data_workers)
-  rules = partitioning.axis_rules(parameter_sharding)
+  rules = sharding.axis_rules(parameter_sharding)
   base = build_lora(lora, initial_checkpoint, model_config)
   clipping_method = clipping_method_for(model_config, dp, clipping_method, log)
-  execution = mechanism_lib.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
+  execution = dp_config.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
                                                       stack_layers=ghost_stack_layers)
-  layout = mechanism_lib.BatchLayout.for_run(dp, execution, batch_size)
+  layout = dp_config.BatchLayout.for_run(dp, execution, batch_size)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
         "(tests and reproductions only; the DP guarantee does not hold)")
@@ -436,7 +436,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
         declaration.dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
         privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
         sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
-        spmd_axis_name=partitioning.DATA_AXIS if mesh.shape[partitioning.DATA_AXIS] > 1 else None,
+        spmd_axis_name=sharding.DATA_AXIS if mesh.shape[sharding.DATA_AXIS] > 1 else None,
         noise_secret=not seeds.deterministic, population=described.get("population"),
         corpus=described.get("corpus"), data_files=described.get("data_files"),
         unknown_files=described.get("data_files_unknown"), log=log)
@@ -493,7 +493,7 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     log(f"[train] the run was already at step {summary['final_step']}: nothing trained, {kept_path} kept")
     summary.update(_kept_validation(kept_path, summary))
   elif partitioning.is_primary():
-    ledger_lib.write_summary(model_dir, summary)
+    privacy_report.write_summary(model_dir, summary)
   print_final(summary, setup.ledger, log, extra.get("optimizer"))
   return summary
 
@@ -508,7 +508,7 @@ def print_final(summary: dict, ledger, log, optimizer_name: Optional[str] = None
   if summary.get("config_gin"):
     log(f"  config:         {summary['config_gin']}")
   log(f"  tensorboard:    {summary['tensorboard_dir']}")
-  log(f"  summary:        {ledger_lib.summary_path(summary['model_dir'])}")
+  log(f"  summary:        {privacy_report.summary_path(summary['model_dir'])}")
   log(f"  privacy report: {summary['privacy_report']}")
   if summary.get("real_row_fraction") is not None:
     log(f"  real rows:      {100.0 * summary['real_row_fraction']:.1f}% of the rows computed (the rest padding)"

@@ -47,11 +47,22 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from private_t5 import quiet_tf
 from private_t5.errors import ConfigError
 # The mesh and the logical-axis rules live with the model, which evaluation lays out the same way.
-from private_t5.models.sharding import (  # pylint: disable=unused-import
-    DATA_AXIS, FULLY_SHARDED, FULLY_SHARDED_RULES, LOGICAL_AXIS_RULES, MODEL_AXIS, PARAMETER_SHARDINGS,
-    REPLICATED, PyTree, axis_rules, batch_sharding, bytes_per_device, check_batch_divisible, create_mesh,
-    divisible_spec, local_data_positions, local_rows, logical_to_spec, mesh_shape_of, param_shardings,
-    replicated)
+from private_t5.models.sharding import (
+    DATA_AXIS,
+    PyTree,
+    batch_sharding,
+    divisible_spec,
+    local_data_positions,
+    param_shardings,
+    replicated,
+)
+from private_t5 import moved_names
+
+# Documented at this address before they moved to their own modules: one more release, with a
+# DeprecationWarning naming the new address (`private_t5.moved_names`).
+__getattr__ = moved_names.moved(__name__, {
+    'private_t5.models.sharding': ('FULLY_SHARDED_RULES', 'LOGICAL_AXIS_RULES', 'local_rows'),
+})
 
 # Environment of one process of a local cluster (set by `private-t5 launch`).
 COORDINATOR_ENV = "PRIVATE_T5_COORDINATOR"

@@ -28,7 +28,8 @@ from scipy import stats
 
 from private_t5.dp import clipping
 from private_t5.errors import DataError, PrivateT5Error
-from private_t5.train import partitioning, step_rows, worker_pool
+from private_t5.train import step_rows, worker_pool
+from private_t5.models import sharding
 from private_t5.train.trainer import microbatch_bucket
 
 DEFAULT_PREFETCH_DEPTH = 2
@@ -93,7 +94,7 @@ class StepBatchBuilder:
 
   def __init__(self, *, privacy, layout, source, seeds, trainer, processes: int = 0):
     self._layout, self._seeds, self._trainer = layout, seeds, trainer
-    data_size = trainer.mesh.shape[partitioning.DATA_AXIS]
+    data_size = trainer.mesh.shape[sharding.DATA_AXIS]
     # This process's data-axis positions: its rows of a batch of one row a position.
     self._host = step_rows.HostStepBuilder(sampler=getattr(privacy, "sampler", privacy), layout=layout,
                                            source=source, data_size=data_size,

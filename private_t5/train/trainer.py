@@ -53,12 +53,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from private_t5 import models, tree_groups
+from private_t5 import tree_groups
+from private_t5.models import config
+from private_t5.models import model as model_lib
 from private_t5.dp import noise as noise_lib
 from private_t5.errors import ConfigError
 from private_t5.models import lora as lora_lib
 from private_t5.models import network
 from private_t5.train import host_microbatches, optimizers, partitioning
+from private_t5.models import sharding
 from private_t5.train.state import TrainState, step_keys
 
 PyTree = Any
@@ -83,7 +86,7 @@ class ClippedSum(Protocol):
     ...
 
 
-def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0,
+def make_loss_fn(model_config: config.T5Config, z_loss: float = 0.0,
                  lora: Optional[lora_lib.LoraConfig] = None) -> Callable:
   """`loss_fn(params, batch, dropout_rng) -> loss[B]`, the aggregators' per-example loss
   (`EncoderDecoderModel(model_config, z_loss).per_example_loss`).
@@ -92,8 +95,8 @@ def make_loss_fn(model_config: models.T5Config, z_loss: float = 0.0,
   adapters on the frozen `base` (the trainer binds `base` in each compiled step).
   """
   if lora is None:
-    return models.EncoderDecoderModel(model_config, z_loss).per_example_loss
-  model = models.EncoderDecoderModel(model_config, z_loss, lora)
+    return model_lib.EncoderDecoderModel(model_config, z_loss).per_example_loss
+  model = model_lib.EncoderDecoderModel(model_config, z_loss, lora)
   return lambda adapters, batch, dropout_rng=None, base=None: model.per_example_loss(
       lora_lib.combine(base, adapters), batch, dropout_rng)
 
@@ -119,15 +122,15 @@ class Trainer:
     lora: a `models.lora.LoraConfig` to train adapters on the frozen `base_params`, or None.
   """
 
-  def __init__(self, model_config: models.T5Config, aggregator: ClippedSum,
+  def __init__(self, model_config: config.T5Config, aggregator: ClippedSum,
                optimizer: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                learning_rate_fn: Optional[Callable] = None,
-               rules=partitioning.LOGICAL_AXIS_RULES, *, lora: Optional[lora_lib.LoraConfig] = None,
+               rules=sharding.LOGICAL_AXIS_RULES, *, lora: Optional[lora_lib.LoraConfig] = None,
                base_params: Optional[PyTree] = None,
                noise: Optional[optax.GradientTransformationExtraArgs] = None):
     self.model_config = model_config
     self.lora = lora
-    self.model = models.EncoderDecoderModel(model_config, lora=lora)
+    self.model = model_lib.EncoderDecoderModel(model_config, lora=lora)
     self.aggregator = aggregator
     self.noise = noise if noise is not None else noise_lib.transform_for(aggregator)
     if model_config.scan_layers:  # the noise of the unrolled network, drawn leaf by leaf (the same run)
@@ -136,22 +139,22 @@ class Trainer:
     self.mesh = mesh
     self.learning_rate_fn = learning_rate_fn
     self.use_dropout = model_config.dropout_rate > 0 or (lora is not None and lora.dropout > 0)
-    base_shardings = partitioning.param_shardings(
-        models.param_logical_axes(model_config), models.param_shapes(model_config), mesh, rules)
-    self._replicated = partitioning.replicated(mesh)
+    base_shardings = sharding.param_shardings(
+        network.param_logical_axes(model_config), network.param_shapes(model_config), mesh, rules)
+    self._replicated = sharding.replicated(mesh)
     if lora is None:
       self.param_shardings, self._base, self._base_shardings = base_shardings, None, None
     else:
       if base_params is None or not hasattr(aggregator, "loss_fn"):
         raise ConfigError("LoRA training needs the base parameters and an aggregator with a loss_fn")
-      axes = models.adapter_logical_axes(model_config, lora)
-      shapes = jax.eval_shape(functools.partial(models.init_adapters, model_config, lora), jax.random.PRNGKey(0))
-      self.param_shardings = partitioning.param_shardings(axes, shapes, mesh, rules)
+      axes = network.adapter_logical_axes(model_config, lora)
+      shapes = jax.eval_shape(functools.partial(network.init_adapters, model_config, lora), jax.random.PRNGKey(0))
+      self.param_shardings = sharding.param_shardings(axes, shapes, mesh, rules)
       self._base_shardings = base_shardings
       with self._mesh_context():
         self._base = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s),
                                   network.to_layout(base_params, model_config.scan_layers), base_shardings)
-    self._batch_sharding = partitioning.batch_sharding(mesh)
+    self._batch_sharding = sharding.batch_sharding(mesh)
     abstract = jax.eval_shape(self._init_fn, jax.random.PRNGKey(0))
     # Each moment is sharded like its parameter (Adafactor's factored ones like the kept dimensions).
     # The noise transform's state likewise (each array like the parameter it belongs to).
@@ -186,8 +189,8 @@ class Trainer:
   # -- pure functions (traced under jit) --------------------------------------------------------
 
   def _init_fn(self, rng: jax.Array) -> TrainState:
-    params = (models.init_params(self.model_config, rng) if self.lora is None
-              else models.init_adapters(self.model_config, self.lora, rng))
+    params = (network.init_params(self.model_config, rng) if self.lora is None
+              else network.init_adapters(self.model_config, self.lora, rng))
     return self._init_from_params_fn(params)
 
   def _init_from_params_fn(self, params) -> TrainState:
@@ -291,13 +294,13 @@ class Trainer:
     `params`, `opt_state`, `noise_state` (0 for a stateless noise transform) and the `total`
     (with the step counter)."""
     state = self.abstract_state()
-    parts = {name: partitioning.bytes_per_device(getattr(state, name))
+    parts = {name: sharding.bytes_per_device(getattr(state, name))
              for name in ("params", "opt_state", "noise_state")}
-    return dict(parts, total=partitioning.bytes_per_device(state))
+    return dict(parts, total=sharding.bytes_per_device(state))
 
   def local_rows(self, batch_size: int) -> Tuple[int, int]:
     """[start, stop) of the rows of a global batch this process builds (all of them single-host)."""
-    return partitioning.local_rows(self.mesh, batch_size)
+    return sharding.local_rows(self.mesh, batch_size)
 
   def place_batch(self, batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
     """Host batch -> device arrays, rows split over the mesh's `data` axis.

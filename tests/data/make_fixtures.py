@@ -64,9 +64,10 @@ def python_docs(source):
           break
         chunk, n = [], n + 1
   # No near-duplicates among the chunks (the tests plant their own): drop every flagged one.
-  from private_t5.data.corpora import Document  # pylint: disable=g-import-not-at-top
-  from private_t5.eval import splits  # pylint: disable=g-import-not-at-top
-  result = splits.build_splits([Document(d["id"], d["text"]) for d in out], [], splits.SplitConfig(num_workers=1))
+  from private_t5.documents import Document  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import split_search  # pylint: disable=g-import-not-at-top
+  from private_t5.eval import split_types  # pylint: disable=g-import-not-at-top
+  result = split_search.build_splits([Document(d["id"], d["text"]) for d in out], [], split_types.SplitConfig(num_workers=1))
   flagged = set(result.ids["train_dup"])
   return [d for d in out if d["id"] not in flagged][:NUM_DOC_CHUNKS]
 
