@@ -5,6 +5,8 @@ the parameters a run started from) are composed into a run's guarantee as compon
 vocabulary without a matching DP report is recorded as non-private (the total ε is then ∞),
 unless it is declared public. A release at a stronger privacy unit than training's is composed by
 group privacy (`group_privacy`, `ComposedReleases.group_size`); one at a weaker unit is refused.
+`ComposedReleases` works on a ledger's component list alone; `ledger.PrivacyLedger` holds the list
+and adds training's (ε, δ) (`privacy_spent.TrainingPrivacy`) to the releases' sums.
 """
 import logging
 import math
@@ -31,15 +33,23 @@ def group_privacy(epsilon: float, delta: float, size: int) -> tuple:
 
 
 class ComposedReleases:
-  """The components of a `PrivacyLedger` (its base class): releases composed with training.
+  """The releases composed with one training run: its ledger's `components`.
 
-  Works on the ledger's `privacy_unit`, its training's `training_epsilon()`, `training_delta()`
-  and `noise_secret`, and its `components`: other mechanisms composed in, dicts {"name",
+  Built with exactly what it works on: the ledger's `components` list (dicts {"name",
   "epsilon", "delta", "source"}, or {"name": "vocabulary", "private": false, "public", "source"}
   for a vocabulary without a matching DP report (`add_vocabulary`), or {"name":
   "initial_checkpoint", ...} for the training of the parameters the run started from
-  (`add_initial_checkpoint`). A component whose noise was not secret has "noise_secret": false.
+  (`add_initial_checkpoint`); a component whose noise was not secret has "noise_secret": false),
+  training's `privacy_unit`, and `documents_per_example`, the bound on the documents one
+  training unit holds pieces of (None: not bounded). It adds and lists releases and sums their
+  (ε, δ); training's own share is the ledger's. `components` is the current list: a record that
+  replaces another leaves a new list there, which the ledger keeps.
   """
+
+  def __init__(self, components: List[Dict[str, Any]], privacy_unit: str, documents_per_example: Optional[int]):
+    self.components = components
+    self.privacy_unit = privacy_unit
+    self.documents_per_example = documents_per_example
 
   def add_component(self, name: str, epsilon: float, delta: float, source: str = "",
                     vocab_sha256: Optional[str] = None, noise_secret: bool = True,
@@ -110,13 +120,6 @@ class ComposedReleases:
                               vocab_sha256=vocab_sha256 if isinstance(vocab_sha256, str) and vocab_sha256 else None,
                               noise_secret=privacy_report.report_noise_secret(report), details=details)
 
-  def documents_per_example(self) -> Optional[int]:
-    """At most how many documents one training unit holds pieces of: 1, except where the data
-    says otherwise (`population["documents_per_example"]`: a seqio Task's declared bound, None
-    when not bounded, since span corruption joins documents)."""
-    population = getattr(self, "population", None) or {}
-    return population.get("documents_per_example", 1) if self.privacy_unit == "example" else 1
-
   def group_size(self, unit: str, what: str) -> Optional[int]:
     """The group size at which a guarantee at `unit` composes into this ledger's unit.
 
@@ -142,7 +145,7 @@ class ComposedReleases:
           f"data (VOCAB_IS_PUBLIC=True)")
     if _UNIT_STRENGTH[unit] == _UNIT_STRENGTH[self.privacy_unit]:
       return 1
-    k = self.documents_per_example()
+    k = self.documents_per_example
     return None if k is None else 2 * int(k)
 
   def unbounded_group_reason(self, unit: str) -> str:
@@ -251,27 +254,20 @@ class ComposedReleases:
     """The components counted in ε that record no DP event (they are composed by addition only)."""
     return [c for c in self.dp_components(exclude) if "event" not in c]
 
-  def epsilon_by_addition(self, exclude: Sequence[str] = ()) -> float:
-    """Training ε plus every component's ε (simple composition); ∞ with a non-private component.
+  def counts_non_private(self, exclude: Sequence[str] = ()) -> bool:
+    """Whether a non-private release (not declared public) is counted: the total ε is then ∞.
+    Components named in `exclude` are left out."""
+    return any(not c.get("private", True) and not c.get("public") for c in self.components
+               if c["name"] not in exclude)
 
-    Components named in `exclude` are left out (e.g. the initial checkpoint's training, for the
-    share of this run alone).
-    """
-    components = [c for c in self.components if c["name"] not in exclude]
-    if any(not c.get("private", True) and not c.get("public") for c in components):
-      return math.inf
-    return self.training_epsilon() + sum(c.get("epsilon", 0.0) for c in components)
+  def epsilon_sum(self, exclude: Sequence[str] = ()) -> float:
+    """Every component's ε added up (simple composition), less those named in `exclude`."""
+    return sum(c.get("epsilon", 0.0) for c in self.components if c["name"] not in exclude)
 
-  def composition(self, exclude: Sequence[str] = ()) -> Optional[str]:
-    """How `total_epsilon` composes training with its components, in one line (None: none
-    counted; `privacy_report.composition`)."""
-    return privacy_report.composition(self, exclude)
+  def delta_sum(self, exclude: Sequence[str] = ()) -> float:
+    """Every component's δ added up (simple composition), less those named in `exclude`."""
+    return sum(c.get("delta", 0.0) for c in self.components if c["name"] not in exclude)
 
-  def total_delta(self, exclude: Sequence[str] = ()) -> float:
-    """Training δ (with truncation) plus every component's δ (simple composition)."""
-    return min(1.0, self.training_delta() + sum(c.get("delta", 0.0) for c in self.components
-                                                if c["name"] not in exclude))
-
-  def noise_secret_everywhere(self) -> bool:
-    """Whether the noise of training and of every DP component was secret."""
-    return self.noise_secret and all(c.get("noise_secret", True) for c in self.components)
+  def noise_secret(self) -> bool:
+    """Whether the noise of every component was secret."""
+    return all(c.get("noise_secret", True) for c in self.components)
