@@ -10,11 +10,12 @@ once, and the parent keeps its mapping of the file for as long as the worker kee
 step costs the parent one small message and no mapping or page fault. `result(step)` gives arrays
 that read the file in place. When the last of them is gone, the parent tells the worker, which
 writes a later step into the same file (a fresh file's first touch costs a fifth of a step's
-build). The memory has no name: it goes with the worker and the last array that reads it, and nothing is left in /dev/shm whoever is killed. A step is built
-by one worker from (step, seed) alone, so the batch of step t does not depend on the number of
-workers, the order they finish in or a restart (seqio, grain and PyTorch's DataLoader feed from
-worker processes in the same way; here the unit of work is a step, not a record, because the
-step's sample, a Poisson draw of variable size, is what the privacy accounting fixes).
+build). The memory has no name: it goes with the worker and the last array that reads it, and
+nothing is left in /dev/shm whoever is killed. A step is built by one worker from (step, seed)
+alone, so the batch of step t does not depend on the number of workers, the order they finish in
+or a restart (seqio, grain and PyTorch's DataLoader feed from worker processes in the same way;
+here the unit of work is a step, not a record, because the step's sample, a Poisson draw of
+variable size, is what the privacy accounting fixes).
 
 Failures: an exception in a worker comes back with its step and `result` raises it (a
 `PrivateT5Error` as it is, anything else as one `DataError` line naming the step); a worker that
