@@ -64,7 +64,7 @@ def throughput(args, vocab_path: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from private_t5.data import glue_tasks  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import config as config_lib2  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config as dp_config  # pylint: disable=g-import-not-at-top
   from private_t5.train import host_microbatches, optimizers  # pylint: disable=g-import-not-at-top
   from private_t5.models import sharding  # pylint: disable=g-import-not-at-top
   from private_t5.train.trainer import Trainer, make_loss_fn  # pylint: disable=g-import-not-at-top
@@ -78,8 +78,8 @@ def throughput(args, vocab_path: str) -> dict:
     config = _model_config(preset, vocab_path, dropout=0.1)
     row = {}
     for mode in ("public", "dp"):
-      dp = config_lib2.DPConfig(clip_norm=1.0, noise_multiplier=1.0) if mode == "dp" else None
-      setup = privacy.build_mechanism(dp, config_lib2.ExecutionSettings(microbatch_size=args.microbatch_size),
+      dp = dp_config.DPConfig(clip_norm=1.0, noise_multiplier=1.0) if mode == "dp" else None
+      setup = privacy.build_mechanism(dp, dp_config.ExecutionSettings(microbatch_size=args.microbatch_size),
                                       loss_fn=make_loss_fn(config), num_examples=source.num_examples,
                                       privacy_unit=source.privacy_unit, batch_size=args.batch_size,
                                       train_steps=args.steps, sampler_seed=0, spmd_axis_name=None,
@@ -124,7 +124,7 @@ def scores(args, vocab_path: str) -> dict:
   from private_t5.eval import glue_eval  # pylint: disable=g-import-not-at-top
   from private_t5.train import main as train_main  # pylint: disable=g-import-not-at-top
   from private_t5.dp import mechanism as privacy  # pylint: disable=g-import-not-at-top
-  from private_t5.dp import config as config_lib2  # pylint: disable=g-import-not-at-top
+  from private_t5.dp import config as dp_config  # pylint: disable=g-import-not-at-top
   from private_t5.train import optimizers  # pylint: disable=g-import-not-at-top
   lengths = {"inputs": args.inputs_length, "targets": args.targets_length}
   results = {"preset": args.preset, "steps": args.steps, "batch_size": args.batch_size,
@@ -134,7 +134,7 @@ def scores(args, vocab_path: str) -> dict:
   for task in args.tasks.split(","):
     train = glue_tasks.GlueSource(task, "train", vocab_path, lengths, vocab_size=config.vocab_size)
     validation = glue_tasks.GlueSource(task, "validation", vocab_path, lengths, vocab_size=config.vocab_size)
-    dp = config_lib2.DPConfig(clip_norm=1.0, target_epsilon=8.0) if args.dp else None
+    dp = dp_config.DPConfig(clip_norm=1.0, target_epsilon=8.0) if args.dp else None
     model_dir = os.path.join(work, f"{task}{'_dp' if args.dp else ''}")
     start = time.perf_counter()
     summary = train_main.train(

@@ -19,7 +19,7 @@ from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.tokenizer import dp_spm
 from private_t5.tokenizer import dp_spm_histogram
 from private_t5.tokenizer import dp_spm_release
-from private_t5.tokenizer import spm as spm_lib2
+from private_t5.tokenizer import spm as spm_lib
 from private_t5.tokenizer import dp_spm_measures
 from private_t5.tokenizer import dp_spm_train
 from conftest import expected, shared_or_fixture
@@ -201,7 +201,7 @@ def test_noise_is_fresh_without_seed_and_fixed_with_it():
 
 def test_sentencepiece_builtin_dp_mode_is_ignored():
   # Cross-check: the pinned SentencePiece accepts but ignores its own DP flags (docs/privacy.md).
-  assert spm_lib2.builtin_dp_is_ignored()
+  assert spm_lib.builtin_dp_is_ignored()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +222,6 @@ def _fortunes(shared_data):
 @pytest.mark.slow
 def test_vocabulary_from_real_text_round_trips(tmp_path, shared_data):
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
   from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / "vocab" / "dp.model")
   # The DP histogram of the 2,000 fixture documents keeps fewer words than the full 15,218.
@@ -297,7 +296,6 @@ def test_report_names_its_vocabulary_and_training_composes_it(tmp_path):
   # and the model says it was trained from a word histogram (a copy without its report is known).
   assert on_disk["corpus_file_digests"] == [{"path": os.path.realpath(corpus), "bytes": os.path.getsize(corpus),
                                              "sha256": file_sha256(corpus)}]
-  from private_t5.tokenizer import spm as spm_lib  # pylint: disable=g-import-not-at-top
   from private_t5 import vocabulary  # pylint: disable=g-import-not-at-top
   assert spm_lib.trained_from_word_histogram(out) and not spm_lib.trained_from_word_histogram(corpus)
   assert privacy_report.find_vocabulary_report(out) == report["report_path"]

@@ -14,7 +14,7 @@ from private_t5.models import config as config_lib
 from private_t5.models import network
 from private_t5.models import model as model_lib
 from private_t5.dp import clipping, ghost, mechanism
-from private_t5.dp import config as config_lib2
+from private_t5.dp import config as dp_config
 from private_t5.dp import noise as noise_lib
 from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator
@@ -345,7 +345,7 @@ def test_a_batch_of_only_nonfinite_examples_sums_to_zero(method):
 def test_the_execution_method_picks_the_aggregator_and_both_share_the_noisy_sum():
   noisy_sum = NoisySum(1.0, 1.0, 4.0)
   for method, cls in (("vmap", DPAggregator), ("ghost", ghost.GhostDPAggregator)):
-    agg = mechanism.AGGREGATORS[config_lib2.ExecutionSettings(method=method).method](_dense_loss_fn(), noisy_sum)
+    agg = mechanism.AGGREGATORS[dp_config.ExecutionSettings(method=method).method](_dense_loss_fn(), noisy_sum)
     assert type(agg) is cls and agg.noisy_sum is noisy_sum
   with pytest.raises(ConfigError, match="ghost"):
-    config_lib2.ExecutionSettings(method="jit")
+    dp_config.ExecutionSettings(method="jit")

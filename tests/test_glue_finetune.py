@@ -11,7 +11,7 @@ from private_t5.data import glue_tasks
 from private_t5.stages import evaluate as evaluate_stage
 from private_t5.train import main as train_main
 from private_t5.train import optimizers
-from private_t5.dp import config as config_lib2
+from private_t5.dp import config as dp_config
 
 from test_glue_tasks import train_test_vocab  # pylint: disable=g-bad-import-order
 from conftest import expected
@@ -71,7 +71,7 @@ def test_finetuned_tiny_model_beats_majority_class(tmp_path, vocab, rotten_tomat
 def test_dp_finetuning_writes_a_ledger_over_the_finetuning_set(tmp_path, vocab, rotten_tomatoes):
   train, validation = rotten_tomatoes
   model_dir = str(tmp_path / "ft_dp")
-  dp = config_lib2.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
+  dp = dp_config.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
   summary = train_main.train(
       model_config=_tiny_config(), train_data=train, validation_data=validation, model_dir=model_dir,
       train_steps=4, batch_size=32, learning_rate=optimizers.constant_schedule(1e-3), dp=dp,

@@ -15,13 +15,12 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 import numpy as np
 
-from private_t5.models import config as config_lib
-from private_t5.models import network
+from private_t5.dp import config as dp_config
 from private_t5.dp import ghost, mechanism
-from private_t5.dp import config as config_lib2
 from private_t5.dp.privacy_params import NoisySum
+from private_t5.models import config as config_lib
+from private_t5.models import network, sharding
 from private_t5.train import host_microbatches, optimizers, trainer as trainer_lib
-from private_t5.models import sharding
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   options = {} if method in (NONDP, VMAP) else dict(
       clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
       reuse_instantiated=method == GHOST, stack_layers=stack_layers)
-  clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else config_lib2.GHOST, loss_fn,
+  clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else dp_config.GHOST, loss_fn,
                                             **options)
   mesh = sharding.create_mesh(tuple(mesh_shape), list(devices or jax.devices())[:math.prod(mesh_shape)])
   optimizer = optimizer or optimizers.adafactor(learning_rate=1e-3)
