@@ -238,7 +238,6 @@ class WorkerPool:
     self._pipes, self.processes, theirs = [], [], []
     self._sending = [threading.Lock() for _ in range(int(workers))]  # a pipe's writers
     self._released = [collections.deque() for _ in range(int(workers))]  # file ids not yet told
-    self._queued = [0] * int(workers)  # steps sent to each worker and not yet taken
     for k in range(int(workers)):
       ours, end = context.Pipe(duplex=True)
       self._pipes.append(ours)
@@ -272,9 +271,9 @@ class WorkerPool:
     with self._lock:
       if step in self._submitted or self._closed:
         return
-      worker = min(range(len(self._pipes)), key=self._queued.__getitem__)  # the least busy
+      waiting = collections.Counter(self._submitted.values())
+      worker = min(range(len(self._pipes)), key=waiting.__getitem__)  # the one with the fewest steps not yet taken
       self._submitted[step] = worker
-      self._queued[worker] += 1
     self._send(worker, (int(step), int(seed), _drain(self._released[worker])))
 
   def _receive(self, worker: int, waiting_for: int) -> None:
@@ -306,8 +305,7 @@ class WorkerPool:
       with self._lock:
         if step in self._done:
           kind, payload = self._done.pop(step)
-          worker = self._submitted.pop(step)
-          self._queued[worker] -= 1
+          self._submitted.pop(step)
           break
         if self._closed:
           raise DataError(f"the data workers were stopped before the batch of step {step} was built")
