@@ -34,7 +34,7 @@ if REPO not in sys.path:
 
 GIB = 1 << 30
 PRESETS = ("t5_1_1_small", "t5_1_1_base", "t5_1_1_large", "t5_1_1_xl", "t5_1_1_xxl")
-METHODS = ("nondp", "vmap", "ghost")
+METHODS = ("nondp", "vmap", "ghost", "ghost_layerwise")
 TARGETS = ("cpu", "h100", "h200")
 
 

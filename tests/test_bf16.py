@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from private_t5.dp.config import SECOND_PASS
 from private_t5.models import config as config_lib
 from private_t5.models import network
 from private_t5.models import model
@@ -241,7 +242,7 @@ def test_the_audit_measures_max_change_over_c_in_bf16(method, configs, ghost_sum
 
 def test_second_pass_is_refused_with_bf16_activations(aggregators, params, batch):
   agg = aggregators["bfloat16", "ghost"]
-  second = ghost.GhostDPAggregator(agg.loss_fn, NoisySum(CLIP, 0.0, EXPECTED_BATCH), clipped_sum_method=ghost.SECOND_PASS)
+  second = ghost.GhostDPAggregator(agg.loss_fn, NoisySum(CLIP, 0.0, EXPECTED_BATCH), clipped_sum_method=SECOND_PASS)
   with pytest.raises(ConfigError, match="second pass.*bfloat16.*bookkeeping"):
     jax.eval_shape(second.clipped_sum, params, batch)
 

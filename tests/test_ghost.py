@@ -10,6 +10,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from private_t5.dp.config import BOOKKEEPING, LAYERWISE, SECOND_PASS
 from private_t5.models import config as config_lib
 from private_t5.models import network
 from private_t5.models import model as model_lib
@@ -128,7 +129,7 @@ def test_second_pass_microbatches_and_instantiation_agree_with_vmap_aggregator()
   step = lambda agg: jax.jit(functools.partial(agg, dropout_rng=dropout_rng))(params, batch)
   want, want_metrics = step(DPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0)))
   assert float(want_metrics["nondp/fraction_clipped"]) == 1.0  # clipping really happened
-  second_pass = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), clipped_sum_method=ghost.SECOND_PASS)
+  second_pass = ghost.GhostDPAggregator(loss_fn, NoisySum(CLIP, 0.0, 3.0), clipped_sum_method=SECOND_PASS)
   grad_sum, micro_metrics = _clipped_sum_in_microbatches(second_pass, params, batch, 2, dropout_rng)
   micro = second_pass.finalize(params, grad_sum), micro_metrics
   # Book-keeping that sums the instantiated per-example kernel gradients.
@@ -311,7 +312,7 @@ def _aggregator(method, loss_fn, **kwargs):
   return ghost.GhostDPAggregator(loss_fn, NoisySum(1.0, 0.0, 3.0), clipped_sum_method=method, **kwargs)
 
 
-@pytest.mark.parametrize("method", ["vmap", ghost.BOOKKEEPING, ghost.SECOND_PASS])
+@pytest.mark.parametrize("method", ["vmap", BOOKKEEPING, SECOND_PASS, LAYERWISE])
 @pytest.mark.parametrize("poison", [np.nan, np.inf])
 @pytest.mark.parametrize("microbatch_size", [None, 2])
 def test_every_method_drops_a_nonfinite_example_exactly(method, poison, microbatch_size):
@@ -334,7 +335,7 @@ def test_every_method_drops_a_nonfinite_example_exactly(method, poison, microbat
   assert np.abs(want["kernel"]).sum() > 0
 
 
-@pytest.mark.parametrize("method", ["vmap", ghost.BOOKKEEPING, ghost.SECOND_PASS])
+@pytest.mark.parametrize("method", ["vmap", BOOKKEEPING, SECOND_PASS, LAYERWISE])
 def test_a_batch_of_only_nonfinite_examples_sums_to_zero(method):
   x = np.array([[np.nan, 0, 0], [np.inf, 1, 0]], np.float32)
   batch = {"x": x, "example_weight": np.array([1, 1], np.float32)}

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from private_t5.dp.config import LAYERWISE, SECOND_PASS
 from private_t5.dp import clipping, ghost
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.dp.privacy_params import NoisySum
@@ -162,9 +163,10 @@ def test_cached_decoding_of_the_scanned_network_matches(preset):
 
 
 def test_ghost_clipping_inside_the_scanned_stacks_gives_the_unrolled_norms_and_sums(config, params, batch):
-  """Ghost norms and book-keeping sums (and the second pass) of the scanned network, with and
-  without remat, equal ghost clipping's of the unrolled network: each stack's layers hand their
-  recorded inputs out of the scan, stacked, and their norms are computed a stack at a time."""
+  """Ghost norms and book-keeping sums (and the second pass, and the layer-by-layer sums) of the
+  scanned network, with and without remat, equal ghost clipping's of the unrolled network: each
+  stack's layers hand their recorded inputs out of the scan, stacked, and their norms are computed
+  a stack at a time (layer by layer: inside the scan's backward pass, from the rematerialised inputs)."""
   def ghost_sum(cfg, p, **options):
     aggregator = ghost.GhostDPAggregator(make_loss_fn(cfg), NoisySum(0.5, 1.0, float(BATCH)), **options)
     total, _, norms, _ = jax.jit(lambda q: aggregator.ghost_clipped_sum(q, batch, None))(p)
@@ -172,7 +174,8 @@ def test_ghost_clipping_inside_the_scanned_stacks_gives_the_unrolled_norms_and_s
 
   norms, total = ghost_sum(config, params)
   scanned = network.to_layout(params, True)
-  for policy, options in (("none", {}), ("full", dict(clipped_sum_method=ghost.SECOND_PASS))):
+  for policy, options in (("none", {}), ("full", dict(clipped_sum_method=SECOND_PASS)),
+                          ("full", dict(clipped_sum_method=LAYERWISE))):
     n, t = ghost_sum(config.replace(scan_layers=True, remat_policy=policy), scanned, **options)
     np.testing.assert_allclose(n, norms, rtol=1e-5)
     _close(network.to_layout(t, False), total, rtol=1e-5)
@@ -202,11 +205,12 @@ def test_bad_settings_and_ghost_inside_unrolled_remat_are_refused_in_one_line(co
 
 
 def test_ghost_clipping_inside_the_scan_moves_the_sum_by_at_most_c_per_example(config, params, batch):
-  """The sensitivity property on the scanned, fully rematerialised network: removing any one
-  example (its weight zeroed) moves the noiseless clipped sum by at most C, tightly when clipped."""
+  """The sensitivity property on the scanned, fully rematerialised network, its clipped sum formed
+  layer by layer inside the backward passes: removing any one example (its weight zeroed) moves the
+  noiseless clipped sum by at most C, tightly when clipped."""
   clip = 1.0
   aggregator = ghost.GhostDPAggregator(make_loss_fn(config.replace(scan_layers=True, remat_policy="full")),
-                                       NoisySum(clip, 1.0, float(BATCH)))
+                                       NoisySum(clip, 1.0, float(BATCH)), clipped_sum_method=LAYERWISE)
   fn = jax.jit(lambda p, b: aggregator.clipped_sum(p, b)[0])
   flat = lambda tree: np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
   largest, smallest = 0.0, np.inf

@@ -31,6 +31,15 @@ DP_SAMPLING = (POISSON, POISSON_TRUNCATED)
 # "ghost" (ghost norms and book-keeping, no per-example gradients, docs/ghost_clipping.md).
 GHOST = "ghost"
 DP_METHODS = ("vmap", GHOST)
+# How ghost clipping forms the clipped sum (`ghost.GhostDPAggregator.clipped_sum_method`): book-keeping
+# (default), a second backward pass of the reweighted loss, or layer by layer inside two passes
+# (`ghost_layerwise`, the memory of a non-private step). `train.ghost_clipped_sum` takes the first
+# and the last.
+BOOKKEEPING = "bookkeeping"
+SECOND_PASS = "second_pass"
+LAYERWISE = "layerwise"
+CLIPPED_SUM_METHODS = (BOOKKEEPING, SECOND_PASS, LAYERWISE)
+GHOST_CLIPPED_SUMS = (BOOKKEEPING, LAYERWISE)
 # The default δ is min(DEFAULT_DELTA_CAP, 1 / N^DEFAULT_DELTA_EXPONENT).
 DEFAULT_DELTA_CAP = 1e-5
 DEFAULT_DELTA_EXPONENT = 1.1
@@ -179,10 +188,15 @@ class ExecutionSettings:
     stack_layers: "ghost" only: the norms and book-keeping sums of the layers of one shape are
       computed stacked (`ghost.GhostDPAggregator(stack_layers=True)`): fewer kernel launches on
       an accelerator, more memory (docs/performance.md). Default False.
+    ghost_clipped_sum: "ghost" only: "bookkeeping" (default: one forward and backward pass, every
+      layer's input and output gradient kept until the end) or "layerwise" (the norms and sums of
+      the dense kernels and norm scales formed inside two forward and backward passes: the memory
+      of a non-private step, with `T5Config.remat_policy` too; docs/ghost_clipping.md).
   """
   method: str = GHOST
   microbatch_size: Optional[int] = None
   stack_layers: bool = False
+  ghost_clipped_sum: str = BOOKKEEPING
 
   def __post_init__(self):
     if self.method not in DP_METHODS:
@@ -195,11 +209,20 @@ class ExecutionSettings:
     if self.stack_layers and self.method != GHOST:
       raise ConfigError(f"ghost_stack_layers=True stacks ghost clipping's layers; the clipped-sum method "
                         f"is {self.method!r}: set clipping_method='ghost' or drop ghost_stack_layers")
+    if self.ghost_clipped_sum not in GHOST_CLIPPED_SUMS:
+      raise ConfigError(f"ghost_clipped_sum must be one of {GHOST_CLIPPED_SUMS}, got {self.ghost_clipped_sum!r}")
+    if self.ghost_clipped_sum != BOOKKEEPING and self.method != GHOST:
+      raise ConfigError(f"ghost_clipped_sum={self.ghost_clipped_sum!r} is how ghost clipping sums; the "
+                        f"clipped-sum method is {self.method!r}: set clipping_method='ghost' or drop ghost_clipped_sum")
+    if self.ghost_clipped_sum == LAYERWISE and self.stack_layers:
+      raise ConfigError("ghost_stack_layers=True stacks the layers that ghost_clipped_sum='layerwise' handles one "
+                        "at a time inside the backward pass: set one of them")
 
   @classmethod
   def for_run(cls, dp: Optional[DPConfig], method: Optional[str] = None,
               microbatch_size: Optional[int] = None,
-              log: Callable[[str], None] = print, stack_layers: bool = False) -> "ExecutionSettings":
+              log: Callable[[str], None] = print, stack_layers: bool = False,
+              ghost_clipped_sum: str = BOOKKEEPING) -> "ExecutionSettings":
     """The settings of a run from `train`'s arguments; a deprecated `DPConfig.method` is used
     for `method` (with a warning) and must agree with it when both are set."""
     legacy = dp.method if dp is not None else None
@@ -209,7 +232,8 @@ class ExecutionSettings:
       if method is not None and method != legacy:
         raise ConfigError(f"DPConfig.method={legacy!r} and clipping_method={method!r} disagree; set "
                           "only clipping_method")
-    return cls(method=method or legacy or GHOST, microbatch_size=microbatch_size, stack_layers=stack_layers)
+    return cls(method=method or legacy or GHOST, microbatch_size=microbatch_size, stack_layers=stack_layers,
+               ghost_clipped_sum=ghost_clipped_sum)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,7 +54,8 @@ import numpy as np
 from flax import traverse_util
 
 from private_t5.dp import ghost_norms as gn
-from private_t5.dp import clipping, schedule
+from private_t5.dp import clipping, ghost_layerwise, schedule
+from private_t5.dp.config import BOOKKEEPING, CLIPPED_SUM_METHODS, LAYERWISE, SECOND_PASS
 from private_t5.dp.privacy_params import NoisySum
 from private_t5.dp.aggregator import DPAggregator
 from private_t5.errors import ConfigError
@@ -63,9 +64,6 @@ from private_t5.models import layers, network
 PyTree = Any
 Batch = Dict[str, jax.Array]
 
-BOOKKEEPING = "bookkeeping"
-SECOND_PASS = "second_pass"
-CLIPPED_SUM_METHODS = (BOOKKEEPING, SECOND_PASS)
 
 # Prefix of the named scope around each recorded layer call (found again in the jaxpr).
 _SCOPE_PREFIX = "ghost_use_"
@@ -83,6 +81,36 @@ class LayerUse(NamedTuple):
   # A layer of a scanned stack (`T5Config.scan_layers`): its parameter, recorded inputs and output
   # gradients have a leading layer axis (the inputs and gradients after the examples' axis).
   stacked: bool = False
+
+
+# What a probe of `Probes` computes: the per-example squared norms, or the weighted sums.
+NORMS, SUMS = "norms", "sums"
+
+
+class Probes(NamedTuple):
+  """The layers a layer-by-layer clipped sum (`clipped_sum_method="layerwise"`) probes, and the pass.
+
+  In the NORMS pass a probed layer's tap is a float32 zero per example (`[layers]` per example in a
+  scanned stack), whose gradient is the layer's squared norm; in the SUMS pass it is `(scale, acc)`,
+  the example's clip scale and a float32 zero shaped like the parameter, whose gradient is the
+  weighted sum (`ghost_layerwise`)."""
+  mode: str
+  keys: frozenset
+  norm_method: str
+
+  def apply(self, use: "LayerUse", y: jax.Array, a: jax.Array, tap) -> jax.Array:
+    scale = use.kind == SCALE
+    if self.mode == NORMS:
+      return ghost_layerwise.norm_probe(scale, self.norm_method, y, a, tap)
+    s, acc = tap
+    return ghost_layerwise.sum_probe(scale, y, a, s, acc)
+
+
+def probed_keys(uses: Dict[str, "LayerUse"]) -> frozenset:
+  """The uses a layer-by-layer clipped sum probes: the dense kernels and norm scales used once (the
+  others, embeddings and position biases, are recorded and book-kept as usual)."""
+  counts = collections.Counter(use.param for use in uses.values())
+  return frozenset(k for k, use in uses.items() if use.kind in (DENSE, SCALE) and counts[use.param] == 1)
 
 
 class _Frame(NamedTuple):
@@ -107,8 +135,9 @@ class _Recorder:
   layer of the body, its arrays with a leading layer axis (`LayerUse.stacked`).
   """
 
-  def __init__(self, deltas: Optional[Dict[str, jax.Array]] = None):
+  def __init__(self, deltas: Optional[Dict[str, jax.Array]] = None, probes: Optional["Probes"] = None):
     self.deltas = deltas
+    self.probes = probes
     self.inputs: Dict[str, jax.Array] = {}
     self.output_shapes: Dict[str, jax.ShapeDtypeStruct] = {}
     self.input_shapes: Dict[str, Tuple[int, ...]] = {}
@@ -166,6 +195,11 @@ class _Recorder:
 
   def _tap(self, key: str, y: jax.Array) -> jax.Array:
     frame = self._frame
+    if self.probes is not None and key in self.probes.keys:
+      # A probed layer (`ghost_layerwise`): its input goes into the probe, not out with the records.
+      a = (self.inputs if frame is None else frame.inputs).pop(key)
+      table = self.deltas if frame is None else frame.taps
+      return y if key not in table else self.probes.apply(self.uses[key], y, a, table[key])
     if frame is not None:
       if self.deltas is None:
         frame.outputs[key] = y
@@ -345,16 +379,18 @@ def _find_unrecorded_reads(jaxpr, param_vars: Dict[Any, Tuple[str, ...]],
 
 
 def per_example_forward(loss_fn, params: PyTree, batch: Batch, keys: Optional[jax.Array],
-                        deltas: Dict[str, jax.Array], spmd_axis_name: Optional[str] = None
+                        deltas: Dict[str, jax.Array], spmd_axis_name: Optional[str] = None,
+                        probes: Optional[Probes] = None, delta_axes: Any = 0
                         ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """Per-example losses [B] and recorded layer inputs (leading [B]) with output taps `deltas`."""
+  """Per-example losses [B] and recorded layer inputs (leading [B]) with output taps `deltas`
+  (batched as `delta_axes` says: an `in_axes` of `jax.vmap`), the layers of `probes` probed."""
   def one(delta, example, key):
-    recorder = _Recorder(delta)
+    recorder = _Recorder(delta, probes)
     with nn.intercept_methods(recorder), layers.scan_hook(recorder):
       loss = clipping.single_example_loss(loss_fn, params, example, key)
     return loss, recorder.inputs
 
-  return jax.vmap(one, in_axes=(0, 0, None if keys is None else 0),
+  return jax.vmap(one, in_axes=(delta_axes, 0, None if keys is None else 0),
                   spmd_axis_name=spmd_axis_name)(deltas, batch, keys)
 
 
@@ -623,8 +659,11 @@ class GhostDPAggregator(DPAggregator):
   Attributes:
     norm_method: "auto" (per layer, the cheaper of the Gram identity and the instantiated
       per-example gradient), "gram" or "instantiate".
-    clipped_sum_method: "bookkeeping" (one backward pass) or "second_pass" (ghost clipping
-      with a second backward pass of the reweighted loss; float32 activations only). Both
+    clipped_sum_method: "bookkeeping" (one backward pass), "second_pass" (ghost clipping
+      with a second backward pass of the reweighted loss; float32 activations only) or
+      "layerwise" (the norms and the sums of the dense kernels and norm scales formed inside two
+      forward and backward passes, layer by layer, `ghost_layerwise`: about the memory of a
+      non-private step, for the compute of a second forward and backward pass). All three
       drop an example with a non-finite gradient exactly, as `DPAggregator` does
       (`clipping.clip`); when a batch has one, the second pass recomputes its forward with a
       kept row in the dropped row's place.
@@ -662,6 +701,8 @@ class GhostDPAggregator(DPAggregator):
       check_second_pass_dtype(recording)
     uses, shapes = recording.uses, recording.output_shapes
     rows = clipping.num_rows(batch)
+    if self.clipped_sum_method == LAYERWISE:
+      return self._layerwise_norm_pass(params, batch, keys, uses, shapes, rows)
     deltas = {k: jnp.zeros((rows,) + s.shape, s.dtype) for k, s in shapes.items()}
     losses, vjp_fn, inputs = jax.vjp(lambda p, d: self._forward(p, d, batch, keys), params, deltas,
                                      has_aux=True)
@@ -673,13 +714,57 @@ class GhostDPAggregator(DPAggregator):
     return NormPass(losses, jnp.sqrt(jnp.maximum(sum(sq.values()), 0.0)), uses, inputs, out_grads,
                     instantiated, vjp_fn, deltas)
 
-  def _forward(self, p, d, examples, example_keys):
-    return per_example_forward(self.loss_fn, p, examples, example_keys, d, self.spmd_axis_name)
+  def _forward(self, p, d, examples, example_keys, probes=None, delta_axes=0):
+    return per_example_forward(self.loss_fn, p, examples, example_keys, d, self.spmd_axis_name, probes,
+                               delta_axes)
+
+  def _layerwise_norm_pass(self, params, batch, keys, uses, shapes, rows) -> "NormPass":
+    """`norm_pass` layer by layer: the probed layers' norms come out of the backward pass as the
+    gradients of their zero taps; the other layers are recorded and normed as usual."""
+    probes = Probes(NORMS, probed_keys(uses), self.norm_method)
+    deltas = {k: (jnp.zeros((rows,) + ((s.shape[0],) if uses[k].stacked else ()), jnp.float32)
+                  if k in probes.keys else jnp.zeros((rows,) + s.shape, s.dtype)) for k, s in shapes.items()}
+    losses, vjp_fn, inputs = jax.vjp(lambda d: self._forward(params, d, batch, keys, probes), deltas,
+                                     has_aux=True)
+    (grads,) = vjp_fn(jnp.ones_like(losses))
+    recorded = {k: use for k, use in uses.items() if k not in probes.keys}
+    out_grads = {k: grads[k] for k in recorded}
+    sq = list(per_example_sq_norms(recorded, inputs, out_grads, self.norm_method).values())
+    sq += [grads[k] if grads[k].ndim == 1 else jnp.sum(grads[k], axis=1) for k in sorted(probes.keys)]
+    return NormPass(losses, jnp.sqrt(jnp.maximum(sum(sq), 0.0)), uses, inputs, out_grads, None, None, deltas)
+
+  def _layerwise_sum(self, params: PyTree, batch: Batch, keys: Optional[jax.Array], npass: "NormPass",
+                     c: clipping.Clip) -> PyTree:
+    """`sum_pass` layer by layer: the probed layers' weighted sums are the gradients of their zero
+    accumulators in a second forward and backward pass (which waits for the clip scales); the
+    recorded layers' come from their records (book-keeping)."""
+    probes = Probes(SUMS, probed_keys(npass.uses), self.norm_method)
+    flat_params = traverse_util.flatten_dict(params)
+    scale = c.scale.astype(jnp.float32)
+    rows = scale.shape[0]
+    data = {k: (jnp.broadcast_to(scale[:, None], (rows, npass.deltas[k].shape[1])) if npass.uses[k].stacked
+                else scale) for k in probes.keys}
+    accs = {k: jnp.zeros(flat_params[npass.uses[k].param].shape, jnp.float32) for k in probes.keys}
+    # The second pass's examples wait for the scales: its forward is not run early, beside the first.
+    examples = jax.tree.map(lambda x: schedule.after(x, scale), batch)
+    example_keys = None if keys is None else schedule.after(keys, scale)
+    axes = {k: (0, None) for k in probes.keys}
+    losses, vjp_fn, _ = jax.vjp(
+        lambda acc: self._forward(params, {k: (data[k], acc[k]) for k in probes.keys}, examples, example_keys,
+                                  probes, axes), accs, has_aux=True)
+    (sums,) = vjp_fn(jnp.ones_like(losses))
+    recorded = {k: use for k, use in npass.uses.items() if k not in probes.keys}
+    flat = traverse_util.flatten_dict(weighted_grad_sum(params, recorded, npass.inputs, npass.out_grads, c.scale,
+                                                        None, self.norm_method, keep=c.keep))
+    flat.update({npass.uses[k].param: sums[k] for k in probes.keys})
+    return traverse_util.unflatten_dict(flat)
 
   def sum_pass(self, params: PyTree, batch: Batch, keys: Optional[jax.Array], npass: "NormPass",
                c: clipping.Clip) -> PyTree:
     """The second half: sum_i scale_i grad l_i in float32, by book-keeping (the recorded inputs
     and output gradients, no second backward pass) or by a second backward pass."""
+    if self.clipped_sum_method == LAYERWISE:
+      return self._layerwise_sum(params, batch, keys, npass, c)
     if self.clipped_sum_method == SECOND_PASS:
       losses = npass.losses
 

@@ -147,7 +147,10 @@ def step_parts(noisy_sum: Optional[privacy_params.NoisySum], method: str, loss_f
 
 def _ghost_options(execution: ExecutionSettings) -> Dict[str, Any]:
   """`ghost.GhostDPAggregator`'s options from the execution settings (none for "vmap")."""
-  return {"stack_layers": True} if execution.stack_layers else {}
+  options = {"stack_layers": True} if execution.stack_layers else {}
+  if execution.ghost_clipped_sum != BOOKKEEPING:
+    options["clipped_sum_method"] = execution.ghost_clipped_sum
+  return options
 
 
 def _expected_batch_for_delta(dp: "DPConfig", num_examples: int, batch_size: int, train_steps: int,

@@ -28,7 +28,8 @@ NONDP, VMAP, GHOST = "nondp", "vmap", "ghost"
 # Ghost variants: book-keeping without reusing instantiated per-example kernel gradients, and
 # ghost clipping with a second backward pass.
 GHOST_RECOMPUTE, GHOST_SECOND_PASS = "ghost_recompute", "ghost_second_pass"
-METHODS = (NONDP, VMAP, GHOST, GHOST_RECOMPUTE, GHOST_SECOND_PASS)
+GHOST_LAYERWISE = "ghost_layerwise"
+METHODS = (NONDP, VMAP, GHOST, GHOST_RECOMPUTE, GHOST_SECOND_PASS, GHOST_LAYERWISE)
 GIB = 1024 ** 3
 
 
@@ -110,7 +111,8 @@ def make_trainer(preset: str, method: str, batch_size: int, clip_norm: float,
   loss_fn = trainer_lib.make_loss_fn(config)
   noisy_sum = None if method == NONDP else NoisySum(clip_norm, noise_multiplier, batch_size)
   options = {} if method in (NONDP, VMAP) else dict(
-      clipped_sum_method=ghost.SECOND_PASS if method == GHOST_SECOND_PASS else ghost.BOOKKEEPING,
+      clipped_sum_method={GHOST_SECOND_PASS: dp_config.SECOND_PASS,
+                          GHOST_LAYERWISE: dp_config.LAYERWISE}.get(method, dp_config.BOOKKEEPING),
       reuse_instantiated=method == GHOST, stack_layers=stack_layers)
   clipped_sum, noise = mechanism.step_parts(noisy_sum, VMAP if method == VMAP else dp_config.GHOST, loss_fn,
                                             **options)
@@ -249,7 +251,7 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
   result["loss"] = float(metrics["nondp/loss"])
   result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   result["rss_before_compile_bytes"] = rss_before
-  if case["method"] in (GHOST, GHOST_RECOMPUTE, GHOST_SECOND_PASS):
+  if case["method"] in (GHOST, GHOST_RECOMPUTE, GHOST_SECOND_PASS, GHOST_LAYERWISE):
     result["ghost_breakdown"] = _ghost_breakdown(config, trainer, shape)
   if case.get("memory_budget_gb"):
     result["max_batch"] = max_batch_search(

@@ -340,7 +340,7 @@ def _kept_validation(kept_path: str, summary: Dict[str, Any]) -> Dict[str, Any]:
 def train(*, model_config, train_data: ExampleSource, validation_data: Optional[ExampleSource] = None,
           model_dir: str, train_steps: int,
           batch_size: int, microbatch_size: Optional[int] = None, clipping_method: Optional[str] = None,
-          ghost_stack_layers: bool = False, optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None,
+          ghost_stack_layers: bool = False, ghost_clipped_sum: str = "bookkeeping", optimizer=None, learning_rate=None, dp=None, vocab_path: Optional[str] = None,
           vocab_public_unchecked: bool = False, checkpoint_every: int = 1000,
           keep_checkpoints: int = 3, eval_every: int = 0, eval_examples: int = 256, log_every: int = 50,
           mesh_shape: Sequence[int] = (-1, 1), parameter_sharding: str = sharding.REPLICATED,
@@ -367,6 +367,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
       only: the same mechanism and ledger; `dp.mechanism.ExecutionSettings`).
     ghost_stack_layers: ghost clipping with the layers of one shape stacked (fewer kernel
       launches on an accelerator, more memory; `ExecutionSettings.stack_layers`).
+    ghost_clipped_sum: "bookkeeping" (default) or "layerwise" (ghost clipping in two forward and
+      backward passes with the memory of a non-private step; `ExecutionSettings.ghost_clipped_sum`).
     optimizer: optax GradientTransformation; default Adafactor with `learning_rate`.
     learning_rate: schedule or float for the default Adafactor; default T5X rsqrt with base 0.5, 1000 warm-up steps.
     dp: `DPConfig` for DP-Adafactor, or None for the non-private baseline.
@@ -418,7 +420,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
   base = build_lora(lora, initial_checkpoint, model_config)
   clipping_method = clipping_method_for(model_config, dp, clipping_method, log)
   execution = dp_config.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
-                                                      stack_layers=ghost_stack_layers)
+                                                      stack_layers=ghost_stack_layers,
+                                                      ghost_clipped_sum=ghost_clipped_sum)
   layout = dp_config.BatchLayout.for_run(dp, execution, batch_size)
   if insecure_deterministic_seed is not None:
     log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
