@@ -48,7 +48,7 @@ from private_t5.dp import sampling
 from private_t5.dp import strategies
 from private_t5.dp import truncation
 # The run's config and settings, importable from here as well (`config` owns them).
-from private_t5.dp.config import GHOST, BatchLayout, DPConfig, ExecutionSettings, default_delta
+from private_t5.dp.config import BOOKKEEPING, GHOST, BatchLayout, DPConfig, ExecutionSettings, default_delta
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.dp.privacy_report import find_vocabulary_report, insecure_noise_warning
 from private_t5.errors import ConfigError, PrivacyError
