@@ -51,6 +51,8 @@ def _parse_args(argv):
   parser.add_argument("--inputs", type=int, default=512)
   parser.add_argument("--targets", type=int, default=114)
   parser.add_argument("--memory_gib", type=float, default=80.0)
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                      help="the activations' dtype (T5Config.dtype; ghost_layerwise runs in float32 only)")
   parser.add_argument("--out", default=None, help="write the rows as a JSON list here")
   args = parser.parse_args(argv)
   args.presets = _names(args.presets, PRESETS, "--presets")
@@ -117,14 +119,14 @@ def run_row(preset: str, method: str, scan: bool, policy: str, devices, args) ->
   import jax  # pylint: disable=g-import-not-at-top
   from private_t5.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from private_t5.experiments import benchmark_case  # pylint: disable=g-import-not-at-top
-  row = dict(preset=preset, method=method, scan_layers=scan, remat_policy=policy, target=args.target,
+  row = dict(preset=preset, method=method, scan_layers=scan, remat_policy=policy, target=args.target, dtype=args.dtype,
              mesh=list(args.mesh), inputs=args.inputs, targets=args.targets, batches=list(args.batches),
              memory_gib=args.memory_gib)
   memories = []
   try:
     for i, rows in enumerate(args.batches):
       _, trainer = benchmark_case.make_trainer(
-          preset, method, rows, clip_norm=1.0, noise_multiplier=1.0, dropout_rate=0.0, dtype="bfloat16",
+          preset, method, rows, clip_norm=1.0, noise_multiplier=1.0, dropout_rate=0.0, dtype=args.dtype,
           devices=devices, overrides=dict(scan_layers=scan, remat_policy=policy), mesh_shape=args.mesh)
       compiled, seconds = _compile(trainer, rows, args)
       if i == 0:

@@ -8,7 +8,6 @@ kernels of XLA:GPU's thunk sequence (`private_t5.train.thunk_census`).
   scripts/install_kernel_census.sh            # once: a venv with the CUDA plugin
   $HOME/.cache/private_t5/venv-census/bin/python benchmarks/kernel_census.py \
       [--cases=h100_nondp_b32,h100_ghost_b32] [--out=/tmp/kernel_census] [--keep_dumps] [--list] [--fewer_kernels] [--scan_layers] [--remat_policy=none|minimal|full]
-      [--ghost_clipped_sum=bookkeeping|layerwise]
 
 Cases:
 
@@ -193,8 +192,7 @@ def plugin_version():
     return None
 
 
-def _lower(case: dict, device, fewer_kernels: bool = False, scan_layers: bool = False, remat_policy: str = "none",
-           ghost_clipped_sum: str = "bookkeeping"):
+def _lower(case: dict, device, fewer_kernels: bool = False, scan_layers: bool = False, remat_policy: str = "none"):
   """The lowered step of a case for the compile-only `device`."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -210,9 +208,8 @@ def _lower(case: dict, device, fewer_kernels: bool = False, scan_layers: bool = 
     config = config_lib.load_preset(PRESET, dtype=DTYPE, scan_layers=scan_layers, remat_policy=remat_policy)
     inference = mesh_inference.MeshInference(config, mesh)
     return inference.lower_decode(case["batch"], INPUTS, TARGETS, use_cache=True)
-  method = "ghost_layerwise" if case["method"] == "ghost" and ghost_clipped_sum == "layerwise" else case["method"]
   _, trainer = benchmark_case.make_trainer(
-      PRESET, method, case["batch"], clip_norm=1.0, noise_multiplier=1.0,
+      PRESET, case["method"], case["batch"], clip_norm=1.0, noise_multiplier=1.0,
       dropout_rate=None, dtype=DTYPE, attention=None if case["attention"] == "einsum" else case["attention"],
       devices=[device], stack_layers=fewer_kernels, overrides=dict(scan_layers=scan_layers, remat_policy=remat_policy),
       optimizer=optimizers.adafactor(learning_rate=1e-3, batched_over_shapes=fewer_kernels))
@@ -254,7 +251,7 @@ def _dump_module(dump: str) -> str:
 
 
 def run_case(name: str, out: str, keep_dumps: bool, fewer_kernels: bool = False, scan_layers: bool = False,
-             remat_policy: str = "none", ghost_clipped_sum: str = "bookkeeping") -> dict:
+             remat_policy: str = "none") -> dict:
   """Compiles one case, counts its kernels and writes `out/NAME.json` (in this process)."""
   case = parse_case(name)
   import jax  # pylint: disable=g-import-not-at-top
@@ -265,8 +262,7 @@ def run_case(name: str, out: str, keep_dumps: bool, fewer_kernels: bool = False,
   device = topology.devices[0]
   dump = tempfile.mkdtemp(prefix="kernel_census_%s_" % name)
   start = time.perf_counter()
-  compiled = _lower(case, device, fewer_kernels, scan_layers, remat_policy, ghost_clipped_sum).compile(
-      {"xla_dump_to": dump})
+  compiled = _lower(case, device, fewer_kernels, scan_layers, remat_policy).compile({"xla_dump_to": dump})
   compile_s = time.perf_counter() - start
   prefix = _dump_module(dump)
   names = thunk_census.while_names(_read(prefix + "thunk_metadata.txt"))
@@ -299,7 +295,7 @@ def run_case(name: str, out: str, keep_dumps: bool, fewer_kernels: bool = False,
       versions=dict(jax=jax.__version__, jaxlib=importlib.metadata.version("jaxlib"),
                     plugin=plugin_version(), pjrt=_version("jax-cuda12-pjrt")),
       xla_flags=os.environ.get("XLA_FLAGS", ""), fewer_kernels=bool(fewer_kernels),
-      scan_layers=bool(scan_layers), remat_policy=remat_policy, ghost_clipped_sum=ghost_clipped_sum)
+      scan_layers=bool(scan_layers), remat_policy=remat_policy)
   if after is not None:
     row["after_thunk_passes"] = dict(command_buffers=after["command_buffers"],
                                      kernels_per_step=after["kernels_per_step"])
@@ -354,9 +350,6 @@ def _parse_args(argv):
                       "Adafactor and ghost norms over the layer axis)")
   p.add_argument("--remat_policy", default="none", choices=("none", "minimal", "full"),
                  help="T5Config.remat_policy of the network (with --scan_layers for DP-ghost)")
-  p.add_argument("--ghost_clipped_sum", default="bookkeeping", choices=("bookkeeping", "layerwise"),
-                 help="how DP-ghost forms its clipped sum (train.ghost_clipped_sum): book-keeping, or layer by "
-                      "layer inside two forward and backward passes")
   p.add_argument("--run_one", default=None, help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
@@ -378,8 +371,7 @@ def main(argv=None) -> int:
   os.makedirs(args.out, exist_ok=True)
   if args.run_one:
     os.environ.update(_environment())  # before JAX is imported
-    run_case(args.run_one, args.out, args.keep_dumps, args.fewer_kernels, args.scan_layers, args.remat_policy,
-             args.ghost_clipped_sum)
+    run_case(args.run_one, args.out, args.keep_dumps, args.fewer_kernels, args.scan_layers, args.remat_policy)
     return 0
   failed = 0
   for name in names:
@@ -391,7 +383,6 @@ def main(argv=None) -> int:
     if args.scan_layers:
       cmd.append("--scan_layers")
     cmd.append("--remat_policy=" + args.remat_policy)
-    cmd.append("--ghost_clipped_sum=" + args.ghost_clipped_sum)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=_environment(), capture_output=True, text=True, check=False)
     path = os.path.join(args.out, name + ".json")

@@ -195,6 +195,10 @@ def test_bad_settings_and_ghost_inside_unrolled_remat_are_refused_in_one_line(co
   rematerialised = config.replace(remat_policy="minimal")
   with pytest.raises(ConfigError, match="scan_layers=True with it, or train.clipping_method='vmap'"):
     ghost.record_layer_uses(make_loss_fn(rematerialised), params, jax.tree.map(lambda x: x[0], batch), None)
+  low = ghost.GhostDPAggregator(make_loss_fn(config.replace(dtype="bfloat16")), NoisySum(1.0, 1.0, float(BATCH)),
+                                clipped_sum_method=LAYERWISE)
+  with pytest.raises(ConfigError, match="layerwise' recomputes the output gradients in bfloat16"):
+    jax.eval_shape(lambda p: low.norm_pass(p, batch, None).norms, params)
   dp = config_lib.DPConfig(clip_norm=1.0, noise_multiplier=1.0)
   with pytest.raises(ConfigError, match="clipping_method='ghost' does not run inside remat_policy"):
     train_main.clipping_method_for(rematerialised, dp, "ghost", print)

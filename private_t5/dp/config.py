@@ -33,7 +33,7 @@ GHOST = "ghost"
 DP_METHODS = ("vmap", GHOST)
 # How ghost clipping forms the clipped sum (`ghost.GhostDPAggregator.clipped_sum_method`): book-keeping
 # (default), a second backward pass of the reweighted loss, or layer by layer inside two passes
-# (`ghost_layerwise`, the memory of a non-private step). `train.ghost_clipped_sum` takes the first
+# (`ghost_layerwise`, float32 only). `train.ghost_clipped_sum` takes the first
 # and the last.
 BOOKKEEPING = "bookkeeping"
 SECOND_PASS = "second_pass"
@@ -190,8 +190,8 @@ class ExecutionSettings:
       an accelerator, more memory (docs/performance.md). Default False.
     ghost_clipped_sum: "ghost" only: "bookkeeping" (default: one forward and backward pass, every
       layer's input and output gradient kept until the end) or "layerwise" (the norms and sums of
-      the dense kernels and norm scales formed inside two forward and backward passes: the memory
-      of a non-private step, with `T5Config.remat_policy` too; docs/ghost_clipping.md).
+      the dense kernels and norm scales formed inside two forward and backward passes: with `T5Config.remat_policy="full"` a
+      fraction of book-keeping's memory; float32 activations only; docs/ghost_clipping.md).
   """
   method: str = GHOST
   microbatch_size: Optional[int] = None

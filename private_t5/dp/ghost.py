@@ -437,6 +437,21 @@ def check_second_pass_dtype(recording: Recording) -> None:
                       "in float32, or T5Config.dtype='float32'")
 
 
+def check_layerwise_dtype(recording: Recording) -> None:
+  """Raises ConfigError when a layer-by-layer clipped sum would recompute low-precision gradients.
+
+  Its norms and its sums come from two backward passes: in float32 they agree to float32
+  rounding, but in bfloat16 a compiler that keeps excess precision in one pass's fusions and not in
+  the other's can give output gradients that differ by bfloat16 rounding (2^-9 of themselves), and
+  the norm that clips an example would no longer bound what is summed for it.
+  """
+  low = sorted({str(s.dtype) for s in recording.output_shapes.values()} - {"float32"})
+  if low:
+    raise ConfigError(f"ghost_clipped_sum='layerwise' recomputes the output gradients in {low[0]} activations, "
+                      "where the clipping norm would not bound the recomputed sum; use "
+                      "ghost_clipped_sum='bookkeeping' (the default) or T5Config.dtype='float32'")
+
+
 def _layer_groups(uses: Dict[str, LayerUse], inputs: Dict[str, jax.Array], out_grads: Dict[str, jax.Array],
                   norm_method: str, stack_layers: bool) -> List[Tuple[str, str, List[str]]]:
   """[(group name, method, use keys)]: the dense kernels and norm scales used once, grouped by
@@ -662,8 +677,9 @@ class GhostDPAggregator(DPAggregator):
     clipped_sum_method: "bookkeeping" (one backward pass), "second_pass" (ghost clipping
       with a second backward pass of the reweighted loss; float32 activations only) or
       "layerwise" (the norms and the sums of the dense kernels and norm scales formed inside two
-      forward and backward passes, layer by layer, `ghost_layerwise`: about the memory of a
-      non-private step, for the compute of a second forward and backward pass). All three
+      forward and backward passes, layer by layer, `ghost_layerwise`: with full remat a fraction
+      of book-keeping's memory, for the compute of a second forward and backward pass; float32
+      activations only). All three
       drop an example with a non-finite gradient exactly, as `DPAggregator` does
       (`clipping.clip`); when a batch has one, the second pass recomputes its forward with a
       kept row in the dropped row's place.
@@ -699,6 +715,8 @@ class GhostDPAggregator(DPAggregator):
     check_coverage(params, recording)
     if self.clipped_sum_method == SECOND_PASS:
       check_second_pass_dtype(recording)
+    if self.clipped_sum_method == LAYERWISE:
+      check_layerwise_dtype(recording)
     uses, shapes = recording.uses, recording.output_shapes
     rows = clipping.num_rows(batch)
     if self.clipped_sum_method == LAYERWISE:

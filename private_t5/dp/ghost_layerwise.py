@@ -1,4 +1,4 @@
-"""Ghost clipping layer by layer, inside the backward pass: the memory of a non-private step.
+"""Ghost clipping layer by layer, inside the backward pass: nothing of a layer kept for the end.
 
 Book-keeping (`ghost`) keeps every recorded layer's input `a_i` and output gradient `g_i` of every
 example until the whole backward pass is done, since an example's clip factor needs the norms of

@@ -368,7 +368,8 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     ghost_stack_layers: ghost clipping with the layers of one shape stacked (fewer kernel
       launches on an accelerator, more memory; `ExecutionSettings.stack_layers`).
     ghost_clipped_sum: "bookkeeping" (default) or "layerwise" (ghost clipping in two forward and
-      backward passes with the memory of a non-private step; `ExecutionSettings.ghost_clipped_sum`).
+      backward passes: with full remat a fraction of book-keeping's memory; float32 activations
+      only; `ExecutionSettings.ghost_clipped_sum`).
     optimizer: optax GradientTransformation; default Adafactor with `learning_rate`.
     learning_rate: schedule or float for the default Adafactor; default T5X rsqrt with base 0.5, 1000 warm-up steps.
     dp: `DPConfig` for DP-Adafactor, or None for the non-private baseline.
