@@ -112,6 +112,72 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     log: progress output.
   """
   t_start = time.time()
+  cfg = _checked_settings(
+      model_dir=model_dir, train_corpus=train_corpus, valid_corpus=valid_corpus, output_dir=output_dir,
+      prompt_length=prompt_length, generation_length=generation_length, batch_size=batch_size, beam_size=beam_size,
+      beam_alpha=beam_alpha, use_cache=use_cache, seed=seed, approximate_threshold=approximate_threshold,
+      match_confidence=match_confidence, train_sample_size=train_sample_size,
+      max_examples_per_split=max_examples_per_split, split_config=split_config, audit=audit,
+      audit_guesses=audit_guesses, audit_delta=audit_delta, audit_bootstrap_samples=audit_bootstrap_samples)
+  model, mesh = _model_on_mesh(model_dir, step, vocab_path, mesh_shape, parameter_sharding, batch_size, log)
+  warnings = []
+  os.makedirs(output_dir, exist_ok=True)
+  data = build_splits(model, train_corpus, valid_corpus, output_dir, split_config, text_field, warnings, log)
+  if span_corruption_variant == AUTO:
+    span_corruption_variant = model.objective == "span_corruption"
+  extraction, decode_stats, evaluated, per_document = evaluate_extraction(
+      model, data, cfg, max_examples_per_split=max_examples_per_split,
+      span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
+  train_sample = None
+  if train_sample_size:
+    train_sample = evaluate_train_sample(model, data, cfg, train_sample_size, extraction, decode_stats,
+                                         per_document, warnings, log)
+    evaluated["train_sample"] = train_sample["evaluated"]
+  if canary_scoring == AUTO:
+    canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
+                      else exposure.PREFIX_SCORING)
+  audit_result = None
+  if audit:
+    audit_result = _audit(model, audit, canary_scoring, audit_confidence, audit_guesses, audit_delta,
+                          canary_batch_size, audit_bootstrap_samples, warnings, log)
+  canary_results, canary_fmt = [], None
+  if canaries:
+    canary_fmt, canary_results = evaluate_canaries(
+        model, canaries, canary_scoring, max_exact=canary_max_exact, num_samples=canary_samples,
+        batch_size=canary_batch_size, seed=seed, log=log)
+
+  throughput = _logged_throughput(decode_stats, log)
+  settings = {"prompt_length": prompt_length, "generation_length": generation_length,
+              "batch_size": batch_size, "global_batch_size": model.inference.global_batch_size(batch_size),
+              "parameter_sharding": parameter_sharding, "beam_size": beam_size, "beam_alpha": beam_alpha,
+              "max_examples_per_split": max_examples_per_split, "seed": seed,
+              "train_sample_size": train_sample_size, "approximate_threshold": approximate_threshold,
+              "match_confidence": match_confidence,
+              "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
+              "train_corpus": train_corpus, "valid_corpus": valid_corpus}
+  report = _report(model, model_dir, mesh, settings, data, evaluated, split_config, {
+      "extraction": extraction,
+      "train_sample": train_sample,
+      "per_document": per_document,
+      "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
+      "throughput": throughput,
+      "canaries": canary_results,
+      "canary_format": canary_fmt.as_dict() if canary_fmt else None,
+      "canary_space_size": canary_fmt.space_size if canary_fmt else None,
+      "canary_scoring": canary_scoring if canaries else None,
+      "audit": audit_result,
+      "warnings": warnings,
+  }, t_start)
+  return write_report(report, output_dir, log)
+
+
+def _checked_settings(*, model_dir, train_corpus, valid_corpus, output_dir, prompt_length: int,
+                      generation_length: int, batch_size: int, beam_size: int, beam_alpha: float, use_cache: bool,
+                      seed: int, approximate_threshold: float, match_confidence: float, train_sample_size,
+                      max_examples_per_split: Optional[int], split_config, audit: Optional[str],
+                      audit_guesses: Optional[int], audit_delta: Optional[float],
+                      audit_bootstrap_samples: int) -> memorization.ExtractionConfig:
+  """Checks the settings before the checkpoint is read; returns the extraction's configuration."""
   for macro, value in (("MODEL_DIR", model_dir), ("TRAIN_CORPUS", train_corpus), ("VALID_CORPUS", valid_corpus),
                        ("OUTPUT_DIR", output_dir)):
     if not isinstance(value, str) or not value:
@@ -131,10 +197,14 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
     audit_lib.check_settings(audit_lib.load_record(audit).num_canaries, audit_guesses, audit_delta,
                              audit_bootstrap_samples)
   check_output_file(os.path.join(output_dir, "report.json"), "OUTPUT_DIR")
+  return cfg
+
+
+def _model_on_mesh(model_dir: str, step: Optional[int], vocab_path: Optional[str], mesh_shape: Sequence[int],
+                   parameter_sharding: str, batch_size: int, log: Callable[[str], None]) -> Tuple["LoadedModel", Any]:
+  """(model, mesh): the checkpoint loaded and its parameters placed on the decoding mesh, logged."""
   rules = sharding.axis_rules(parameter_sharding)
   mesh = sharding.create_mesh(mesh_shape)
-  warnings = []
-
   model = load_model(model_dir, step, vocab_path, log)
   model.inference = memorization.make_inference(model.params, model.model_config, mesh, rules)
   data_size, model_size = sharding.mesh_shape_of(mesh)
@@ -143,42 +213,39 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
   if mesh.devices.size < jax.device_count():
     log(f"[memorization] warning: mesh_shape {tuple(mesh_shape)} uses {mesh.devices.size} of the "
         f"{jax.device_count()} devices; the others stay idle (mesh_shape=(-1, 1) uses them all)")
-  os.makedirs(output_dir, exist_ok=True)
-  data = build_splits(model, train_corpus, valid_corpus, output_dir, split_config, text_field, warnings, log)
-  if span_corruption_variant == AUTO:
-    span_corruption_variant = model.objective == "span_corruption"
-  extraction, decode_stats, evaluated, per_document = evaluate_extraction(
-      model, data, cfg, max_examples_per_split=max_examples_per_split,
-      span_corruption=bool(span_corruption_variant), warnings=warnings, log=log)
-  train_sample = None
-  if train_sample_size:
-    train_sample = evaluate_train_sample(model, data, cfg, train_sample_size, extraction, decode_stats,
-                                         per_document, warnings, log)
-    evaluated["train_sample"] = train_sample["evaluated"]
-  canary_results, canary_fmt, audit_result = [], None, None
-  if canary_scoring == AUTO:
-    canary_scoring = (exposure.SENTINEL_SCORING if model.objective == "span_corruption"
-                      else exposure.PREFIX_SCORING)
-  if audit:
-    audit_result = evaluate_audit(model, audit, canary_scoring, confidence=audit_confidence,
-                                  guesses_per_side=audit_guesses, delta=audit_delta,
-                                  batch_size=canary_batch_size, bootstrap_samples=audit_bootstrap_samples, log=log)
-    if audit_result["violation"]:
-      warnings.append("PRIVACY AUDIT FAILED: " + audit_lib.audit_failure_text(audit_result))
-    elif audit_result["fdp_exceeds_ledger"]:
-      warnings.append("privacy audit: " + audit_lib.fdp_note(audit_result))
-    if audit_result["saturation"]:
-      warnings.append(f"privacy audit saturated: {audit_result['saturation']}")
-  if canaries:
-    canary_fmt, canary_results = evaluate_canaries(
-        model, canaries, canary_scoring, max_exact=canary_max_exact, num_samples=canary_samples,
-        batch_size=canary_batch_size, seed=seed, log=log)
+  return model, mesh
 
+
+def _audit(model: "LoadedModel", audit: str, canary_scoring: str, confidence: float, guesses_per_side: Optional[int],
+           delta: Optional[float], batch_size: int, bootstrap_samples: int, warnings: List[str],
+           log: Callable[[str], None]) -> dict:
+  """The one-run privacy audit of the audit canaries; its failure, excess or saturation added to `warnings`."""
+  audit_result = evaluate_audit(model, audit, canary_scoring, confidence=confidence,
+                                guesses_per_side=guesses_per_side, delta=delta,
+                                batch_size=batch_size, bootstrap_samples=bootstrap_samples, log=log)
+  if audit_result["violation"]:
+    warnings.append("PRIVACY AUDIT FAILED: " + audit_lib.audit_failure_text(audit_result))
+  elif audit_result["fdp_exceeds_ledger"]:
+    warnings.append("privacy audit: " + audit_lib.fdp_note(audit_result))
+  if audit_result["saturation"]:
+    warnings.append(f"privacy audit saturated: {audit_result['saturation']}")
+  return audit_result
+
+
+def _logged_throughput(decode_stats: dict, log: Callable[[str], None]) -> dict:
+  """The decoding throughput of the run, logged."""
   throughput = memorization.summarize_decode_stats(decode_stats)
   log(f"[memorization] decoding: {throughput['tokens_per_second_steady']:.0f} tokens/s, "
       f"{throughput['prompts_per_second']:.1f} prompts/s ({throughput['generated_tokens']} tokens in "
       f"{throughput['seconds']:.1f} s)")
-  report = {
+  return throughput
+
+
+def _report(model: "LoadedModel", model_dir: str, mesh, settings: dict, data: "SplitData", evaluated: dict,
+            split_config: SplitConfig, results: dict, t_start: float) -> dict:
+  """The report: the checkpoint, its privacy, the mesh and settings, the splits, the `results`, the time taken."""
+  data_size, model_size = sharding.mesh_shape_of(mesh)
+  return {
       "checkpoint": {"model_dir": model.info.get("model_dir", model_dir), "step": model.info.get("step"),
                      "vocab_path": os.path.abspath(model.vocab_path), "objective": model.objective,
                      "model_config": dataclasses.asdict(model.model_config)},
@@ -187,30 +254,12 @@ def run_memorization(*, model_dir: str, train_corpus: str, valid_corpus: str, ou
       "epsilon_text": model.eps_text,
       "devices": int(mesh.devices.size),
       "mesh_shape": [data_size, model_size],
-      "settings": {"prompt_length": prompt_length, "generation_length": generation_length,
-                   "batch_size": batch_size, "global_batch_size": model.inference.global_batch_size(batch_size),
-                   "parameter_sharding": parameter_sharding, "beam_size": beam_size, "beam_alpha": beam_alpha,
-                   "max_examples_per_split": max_examples_per_split, "seed": seed,
-                   "train_sample_size": train_sample_size, "approximate_threshold": approximate_threshold,
-                   "match_confidence": match_confidence,
-                   "span_corruption_variant": bool(span_corruption_variant), "use_cache": use_cache,
-                   "train_corpus": train_corpus, "valid_corpus": valid_corpus},
+      "settings": settings,
       "splits": {"file": data.split_path, "reused": data.reused, "sizes": data.sizes, "evaluated": evaluated,
                  "config": split_config.key_fields(), "stats": data.splits.stats},
-      "extraction": extraction,
-      "train_sample": train_sample,
-      "per_document": per_document,
-      "decoding": {k: v.as_dict() for k, v in decode_stats.items()},
-      "throughput": throughput,
-      "canaries": canary_results,
-      "canary_format": canary_fmt.as_dict() if canary_fmt else None,
-      "canary_space_size": canary_fmt.space_size if canary_fmt else None,
-      "canary_scoring": canary_scoring if canaries else None,
-      "audit": audit_result,
-      "warnings": warnings,
+      **results,
       "wall_seconds": round(time.time() - t_start, 2),
   }
-  return write_report(report, output_dir, log)
 
 
 @dataclasses.dataclass

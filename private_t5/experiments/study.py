@@ -284,6 +284,69 @@ def train_vocabularies(train_corpus: str, output_dir: str, *, needed: Sequence[s
   return paths
 
 
+def _checked_arguments(corpus, output_dir, models: Sequence[str], train_model, split_config, audit_canary_kind: str,
+                       prompt_length, generation_length, vocab_size, memorization_batch_size,
+                       train_sample_size) -> SplitConfig:
+  """Checks the study's arguments before anything runs; returns the near-duplicate settings (default ones if None)."""
+  for name, value in (("corpus", corpus), ("output", output_dir)):
+    if not isinstance(value, str) or not value:
+      raise ConfigError(f"private-t5 study: missing --{name}")
+  unknown = [m for m in models if m not in MODELS]
+  if unknown or not models or len(set(models)) != len(models):
+    raise ConfigError(f"models must be distinct names among {', '.join(MODELS)}, got {list(models)!r}")
+  if train_model is None:
+    raise ConfigError("run_study needs train_model (run it as `private-t5 study`)")
+  split_config = split_config if split_config is not None else SplitConfig()
+  if not isinstance(split_config, SplitConfig):
+    raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
+  split_config.validate()
+  check_audit_canary_kind(audit_canary_kind)
+  for name, value in (("prompt_length", prompt_length), ("generation_length", generation_length),
+                      ("vocab_size", vocab_size), ("memorization_batch_size", memorization_batch_size)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+  if not isinstance(train_sample_size, int) or isinstance(train_sample_size, bool) or train_sample_size < 0:
+    raise ConfigError(f"train_sample_size must be an integer >= 0 (0: no training sample), got {train_sample_size!r}")
+  return split_config
+
+
+def _run_model(name: str, output_dir: str, data: dict, vocabs: dict, train_model: Callable, phase, steps: int, *,
+               prompt_length: int, generation_length: int, memorization_batch_size: int,
+               max_examples_per_split: Optional[int], train_sample_size: int, split_config: SplitConfig,
+               text_field: str, seed: int) -> dict:
+  """Phase 3 for one model: trains it and measures its memorization (or reuses the result file of a former run)."""
+  spec = MODELS[name]
+  model_root = os.path.join(output_dir, "models", name)
+  result_path = os.path.join(model_root, RESULT_FILE)
+  if os.path.isfile(result_path):
+    with open(result_path, encoding="utf-8") as f:
+      result = json.load(f)
+    next(phase), next(phase)
+    logger.info("[study] %s: reusing %s", name, result_path)
+    return result
+  run_dir = os.path.join(model_root, "run")
+  logger.info("[study] phase %d/%d: train %s (%s, %s, %s vocabulary)", next(phase), steps, name,
+              spec.objective, "DP" if spec.private else "non-private", spec.vocabulary)
+  t0 = time.time()
+  summary = train_model(run_dir, pretraining_bindings(run_dir, data, vocabs[spec.vocabulary], spec.objective,
+                                                      spec.private, output_dir))
+  t1 = time.time()
+  logger.info("[study] phase %d/%d: memorization of %s", next(phase), steps, name)
+  report = memorization_run.run_memorization(
+      model_dir=run_dir, train_corpus=data["train"], valid_corpus=data["valid"],
+      output_dir=os.path.join(model_root, "memorization"), prompt_length=prompt_length,
+      generation_length=generation_length, batch_size=memorization_batch_size,
+      max_examples_per_split=max_examples_per_split, train_sample_size=train_sample_size,
+      span_corruption_variant=False,
+      split_config=split_config, text_field=text_field, seed=seed, audit=data.get("audit_record"),
+      log=logger.info)
+  wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
+  result = model_result(name, spec, summary, report, wall, data["repeated"])
+  result["privacy_unit"] = privacy_report.read_report(privacy_report.report_path(run_dir))["privacy_unit"]
+  io_lib.write_json_atomic(result_path, result)
+  return result
+
+
 def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None, models: Sequence[str] = DEFAULT_MODELS,
               validation_fraction: float = 0.1, duplicate_fraction: float = 0.1,
               repetitions: Sequence[int] = (2, 5, 10), max_documents: Optional[int] = None, seed: int = 0,
@@ -323,25 +386,9 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
       trains one model with the study's Gin files plus these bindings.
   """
   t_start = time.time()
-  for name, value in (("corpus", corpus), ("output", output_dir)):
-    if not isinstance(value, str) or not value:
-      raise ConfigError(f"private-t5 study: missing --{name}")
-  unknown = [m for m in models if m not in MODELS]
-  if unknown or not models or len(set(models)) != len(models):
-    raise ConfigError(f"models must be distinct names among {', '.join(MODELS)}, got {list(models)!r}")
-  if train_model is None:
-    raise ConfigError("run_study needs train_model (run it as `private-t5 study`)")
-  split_config = split_config if split_config is not None else SplitConfig()
-  if not isinstance(split_config, SplitConfig):
-    raise ConfigError(f"split_config must be a SplitConfig (@SplitConfig()), got {split_config!r}")
-  split_config.validate()
-  check_audit_canary_kind(audit_canary_kind)
-  for name, value in (("prompt_length", prompt_length), ("generation_length", generation_length),
-                      ("vocab_size", vocab_size), ("memorization_batch_size", memorization_batch_size)):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-  if not isinstance(train_sample_size, int) or isinstance(train_sample_size, bool) or train_sample_size < 0:
-    raise ConfigError(f"train_sample_size must be an integer >= 0 (0: no training sample), got {train_sample_size!r}")
+  split_config = _checked_arguments(corpus, output_dir, models, train_model, split_config, audit_canary_kind,
+                                    prompt_length, generation_length, vocab_size, memorization_batch_size,
+                                    train_sample_size)
   dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=duplicate_fraction,
                                           repetitions=tuple(repetitions), seed=seed,
                                           max_documents=max_documents).validate()
@@ -362,35 +409,11 @@ def run_study(*, corpus: Optional[str] = None, output_dir: Optional[str] = None,
 
   results = {}
   for name in models:
-    spec = MODELS[name]
-    model_root = os.path.join(output_dir, "models", name)
-    result_path = os.path.join(model_root, RESULT_FILE)
-    if os.path.isfile(result_path):
-      with open(result_path, encoding="utf-8") as f:
-        results[name] = json.load(f)
-      next(phase), next(phase)
-      logger.info("[study] %s: reusing %s", name, result_path)
-      continue
-    run_dir = os.path.join(model_root, "run")
-    logger.info("[study] phase %d/%d: train %s (%s, %s, %s vocabulary)", next(phase), steps, name,
-                spec.objective, "DP" if spec.private else "non-private", spec.vocabulary)
-    t0 = time.time()
-    summary = train_model(run_dir, pretraining_bindings(run_dir, data, vocabs[spec.vocabulary], spec.objective,
-                                                        spec.private, output_dir))
-    t1 = time.time()
-    logger.info("[study] phase %d/%d: memorization of %s", next(phase), steps, name)
-    report = memorization_run.run_memorization(
-        model_dir=run_dir, train_corpus=data["train"], valid_corpus=data["valid"],
-        output_dir=os.path.join(model_root, "memorization"), prompt_length=prompt_length,
-        generation_length=generation_length, batch_size=memorization_batch_size,
+    results[name] = _run_model(
+        name, output_dir, data, vocabs, train_model, phase, steps, prompt_length=prompt_length,
+        generation_length=generation_length, memorization_batch_size=memorization_batch_size,
         max_examples_per_split=max_examples_per_split, train_sample_size=train_sample_size,
-        span_corruption_variant=False,
-        split_config=split_config, text_field=text_field, seed=seed, audit=data.get("audit_record"),
-        log=logger.info)
-    wall = {"train": round(t1 - t0, 1), "memorization": round(time.time() - t1, 1)}
-    results[name] = model_result(name, spec, summary, report, wall, data["repeated"])
-    results[name]["privacy_unit"] = privacy_report.read_report(privacy_report.report_path(run_dir))["privacy_unit"]
-    io_lib.write_json_atomic(result_path, results[name])
+        split_config=split_config, text_field=text_field, seed=seed)
 
   logger.info("[study] phase %d/%d: results", next(phase), steps)
   out = {"models": results, "corpus": corpus, "data": data["stats"],

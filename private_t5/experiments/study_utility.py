@@ -247,6 +247,69 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
       line: one training run with the pretraining / fine-tuning Gin files plus these bindings.
   """
   t_start, cpu_start = time.time(), time.process_time()
+  dp_run, lengths, points = _checked_arguments(
+      corpus, output_dir, task_dir, task, models, finetune_modes, train_model, finetune_model,
+      finetune_steps=finetune_steps, finetune_batch_size=finetune_batch_size,
+      finetune_learning_rate=finetune_learning_rate, finetune_feature_lengths=finetune_feature_lengths,
+      finetune_dp_steps=finetune_dp_steps, finetune_dp_batch_size=finetune_dp_batch_size,
+      finetune_dp_learning_rate=finetune_dp_learning_rate, finetune_microbatch_size=finetune_microbatch_size,
+      eval_batch_size=eval_batch_size, bootstrap_samples=bootstrap_samples, vocab_size=vocab_size,
+      batch_sweep_sizes=batch_sweep_sizes, batch_sweep_examples=batch_sweep_examples,
+      batch_sweep_microbatch_size=batch_sweep_microbatch_size)
+  description = dict(text_fields=text_fields, label_field=label_field, label_names=label_names, metric=metric)
+  task = _checked_task(task, task_dir, task_module, description)
+  dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=0.0, repetitions=(2,),
+                                          seed=seed, max_documents=max_documents).validate()
+  output_dir = os.path.abspath(output_dir)
+  settings = {"steps": finetune_steps, "batch_size": finetune_batch_size, "learning_rate": finetune_learning_rate,
+              "feature_lengths": lengths, "epsilon": finetune_epsilon, "dp": dp_run, "eval_batch_size": eval_batch_size,
+              "max_eval_examples": max_eval_examples, "bootstrap_samples": bootstrap_samples}
+  phases = ("data", "vocabularies", "pretraining", "fine-tuning", "batch sweep", "results")
+  phase = iter(enumerate(phases, 1))
+
+  def log_phase(detail: str = ""):
+    k, what = next(phase)
+    logger.info("[study] phase %d/%d: %s%s", k, len(phases), what, detail)
+
+  log_phase(f" from {corpus}")
+  data = study.prepare_data(corpus, output_dir, dup_cfg, text_field)
+  _check_recorded(output_dir, task, task_dir, description, settings, batch_sweep_examples,
+                  batch_sweep_microbatch_size, batch_sweep_epsilon)
+  log_phase()
+  pretrained_names = [m for m in models if m != SCRATCH]
+  vocabs = study.train_vocabularies(
+      data["train"], output_dir, needed={"spm"} | {study.MODELS[m].vocabulary for m in pretrained_names},
+      vocab_size=vocab_size, dp_vocab_epsilon=dp_vocab_epsilon, dp_vocab_delta=dp_vocab_delta,
+      dp_vocab_max_words=dp_vocab_max_words, text_field=text_field)
+  log_phase(f": {', '.join(pretrained_names)}")
+  pretrained = {m: _pretrain(m, data, vocabs, output_dir, train_model) for m in pretrained_names}
+  log_phase(f" on {task}: {', '.join(models)} ({', '.join(finetune_modes)})")
+  table = _finetuned_table(models, finetune_modes, pretrained, task, vocabs, output_dir, finetune_model, settings)
+  log_phase(f": expected batches {[p['expected_batch_size'] for p in points]}, "
+            f"{batch_sweep_examples} examples each")
+  sweep = _batch_sweep(points, batch_sweep_nondp, data, vocabs, output_dir, train_model, batch_sweep_epsilon)
+  log_phase()
+  out = {"utility": {
+      "models": table, "batch_sweep": sweep, "task": task, "corpus": corpus, "data": data["stats"],
+      "settings": {"validation_fraction": validation_fraction, "max_documents": max_documents, "seed": seed,
+                   "vocab_size": vocab_size, "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
+                   "finetune": dict(settings), "finetune_modes": list(finetune_modes),
+                   "batch_sweep": {"sizes": [p["expected_batch_size"] for p in points],
+                                   "examples": batch_sweep_examples, "epsilon": batch_sweep_epsilon,
+                                   "microbatch_size": batch_sweep_microbatch_size}},
+      "time_this_run": {"wall_seconds": round(time.time() - t_start, 1),
+                        "cpu_seconds": round(time.process_time() - cpu_start, 1)}}}
+  paths = study_utility_report.write_results(out, output_dir)
+  logger.info("[study] wrote %s in %.0f s", ", ".join(paths), time.time() - t_start)
+  return out
+
+
+def _checked_arguments(corpus, output_dir, task_dir, task, models: Sequence[str], finetune_modes: Sequence[str],
+                       train_model, finetune_model, *, finetune_steps, finetune_batch_size, finetune_learning_rate,
+                       finetune_feature_lengths, finetune_dp_steps, finetune_dp_batch_size,
+                       finetune_dp_learning_rate, finetune_microbatch_size, eval_batch_size, bootstrap_samples,
+                       vocab_size, batch_sweep_sizes, batch_sweep_examples, batch_sweep_microbatch_size):
+  """Checks the arguments before anything runs: (the DP fine-tuning run, the feature lengths, the sweep's points)."""
   for name, value in (("corpus", corpus), ("output", output_dir)):
     if not isinstance(value, str) or not value:
       raise ConfigError(f"private-t5 study --part=utility: missing --{name}")
@@ -281,28 +344,23 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   if set(lengths) != {"inputs", "targets"}:
     raise ConfigError(f"finetune_feature_lengths needs 'inputs' and 'targets', got {lengths!r}")
   points = sweep_points(batch_sweep_sizes, batch_sweep_examples, batch_sweep_microbatch_size)
-  description = dict(text_fields=text_fields, label_field=label_field, label_names=label_names, metric=metric)
+  return dp_run, lengths, points
+
+
+def _checked_task(task: Optional[str], task_dir: Optional[str], task_module, description: dict) -> str:
+  """The name of the study's one task; a malformed task folder is refused now, not after pretraining (phase 4)."""
   task = glue_registry.get_task(task_dir_lib.task_name(task, task_dir, task_module, **description)).name  # one task
-  if task_dir is not None:  # a malformed task file is refused now, not after pretraining (phase 4)
+  if task_dir is not None:
     for split in ("train", "validation"):
       glue_rows.load_examples(task, split)
-  dup_cfg = duplication.DuplicationConfig(validation_fraction=validation_fraction, fraction=0.0, repetitions=(2,),
-                                          seed=seed, max_documents=max_documents).validate()
-  output_dir = os.path.abspath(output_dir)
-  settings = {"steps": finetune_steps, "batch_size": finetune_batch_size, "learning_rate": finetune_learning_rate,
-              "feature_lengths": lengths, "epsilon": finetune_epsilon, "dp": dp_run, "eval_batch_size": eval_batch_size,
-              "max_eval_examples": max_eval_examples, "bootstrap_samples": bootstrap_samples}
-  phases = ("data", "vocabularies", "pretraining", "fine-tuning", "batch sweep", "results")
-  phase = iter(enumerate(phases, 1))
+  return task
 
-  def log_phase(detail: str = ""):
-    k, what = next(phase)
-    logger.info("[study] phase %d/%d: %s%s", k, len(phases), what, detail)
 
-  log_phase(f" from {corpus}")
-  data = study.prepare_data(corpus, output_dir, dup_cfg, text_field)
-  # What a finished run's result depends on; the lists of models, modes and batch sizes may
-  # change between runs of one folder (each run's result is its own file).
+def _check_recorded(output_dir: str, task: str, task_dir: Optional[str], description: dict, settings: dict,
+                    batch_sweep_examples: int, batch_sweep_microbatch_size: int, batch_sweep_epsilon: float) -> None:
+  """Checks the settings a finished run's result depends on against those the folder recorded."""
+  # The lists of models, modes and batch sizes may change between runs of one folder (each
+  # run's result is its own file).
   recorded = {"task": task, "task_dir": os.path.abspath(task_dir) if task_dir else None,
               "finetune": settings, "batch_sweep_examples": batch_sweep_examples,
               "batch_sweep_microbatch_size": batch_sweep_microbatch_size,
@@ -310,15 +368,11 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
   if task_dir is not None and task_dir_lib.description(os.path.abspath(task_dir), **description) is not None:
     recorded["task_layout"] = task_dir_lib.layout(glue_registry.get_task(task))  # a task of its own description
   _check_settings(output_dir, recorded)
-  log_phase()
-  pretrained_names = [m for m in models if m != SCRATCH]
-  vocabs = study.train_vocabularies(
-      data["train"], output_dir, needed={"spm"} | {study.MODELS[m].vocabulary for m in pretrained_names},
-      vocab_size=vocab_size, dp_vocab_epsilon=dp_vocab_epsilon, dp_vocab_delta=dp_vocab_delta,
-      dp_vocab_max_words=dp_vocab_max_words, text_field=text_field)
-  log_phase(f": {', '.join(pretrained_names)}")
-  pretrained = {m: _pretrain(m, data, vocabs, output_dir, train_model) for m in pretrained_names}
-  log_phase(f" on {task}: {', '.join(models)} ({', '.join(finetune_modes)})")
+
+
+def _finetuned_table(models: Sequence[str], finetune_modes: Sequence[str], pretrained: dict, task: str,
+                     vocabs: dict, output_dir: str, finetune_model: Callable, settings: dict) -> dict:
+  """Phase 4: every model fine-tuned in every mode, beside its pretraining figures."""
   table = {}
   for m in models:
     base = pretrained.get(m)
@@ -331,24 +385,15 @@ def run_utility_study(*, corpus: Optional[str] = None, output_dir: Optional[str]
       result = _finetune(m, mode, base, task, vocabs, output_dir, finetune_model, settings)
       entry["finetuned" if mode == "public" else "finetuned_dp"] = result
     table[m] = entry
-  log_phase(f": expected batches {[p['expected_batch_size'] for p in points]}, "
-            f"{batch_sweep_examples} examples each")
+  return table
+
+
+def _batch_sweep(points: List[dict], nondp: bool, data: dict, vocabs: dict, output_dir: str, train_model: Callable,
+                 epsilon: float) -> List[dict]:
+  """Phase 5: the DP run of every batch size (and its non-DP reference)."""
   sweep = []
   for point in points:
-    sweep.append(_sweep_run(point, True, data, vocabs, output_dir, train_model, batch_sweep_epsilon))
-    if batch_sweep_nondp:
-      sweep.append(_sweep_run(point, False, data, vocabs, output_dir, train_model, batch_sweep_epsilon))
-  log_phase()
-  out = {"utility": {
-      "models": table, "batch_sweep": sweep, "task": task, "corpus": corpus, "data": data["stats"],
-      "settings": {"validation_fraction": validation_fraction, "max_documents": max_documents, "seed": seed,
-                   "vocab_size": vocab_size, "dp_vocab_epsilon": dp_vocab_epsilon, "dp_vocab_delta": dp_vocab_delta,
-                   "finetune": dict(settings), "finetune_modes": list(finetune_modes),
-                   "batch_sweep": {"sizes": [p["expected_batch_size"] for p in points],
-                                   "examples": batch_sweep_examples, "epsilon": batch_sweep_epsilon,
-                                   "microbatch_size": batch_sweep_microbatch_size}},
-      "time_this_run": {"wall_seconds": round(time.time() - t_start, 1),
-                        "cpu_seconds": round(time.process_time() - cpu_start, 1)}}}
-  paths = study_utility_report.write_results(out, output_dir)
-  logger.info("[study] wrote %s in %.0f s", ", ".join(paths), time.time() - t_start)
-  return out
+    sweep.append(_sweep_run(point, True, data, vocabs, output_dir, train_model, epsilon))
+    if nondp:
+      sweep.append(_sweep_run(point, False, data, vocabs, output_dir, train_model, epsilon))
+  return sweep

@@ -47,7 +47,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from private_t5 import doc_fingerprints
 from private_t5.data import corpora
@@ -193,6 +193,76 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     The privacy report (also written as JSON).
   """
   start = time.time()
+  corpus_specs, public_specs, eval_specs, signatures_dir, base = _checked_inputs(
+      corpus, output, public_corpus, eval_corpus, model_type, report_path, private_dir, eval_documents,
+      vocab_size, extra_characters)
+  allow_vocab_cap = bool(allow_vocab_cap) and not strict_vocab_size
+  bound = ContributionBound(sensitivity, max_words_per_document)
+  # Privacy parameters are fixed before the data is read (no data-dependent choices).
+  params = privacy_parameters(delta, bound, sigma=noise_std, target_epsilon=target_epsilon)
+  log = logger.info if verbose else (lambda msg: None)
+  log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
+      f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
+
+  # The keyed fingerprints of the documents read (`doc_fingerprints`), computed in the same pass:
+  # training checks a public declaration of this vocabulary against them, by content.
+  fingerprints = doc_fingerprints.FingerprintWriter(doc_fingerprints.new_key(),
+                                                    directory=os.path.dirname(os.path.abspath(output)))
+  reading = _Reading(text_field, errors, data_dir, max_documents, num_workers, chunk_size, log)
+  histogram, hstats = _corpus_histogram(corpus, corpus_specs, bound, delta, fingerprints, histogram_fn, reading)
+  release = _release_words(histogram, params, bound, public_specs, insecure_seed, model_type, base, reading)
+  trained_size, model, actual_size, size_warning = _train_model(
+      release.word_counts, vocab_size, model_type, allow_vocab_cap, character_coverage, base, params, bound,
+      public_specs)
+  sources = piece_sources(model, release.kept, release.public_counts or (), base)
+  utility, not_dp = _utility(model, histogram, corpus_specs, eval_specs, eval_documents, nonprivate_baseline,
+                             vocab_size, model_type, character_coverage, base, reading)
+  del histogram
+  fingerprint_record = _write_fingerprints(fingerprints, output, signatures_dir, hstats.documents)
+
+  report = _report(
+      params, model, corpus, corpus_specs, output, insecure_seed, bound, hstats, release, public_specs,
+      sizes=(actual_size, vocab_size, trained_size, size_warning), base=base, sources=sources,
+      model_type=model_type, fingerprint_record=fingerprint_record, utility=utility, start=start, not_dp=not_dp)
+  report_path = report_path or privacy_report.vocabulary_report_path(output)
+  # The pair is written as one unit: the report (naming the model by its hash) is committed
+  # first, then the model, already on disk, is renamed into place. A kill leaves no model
+  # without its report; at worst (between the two renames) the old model beside the new report,
+  # which names another vocabulary, so training does not compose it.
+  write_bytes_atomic(output, model,
+                     before_rename=lambda: privacy_report.write_report(report_path, report, sort_keys=False))
+  report["report_path"] = os.path.abspath(report_path)
+  _log_outcome(log, sources, utility, eval_specs, actual_size, output, report_path, report["seconds"],
+               signatures_dir)
+  return report
+
+
+class _Reading(NamedTuple):
+  """How the corpora are read and counted, and where progress is logged."""
+  text_field: str
+  errors: str
+  data_dir: Optional[str]
+  max_documents: Optional[int]
+  num_workers: Optional[int]
+  chunk_size: int
+  log: Callable[[str], None]
+
+
+class _Release(NamedTuple):
+  """The words kept from the noisy histogram, the public counts merged with them, and what the trainer gets."""
+  words_total: int
+  kept: Dict[str, float]
+  public_counts: Optional[Dict[str, int]]
+  public_stats: Optional[HistogramStats]
+  word_counts: List[Tuple[str, float]]
+  count_scale: float
+
+
+def _checked_inputs(corpus, output, public_corpus, eval_corpus, model_type: str, report_path: Optional[str],
+                    private_dir: Optional[str], eval_documents, vocab_size,
+                    extra_characters: Optional[str]) -> Tuple[List[str], Optional[List[str]], Optional[List[str]],
+                                                              str, str]:
+  """Checks the arguments and output paths before the corpus is read: (specs, private folder, base characters)."""
   if not isinstance(output, str) or not output:
     raise ConfigError("missing output: set the .model path (--output or --gin.OUTPUT)")
   corpus_specs = _as_specs(corpus, "corpus", required=True)
@@ -218,37 +288,43 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     raise ConfigError(f"vocab_size must be an integer >= {min_vocab_size(base)} ({SPECIAL_PIECES} special + "
                       f"{BYTE_PIECES} byte pieces + the word boundary + {len(base)} base characters), "
                       f"got {vocab_size!r}")
-  allow_vocab_cap = bool(allow_vocab_cap) and not strict_vocab_size
-  bound = ContributionBound(sensitivity, max_words_per_document)
-  # Privacy parameters are fixed before the data is read (no data-dependent choices).
-  params = privacy_parameters(delta, bound, sigma=noise_std, target_epsilon=target_epsilon)
-  log = logger.info if verbose else (lambda msg: None)
-  log(f"dp-spm: σ={params['noise_std']:.4g} threshold={params['threshold']:.4g} ε={params['epsilon']:.4g} "
-      f"(paper formula {params['epsilon_paper_formula']:.4g}) δ={delta:g}, sensitivity {bound.as_dict()}")
+  return corpus_specs, public_specs, eval_specs, signatures_dir, base
 
-  # The keyed fingerprints of the documents read (`doc_fingerprints`), computed in the same pass:
-  # training checks a public declaration of this vocabulary against them, by content.
-  fingerprints = doc_fingerprints.FingerprintWriter(doc_fingerprints.new_key(),
-                                                    directory=os.path.dirname(os.path.abspath(output)))
+
+def _corpus_histogram(corpus, corpus_specs: List[str], bound: ContributionBound, delta: float,
+                      fingerprints: doc_fingerprints.FingerprintWriter, histogram_fn,
+                      reading: _Reading) -> Tuple[Dict[str, int], HistogramStats]:
+  """Builds the noiseless bounded word histogram of the private corpus, fingerprinting its documents on the way."""
+  log = reading.log
   if histogram_fn is not None:
-    histogram, hstats = histogram_fn(corpus_specs, bound, text_field=text_field, errors=errors, data_dir=data_dir,
-                                     max_documents=max_documents, fingerprints=fingerprints)
+    histogram, hstats = histogram_fn(corpus_specs, bound, text_field=reading.text_field, errors=reading.errors,
+                                     data_dir=reading.data_dir, max_documents=reading.max_documents,
+                                     fingerprints=fingerprints)
   else:
-    texts = _iter_corpus_texts(corpus_specs, max_documents, text_field, errors, data_dir)
+    texts = _iter_corpus_texts(corpus_specs, reading.max_documents, reading.text_field, reading.errors,
+                               reading.data_dir)
     progress = lambda s: log(f"dp-spm: {s.documents} documents, {s.bytes / 1e6:.1f} MB, "
                              f"{s.bytes / 1e6 / max(s.seconds, 1e-9):.1f} MB/s")
-    histogram, hstats = build_histogram(texts, bound, num_workers=num_workers, chunk_size=chunk_size,
-                                        progress=progress, fingerprints=fingerprints)
+    histogram, hstats = build_histogram(texts, bound, num_workers=reading.num_workers,
+                                        chunk_size=reading.chunk_size, progress=progress, fingerprints=fingerprints)
   if hstats.documents == 0 or not histogram:
     raise DataError(f"corpus {corpus!r} has no words")
   if delta >= 1.0 / hstats.documents:
+    # stacklevel 3: the caller of train_dp_vocabulary.
     warnings.warn(f"delta={delta:g} >= 1/number of documents={1.0 / hstats.documents:g}: the (ε, δ) "
                   "guarantee is meaningless; use δ << 1/number of documents", MeaninglessGuaranteeWarning,
-                  stacklevel=2)
+                  stacklevel=3)
     logger.warning("delta=%g >= 1/%d documents: meaningless guarantee", delta, hstats.documents)
   log(f"dp-spm: histogram of {len(histogram)} words from {hstats.documents} documents "
       f"({hstats.bytes / 1e6:.1f} MB in {hstats.seconds:.1f} s)")
+  return histogram, hstats
 
+
+def _release_words(histogram: Dict[str, int], params: Dict[str, Any], bound: ContributionBound,
+                   public_specs: Optional[List[str]], insecure_seed: Optional[int], model_type: str, base: str,
+                   reading: _Reading) -> _Release:
+  """Adds the noise, keeps the words over the threshold, merges the public counts and scales them for the trainer."""
+  log = reading.log
   rng = noise_generator(insecure_seed)
   kept = private_histogram(histogram, params["noise_std"], params["threshold"], rng)
   words_total = len(histogram)
@@ -257,8 +333,9 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     # Public text: counted exactly (no noise, no threshold) under the same bound, so that its
     # counts are on the private histogram's scale.
     public_counts, public_stats = build_histogram(
-        _iter_corpus_texts(public_specs, max_documents, text_field, errors, data_dir), bound,
-        num_workers=num_workers, chunk_size=chunk_size)
+        _iter_corpus_texts(public_specs, reading.max_documents, reading.text_field, reading.errors,
+                           reading.data_dir), bound,
+        num_workers=reading.num_workers, chunk_size=reading.chunk_size)
     log(f"dp-spm: public corpus: {len(public_counts)} words from {public_stats.documents} documents")
   if not kept and not public_counts:
     hint = "" if bound.mode == "capped" else "sensitivity='capped', "
@@ -273,6 +350,13 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
   log(f"dp-spm: kept {len(kept)} of {words_total} words"
       + (f" + {len(public_counts)} public words" if public_counts else "")
       + f"; training {model_type} SentencePiece (byte fallback, {len(base)} base characters)")
+  return _Release(words_total, kept, public_counts, public_stats, word_counts, count_scale)
+
+
+def _train_model(word_counts, vocab_size: int, model_type: str, allow_vocab_cap: bool, character_coverage: float,
+                 base: str, params: Dict[str, Any], bound: ContributionBound,
+                 public_specs: Optional[List[str]]) -> Tuple[int, bytes, int, Optional[str]]:
+  """Trains SentencePiece on the released words: (size trained, model, its pieces, any size warning)."""
   try:
     trained_size, model = train_capped(word_counts, vocab_size, model_type, allow_vocab_cap,
                                        character_coverage, base)
@@ -290,12 +374,18 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                     f"no more ({_knobs(params, bound, public_specs)}); {fix} (--strict_vocab_size makes this "
                     "an error)")
     logger.warning("%s", size_warning)
-  sources = piece_sources(model, kept, public_counts or (), base)
+  return trained_size, model, actual_size, size_warning
 
+
+def _utility(model: bytes, histogram: Dict[str, int], corpus_specs: List[str], eval_specs: Optional[List[str]],
+             eval_documents: int, nonprivate_baseline: bool, vocab_size: int, model_type: str,
+             character_coverage: float, base: str, reading: _Reading) -> Tuple[Optional[Dict[str, Any]], List[str]]:
+  """Measures the vocabulary (and a non-private one) on a text sample: (utility, the not-DP fields)."""
   utility = None
   not_dp = list(NOT_DP_FIELDS)
   if eval_documents:
-    sample = _sample_texts(eval_specs or corpus_specs, eval_documents, text_field, errors, data_dir)
+    sample = _sample_texts(eval_specs or corpus_specs, eval_documents, reading.text_field, reading.errors,
+                           reading.data_dir)
     utility = {"sample": {
         "source": "eval_corpus" if eval_specs else "training_corpus",
         "corpus": eval_specs or corpus_specs,
@@ -312,16 +402,24 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
                                    base)
       utility["nonprivate_baseline"] = {**tokenization_utility(nonprivate, sample), "label": NONPRIVATE_LABEL}
       not_dp.append("utility.nonprivate_baseline")
-  del histogram
-  fingerprint_record = _write_fingerprints(fingerprints, output, signatures_dir, hstats.documents)
+  return utility, not_dp
 
+
+def _report(params: Dict[str, Any], model: bytes, corpus, corpus_specs: List[str], output: str,
+            insecure_seed: Optional[int], bound: ContributionBound, hstats: HistogramStats, release: _Release,
+            public_specs: Optional[List[str]], *, sizes: Tuple[int, int, int, Optional[str]], base: str,
+            sources, model_type: str, fingerprint_record: Dict[str, Any], utility: Optional[Dict[str, Any]],
+            start: float, not_dp: List[str]) -> Dict[str, Any]:
+  """Builds the vocabulary's privacy report (and logs its first warning)."""
+  actual_size, vocab_size, trained_size, size_warning = sizes
+  kept, public_counts, public_stats = release.kept, release.public_counts, release.public_stats
   corpus_files = [f for spec in corpus_specs for f in corpora.corpus_files(spec)]
   report = privacy_report.vocabulary_report(
       params, model_bytes=model, insecure_seed=insecure_seed,
       sensitivity=bound.as_dict(),
-      words_total=words_total,
+      words_total=release.words_total,
       words_kept=len(kept),
-      words_dropped_fraction=1.0 - len(kept) / words_total,
+      words_dropped_fraction=1.0 - len(kept) / release.words_total,
       documents=hstats.documents,
       histogram=hstats.as_dict(),
       vocab_size=actual_size,
@@ -338,7 +436,7 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       model=os.path.abspath(output),
       corpus=corpus if isinstance(corpus, str) else list(corpus),
       corpus_files=corpus_files,
-      trainer_count_scale=count_scale,
+      trainer_count_scale=release.count_scale,
       # Path, size and SHA-256 of each local file read: a public declaration of this vocabulary is
       # checked against a run's training files by content (`dp.public_vocabulary`).
       corpus_file_digests=public_vocabulary.file_digests(corpus_files),
@@ -352,14 +450,13 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
       not_dp_fields=not_dp)
   if report["warnings"]:
     logger.warning("dp-spm: %s", report["warnings"][0])
-  report_path = report_path or privacy_report.vocabulary_report_path(output)
-  # The pair is written as one unit: the report (naming the model by its hash) is committed
-  # first, then the model, already on disk, is renamed into place. A kill leaves no model
-  # without its report; at worst (between the two renames) the old model beside the new report,
-  # which names another vocabulary, so training does not compose it.
-  write_bytes_atomic(output, model,
-                     before_rename=lambda: privacy_report.write_report(report_path, report, sort_keys=False))
-  report["report_path"] = os.path.abspath(report_path)
+  return report
+
+
+def _log_outcome(log: Callable[[str], None], sources, utility: Optional[Dict[str, Any]],
+                 eval_specs: Optional[List[str]], actual_size: int, output: str, report_path: str, seconds: float,
+                 signatures_dir: str) -> None:
+  """Logs the pieces by source, the utility numbers and the files written."""
   log(f"dp-spm: pieces by source: {sources}")
   if utility:
     dp_u, label = utility["dp_vocabulary"], utility["sample"]["source"].replace("_", " ")
@@ -371,9 +468,8 @@ def train_dp_vocabulary(corpus: Union[str, Sequence[str]], output: str, *, vocab
     if base_u:
       log(f"dp-spm: non-private SentencePiece (comparison only, never released): <unk> rate "
           f"{base_u['unk_rate']:.2%}, {base_u['tokens_per_word']:.2f} tokens/word ({base_u['vocab_size']} pieces)")
-  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {report['seconds']} s; apart from "
+  log(f"dp-spm: wrote {output} ({actual_size} pieces) and {report_path} in {seconds} s; apart from "
       f"them, private (never release it): {signatures_dir} (the documents' keyed signatures and their key)")
-  return report
 
 
 def _write_fingerprints(fingerprints: doc_fingerprints.FingerprintWriter, output: str, directory: str,

@@ -170,21 +170,10 @@ def privacy_so_far(ledger: PrivacyLedger) -> Dict[str, Any]:
           "vocabulary": ledger.vocabulary_status()}
 
 
-def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seeds: RunSeeds,
-        manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
-        layout: BatchLayout, initial_params_fn: Optional[Callable[[], Any]] = None,
-        log: Callable[[str], None] = print) -> Dict[str, Any]:
-  """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary
-  (written to summary.json by the caller, once it is complete).
-
-  `source` and `validation_source` (or None) are `train.main.ExampleSource`s: the loop reads their
-  `num_examples` and `get_batch`. `layout` says how each step's sample runs (an execution
-  setting, `BatchLayout.for_run`). `initial_params_fn` (fine-tuning)
-  supplies the step-0 parameters of a fresh run; a resumed run ignores it and continues from
-  its own checkpoint. The loop is the same for every mechanism; whether it is private changes
-  only the wording of its logs and summary (`privacy.private`: "not DP" labels).
-  """
-  model_dir = config.model_dir
+def _resume_or_init(trainer: Trainer, privacy: Mechanism, seeds: RunSeeds,
+                    manager: checkpoints_lib.CheckpointManager, model_dir: str,
+                    initial_params_fn: Optional[Callable[[], Any]], log: Callable[[str], None]):
+  """(start step, state, ledger): from the latest readable checkpoint, or fresh; sets the ledger on `privacy`."""
   ledger: PrivacyLedger = privacy.ledger
   start_step, state, saved = _restore_latest_readable(manager, trainer.abstract_state(), log)
   if start_step is not None:
@@ -207,6 +196,100 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
     initial_params = initial_params_fn() if initial_params_fn is not None else None
     state = trainer.init_state(seeds.init_key, initial_params)
   privacy.ledger = ledger
+  return start_step, state, ledger
+
+
+def _batch_accuracy(trainer: Trainer, params, data) -> float:
+  """The token accuracy of the parameters on a step's batch (all its microbatches)."""
+  sums: Dict[str, float] = {}
+  for chunk in ([data.placed] if data.count is None else data.host):
+    for k, v in trainer.eval_batch(params, chunk).items():
+      sums[k] = sums.get(k, 0.0) + v
+  return sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
+
+
+def _log_train_step(step: int, step_metrics, batch_accuracy: float, ledger: PrivacyLedger,
+                    writer: metrics_lib.SummaryWriter, bar, printer: metrics_lib.ProgressPrinter, not_dp: bool,
+                    log: Callable[[str], None]) -> Dict[str, float]:
+  """Reads a logged step's metrics back and writes them (TensorBoard, progress bar, log line); returns them."""
+  values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+  so_far = privacy_so_far(ledger)
+  epsilon = so_far["epsilon"]  # ∞: vocabulary not private
+  loss = values.get("nondp/loss")
+  last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
+  tb = dict(values)
+  tb["nondp/token_accuracy"] = batch_accuracy
+  if epsilon is not None:
+    tb["privacy/epsilon"] = _finite(epsilon)
+    tb["privacy/training_epsilon"] = so_far["training_epsilon"]
+  writer.scalars("train", step, tb)
+  bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
+                                + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
+  log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=not_dp,
+                   learning_rate=values.get("learning_rate"), training_epsilon=so_far["training_epsilon"]))
+  return last_train
+
+
+def _log_session(shapes_compiled, examples_seen: float, rows_run: int, not_dp: bool,
+                 log: Callable[[str], None]) -> None:
+  """Logs the train-step shapes compiled and the real rows run this session."""
+  if shapes_compiled:
+    log(f"[train] compiled train-step shapes this session: {len(shapes_compiled)} ("
+        + ", ".join(_shape_name(shape) for shape in sorted(shapes_compiled)) + ")")
+  if rows_run:
+    real_fraction = examples_seen / rows_run
+    log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
+        f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if not_dp else ''})")
+
+
+def _summary(model_dir: str, step: int, start_step: int, elapsed: float, first_step_time: Optional[float],
+             examples_seen: float, rows_run: int, last_train: Dict[str, float], last_eval: Optional[Dict[str, float]],
+             privacy: Mechanism, ledger: PrivacyLedger, manager: checkpoints_lib.CheckpointManager,
+             writer: metrics_lib.SummaryWriter, seeds: RunSeeds) -> Dict[str, Any]:
+  """The summary of the session that `run` returns."""
+  not_dp = privacy.private
+  steps_run = step - start_step
+  real_fraction = examples_seen / rows_run if rows_run else None
+  timed = max(elapsed - (first_step_time or 0.0), 1e-9)
+  summary = {
+      "model_dir": os.path.abspath(model_dir),
+      "final_step": int(step),
+      "steps_this_run": int(steps_run),
+      "resumed_from_step": int(start_step) if start_step else None,
+      "wall_time_s": elapsed,
+      "steps_per_second": (steps_run - 1) / timed if steps_run > 1 else None,
+      "examples_per_second": examples_seen / elapsed if elapsed > 0 else None,
+      "real_row_fraction": real_fraction,
+      "train_batch_metrics_not_dp" if not_dp else "train_batch_metrics": last_train,
+      metrics_lib.validation_key(not_dp): last_eval,
+      "private": privacy.private,
+      **{k: _finite(v) if k.endswith("epsilon") else v for k, v in privacy_so_far(ledger).items()},
+      "privacy_report": os.path.abspath(privacy_report.report_path(model_dir)),
+      "checkpoint_dir": manager.directory,
+      "tensorboard_dir": os.path.abspath(writer.log_dir),
+      "deterministic_seed": seeds.deterministic,
+  }
+  if not_dp:  # statistics of the private data, outside the guarantee
+    summary["not_dp"] = [k for k in metrics_lib.NOT_DP_SUMMARY_KEYS if k in summary]
+  return summary
+
+
+def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seeds: RunSeeds,
+        manager: checkpoints_lib.CheckpointManager, config: LoopConfig, metadata: Dict[str, Any],
+        layout: BatchLayout, initial_params_fn: Optional[Callable[[], Any]] = None,
+        log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """Trains to `config.train_steps`, resuming from the latest checkpoint; returns the summary
+  (written to summary.json by the caller, once it is complete).
+
+  `source` and `validation_source` (or None) are `train.main.ExampleSource`s: the loop reads their
+  `num_examples` and `get_batch`. `layout` says how each step's sample runs (an execution
+  setting, `BatchLayout.for_run`). `initial_params_fn` (fine-tuning)
+  supplies the step-0 parameters of a fresh run; a resumed run ignores it and continues from
+  its own checkpoint. The loop is the same for every mechanism; whether it is private changes
+  only the wording of its logs and summary (`privacy.private`: "not DP" labels).
+  """
+  model_dir = config.model_dir
+  start_step, state, ledger = _resume_or_init(trainer, privacy, seeds, manager, model_dir, initial_params_fn, log)
   not_dp = privacy.private  # the wording of the statistics of private data
   dropout_key, noise_key = seeds.dropout_base_key, seeds.noise_base_key
   padded = layout.batch_rows
@@ -268,13 +351,8 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
       real_rows = float(min(data.num_sampled, data.rows))
       rows_run += data.rows
       log_now = (step + 1) % config.log_every == 0 or step + 1 == config.train_steps or step == start_step
-      batch_accuracy = None
-      if log_now:  # accuracy before the update, like the loss the aggregator reports
-        sums: Dict[str, float] = {}
-        for chunk in ([data.placed] if data.count is None else data.host):
-          for k, v in trainer.eval_batch(state.params, chunk).items():
-            sums[k] = sums.get(k, 0.0) + v
-        batch_accuracy = sums.get("correct_tokens", 0.0) / max(sums.get("target_tokens", 0.0), 1e-12)
+      # Accuracy before the update, like the loss the aggregator reports.
+      batch_accuracy = _batch_accuracy(trainer, state.params, data) if log_now else None
       # One dispatch: the step (all its microbatches) is one compiled call; nothing is read back
       # from the device unless this step logs.
       if data.count is None:
@@ -294,21 +372,7 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
         bar.unpause()
       bar.update(1)
       if log_now:
-        values = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-        so_far = privacy_so_far(ledger)
-        epsilon = so_far["epsilon"]  # ∞: vocabulary not private
-        loss = values.get("nondp/loss")
-        last_train = {"loss": loss, "token_accuracy": batch_accuracy, "step": step}
-        tb = dict(values)
-        tb["nondp/token_accuracy"] = batch_accuracy
-        if epsilon is not None:
-          tb["privacy/epsilon"] = _finite(epsilon)
-          tb["privacy/training_epsilon"] = so_far["training_epsilon"]
-        writer.scalars("train", step, tb)
-        bar.set_postfix_str(", ".join(([] if loss is None else [f"loss {loss:.4g}"])
-                                      + ([] if epsilon is None else [f"ε so far {epsilon:.4g}"])), refresh=False)
-        log(printer.line(step, loss, batch_accuracy, epsilon=epsilon, private=not_dp,
-                         learning_rate=values.get("learning_rate"), training_epsilon=so_far["training_epsilon"]))
+        last_train = _log_train_step(step, step_metrics, batch_accuracy, ledger, writer, bar, printer, not_dp, log)
       if validation_batches and config.eval_every and step % config.eval_every == 0 and step < config.train_steps:
         last_eval = run_eval(step, state.params)
       if step % config.checkpoint_every == 0 or step == config.train_steps:
@@ -325,33 +389,6 @@ def run(*, trainer: Trainer, privacy: Mechanism, source, validation_source, seed
   if validation_batches and step > start_step:  # (a finished run started again evaluates nothing)
     last_eval = run_eval(step, state.params)
   writer.close()
-  steps_run = step - start_step
-  real_fraction = examples_seen / rows_run if rows_run else None
-  if shapes_compiled:
-    log(f"[train] compiled train-step shapes this session: {len(shapes_compiled)} ("
-        + ", ".join(_shape_name(shape) for shape in sorted(shapes_compiled)) + ")")
-  if rows_run:
-    log(f"[train] real rows: {int(examples_seen)} of {rows_run} rows run this session "
-        f"({100.0 * real_fraction:.1f}% real, the rest padding{', not DP' if not_dp else ''})")
-  timed = max(elapsed - (first_step_time or 0.0), 1e-9)
-  summary = {
-      "model_dir": os.path.abspath(model_dir),
-      "final_step": int(step),
-      "steps_this_run": int(steps_run),
-      "resumed_from_step": int(start_step) if start_step else None,
-      "wall_time_s": elapsed,
-      "steps_per_second": (steps_run - 1) / timed if steps_run > 1 else None,
-      "examples_per_second": examples_seen / elapsed if elapsed > 0 else None,
-      "real_row_fraction": real_fraction,
-      "train_batch_metrics_not_dp" if not_dp else "train_batch_metrics": last_train,
-      metrics_lib.validation_key(not_dp): last_eval,
-      "private": privacy.private,
-      **{k: _finite(v) if k.endswith("epsilon") else v for k, v in privacy_so_far(ledger).items()},
-      "privacy_report": os.path.abspath(privacy_report.report_path(model_dir)),
-      "checkpoint_dir": manager.directory,
-      "tensorboard_dir": os.path.abspath(writer.log_dir),
-      "deterministic_seed": seeds.deterministic,
-  }
-  if not_dp:  # statistics of the private data, outside the guarantee
-    summary["not_dp"] = [k for k in metrics_lib.NOT_DP_SUMMARY_KEYS if k in summary]
-  return summary
+  _log_session(shapes_compiled, examples_seen, rows_run, not_dp, log)
+  return _summary(model_dir, step, start_step, elapsed, first_step_time, examples_seen, rows_run, last_train,
+                  last_eval, privacy, ledger, manager, writer, seeds)

@@ -417,61 +417,23 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
                       batch_size=batch_size, dp=dp, checkpoint_every=checkpoint_every,
                       keep_checkpoints=keep_checkpoints, eval_every=eval_every, eval_examples=eval_examples,
                       log_every=log_every, prefetch_depth=prefetch_depth, data_workers=data_workers)
-  rules = sharding.axis_rules(parameter_sharding)
-  base = build_lora(lora, initial_checkpoint, model_config)
-  clipping_method = clipping_method_for(model_config, dp, clipping_method, log)
-  execution = dp_config.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
-                                                      stack_layers=ghost_stack_layers,
-                                                      ghost_clipped_sum=ghost_clipped_sum)
-  layout = dp_config.BatchLayout.for_run(dp, execution, batch_size)
-  if insecure_deterministic_seed is not None:
-    log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
-        "(tests and reproductions only; the DP guarantee does not hold)")
-  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size, log)
+  rules, base, execution, layout, mesh = _execution_plan(
+      model_config, dp, parameter_sharding, lora, initial_checkpoint, clipping_method, microbatch_size,
+      ghost_stack_layers, ghost_clipped_sum, batch_size, insecure_deterministic_seed, mesh_shape, log)
   manager = checkpoints.CheckpointManager(model_dir, keep=keep_checkpoints)
   failed = True  # until the loop returns: a run that fails before its first save leaves nothing
   try:
     seeds = build_seeds(manager, insecure_deterministic_seed)
-    described = train_data.describe()
-    # A vocabulary declared public is checked against the training documents by content first.
-    declaration = public_declaration.check_declaration(dp, vocab_path, train_data,
-                                                       allow_unchecked=vocab_public_unchecked, log=log)
-    setup = mechanism_lib.build_mechanism(
-        declaration.dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
-        privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
-        sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
-        spmd_axis_name=sharding.DATA_AXIS if mesh.shape[sharding.DATA_AXIS] > 1 else None,
-        noise_secret=not seeds.deterministic, population=described.get("population"),
-        corpus=described.get("corpus"), data_files=described.get("data_files"),
-        unknown_files=described.get("data_files_unknown"), log=log)
-    declaration.confirm(setup.ledger)
-    mechanism = setup.fingerprint()
-    override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
-                else privacy_hook(setup, train_data))
-    setup, source, extra = override.mechanism, override.source, override.extra
-    if lora is not None:
-      extra = dict(extra, lora=base.record)
-    fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
-    manager.fingerprint = fingerprint
-    manager.check_compatible(fingerprint, hints=resume_hints(dp, manager), ignore=moved_paths(manager, train_data, lora))
+    override, extra = _checked_mechanism(
+        dp, execution, model_config, z_loss, lora, base, train_data, batch_size, train_steps, seeds, vocab_path,
+        vocab_public_unchecked, mesh, privacy_hook, initial_checkpoint, manager, log)
+    setup, source = override.mechanism, override.source
     finished_before = (manager.latest_step() or 0) >= train_steps  # started again: its config.gin is kept
     if operative_config is not None and partitioning.is_primary() and not finished_before:
       io_lib.write_text_atomic(run_dir.config_path(model_dir), operative_config())
-
-    optimizer, schedule = build_optimizer(optimizer, learning_rate, lora)
-    trainer = Trainer(model_config, setup.clipped_sum, optimizer, mesh, learning_rate_fn=schedule, rules=rules,
-                      lora=lora, base_params=None if lora is None else base.params, noise=setup.noise)
-    num_params = trainer.num_trainable_params()
-    log(describe_run(model_config, mesh, parameter_sharding, train_data, batch_size,
-                     extra.get("optimizer") or ("DP-Adafactor" if setup.private else "non-private Adafactor")))
-    metadata = build_metadata(model_config=model_config, train_data=train_data, vocab_path=vocab_path,
-                              num_params=num_params, batch_size=batch_size, extra=extra,
-                              initial_checkpoint=initial_checkpoint)
-    if lora is not None:
-      log(f"[train] LoRA (rank {lora.rank}, alpha {lora.alpha:g}, on {', '.join(lora.targets)}): {num_params} "
-          f"trainable adapter parameters on the frozen {initial_checkpoint} (sha256 {base.record['base']['sha256'][:12]})")
-    elif initial_checkpoint:
-      log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
+    trainer, num_params, metadata = _built_trainer(
+        model_config, setup, extra, optimizer, learning_rate, lora, base, mesh, rules, parameter_sharding,
+        train_data, batch_size, vocab_path, initial_checkpoint, log)
     summary = loop.run(
         trainer=trainer, privacy=setup, layout=layout, source=source, validation_source=validation_data,
         seeds=seeds, manager=manager,
@@ -483,6 +445,86 @@ def train(*, model_config, train_data: ExampleSource, validation_data: Optional[
     failed = False
   finally:
     manager.close(discard_if_unused=failed)
+  return _completed_summary(summary, model_dir, num_params, metadata, operative_config, override, extra, lora,
+                            base, log)
+
+
+def _execution_plan(model_config, dp, parameter_sharding: str, lora, initial_checkpoint: Optional[str],
+                    clipping_method: Optional[str], microbatch_size: Optional[int], ghost_stack_layers: bool,
+                    ghost_clipped_sum: str, batch_size: int, insecure_deterministic_seed: Optional[int],
+                    mesh_shape: Sequence[int], log: Callable[[str], None]):
+  """(axis rules, LoRA base, execution settings, batch layout, mesh) of a run, before anything is written."""
+  rules = sharding.axis_rules(parameter_sharding)
+  base = build_lora(lora, initial_checkpoint, model_config)
+  clipping_method = clipping_method_for(model_config, dp, clipping_method, log)
+  execution = dp_config.ExecutionSettings.for_run(dp, clipping_method, microbatch_size, log,
+                                                      stack_layers=ghost_stack_layers,
+                                                      ghost_clipped_sum=ghost_clipped_sum)
+  layout = dp_config.BatchLayout.for_run(dp, execution, batch_size)
+  if insecure_deterministic_seed is not None:
+    log("[train] WARNING: insecure_deterministic_seed is set: noise and sampling are predictable "
+        "(tests and reproductions only; the DP guarantee does not hold)")
+  mesh = build_mesh(mesh_shape, batch_size, execution.microbatch_size, log)
+  return rules, base, execution, layout, mesh
+
+
+def _checked_mechanism(dp, execution, model_config, z_loss: float, lora, base, train_data: ExampleSource,
+                       batch_size: int, train_steps: int, seeds: RunSeeds, vocab_path: Optional[str],
+                       vocab_public_unchecked: bool, mesh, privacy_hook: Optional[PrivacyHook],
+                       initial_checkpoint: Optional[str], manager,
+                       log: Callable[[str], None]) -> Tuple[PrivacyOverride, Mapping[str, Any]]:
+  """Builds the run's mechanism and checks MODEL_DIR's checkpoints against its fingerprint: (override, extra)."""
+  described = train_data.describe()
+  # A vocabulary declared public is checked against the training documents by content first.
+  declaration = public_declaration.check_declaration(dp, vocab_path, train_data,
+                                                     allow_unchecked=vocab_public_unchecked, log=log)
+  setup = mechanism_lib.build_mechanism(
+      declaration.dp, execution, loss_fn=make_loss_fn(model_config, z_loss, lora), num_examples=train_data.num_examples,
+      privacy_unit=train_data.privacy_unit, batch_size=batch_size, train_steps=train_steps,
+      sampler_seed=seeds.sampler_seed, vocab_path=vocab_path,
+      spmd_axis_name=sharding.DATA_AXIS if mesh.shape[sharding.DATA_AXIS] > 1 else None,
+      noise_secret=not seeds.deterministic, population=described.get("population"),
+      corpus=described.get("corpus"), data_files=described.get("data_files"),
+      unknown_files=described.get("data_files_unknown"), log=log)
+  declaration.confirm(setup.ledger)
+  mechanism = setup.fingerprint()
+  override = (PrivacyOverride(mechanism=setup, source=train_data) if privacy_hook is None
+              else privacy_hook(setup, train_data))
+  extra = override.extra
+  if lora is not None:
+    extra = dict(extra, lora=base.record)
+  fingerprint = build_fingerprint(model_config, train_data, mechanism, extra, initial_checkpoint)
+  manager.fingerprint = fingerprint
+  manager.check_compatible(fingerprint, hints=resume_hints(dp, manager), ignore=moved_paths(manager, train_data, lora))
+  return override, extra
+
+
+def _built_trainer(model_config, setup, extra: Mapping[str, Any], optimizer, learning_rate, lora, base, mesh,
+                   rules, parameter_sharding: str, train_data: ExampleSource, batch_size: int,
+                   vocab_path: Optional[str], initial_checkpoint: Optional[str], log: Callable[[str], None]):
+  """Builds the trainer and the checkpoints' metadata and logs the run's description: (trainer, params, metadata)."""
+  optimizer, schedule = build_optimizer(optimizer, learning_rate, lora)
+  trainer = Trainer(model_config, setup.clipped_sum, optimizer, mesh, learning_rate_fn=schedule, rules=rules,
+                    lora=lora, base_params=None if lora is None else base.params, noise=setup.noise)
+  num_params = trainer.num_trainable_params()
+  log(describe_run(model_config, mesh, parameter_sharding, train_data, batch_size,
+                   extra.get("optimizer") or ("DP-Adafactor" if setup.private else "non-private Adafactor")))
+  metadata = build_metadata(model_config=model_config, train_data=train_data, vocab_path=vocab_path,
+                            num_params=num_params, batch_size=batch_size, extra=extra,
+                            initial_checkpoint=initial_checkpoint)
+  if lora is not None:
+    log(f"[train] LoRA (rank {lora.rank}, alpha {lora.alpha:g}, on {', '.join(lora.targets)}): {num_params} "
+        f"trainable adapter parameters on the frozen {initial_checkpoint} (sha256 {base.record['base']['sha256'][:12]})")
+  elif initial_checkpoint:
+    log(f"[train] initial parameters from {initial_checkpoint} (used unless MODEL_DIR has a checkpoint)")
+  return trainer, num_params, metadata
+
+
+def _completed_summary(summary: dict, model_dir: str, num_params: int, metadata: Mapping[str, Any],
+                       operative_config: Optional[Callable[[], str]], override: PrivacyOverride,
+                       extra: Mapping[str, Any], lora, base, log: Callable[[str], None]) -> dict:
+  """Completes the loop's summary, writes it to summary.json (process 0) and logs where the run's files are."""
+  setup = override.mechanism
   summary.update(num_params=num_params, model_config=metadata["model_config"], vocab_path=metadata["vocab_path"],
                  config_gin=(os.path.abspath(run_dir.config_path(model_dir)) if operative_config is not None
                              else None),
