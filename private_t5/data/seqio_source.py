@@ -172,8 +172,9 @@ def check_feature_lengths(feature_lengths: Mapping[str, int]) -> Dict[str, int]:
 
 class SeqioExamples:
   """What every storage of a seqio split shares: the checked Task or Mixture, the privacy unit,
-  the population and the description. Subclasses hold the examples (`num_examples`,
-  `task_sizes`, `get_batch`) and add their own entries to `describe` (`_storage`).
+  the population and the description. Subclasses hold the examples: they read them, count them
+  (`_count_examples`: `task_sizes`, `num_examples`), fill a batch's rows (`_fill_rows`, for
+  `get_batch`) and add their own entries to `describe` (`_storage`).
 
   Args:
     mixture_or_task_name: registered Task or Mixture name.
@@ -189,8 +190,6 @@ class SeqioExamples:
     dp: the run's DPConfig or None; only whether it is set matters: a DP run refuses a Mixture
       whose rates are not fixed numbers.
   """
-
-  task_sizes: List[int]
 
   def __init__(self, mixture_or_task_name: str, split: str, feature_lengths: Mapping[str, int],
                module: Union[None, str, Sequence[str]] = None, one_example_per_document: bool = False,
@@ -210,13 +209,16 @@ class SeqioExamples:
     self.tasks: List = self.resolved.tasks
     self.vocab_path = self.resolved.vocab_path
     self._vocab_size = self.resolved.vocab_size
+    self.task_sizes: List[int] = []  # the examples of each task, once read (`_count_examples`)
 
   @property
   def num_examples(self) -> int:
     """N: the examples of the split (of every task of a Mixture)."""
     return int(sum(self.task_sizes))
 
-  def _check_not_empty(self) -> None:
+  def _count_examples(self, sizes: Mapping[str, int]) -> None:
+    """Records the examples read of each task (`sizes`: {task name: count}); DataError when none."""
+    self.task_sizes = [int(sizes.get(t.name, 0)) for t in self.tasks]
     if not self.num_examples:
       raise DataError(f"seqio {self.name!r} split {self.split!r} has no examples")
 
@@ -334,10 +336,9 @@ class SeqioSource(SeqioExamples):
         enc.append(batch["inputs"].astype(np.int32))
         tgt.append(batch["targets"].astype(np.int32))
       sizes[task.name] = sizes.get(task.name, 0) + batches.count
-    self.task_sizes = [sizes.get(t.name, 0) for t in self.tasks]
     self._enc = np.concatenate(enc)
     self._tgt = np.concatenate(tgt)
-    self._check_not_empty()
+    self._count_examples(sizes)
 
   def examples(self):
     """(inputs, targets): the padded int32 arrays of all N examples, in index order."""

@@ -193,9 +193,7 @@ class SeqioStoreSource(seqio_source.SeqioExamples):
     self.store, _ = build_example_store(mixture_or_task_name, split, self._lengths, module=module, seed=seed,
                                         use_cached=use_cached, max_examples=max_examples, cache_dir=cache_dir,
                                         progress=progress, resolved=self.resolved)
-    sizes = self.store.task_sizes
-    self.task_sizes = [int(sizes.get(t.name, 0)) for t in self.tasks]
-    self._check_not_empty()
+    self._count_examples(self.store.task_sizes)
 
   def _fill_rows(self, indices: np.ndarray, enc: np.ndarray, tgt: np.ndarray) -> None:
     self.store.fill_rows(indices, {"inputs": enc, "targets": tgt})

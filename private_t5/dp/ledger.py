@@ -27,7 +27,9 @@ The ledger composes two parts and adds their shares: what its mechanism has spen
 DP events and (ε, δ), `privacy_spent.TrainingPrivacy`, built from the mechanism's fields and
 asked for the steps taken) and the releases composed in (`components.ComposedReleases`, built on
 the `components` list, the training unit and `documents_per_example`); the ledger's
-JSON (`to_dict`, `from_dict`, ledgers of earlier versions included) is `ledger_json`'s. The reports
+JSON (`to_dict`, `from_dict`, ledgers of earlier versions included) is `ledger_json`'s, and the
+rules of its making (a run's fresh ledger, the checks of its fields, a resume of the same
+mechanism only) are `ledger_setup`'s. The reports
 themselves (a ledger's `report()`, its file names and writers, DP-SentencePiece's report) are
 `private_t5.dp.privacy_report`'s.
 """
@@ -38,13 +40,13 @@ from typing import Any, Dict, List, Optional, Sequence
 from private_t5.dp import accounting
 from private_t5.dp import privacy_params
 from private_t5.dp import strategies
-from private_t5.dp import truncation
-from private_t5.dp.components import PRIVACY_UNITS, ComposedReleases
+from private_t5.dp.components import ComposedReleases
+from private_t5.dp import ledger_setup
 from private_t5.dp import privacy_report
 from private_t5.dp.ledger_json import ledger_from_dict, ledger_to_dict
 from private_t5.dp.privacy_spent import TrainingPrivacy
 from private_t5.dp.privacy_report import read_report, write_report
-from private_t5.errors import DataError, PrivacyError
+from private_t5.errors import PrivacyError
 from private_t5 import moved_names
 
 # Documented at this address before they moved to their own modules: one more release, with a
@@ -52,11 +54,6 @@ from private_t5 import moved_names
 __getattr__ = moved_names.moved(__name__, {
     'private_t5.dp.privacy_report': ('find_vocabulary_report', 'vocabulary_report_path'),
 })
-
-# Fields that define the mechanism; a resumed run must keep them unchanged.
-_MECHANISM_FIELDS = ("noise_multiplier", "sampling_rate", "clip_norm", "delta", "privacy_unit",
-                     "sampling", "max_batch_size", "non_private", "noise", "num_bands", "strategy_digest",
-                     "strategy_sensitivity")
 
 
 @dataclasses.dataclass
@@ -112,50 +109,7 @@ class PrivacyLedger:
 
   def __post_init__(self):
     self._spent: Optional[TrainingPrivacy] = None  # `_training`'s, rebuilt when the mechanism changes
-    self._strategy: Optional[strategies.Strategy] = None
-    self._check_noise()
-    if self.privacy_unit not in PRIVACY_UNITS:
-      raise PrivacyError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}")
-    if int(self.steps) != self.steps or self.steps < 0:
-      raise PrivacyError(f"ledger steps must be an integer >= 0, got {self.steps!r}")
-    self.steps = int(self.steps)
-    if self.non_private:
-      if self.noisy_sum is not None:
-        raise PrivacyError("a non-private ledger records no noisy sum")
-      return
-    if not isinstance(self.noisy_sum, privacy_params.NoisySum):
-      raise PrivacyError(f"a DP ledger needs its accounting.NoisySum, got {self.noisy_sum!r}")
-    privacy_params.validate_privacy_params(
-        noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate, delta=self.delta,
-        accountant=self.accountant, num_examples=self.num_examples, sampling=self.sampling)
-    if self.num_examples is not None:
-      if self.max_batch_size is not None and not self.truncation_probability:
-        self.truncation_probability = truncation.truncation_probability(
-            self.num_examples, self.sampling_rate, self.max_batch_size)
-
-  def _check_noise(self) -> None:
-    """The correlated-noise fields agree with each other and with the sampling (PrivacyError)."""
-    if self.noise not in strategies.NOISE_KINDS:
-      raise PrivacyError(f"noise must be one of {strategies.NOISE_KINDS}, got {self.noise!r}")
-    if isinstance(self.num_bands, bool) or int(self.num_bands) != self.num_bands or self.num_bands < 1:
-      raise PrivacyError(f"num_bands must be an integer >= 1, got {self.num_bands!r}")
-    self.num_bands = int(self.num_bands)
-    if not self.correlated:
-      if self.num_bands != 1 or self.strategy is not None:
-        raise PrivacyError("a Gaussian-noise ledger has num_bands = 1 and no strategy")
-      return
-    if self.non_private or self.sampling != privacy_params.Sampling.POISSON or self.max_batch_size is not None:
-      raise PrivacyError("correlated noise is accounted for untruncated Poisson sampling only")
-    if not isinstance(self.strategy, dict):
-      raise PrivacyError(f"a {self.noise} ledger needs its strategy, got {self.strategy!r}")
-    self._strategy = strategies.Strategy.from_dict(self.strategy)
-    if self._strategy.kind != self.noise or self._strategy.num_bands != self.num_bands:
-      raise PrivacyError(f"the strategy is {self._strategy.kind!r} with b={self._strategy.num_bands}, but the "
-                         f"ledger's noise is {self.noise!r} with b={self.num_bands}")
-    recorded = self.strategy.get("sensitivity")
-    if not isinstance(recorded, (int, float)) or not math.isclose(recorded, self._strategy.sensitivity, rel_tol=1e-9):
-      raise DataError(f"the recorded strategy's sensitivity {recorded!r} is not its coefficients' "
-                      f"({self._strategy.sensitivity!r})")
+    self._strategy: Optional[strategies.Strategy] = ledger_setup.check_fields(self)  # PrivacyError: a bad field
 
   @property
   def correlated(self) -> bool:
@@ -172,50 +126,9 @@ class PrivacyLedger:
     """The strategy's sensitivity per unit clip norm (None for Gaussian noise)."""
     return float(self.strategy["sensitivity"]) if self.strategy else None
 
-  @classmethod
-  def create(cls, *, delta: float, num_examples: int, noisy_sum: Optional[privacy_params.NoisySum] = None,
-             noise_multiplier: Optional[float] = None, clip_norm: Optional[float] = None,
-             sampling_rate: Optional[float] = None, batch_size: Optional[float] = None,
-             max_batch_size: Optional[int] = None, accountant: str = "rdp",
-             privacy_unit: str = "document", sampling: str = privacy_params.Sampling.POISSON.value,
-             configured_batch_size: Optional[int] = None,
-             clipping_method: Optional[str] = None, noise_secret: bool = True,
-             population: Optional[Dict[str, Any]] = None, noise: str = strategies.GAUSSIAN,
-             strategy: Optional[strategies.Strategy] = None) -> "PrivacyLedger":
-    """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N).
-
-    `noisy_sum` is the run's (shared with its aggregator; its q·N must be q·N here: DP rule
-    "sampling matches accounting"); without it one is made from `noise_multiplier` and
-    `clip_norm` with divisor q·N. Correlated `noise` takes its `strategy`: q is then the rate
-    within one of its b groups and the divisor q·N/b.
-    """
-    num_bands = strategy.num_bands if strategy is not None else 1
-    if (sampling_rate is None) == (batch_size is None):
-      raise PrivacyError("give exactly one of sampling_rate and batch_size")
-    if sampling_rate is None:
-      privacy_params.validate_privacy_params(num_examples=num_examples, batch_size=batch_size)
-      sampling_rate = privacy_params.sampling_rate_from_batch(batch_size, num_examples)
-    expected = float(sampling_rate) * int(num_examples) / num_bands
-    if noisy_sum is None:
-      noisy_sum = privacy_params.NoisySum(clip_norm, noise_multiplier, expected)
-    elif not math.isclose(noisy_sum.expected_batch_size, expected, rel_tol=1e-9):
-      raise PrivacyError(f"the noisy sum is divided by q·N = {noisy_sum.expected_batch_size:g}, but the "
-                         f"sampler's q·N is {expected:g}: sampling must match accounting")
-    return cls(noisy_sum=noisy_sum, sampling_rate=float(sampling_rate), delta=float(delta),
-               accountant=accountant, privacy_unit=privacy_unit, num_examples=int(num_examples),
-               max_batch_size=max_batch_size, sampling=sampling, configured_batch_size=configured_batch_size,
-               clipping_method=clipping_method, noise_secret=bool(noise_secret), population=population,
-               noise=noise, num_bands=num_bands, strategy=strategy.to_dict() if strategy is not None else None)
-
-  @classmethod
-  def non_private_baseline(cls, *, num_examples: Optional[int] = None, privacy_unit: str = "document",
-                           batch_size: Optional[float] = None, noise_secret: bool = True,
-                           population: Optional[Dict[str, Any]] = None) -> "PrivacyLedger":
-    """A ledger for a non-private run: records steps, reports ε = ∞ (null in JSON)."""
-    q = (batch_size / num_examples) if (batch_size and num_examples) else 0.0
-    return cls(noisy_sum=None, sampling_rate=q, delta=0.0, privacy_unit=privacy_unit,
-               num_examples=num_examples, non_private=True, configured_batch_size=batch_size,
-               noise_secret=bool(noise_secret), population=population)
+  # A fresh run's ledger, and a non-private run's (`ledger_setup`).
+  create = classmethod(ledger_setup.new_ledger)
+  non_private_baseline = classmethod(ledger_setup.non_private_ledger)
 
   @property
   def noise_multiplier(self) -> float:
@@ -254,10 +167,6 @@ class PrivacyLedger:
   def training_event(self, accountant: str = "pld") -> Optional[accounting.DpEvent]:
     """The `DpEvent` of the `steps` steps taken, as `accountant` accounts them."""
     return self._training().training_event(self.steps, accountant)
-
-  def sensitivity_ratio(self) -> float:
-    """BLT: s(n) / s(t) at t = `steps`; 1 otherwise."""
-    return self._training().sensitivity_ratio(self.steps)
 
   def epsilons(self) -> Dict[str, float]:
     """{accountant: training ε at `delta`} for each accountant this ledger runs (cached)."""
@@ -321,14 +230,6 @@ class PrivacyLedger:
     component = releases.add_initial_checkpoint(report, source, note)
     self.components = releases.components
     return component
-
-  def group_size(self, unit: str, what: str) -> Optional[int]:
-    """The group size at which a guarantee at `unit` composes into this ledger's unit."""
-    return self._releases().group_size(unit, what)
-
-  def unbounded_group_reason(self, unit: str) -> str:
-    """Why a `unit`-level release cannot be composed (`group_size` is None), for the report."""
-    return self._releases().unbounded_group_reason(unit)
 
   def vocabulary_status(self) -> Optional[str]:
     """"dp" (a DP report is composed), "public", "not private", or None (none recorded)."""
@@ -418,12 +319,7 @@ class PrivacyLedger:
       PrivacyError: the saved ledger describes another mechanism (σ, q, C, δ, unit, sampling,
         truncation cap or private/non-private differ).
     """
-    for field in _MECHANISM_FIELDS:
-      a, b = getattr(saved, field), getattr(self, field)
-      same = (a == b) if not isinstance(a, float) or not isinstance(b, float) else math.isclose(a, b, rel_tol=1e-9)
-      if not same:
-        raise PrivacyError(f"cannot resume: the checkpoint's ledger has {field}={a!r} but this run "
-                           f"has {field}={b!r}; a ledger covers one mechanism (start a new run instead)")
+    ledger_setup.check_same_mechanism(saved, self)
     resumed = dataclasses.replace(self, steps=saved.steps, components=[dict(c) for c in saved.components],
                                   noise_secret=saved.noise_secret and self.noise_secret)
     for c in self.components:

@@ -106,10 +106,7 @@ class CheckpointManager:
                async_save: bool = True):
     if keep is not None and int(keep) < 1:
       raise CheckpointError(f"keep_checkpoints must be >= 1, got {keep}")
-    # What this manager creates, removed again by `close(discard_if_unused=True)`.
-    self._created_model_dir = not os.path.exists(model_dir)
-    self._created_checkpoints = not os.path.exists(run_dir.checkpoints_dir(model_dir))
-    self._created_secrets = None  # what `keep_run_seeds` created: "file", "folder" (and file) or None
+    self._created = _Created.before_opening(model_dir)  # removed by `close(discard_if_unused=True)`
     # One lock per run: in a multi-process run process 0 holds it for all of them.
     self._lock = run_lock.acquire_on_process_0(model_dir, before=lambda: check_writable(model_dir))
     try:
@@ -261,7 +258,7 @@ class CheckpointManager:
     if self._lock is not None:
       had_folder = os.path.isdir(run_dir.secrets_dir(self.model_dir))
       if write_run_seeds(self.model_dir, seeds):
-        self._created_secrets = "file" if had_folder else "folder"
+        self._created.secrets = "file" if had_folder else "folder"
     return seeds_entry(seeds)
 
   def _failed(self, step: Optional[int], error: BaseException) -> None:
@@ -377,20 +374,37 @@ class CheckpointManager:
         cleanup.result()
     except Exception:  # pylint: disable=broad-except
       pass  # its failure changes nothing here
+    self._created.discard_if_unused(self.model_dir, self.directory)
+
+
+class _Created:
+  """What opening a run's checkpoints created (MODEL_DIR, `checkpoints/`, the secrets file or its
+  folder), removed again while unused by `CheckpointManager.close(discard_if_unused=True)`."""
+
+  def __init__(self, model_dir_made: bool, checkpoints_made: bool):
+    self.model_dir_made, self.checkpoints_made = model_dir_made, checkpoints_made
+    self.secrets: Optional[str] = None  # what `keep_run_seeds` created: "file", "folder" (and file) or None
+
+  @classmethod
+  def before_opening(cls, model_dir: str) -> "_Created":
+    return cls(not os.path.exists(model_dir), not os.path.exists(run_dir.checkpoints_dir(model_dir)))
+
+  def discard_if_unused(self, model_dir: str, directory: str) -> None:
+    """Removes what was created, if still empty (`directory`: the checkpoints); best effort."""
     try:
-      if self._created_secrets and (not os.path.isdir(self.directory) or not os.listdir(self.directory)):
-        os.remove(run_dir.run_seeds_path(self.model_dir))  # no checkpoint continues its seed
-        if self._created_secrets == "folder":
-          os.rmdir(run_dir.secrets_dir(self.model_dir))
+      if self.secrets and (not os.path.isdir(directory) or not os.listdir(directory)):
+        os.remove(run_dir.run_seeds_path(model_dir))  # no checkpoint continues its seed
+        if self.secrets == "folder":
+          os.rmdir(run_dir.secrets_dir(model_dir))
     except OSError:
       pass  # best effort, as below
     try:
-      if self._created_checkpoints and os.path.isdir(self.directory) and not os.listdir(self.directory):
-        os.rmdir(self.directory)
-      lock_file = run_dir.lock_path(self.model_dir)
-      if self._created_model_dir and os.listdir(self.model_dir) == [run_dir.LOCK_FILENAME]:
+      if self.checkpoints_made and os.path.isdir(directory) and not os.listdir(directory):
+        os.rmdir(directory)
+      lock_file = run_dir.lock_path(model_dir)
+      if self.model_dir_made and os.listdir(model_dir) == [run_dir.LOCK_FILENAME]:
         os.remove(lock_file)
-        os.rmdir(self.model_dir)
+        os.rmdir(model_dir)
     except OSError:
       pass  # best effort: leftovers are empty and harmless
 

@@ -21,16 +21,20 @@ UNREADABLE = object()
 
 
 class MacroFlags:
-  """`StageParser`'s part for the flags' Gin bindings and macros (a mixin: the parser sets `prog`,
-  `macro_entry`, `macros_only` and `_options`, each flag's option strings, and calls
-  `_init_macro_flags`)."""
+  """`StageParser`'s part for the flags' Gin bindings and macros: the parser holds one and hands it
+  each flag as it is declared (`declare_gin`) and the parsed command line (`bind_gin_flags`,
+  `defaults_from_macros`)."""
 
-  def _init_macro_flags(self) -> None:
+  def __init__(self, prog: str, macro_entry: str, macros_only: bool, options: Dict[str, List[str]]):
+    """`prog`: the stage's name in messages; `macro_entry`, `macros_only`: as `StageParser` takes
+    them; `options`: each flag's option strings (dest -> ["--name", "--alias", ...]), the parser's
+    own dict, filled as the flags are declared."""
+    self.prog, self.macro_entry, self.macros_only, self._options = prog, macro_entry, macros_only, options
     self._gin_names: Dict[str, str] = {}  # dest -> Gin binding the flag sets
     self._macro_flags: Dict[str, Tuple[str, Any, bool, Optional[Sequence[Any]]]] = {}  # dest -> (macro, type,
     # repeatable, choices)
 
-  def _declare_gin(self, name: str, gin: Optional[str], macro: Any, kwargs: Dict[str, Any]) -> None:
+  def declare_gin(self, name: str, gin: Optional[str], macro: Any, kwargs: Dict[str, Any]) -> None:
     """Records flag `name`'s binding `gin`, or else its macro (`add_flag`'s `macro`), in its help too."""
     if gin:
       kwargs["help"] = (kwargs.get("help") or "") + f" [Gin: {gin}]"
@@ -41,7 +45,7 @@ class MacroFlags:
       kind = bool if kwargs.get("action") in ("store_true", "store_false") else kwargs.get("type", str)
       self._macro_flags[name] = (macro_name, kind, kwargs.get("action") == "append", kwargs.get("choices"))
 
-  def _bind_gin_flags(self, args: argparse.Namespace, bindings: List[str], overridden: Dict[str, str],
+  def bind_gin_flags(self, args: argparse.Namespace, bindings: List[str], overridden: Dict[str, str],
                       rest: Sequence[str]) -> None:
     """Appends to `bindings` the binding of each given flag that names one (after the overrides); an
     override of the same binding must agree with the flag."""
@@ -54,7 +58,7 @@ class MacroFlags:
           self._check_same(name, value, overridden[gin_name], binding_literal(overridden[gin_name]), rest)
         bindings.append(gin_args.Binding(f"{gin_name}={gin_literal(value)}", f"--{name}={value}"))
 
-  def _source(self, name: str, given: set) -> str:
+  def source(self, name: str, given: set) -> str:
     """Where flag `name`'s value came from, as an error names it: "--name" or "Gin macro NAME"."""
     if name in self._macro_flags and not given.intersection(self._options[name]):
       return f"Gin macro {self._macro_flags[name][0]}"
@@ -64,7 +68,7 @@ class MacroFlags:
     """The Gin macros the plain flags read, in the order the flags were declared."""
     return [macro for macro, *_ in self._macro_flags.values()]
 
-  def _check_only_macros(self, bindings: Sequence[str]) -> None:
+  def check_only_macros(self, bindings: Sequence[str]) -> None:
     """ConfigError for an override that sets no flag's macro (a stage with `macros_only`)."""
     macros = self.macro_names()
     for binding in bindings:
@@ -81,7 +85,7 @@ class MacroFlags:
       raise ConfigError(f"{self.prog}: {flag} and {getattr(binding, 'flag', '') or binding} set the same setting "
                         "to different values; give one of them")
 
-  def _defaults_from_macros(self, args: argparse.Namespace, files: List[str], bindings: List[str],
+  def defaults_from_macros(self, args: argparse.Namespace, files: List[str], bindings: List[str],
                             given: set, overridden: Dict[str, str], rest: Sequence[str]) -> None:
     """Fills plain flags not on the command line from the Gin macros (CORPUS -> --corpus), each
     value checked against the flag's type (`typed_macro`); a flag given on the command line

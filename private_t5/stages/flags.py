@@ -19,7 +19,7 @@ macros are read from the Gin files and from the `--gin.NAME=VALUE` overrides ali
 once against its flag's type (`checks.flag_value`: an integer is never "4" or 1.5, a boolean never
 a string) and by the flag's own `check` (a range); a flag and the same macro or binding given on the
 command line with different values is an error. The flags' bindings and macros are handled by
-`stages/flag_macros.py` (`MacroFlags`, a part of `StageParser`).
+`stages/flag_macros.py` (`MacroFlags`, the part of `StageParser` that holds them).
 
 Old flag names stay accepted as aliases (`aliases=("input",)`) and log a deprecation warning.
 The verbosity flags and logging set-up are `stages/verbosity.py`.
@@ -59,7 +59,7 @@ class StageArgs:
     return iter((self.args, self.gin_files, self.gin_bindings))
 
 
-class StageParser(argparse.ArgumentParser, MacroFlags):
+class StageParser(argparse.ArgumentParser):
   """argparse with the common flags of every stage (Gin, verbosity) and declared plain flags."""
 
   def __init__(self, stage: str, description: str, epilog: Optional[str] = None, gin_required: bool = False,
@@ -84,8 +84,8 @@ class StageParser(argparse.ArgumentParser, MacroFlags):
     self.macros_only = macros_only
     self._aliases: Dict[str, str] = {}    # "--input" -> "--corpus"
     self._checks: Dict[str, Callable[[Any, str], Any]] = {}  # dest -> its value's check
-    self._init_macro_flags()  # the flags' Gin bindings and macros (`flag_macros.MacroFlags`)
     self._options: Dict[str, List[str]] = {}  # dest -> its option strings
+    self._macros = MacroFlags(self.prog, macro_entry, macros_only, self._options)  # the flags' Gin bindings and macros
     gin = self.add_argument_group("Gin configuration", _GIN_MACROS_HELP if macros_only else _GIN_HELP)
     gin.add_argument("--gin_file", action="append", metavar="FILE",
                      help="Gin file (a path, or a name found in the config search path)"
@@ -126,10 +126,14 @@ class StageParser(argparse.ArgumentParser, MacroFlags):
     if aliases:
       kwargs["help"] = (kwargs.get("help") or "") + f" (old name{'s' if len(aliases) > 1 else ''}: " \
           + ", ".join("--" + a for a in aliases) + ", deprecated)"
-    self._declare_gin(name, gin, macro, kwargs)
+    self._macros.declare_gin(name, gin, macro, kwargs)
     kwargs.setdefault("dest", name)
     self._options[name] = ["--" + name] + ["--" + a for a in aliases]
     self.flag_group.add_argument("--" + name, *["--" + a for a in aliases], **kwargs)
+
+  def macro_names(self) -> List[str]:
+    """The Gin macros the plain flags read, in the order the flags were declared."""
+    return self._macros.macro_names()
 
   def error(self, message: str):
     """A bad command line is a ConfigError (one line, exit status 2), not argparse's SystemExit."""
@@ -164,16 +168,16 @@ class StageParser(argparse.ArgumentParser, MacroFlags):
     if self.gin_required and not files:
       raise ConfigError(f"{self.prog} needs --gin_file=... (see --help)")
     if self.macros_only:
-      self._check_only_macros(bindings)
+      self._macros.check_only_macros(bindings)
     given = {arg.split("=", 1)[0] for arg in rest if arg.startswith("--")}
     overridden = {binding_name(b): b for b in bindings}  # the command line's overrides (the last of a name wins)
-    self._bind_gin_flags(args, bindings, overridden, rest)
-    if self._macro_flags and (files or (self.macros_from_bindings and bindings)):
-      self._defaults_from_macros(args, files, bindings, given, overridden, rest)
+    self._macros.bind_gin_flags(args, bindings, overridden, rest)
+    if self.macro_names() and (files or (self.macros_from_bindings and bindings)):
+      self._macros.defaults_from_macros(args, files, bindings, given, overridden, rest)
     for name, check in self._checks.items():
       value = getattr(args, name)
       if value is not None:
-        setattr(args, name, check(value, self._source(name, given)))
+        setattr(args, name, check(value, self._macros.source(name, given)))
     if hasattr(args, "runner") and hasattr(args, "beam_options"):  # a stage with `add_runner_flags`
       beam_runner.warn_ignored_options(args.runner, args.beam_options)
     return StageArgs(args, files, bindings)
