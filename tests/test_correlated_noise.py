@@ -18,7 +18,7 @@ import pytest
 from private_t5.dp import accounting
 from private_t5.dp import noise as noise_lib
 from private_t5.dp import strategies
-from private_t5.dp.privacy_params import NoisySum
+from private_t5.dp.privacy_params import NoiseKind, NoisySum
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.dp.config import DPConfig, ExecutionSettings, require_gaussian
 from private_t5.dp.mechanism import build_mechanism
@@ -391,6 +391,21 @@ def test_ledger_round_trips_and_refuses_a_changed_strategy_on_resume():
   tampered["strategy"]["sensitivity"] = 0.5
   with pytest.raises(DataError, match="sensitivity"):
     PrivacyLedger.from_dict(tampered)
+
+
+def test_the_noise_kind_is_parsed_once_and_reads_as_its_string():
+  """DPConfig.noise (a Gin string) and a ledger's noise (a JSON string) become a `NoiseKind`, which
+  equals, prints, formats and writes as the string; the ledger's JSON holds the plain string."""
+  dp = DPConfig(noise_multiplier=1.0, noise="banded", num_bands=3)
+  assert dp.noise is NoiseKind.BANDED and dp.noise == "banded" and dp.correlated
+  assert (str(dp.noise), f"{dp.noise}", repr(dp.noise), json.dumps([dp.noise])) == ("banded",) * 2 + ("'banded'", '["banded"]')
+  assert DPConfig(noise_multiplier=1.0).noise is NoiseKind.GAUSSIAN and not DPConfig(noise_multiplier=1.0).correlated
+  with pytest.raises(PrivacyError, match=r"^DPConfig.noise must be one of \('gaussian', 'banded', 'blt'\), got 'x'$"):
+    DPConfig(noise_multiplier=1.0, noise="x")
+  ledger = _correlated_ledger()
+  assert ledger.noise is NoiseKind.BANDED and type(ledger.to_dict()["noise"]) is str  # pylint: disable=unidiomatic-typecheck
+  assert PrivacyLedger.from_dict(json.loads(json.dumps(ledger.to_dict()))).noise is NoiseKind.BANDED
+  assert BANDED.kind is NoiseKind.BANDED and strategies.CORRELATED == ("banded", "blt")
 
 
 def test_gaussian_ledger_json_has_no_correlated_fields():

@@ -106,7 +106,7 @@ class PrivacyLedger:
   clipping_method: Optional[str] = None
   noise_secret: bool = True
   population: Optional[Dict[str, Any]] = None
-  noise: str = strategies.GAUSSIAN
+  noise: privacy_params.NoiseKind = privacy_params.NoiseKind.GAUSSIAN
   num_bands: int = 1
   strategy: Optional[Dict[str, Any]] = None
 
@@ -137,6 +137,7 @@ class PrivacyLedger:
     """The correlated-noise fields agree with each other and with the sampling (PrivacyError)."""
     if self.noise not in strategies.NOISE_KINDS:
       raise PrivacyError(f"noise must be one of {strategies.NOISE_KINDS}, got {self.noise!r}")
+    self.noise = privacy_params.NoiseKind(self.noise)  # parsed once: a JSON ledger holds the string
     if isinstance(self.num_bands, bool) or int(self.num_bands) != self.num_bands or self.num_bands < 1:
       raise PrivacyError(f"num_bands must be an integer >= 1, got {self.num_bands!r}")
     self.num_bands = int(self.num_bands)
@@ -160,7 +161,7 @@ class PrivacyLedger:
   @property
   def correlated(self) -> bool:
     """Whether the noise is correlated across steps (a matrix factorization strategy)."""
-    return self.noise != strategies.GAUSSIAN
+    return self.noise.correlated
 
   @property
   def strategy_digest(self) -> Optional[str]:
@@ -180,7 +181,8 @@ class PrivacyLedger:
              privacy_unit: str = "document", sampling: str = privacy_params.Sampling.POISSON.value,
              configured_batch_size: Optional[int] = None,
              clipping_method: Optional[str] = None, noise_secret: bool = True,
-             population: Optional[Dict[str, Any]] = None, noise: str = strategies.GAUSSIAN,
+             population: Optional[Dict[str, Any]] = None,
+             noise: privacy_params.NoiseKind = privacy_params.NoiseKind.GAUSSIAN,
              strategy: Optional[strategies.Strategy] = None) -> "PrivacyLedger":
     """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N).
 

@@ -124,7 +124,7 @@ class Mechanism:
     out = {k: d.get(k) for k in ("non_private", "noise_multiplier", "sampling_rate", "clip_norm",
                                  "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
     if self.ledger.correlated:
-      out.update(noise=self.ledger.noise, num_bands=self.ledger.num_bands, strategy=self.ledger.strategy_digest)
+      out.update(noise=str(self.ledger.noise), num_bands=self.ledger.num_bands, strategy=self.ledger.strategy_digest)
     return out
 
 
@@ -281,7 +281,7 @@ def _build_correlated(dp: DPConfig, execution: ExecutionSettings, *, loss_fn: Ca
   dp.check_data(num_examples=num_examples, batch_size=batch_size)
   if b > train_steps:
     raise PrivacyError(f"DPConfig.num_bands b={b} exceeds train_steps={train_steps}: some group would never be sampled")
-  if dp.noise == strategies.BANDED and b == 1:
+  if dp.noise == privacy_params.NoiseKind.BANDED and b == 1:
     log("[privacy] WARNING: DPConfig.noise='banded' with num_bands=1 is plain DP-SGD (one band: the identity "
         "strategy, every example sampled at every step); set DPConfig.num_bands (NUM_BANDS) > 1 for banded noise")
   delta = dp.delta if dp.delta is not None else default_delta(num_examples)
