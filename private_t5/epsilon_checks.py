@@ -1,8 +1,9 @@
 """The settings of `private-t5 epsilon` checked together, each refusal one `PrivacyError` line.
 
 Pure checks, before and beside the accounting (`dp.accounting`): `settings` is any object with the
-command's flags as attributes (`noise`, `num_bands`, `steps`, `batch_size`, `num_examples`,
-`sampling_rate`, `sampling`, `max_batch_size`, `buffers`, `delta`), as the stage parses them.
+command's flags as attributes (`noise`, a `dp.privacy_params.NoiseKind`; `num_bands`, `steps`,
+`batch_size`, `num_examples`, `sampling_rate`, `sampling`, `max_batch_size`, `buffers`, `delta`), as
+the stage parses them.
 """
 from typing import Any
 
@@ -16,7 +17,7 @@ def check_bands(settings: Any) -> None:
   s = settings
   if s.num_bands < 1:
     raise PrivacyError(f"--num_bands must be >= 1, got {s.num_bands}")
-  if s.noise == "gaussian":
+  if not s.noise.correlated:
     return
   if s.steps is not None and s.num_bands > s.steps:
     raise PrivacyError(f"--num_bands b={s.num_bands} exceeds --steps={s.steps}: with cyclic Poisson "

@@ -12,13 +12,13 @@ import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from private_t5.dp import accounting
-from private_t5.dp import correlated_noise
 from private_t5.dp import noise as noise_lib
 from private_t5.dp import strategies
-from private_t5.dp.privacy_params import NoisySum
+from private_t5.dp.privacy_params import NoiseKind, NoisySum
 from private_t5.dp.ledger import PrivacyLedger
 from private_t5.dp.config import DPConfig, ExecutionSettings, require_gaussian
 from private_t5.dp.mechanism import build_mechanism
@@ -162,7 +162,7 @@ def test_noise_has_the_strategy_s_covariance(strategy):
   """Over a window of T steps the noise of each coordinate is N(0, s² C⁻¹ C⁻ᵀ), s = σ·C·sens/(qN/b):
   the empirical covariance over the coordinates matches it (tolerance from the sample size)."""
   steps = 6
-  transform = correlated_noise.correlated_noise(NOISY_SUM, strategy)
+  transform = noise_lib.noise_transform(NOISY_SUM, strategy)
   draws, _ = _noise_over(transform, steps)
   std = NOISY_SUM.noise_std * strategy.sensitivity / NOISY_SUM.expected_batch_size
   inverse = np.linalg.inv(strategy.dense(steps))
@@ -177,8 +177,9 @@ def test_noise_has_the_strategy_s_covariance(strategy):
 def test_identity_strategy_with_one_band_is_gaussian_noise_bit_for_bit():
   params = _params()
   updates = jax.tree.map(lambda p: jnp.full(p.shape, 0.25, jnp.float32), params)
-  gaussian = noise_lib.gaussian_noise(NOISY_SUM)
-  identity = correlated_noise.correlated_noise(NOISY_SUM, strategies.identity())
+  gaussian = noise_lib.noise_transform(NOISY_SUM)  # no strategy: the identity, kept without a state
+  identity = noise_lib.noise_transform(NOISY_SUM, strategies.identity())
+  assert isinstance(gaussian.init(params), optax.EmptyState)  # a Gaussian run's TrainState layout
   state = identity.init(params)
   assert state.buffers == ()  # b = 1: no history
   for t in range(3):
@@ -196,7 +197,7 @@ def test_resumed_noise_state_continues_exactly(strategy):
   """The state after k steps, saved (as host arrays) and restored, then m more steps: the same
   noise and state as k + m steps at once (a pure function of the keys and the state); k = 4 is
   mid-band for b = 3."""
-  transform = correlated_noise.correlated_noise(NOISY_SUM, strategy)
+  transform = noise_lib.noise_transform(NOISY_SUM, strategy)
   params = _params()
   whole, state = _noise_over(transform, 7, key=3, params=params)
   first, saved = _noise_over(transform, 4, key=3, params=params)
@@ -218,7 +219,7 @@ def test_resumed_noise_state_continues_exactly(strategy):
 
 
 def test_stateless_apply_refuses_correlated_noise():
-  transform = correlated_noise.correlated_noise(NOISY_SUM, BANDED)
+  transform = noise_lib.noise_transform(NOISY_SUM, BANDED)
   params = _params()
   with pytest.raises(PrivacyError, match="keeps a state"):
     noise_lib.apply(transform, params, {}, params, jax.random.PRNGKey(0))
@@ -227,6 +228,12 @@ def test_stateless_apply_refuses_correlated_noise():
   assert int(state.count) == 1
   with pytest.raises(PrivacyError, match="adaptive DP"):
     transform.update(params, state, params, noise_rng=jax.random.PRNGKey(1), noise_scale=0.5)
+  # The former names: thin aliases of the one constructor (`correlated_noise` moved to `noise`).
+  with pytest.raises(PrivacyError, match="needs a strategies.Strategy"):
+    noise_lib.correlated_noise(NOISY_SUM, None)
+  with pytest.warns(DeprecationWarning, match="moved to private_t5.dp.noise"):
+    from private_t5.dp import correlated_noise as old_home  # pylint: disable=import-outside-toplevel
+    assert old_home.correlated_noise is noise_lib.correlated_noise
 
 
 # -- cyclic Poisson sampling ------------------------------------------------------------------
@@ -384,6 +391,21 @@ def test_ledger_round_trips_and_refuses_a_changed_strategy_on_resume():
   tampered["strategy"]["sensitivity"] = 0.5
   with pytest.raises(DataError, match="sensitivity"):
     PrivacyLedger.from_dict(tampered)
+
+
+def test_the_noise_kind_is_parsed_once_and_reads_as_its_string():
+  """DPConfig.noise (a Gin string) and a ledger's noise (a JSON string) become a `NoiseKind`, which
+  equals, prints, formats and writes as the string; the ledger's JSON holds the plain string."""
+  dp = DPConfig(noise_multiplier=1.0, noise="banded", num_bands=3)
+  assert dp.noise is NoiseKind.BANDED and dp.noise == "banded" and dp.correlated
+  assert (str(dp.noise), f"{dp.noise}", repr(dp.noise), json.dumps([dp.noise])) == ("banded",) * 2 + ("'banded'", '["banded"]')
+  assert DPConfig(noise_multiplier=1.0).noise is NoiseKind.GAUSSIAN and not DPConfig(noise_multiplier=1.0).correlated
+  with pytest.raises(PrivacyError, match=r"^DPConfig.noise must be one of \('gaussian', 'banded', 'blt'\), got 'x'$"):
+    DPConfig(noise_multiplier=1.0, noise="x")
+  ledger = _correlated_ledger()
+  assert ledger.noise is NoiseKind.BANDED and type(ledger.to_dict()["noise"]) is str  # pylint: disable=unidiomatic-typecheck
+  assert PrivacyLedger.from_dict(json.loads(json.dumps(ledger.to_dict()))).noise is NoiseKind.BANDED
+  assert BANDED.kind is NoiseKind.BANDED and strategies.CORRELATED == ("banded", "blt")
 
 
 def test_gaussian_ledger_json_has_no_correlated_fields():

@@ -60,7 +60,7 @@ def test_non_private_plan_equals_dp_plan_without_noise_or_clipping(method):
   for name, clipped_sum, noise in (
       ("non-private", MeanAggregator(make_loss_fn(CONFIG)), noise_lib.no_noise()),
       ("dp", AGGREGATORS[method](make_loss_fn(CONFIG), NoisySum(NO_CLIP, 0.0, float(ROWS))),
-       noise_lib.gaussian_noise(NoisySum(NO_CLIP, 0.0, float(ROWS))))):
+       noise_lib.noise_transform(NoisySum(NO_CLIP, 0.0, float(ROWS))))):
     trainer = _trainer(clipped_sum, noise)
     state = trainer.init_state(seeds.init_key)
     before = _flat(state.params)
@@ -73,12 +73,12 @@ def test_non_private_plan_equals_dp_plan_without_noise_or_clipping(method):
 
 
 def test_noise_transform_chains_in_front_of_an_optimizer():
-  """`gaussian_noise` is an optax transform: chained with SGD it gives g + N(0, (σC/qN)²), the
+  """`noise_transform` is an optax transform: chained with SGD it gives g + N(0, (σC/qN)²), the
   key passed as an extra argument of `update`."""
   noisy_sum = NoisySum(2.0, 1.5, 4.0)
   params = {"w": jnp.zeros((50_000,)), "b": jnp.zeros((3, 4))}
   grads = jax.tree.map(jnp.ones_like, params)
-  chain = optax.chain(noise_lib.gaussian_noise(noisy_sum), optax.sgd(-1.0))
+  chain = optax.chain(noise_lib.noise_transform(noisy_sum), optax.sgd(-1.0))
   key = jax.random.PRNGKey(5)
   updates, _ = chain.update(grads, chain.init(params), params, noise_rng=key)
   direct = noise_lib.add_gaussian_noise(grads, key, 1.5 * 2.0 / 4.0)

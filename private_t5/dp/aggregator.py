@@ -2,7 +2,7 @@
 
 A DP step is two parts (jax-privacy's `DPExecutionPlan` has the same shape): a clipped-sum
 function, here, that carries C and the public divisor q N, and the noise transform that adds
-the Gaussian noise to its output (`noise.gaussian_noise`, an optax transform chained in front of
+the Gaussian noise to its output (`noise.noise_transform`, an optax transform chained in front of
 the optimizer). Every clipped sum runs a step's rows as one or several microbatches:
 
   acc = cs.zero_sum(params); acc = cs.accumulate(params, acc, micro, dropout_rng) ...
@@ -123,7 +123,7 @@ class MeanAggregator:
 
 class DPAggregator:
   """DP-SGD's clipped sum: clip each example to C, sum, divide by the public q N (the noise
-  transform `noise.gaussian_noise` adds N(0, (σ C / (q N))²) to the result).
+  transform `noise.noise_transform` adds N(0, (σ C / (q N))²) to the result).
 
   Attributes:
     loss_fn: per-example loss, `loss_fn(params, batch, dropout_rng) -> loss[B]`.
@@ -192,7 +192,7 @@ class DPAggregator:
   def finalize(self, params: PyTree, grad_sum: PyTree) -> PyTree:
     """The step's clipped sum (over all its microbatches) divided by the public q N, float32
     (DP rule "noise on the sum, divide by a public constant"; the noise transform adds
-    N(0, (σ C / (q N))²) to it: `noise.gaussian_noise`)."""
+    N(0, (σ C / (q N))²) to it: `noise.noise_transform`)."""
     del params
     # Divide by the PUBLIC expected batch size q N, never by the realised (private) count.
     return jax.tree.map(lambda g: g / self.noisy_sum.expected_batch_size, grad_sum)
@@ -223,6 +223,6 @@ class DPAggregator:
 
   def finish(self, params: PyTree, acc: Accumulator) -> Tuple[PyTree, Dict[str, jax.Array]]:
     """(the step's noiseless clipped sum over all its microbatches divided by q N, its non-DP
-    metrics); the noise transform adds the noise once, to this (`noise.gaussian_noise`)."""
+    metrics); the noise transform adds the noise once, to this (`noise.noise_transform`)."""
     grad_sum, stats = acc
     return self.finalize(params, grad_sum), clipping.metrics_from_sums(**stats)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from private_t5.dp import strategies
-from private_t5.dp.privacy_params import Sampling, check_clip_norm, validate_privacy_params
+from private_t5.dp.privacy_params import NoiseKind, Sampling, check_clip_norm, validate_privacy_params
 from private_t5.errors import ConfigError, PrivacyError
 
 # DPConfig.sampling values (`privacy_params.Sampling`): untruncated Poisson (microbatched), or
@@ -80,7 +80,8 @@ class DPConfig:
       is ∞ unless this is set.
     noise: "gaussian" (default: independent noise each step, DP-SGD), or correlated noise by
       matrix factorization: "banded" (amplified banded strategy) or "blt" (buffered linear
-      Toeplitz); both need untruncated "poisson" sampling.
+      Toeplitz); both need untruncated "poisson" sampling. Parsed into a
+      `privacy_params.NoiseKind` (a member is its string).
     num_bands: b, correlated noise only: the cyclic Poisson groups (an example joins only every
       b-th step), the bands of a banded strategy, the minimum separation of a BLT's
       participations. 1 for Gaussian noise.
@@ -98,7 +99,7 @@ class DPConfig:
   sampling: str = POISSON
   method: Optional[str] = None
   vocab_is_public: bool = False
-  noise: str = strategies.GAUSSIAN
+  noise: NoiseKind = NoiseKind.GAUSSIAN
   num_bands: int = 1
   buffers: Optional[int] = None
   strategy_file: Optional[str] = None
@@ -128,6 +129,7 @@ class DPConfig:
   def _check_noise(self) -> None:
     if self.noise not in strategies.NOISE_KINDS:
       raise PrivacyError(f"DPConfig.noise must be one of {strategies.NOISE_KINDS}, got {self.noise!r}")
+    object.__setattr__(self, "noise", NoiseKind(self.noise))  # parsed once: the string of a Gin file
     b = self.num_bands
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
       raise PrivacyError(f"DPConfig.num_bands (b) must be an integer >= 1, got {b!r}")
@@ -141,9 +143,9 @@ class DPConfig:
     if self.truncated:
       raise PrivacyError(f"DPConfig.noise={self.noise!r} needs untruncated 'poisson' sampling (its accounting "
                          "assumes it), got sampling='poisson_truncated'")
-    if self.noise == strategies.BANDED and self.buffers is not None:
+    if self.noise == NoiseKind.BANDED and self.buffers is not None:
       raise PrivacyError("DPConfig.buffers is a setting of noise='blt', not of 'banded'")
-    if self.noise == strategies.BLT:
+    if self.noise == NoiseKind.BLT:
       strategies.check_buffers(self.buffers)
     if self.strategy_file is not None:  # refused now, not after the data is read (again with the run's steps)
       strategies.from_file(self.strategy_file, kind=self.noise, steps=b, num_bands=b)
@@ -151,7 +153,7 @@ class DPConfig:
   @property
   def correlated(self) -> bool:
     """Whether the noise is correlated across steps (a matrix factorization strategy)."""
-    return self.noise != strategies.GAUSSIAN
+    return self.noise.correlated
 
   @property
   def truncated(self) -> bool:
@@ -303,7 +305,7 @@ def num_bands_resume_hint(dp: Optional["DPConfig"], saved_privacy: Optional[Dict
 def require_gaussian(dp: Optional["DPConfig"], what: str) -> None:
   """PrivacyError unless `dp` is None or has Gaussian noise: `what` (adaptive DP, JFT) scales or
   composes per-step Gaussian noise and offers no correlated noise."""
-  if dp is not None and getattr(dp, "noise", strategies.GAUSSIAN) != strategies.GAUSSIAN:
+  if dp is not None and getattr(dp, "noise", NoiseKind.GAUSSIAN) != NoiseKind.GAUSSIAN:
     raise PrivacyError(f"{what} needs DPConfig.noise='gaussian', got {dp.noise!r}: correlated noise is offered "
                        "only for plain DP training")
 

@@ -103,7 +103,7 @@ class PrivacyLedger:
   clipping_method: Optional[str] = None
   noise_secret: bool = True
   population: Optional[Dict[str, Any]] = None
-  noise: str = strategies.GAUSSIAN
+  noise: privacy_params.NoiseKind = privacy_params.NoiseKind.GAUSSIAN
   num_bands: int = 1
   strategy: Optional[Dict[str, Any]] = None
 
@@ -114,7 +114,7 @@ class PrivacyLedger:
   @property
   def correlated(self) -> bool:
     """Whether the noise is correlated across steps (a matrix factorization strategy)."""
-    return self.noise != strategies.GAUSSIAN
+    return self.noise.correlated
 
   @property
   def strategy_digest(self) -> Optional[str]:

@@ -24,6 +24,8 @@ def ledger_to_dict(ledger) -> Dict[str, Any]:
   if not ledger.correlated:  # a Gaussian ledger's JSON is as it always was
     for name in _CORRELATED_FIELDS:
       del d[name]
+  else:
+    d["noise"] = str(ledger.noise)  # the plain string (a `NoiseKind` is one)
   d.update(noise_multiplier=ledger.noise_multiplier, clip_norm=ledger.clip_norm,
            expected_batch_size=ledger.expected_batch_size, ledger_version=LEDGER_VERSION)
   return d

@@ -32,7 +32,8 @@ def new_ledger(cls, *, delta: float, num_examples: int, noisy_sum: Optional[priv
                privacy_unit: str = "document", sampling: str = privacy_params.Sampling.POISSON.value,
                configured_batch_size: Optional[int] = None,
                clipping_method: Optional[str] = None, noise_secret: bool = True,
-               population: Optional[Dict[str, Any]] = None, noise: str = strategies.GAUSSIAN,
+               population: Optional[Dict[str, Any]] = None,
+               noise: privacy_params.NoiseKind = privacy_params.NoiseKind.GAUSSIAN,
                strategy: Optional[strategies.Strategy] = None):
   """A fresh ledger from the run's configuration (q from `sampling_rate` or `batch_size`/N).
 
@@ -102,6 +103,7 @@ def check_noise(ledger) -> Optional[strategies.Strategy]:
   makes b an integer and returns the strategy (None for Gaussian noise)."""
   if ledger.noise not in strategies.NOISE_KINDS:
     raise PrivacyError(f"noise must be one of {strategies.NOISE_KINDS}, got {ledger.noise!r}")
+  ledger.noise = privacy_params.NoiseKind(ledger.noise)  # parsed once: a JSON ledger holds the string
   if isinstance(ledger.num_bands, bool) or int(ledger.num_bands) != ledger.num_bands or ledger.num_bands < 1:
     raise PrivacyError(f"num_bands must be an integer >= 1, got {ledger.num_bands!r}")
   ledger.num_bands = int(ledger.num_bands)

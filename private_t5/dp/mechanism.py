@@ -23,7 +23,7 @@ added once to their clipped sum, and the ledger accounts the plain Poisson subsa
 (`strategies`, docs/dp_training.md): cyclic Poisson sampling in b = `num_bands` groups
 (`sampling.CyclicPoissonSampler`, q the rate within a group, q·N/b the expected batch and the
 public divisor), the noise C⁻¹ Z of a strategy optimised for the run's steps
-(`correlated_noise.correlated_noise`, a stateful transform: the trainer keeps its state), and the
+(`noise.noise_transform(noisy_sum, strategy)`, a stateful transform: the trainer keeps its state), and the
 strategy's event for the steps taken in the ledger (banded: amplified; BLT: one Gaussian
 release). b = 1 with "banded" is DP-SGD.
 
@@ -39,7 +39,6 @@ import numpy as np
 
 from private_t5.dp import accounting
 from private_t5.dp import aggregator as aggregator_lib
-from private_t5.dp import correlated_noise
 from private_t5.dp import ghost
 from private_t5.dp import noise as noise_lib
 from private_t5.dp import privacy_params
@@ -86,8 +85,8 @@ class Mechanism:
     clipped_sum: the clipped-sum function (`aggregator.DPAggregator`, `ghost.GhostDPAggregator`;
       `MeanAggregator` for a non-private run): `zero_sum`, `accumulate`, `finish`; it carries C
       and the public divisor q·N (its `noisy_sum`).
-    noise: the noise transform (`noise.gaussian_noise`; `noise.no_noise()` for a non-private
-      run; `correlated_noise.correlated_noise`, whose state the trainer keeps across steps), an
+    noise: the noise transform (`noise.noise_transform`: Gaussian, or correlated by a strategy,
+      whose state the trainer keeps across steps; `noise.no_noise()` for a non-private run), an
       optax `GradientTransformationExtraArgs` applied once per step.
     sampler: draws each step's example indices (it knows nothing about microbatches).
     dp_event: the `dp_accounting.DpEvent` of ONE step (None without a formal guarantee); the
@@ -125,7 +124,7 @@ class Mechanism:
     out = {k: d.get(k) for k in ("non_private", "noise_multiplier", "sampling_rate", "clip_norm",
                                  "delta", "accountant", "privacy_unit", "max_batch_size", "sampling")}
     if self.ledger.correlated:
-      out.update(noise=self.ledger.noise, num_bands=self.ledger.num_bands, strategy=self.ledger.strategy_digest)
+      out.update(noise=str(self.ledger.noise), num_bands=self.ledger.num_bands, strategy=self.ledger.strategy_digest)
     return out
 
 
@@ -134,15 +133,13 @@ def step_parts(noisy_sum: Optional[privacy_params.NoisySum], method: str, loss_f
                **ghost_options) -> Tuple[Any, Any]:
   """(clipped sum, noise transform) of a step: the mean and no noise when `noisy_sum` is None,
   else the `method` clipped sum ("vmap" or "ghost", with `ghost.GhostDPAggregator`'s options)
-  of `noisy_sum`'s C and q·N and its Gaussian noise transform, or with a `strategy` its
-  correlated noise transform. `build_mechanism` and the benchmark build their steps here;
+  of `noisy_sum`'s C and q·N and its noise transform (`noise.noise_transform`: Gaussian, or
+  with a `strategy` correlated). `build_mechanism` and the benchmark build their steps here;
   `method` was checked by their settings."""
   if noisy_sum is None:
     return aggregator_lib.MeanAggregator(loss_fn), noise_lib.no_noise()
   clipped_sum = AGGREGATORS[method](loss_fn, noisy_sum, spmd_axis_name=spmd_axis_name, **ghost_options)
-  if strategy is not None:
-    return clipped_sum, correlated_noise.correlated_noise(noisy_sum, strategy)
-  return clipped_sum, noise_lib.gaussian_noise(noisy_sum)
+  return clipped_sum, noise_lib.noise_transform(noisy_sum, strategy)
 
 
 def _ghost_options(execution: ExecutionSettings) -> Dict[str, Any]:
@@ -284,7 +281,7 @@ def _build_correlated(dp: DPConfig, execution: ExecutionSettings, *, loss_fn: Ca
   dp.check_data(num_examples=num_examples, batch_size=batch_size)
   if b > train_steps:
     raise PrivacyError(f"DPConfig.num_bands b={b} exceeds train_steps={train_steps}: some group would never be sampled")
-  if dp.noise == strategies.BANDED and b == 1:
+  if dp.noise == privacy_params.NoiseKind.BANDED and b == 1:
     log("[privacy] WARNING: DPConfig.noise='banded' with num_bands=1 is plain DP-SGD (one band: the identity "
         "strategy, every example sampled at every step); set DPConfig.num_bands (NUM_BANDS) > 1 for banded noise")
   delta = dp.delta if dp.delta is not None else default_delta(num_examples)

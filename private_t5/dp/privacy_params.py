@@ -1,6 +1,6 @@
 """The privacy parameters of DP training, checked once: their names and their checks.
 
-The one name of each sampling scheme (`Sampling`) and accountant (`ACCOUNTANTS`, `AUTO`), the
+The one name of each sampling scheme (`Sampling`), noise kind (`NoiseKind`) and accountant (`ACCOUNTANTS`, `AUTO`), the
 checks of C, σ, q, δ, N and the batch size (`validate_privacy_params`, `check_clip_norm`), and
 `NoisySum`, the one record of a run's C, σ and public divisor q·N. Light on purpose: no
 accountant, no JAX; `accounting` (which computes ε from these) re-exports every name.
@@ -35,6 +35,26 @@ class Sampling(str, enum.Enum):
 
   def __str__(self) -> str:
     return self.value
+
+
+class NoiseKind(enum.StrEnum):
+  """`DPConfig.noise`: independent Gaussian noise (DP-SGD), or correlated noise by a banded or BLT
+  matrix factorization strategy (`strategies`). Parsed once, where a config, ledger or strategy is
+  made, from the string a Gin file, a flag or a JSON ledger holds; a member is that string
+  ("banded" == NoiseKind.BANDED), and its str(), format(), JSON and repr() are the plain string's,
+  so every message and record reads as the string would.
+  """
+  GAUSSIAN = "gaussian"
+  BANDED = "banded"
+  BLT = "blt"
+
+  def __repr__(self) -> str:
+    return repr(self.value)
+
+  @property
+  def correlated(self) -> bool:
+    """Whether the noise is correlated across steps (a matrix factorization strategy)."""
+    return self is not NoiseKind.GAUSSIAN
 
 
 # The schemes an accountant tells apart (a truncated Poisson sample is POISSON with a cap).

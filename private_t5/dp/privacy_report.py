@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
+from private_t5.dp.privacy_params import NoiseKind
 from private_t5.errors import DataError
 from private_t5.io import file_sha256, write_json_atomic
 
@@ -223,7 +224,7 @@ def ledger_report(ledger) -> Dict[str, Any]:
 def correlated_mechanism(ledger) -> str:
   """A correlated-noise report's `mechanism`, in one line."""
   s = ledger.strategy
-  if ledger.noise == "banded":
+  if ledger.noise == NoiseKind.BANDED:
     return (f"banded matrix factorization, {len(s['coefs'])} bands, cyclic Poisson sampling in b={ledger.num_bands} "
             "groups, amplified (Choquette-Choo et al. 2023)")
   return (f"BLT matrix factorization, {len(s['buf_decay'])} buffers, cyclic Poisson sampling in b={ledger.num_bands} "

@@ -28,7 +28,7 @@ class TrainingPrivacy:
   digest and sensitivity. Two of them are equal when their mechanisms are (the caches aside).
   """
   non_private: bool
-  noise: str
+  noise: privacy_params.NoiseKind
   noise_multiplier: float
   sampling_rate: float
   delta: float
@@ -48,7 +48,7 @@ class TrainingPrivacy:
 
   @property
   def correlated(self) -> bool:
-    return self.noise != strategies.GAUSSIAN
+    return self.noise.correlated
 
   def step_event(self) -> Optional[accounting.DpEvent]:
     """The `DpEvent` of one training step of this mechanism (None for a non-private run, and for
@@ -70,9 +70,9 @@ class TrainingPrivacy:
     release of multiplier σ·s(n)/s(t) (`accounting.blt_dp_event`)."""
     if self.non_private or not steps:
       return None
-    if self.noise == strategies.BANDED:
+    if self.noise == privacy_params.NoiseKind.BANDED:
       return accounting.banded_dp_event(self.noise_multiplier, self.sampling_rate, steps, self.num_bands)
-    if self.noise == strategies.BLT:
+    if self.noise == privacy_params.NoiseKind.BLT:
       return accounting.blt_dp_event(self.noise_multiplier, self.sensitivity_ratio(steps))
     return accounting.make_dp_event(self.noise_multiplier, self.sampling_rate, steps,
                                     num_examples=self.num_examples,
@@ -81,7 +81,7 @@ class TrainingPrivacy:
   def sensitivity_ratio(self, steps: int) -> float:
     """BLT: s(n) / s(t), the noise std (set for the strategy's n steps) over the sensitivity of the
     t = `steps` steps released so far (≥ 1 for t ≤ n; valid for t > n as well); 1 otherwise."""
-    if self.noise != strategies.BLT or not steps:
+    if self.noise != privacy_params.NoiseKind.BLT or not steps:
       return 1.0
     return self.strategy_sensitivity / self.strategy.sensitivity_over(steps)
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 from scipy import signal
 
+from private_t5.dp.privacy_params import NoiseKind
 from private_t5.errors import ConfigError, DataError, PrivacyError
 from private_t5.io import write_json_atomic
 from private_t5.lazy_imports import lazy_module
@@ -56,12 +57,13 @@ toeplitz = lazy_module("jax_privacy.matrix_factorization.toeplitz", needed_for="
 buffered_toeplitz = lazy_module("jax_privacy.matrix_factorization.buffered_toeplitz", needed_for="BLT noise",
                                 install=_JAX_PRIVACY_INSTALL)
 
-GAUSSIAN = "gaussian"
-BANDED = "banded"
-BLT = "blt"
-# DPConfig.noise values: independent Gaussian noise (DP-SGD), or correlated noise by a strategy.
-NOISE_KINDS = (GAUSSIAN, BANDED, BLT)
-CORRELATED = (BANDED, BLT)
+GAUSSIAN = NoiseKind.GAUSSIAN
+BANDED = NoiseKind.BANDED
+BLT = NoiseKind.BLT
+# DPConfig.noise values (`privacy_params.NoiseKind`): independent Gaussian noise (DP-SGD), or
+# correlated noise by a strategy.
+NOISE_KINDS = tuple(NoiseKind)
+CORRELATED = tuple(kind for kind in NoiseKind if kind.correlated)
 # BLT buffers: jax-privacy chooses between 0 and this many when `DPConfig.buffers` is None; it
 # refuses more than MAX_BUFFERS (numerically unstable).
 DEFAULT_MAX_BUFFERS = 8
@@ -116,7 +118,7 @@ class Strategy:
   """A correlated-noise strategy C for a run of `steps` steps with `num_bands` sampling groups.
 
   Attributes:
-    kind: "banded" or "blt".
+    kind: "banded" or "blt" (a `NoiseKind`).
     num_bands: b, the number of cyclic Poisson groups (the minimum separation of an example's
       participations); a banded strategy has at most b bands.
     steps: n, the number of steps the strategy was made for (BLT's sensitivity is over n steps).
@@ -124,7 +126,7 @@ class Strategy:
     buf_decay, output_scale: blt: C's BLT parameters (C[0, 0] = 1, C[k, 0] = Σ_i s_i d_i^(k-1)).
     source: "optimized" (by jax-privacy, for these steps and b) or the strategy file's path.
   """
-  kind: str
+  kind: NoiseKind
   num_bands: int
   steps: int
   coefs: Tuple[float, ...] = ()
@@ -135,6 +137,7 @@ class Strategy:
   def __post_init__(self):
     if self.kind not in CORRELATED:
       raise PrivacyError(f"a strategy's kind must be one of {CORRELATED}, got {self.kind!r}")
+    object.__setattr__(self, "kind", NoiseKind(self.kind))
     for name in ("num_bands", "steps"):
       value = getattr(self, name)
       if isinstance(value, bool) or int(value) != value or value < 1:
@@ -185,8 +188,8 @@ class Strategy:
   def parameters(self) -> Dict[str, Any]:
     """The canonical coefficients: {"kind", "coefs"} or {"kind", "buf_decay", "output_scale"}."""
     if self.kind == BANDED:
-      return {"kind": self.kind, "coefs": list(self.coefs)}
-    return {"kind": self.kind, "buf_decay": list(self.buf_decay), "output_scale": list(self.output_scale)}
+      return {"kind": self.kind.value, "coefs": list(self.coefs)}
+    return {"kind": self.kind.value, "buf_decay": list(self.buf_decay), "output_scale": list(self.output_scale)}
 
   @property
   def digest(self) -> str:

@@ -232,7 +232,7 @@ class AdaptiveDPAggregator:
   or a call on one batch) whose batches carry `privacy_probability` (AdaptiveSource). It
   accumulates sum_i w_i rho_i and sum_i w_i over the step's microbatches beside the clipped sum,
   and `finish` reports γ_B (Eq. 5) as the metric `dp.noise.NOISE_SCALE_METRIC`: the run's
-  noise transform (`dp.noise.gaussian_noise`, the same as DP training's) scales its std by it,
+  noise transform (`dp.noise.noise_transform`, the same as DP training's) scales its std by it,
   z = γ_B · N(0, σ²C²) on the sum (Eq. 6). Clip, sum and the public divisor q N are DP-SGD's.
   """
 

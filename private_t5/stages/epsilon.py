@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, delta_source: str = "--delta") -> dict:
   else:
     privacy_params.validate_privacy_params(batch_size=args.batch_size, num_examples=args.num_examples)
     q = privacy_params.sampling_rate_from_batch(args.batch_size * args.num_bands, args.num_examples)
-  if args.noise != "gaussian":
+  if args.noise.correlated:
     return _correlated(args, q, delta_source)
   epsilon_checks.check_gaussian(args)
   privacy_params.validate_privacy_params(
@@ -155,7 +155,7 @@ def _correlated(args: argparse.Namespace, q: float, delta_source: str) -> dict:
                                    noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
                                    accountant=args.accountant)
   out.update(delta=args.delta, sampling_rate=q, steps=args.steps, accountant=args.accountant, sampling="poisson",
-             noise=args.noise, num_bands=args.num_bands)
+             noise=str(args.noise), num_bands=args.num_bands)
   if args.buffers is not None:
     out["buffers"] = args.buffers
   if args.num_examples is not None:
@@ -167,6 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser = _parser()
   argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_stage_args(argv).args
+  args.noise = privacy_params.NoiseKind(args.noise)  # parsed once (one of its flag's choices)
   if (args.noise_multiplier is None) == (args.target_epsilon is None):
     raise PrivacyError("give exactly one of --noise_multiplier and --target_epsilon")
   flags.check_required(parser, args, ("steps",))
@@ -180,7 +181,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.delta, source = config.default_delta(args.num_examples), DEFAULT_DELTA_SOURCE
     logger.info("no --delta: δ = %g, training's default min(1e-5, 1/N^1.1) for N = %d", args.delta,
                 args.num_examples)
-  if args.noise == "banded" and (args.num_bands or 1) == 1:
+  if args.noise == privacy_params.NoiseKind.BANDED and (args.num_bands or 1) == 1:
     logger.warning("--noise=banded with num_bands b = 1%s is plain DP-SGD (one band: the identity strategy, "
                    "every example sampled at every step), the same ε as --noise=gaussian; give --num_bands=b > 1 "
                    "for banded noise", "" if args.num_bands else " (no --num_bands)")

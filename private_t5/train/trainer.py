@@ -11,7 +11,7 @@ T5X's `accumulate_grads_microbatched` / `apply_grads`:
 
 A non-private run is the same step with `MeanAggregator` and `noise.no_noise()`; DP-Adafactor
 (Ponomareva et al. 2022, Sec. 3.2) has `DPAggregator` (per-example clip, sum, divide by the
-public q N) or its ghost variant and `noise.gaussian_noise`. The noise transform is an optax
+public q N) or its ghost variant and `noise.noise_transform`. The noise transform is an optax
 transform (it chains in front of Adafactor); the trainer applies it and the optimizer in turn so
 that the optimizer state holds Adafactor's state alone, and the noise transform's own state is
 `TrainState.noise_state`: made once by `noise.init(params)` with the train state, threaded
@@ -113,7 +113,7 @@ class Trainer:
     model_config: the T5Config.
     aggregator: the `ClippedSum` (e.g. the `clipped_sum` of a `dp.mechanism.Mechanism`).
     optimizer: an optax GradientTransformation (Adafactor).
-    noise: the noise transform (`dp.noise.gaussian_noise`, `no_noise`; the mechanism's `noise`);
+    noise: the noise transform (`dp.noise.noise_transform`, `no_noise`; the mechanism's `noise`);
       None: the one that matches `aggregator` (`dp.noise.transform_for`).
     mesh: the (data, model) device mesh.
     learning_rate_fn: optional schedule, logged as `learning_rate`.
