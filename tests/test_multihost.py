@@ -358,7 +358,7 @@ def test_two_processes_train_lora_adapters_like_one(corpus_and_vocab, lora_base,
 def test_killed_process_stops_the_cluster_and_the_relaunch_resumes(corpus_and_vocab, tmp_path):
   corpus, vocab = corpus_and_vocab
   model_dir = str(tmp_path / "run")
-  steps = 40  # each step saves a checkpoint: the kill, 0.2 s after the first one, lands mid-run
+  steps = 12  # each step saves a checkpoint: the kill, 0.2 s after the first one, lands mid-run
   args = _train_args(model_dir, corpus, vocab, steps, "--gin.train.mesh_shape=(4, 1)",
                      "--gin.train.checkpoint_every=1", "--gin.train.eval_examples=0")
   env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
