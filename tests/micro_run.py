@@ -3,6 +3,9 @@ import gzip
 import json
 import os
 
+import jax
+import numpy as np
+
 from private_t5.tokenizer import spm
 
 # Gin overrides layered on configs/experiments/quickstart.gin: one layer each side, d_model 32,
@@ -36,3 +39,14 @@ def split_corpus(corpus: str, directory, num_train: int, num_valid: int):
     with open(path, "w", encoding="utf-8") as f:
       f.write("".join(part))
   return train, valid
+
+
+def saved_state(model_dir: str, step: int):
+  """Every array of checkpoint `step`'s state (numpy, by entry), without a target."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.abspath(model_dir), "checkpoints", str(step), "state")
+  meta = ocp.PyTreeCheckpointer().metadata(path)
+  meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+  restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(item=meta, restore_args=args))
+  return dict(jax.tree_util.tree_flatten_with_path(restored)[0])

@@ -22,7 +22,7 @@ from private_t5.train import loop, partitioning
 from private_t5.models import sharding
 
 from conftest import expected
-from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab, saved_state
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -280,19 +280,17 @@ def _launch(num_processes, devices, args, timeout=1500):
                         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _params_and_report(model_dir):
-  params, _, _ = checkpoint_read.restore_for_inference(model_dir)
-  with open(os.path.join(model_dir, "privacy_report.json")) as f:
-    return params, json.load(f)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name,extra", [
     # Poisson samples of about 6 run as global microbatches of 4 rows, spread over both processes.
     # (Ghost clipping, the default: how rows reach the processes does not depend on the clipping
-    # method, and vmap's clipped sums equal ghost's on one process, tests/test_ghost.py.)
+    # method, and vmap's clipped sums equal ghost's on one process, tests/test_ghost.py.) Banded
+    # noise (b = 2, from Gin): its state, fully sharded over the data axis, is threaded and saved
+    # by both processes together. (Gaussian noise on two processes: the LoRA and kill tests.)
     ("dp_ghost", ["--gin.train.clipping_method='ghost'", "--gin.train.mesh_shape=(4, 1)",
-                  "--gin.train.microbatch_size=4", "--gin.DPConfig.expected_batch_size=6"]),
+                  "--gin.train.microbatch_size=4", "--gin.DPConfig.expected_batch_size=6",
+                  "--gin.DPConfig.noise='banded'", "--gin.DPConfig.num_bands=2",
+                  "--gin.train.parameter_sharding='fully_sharded'"]),
     ("nonprivate", ["--gin.DP=None", "--gin.train.mesh_shape=(2, 2)"]),
 ])
 def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
@@ -311,10 +309,13 @@ def test_two_processes_train_like_one(corpus_and_vocab, tmp_path, name, extra):
     assert re.search(rf"\[p0\] \[train\] compiled train-step shapes this session: 1 \({shapes}\)", done.stdout)
     if procs == 2:
       assert "[p1] [train] done: step 3" in done.stdout
-    results[procs] = _params_and_report(model_dir)
-  (p1, r1), (p2, r2) = results[1], results[2]
-  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    with open(os.path.join(model_dir, "privacy_report.json")) as f:
+      results[procs] = (saved_state(model_dir, 3), json.load(f))
+  (s1, r1), (s2, r2) = results[1], results[2]
+  assert s1.keys() == s2.keys()
+  assert any("noise_state" in jax.tree_util.keystr(k) for k in s1) == name.startswith("dp")
+  for path in s1:  # the parameters, the optimizer's state and the noise state
+    np.testing.assert_allclose(s2[path], s1[path], rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path))
   assert r1 == r2 and r2["steps"] == 3
 
 

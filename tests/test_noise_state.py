@@ -1,7 +1,8 @@
 """The noise transform's state in the train state: made once with the state, threaded through every
 step (fused, microbatched, LoRA), float32, sharded like the parameters, in every checkpoint and
 restored so that an interrupted run resumes bit for bit; a stateless (Gaussian) run's checkpoints
-hold the same entries as before the state existed.
+hold the same entries as before the state existed. (Two processes carry a banded run's noise state like
+one: tests/test_multihost.py.)
 
 The stateful transform is a stand-in for correlated noise (matrix factorization): the noise of
 step t is `std · z_t + DECAY · (noise of step t-1)`, z_t drawn from the step's key, and its state
@@ -10,7 +11,6 @@ is that noise per parameter plus a step counter.
 import dataclasses
 import json
 import os
-import sys
 
 import flax
 import jax
@@ -31,13 +31,12 @@ from private_t5.models import sharding as sharding_lib
 from private_t5.train.state import RunSeeds
 from private_t5.train.trainer import Trainer, make_loss_fn
 
-from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab
+from micro_run import MICRO_TRAIN_ARGS, fortunes_corpus_and_vocab, saved_state as _saved_state
 from test_partitioning import CONFIG, _batch
 
 STD, DECAY = 0.05, 0.5
 # No JAX call at import: the cluster's processes import this module before JAX is initialised.
 SEEDS = RunSeeds.create(insecure_deterministic_seed=5)
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _keys():
@@ -91,17 +90,6 @@ def _tree_entries(model_dir: str, step: int):
   """The entries (key paths) of a checkpoint's state, as its tree metadata names them."""
   with open(os.path.join(model_dir, "checkpoints", str(step), "state", "_METADATA")) as f:
     return set(json.load(f)["tree_metadata"])
-
-
-def _saved_state(model_dir: str, step: int):
-  """Every array of checkpoint `step`'s state (numpy, by entry), without a target."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.abspath(model_dir), "checkpoints", str(step), "state")
-  meta = ocp.PyTreeCheckpointer().metadata(path)
-  meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
-  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
-  restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(item=meta, restore_args=args))
-  return dict(jax.tree_util.tree_flatten_with_path(restored)[0])
 
 
 def _assert_bitwise_equal(a, b):
@@ -302,35 +290,3 @@ def test_interrupted_run_resumes_bit_for_bit(corpus_and_vocab, tmp_path, monkeyp
   # The noise state moved between the two checkpoints (it is carried, not re-made).
   before = _saved_state(reference, 4)
   assert any(not np.array_equal(before[k], saved[k]) for k in buffers)
-
-
-# `private-t5 launch`: argv = processes, devices, stage flags.
-_LAUNCHER = ("import sys\nfrom private_t5.stages import launch\n"
-             "sys.exit(launch.launch(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]))")
-
-
-@pytest.mark.slow
-def test_two_processes_carry_the_noise_state_like_one(corpus_and_vocab, tmp_path):
-  """2 processes x 2 devices train with banded noise (b = 2, from Gin) like 1 process x 4 devices:
-  the noise state, fully sharded over the data axis, is threaded and saved by both together."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  corpus, vocab = corpus_and_vocab
-  env = dict(os.environ, PYTHONPATH=PROJECT_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-  states = {}
-  for procs, devices in ((1, 4), (2, 2)):
-    model_dir = str(tmp_path / f"run_{procs}x{devices}")
-    stage = ["train", "--gin_file=configs/experiments/quickstart.gin", f"--gin.MODEL_DIR={model_dir}",
-             f"--gin.CORPUS={corpus}", f"--gin.VOCAB_PATH={vocab}", "--gin.TRAIN_STEPS=2",
-             f"--gin.DATA_CACHE_DIR={os.path.dirname(vocab)}/cache", *MICRO_TRAIN_ARGS,
-             "--gin.BATCH_SIZE=16", "--gin.train.microbatch_size=4", "--gin.DPConfig.expected_batch_size=6",
-             "--gin.DPConfig.noise='banded'", "--gin.DPConfig.num_bands=2", "--gin.train.mesh_shape=(4, 1)", "--gin.train.parameter_sharding='fully_sharded'",
-             "--gin.train.eval_examples=0"]
-    done = subprocess.run([sys.executable, "-c", _LAUNCHER, str(procs), str(devices), *stage],
-                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "[p0] [train] done: step 2" in done.stdout
-    states[procs] = _saved_state(model_dir, 2)
-  one, two = states[1], states[2]
-  assert one.keys() == two.keys() and any("noise_state" in jax.tree_util.keystr(k) for k in one)
-  for path in one:
-    np.testing.assert_allclose(two[path], one[path], rtol=1e-5, atol=1e-5, err_msg=jax.tree_util.keystr(path))

@@ -62,6 +62,15 @@ def trainer(request):
 
 
 @pytest.fixture(scope="module")
+def spread_trainer():
+  """DP-ghost on a 4-device mesh, each example's values on its device of the `data` axis."""
+  aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
+                                    spmd_axis_name=sharding.DATA_AXIS)
+  mesh = sharding.create_mesh((4, 1), devices=jax.devices()[:4])
+  return Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+
+
+@pytest.fixture(scope="module")
 def seeds():
   return RunSeeds.create(insecure_deterministic_seed=11)
 
@@ -146,11 +155,13 @@ def test_a_non_private_fixed_batch_in_microbatches_equals_the_fused_step(seeds):
   fused, fused_metrics = trainer.train_step(state, batch, seeds.dropout_base_key, seeds.noise_base_key)
   for m in (2, 4):
     state = trainer.init_state(seeds.init_key)
-    micro, metrics = train_step_microbatched(trainer, state, batch, m, seeds.dropout_base_key,
-                                             seeds.noise_base_key)
+    host = train_step_microbatched(trainer, state, batch, m, seeds.dropout_base_key, seeds.noise_base_key)
+    micro, metrics = host
     np.testing.assert_allclose(_flat(micro.params), _flat(fused.params), rtol=1e-5, atol=1e-7, err_msg=str(m))
     for name in ("nondp/loss", "nondp/batch_size"):
       assert float(metrics[name]) == pytest.approx(float(fused_metrics[name]), rel=1e-5), (m, name)
+  # One dispatch (the loop's path) equals the host-dispatched microbatches.
+  _same_step(_stacked_step(trainer, trainer.init_state(seeds.init_key), batch, 4, seeds, 4), host, exact=False)
 
 
 class _ExamplesSource:
@@ -168,16 +179,13 @@ class _ExamplesSource:
     return batch
 
 
-def test_microbatched_step_equals_the_spread_whole_batch_step(seeds):
+def test_microbatched_step_equals_the_spread_whole_batch_step(spread_trainer, seeds):
   """One process in microbatches of m < batch (sample order) and the multi-process layout (the
   sample spread over the `data` axis, `loop.local_batch`) compute the same step: every example
   keeps its dropout key (its position in the sample), the noise is the step's. (Ghost clipping:
   the layout does not depend on the method; vmap's sums equal ghost's, tests/test_ghost.py.)"""
   from private_t5.train import loop
-  aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
-                                   spmd_axis_name=sharding.DATA_AXIS)
-  mesh = sharding.create_mesh((4, 1), devices=jax.devices()[:4])
-  trainer = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  trainer = spread_trainer
   source = _ExamplesSource(_examples())
   sample = np.array([8, 0, 5, 3, 2, 6], np.int64)  # 6 rows: 2 microbatches of 4, or spread over 4 x 4
   state = trainer.init_state(seeds.init_key)
@@ -251,23 +259,12 @@ def test_one_dispatch_step_equals_the_host_dispatched_microbatches(trainer, seed
   _same_step(one2, host2, exact=jax.default_backend() == "cpu")
 
 
-def test_one_dispatch_non_private_and_spread_steps_equal_the_host_dispatched_ones(seeds):
-  """The non-private mean, and a 4-device mesh whose microbatches' rows are spread over the
-  `data` axis (`loop.local_batch`, as several processes build them): one dispatch equals the
-  host-dispatched microbatches."""
+def test_one_dispatch_spread_step_equals_the_host_dispatched_one(spread_trainer, seeds):
+  """A 4-device mesh whose microbatches' rows are spread over the `data` axis (`loop.local_batch`,
+  as several processes build them): one dispatch equals the host-dispatched microbatches. (The
+  non-private mean's: the fixed-batch test above.)"""
   from private_t5.train import loop  # pylint: disable=g-import-not-at-top
-  mean = Trainer(CONFIG, MeanAggregator(make_loss_fn(CONFIG), per_example_dropout_keys=True),
-                 optimizers.adafactor(optimizers.constant_schedule(0.01)),
-                 sharding.create_mesh((1, 1), devices=jax.devices()[:1]))
-  batch = _batch(_examples(), [1, 4, 0, 7, 2, 6], 8)
-  host = train_step_microbatched(mean, mean.init_state(seeds.init_key), batch, 4, seeds.dropout_base_key,
-                                 seeds.noise_base_key)
-  _same_step(_stacked_step(mean, mean.init_state(seeds.init_key), batch, 4, seeds, 4), host, exact=False)
-
-  aggregator = AGGREGATORS["ghost"](make_loss_fn(CONFIG), NoisySum(CLIP, SIGMA, EXPECTED),
-                                    spmd_axis_name=sharding.DATA_AXIS)
-  mesh = sharding.create_mesh((4, 1), devices=jax.devices()[:4])
-  spread = Trainer(CONFIG, aggregator, optimizers.adafactor(optimizers.constant_schedule(0.01)), mesh)
+  spread = spread_trainer
   source = _ExamplesSource(_examples())
   sample = np.array([8, 0, 5, 3, 2, 6, 1, 4, 7], np.int64)  # 9 rows: 3 microbatches of 4 rows (1 per device)
   micro = [loop.local_batch(source, sample[s:s + 4], 0, 4, 4, range(4), row_offset=s) for s in range(0, 12, 4)]
